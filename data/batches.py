@@ -1,0 +1,315 @@
+"""Batches for training and evaluation, on the training device.
+
+Two paths, one interface (``len(batches)`` and ``batches.epoch(epoch, start)``):
+
+- In memory (digits, MNIST, CIFAR-10, synthetic): each split is one uint8 tensor, moved once to
+  the training device. An epoch draws a seeded permutation and each batch is a slice of it, so
+  there is no per-sample Python work at all.
+- Lazy (imagefolder): a ``DataLoader`` decodes files in worker processes and yields uint8
+  batches in pinned memory, copied to the device without blocking.
+
+Either way, normalisation and augmentation (random crop with padding, horizontal flip) run as
+batched tensor ops on the batch's device. What a batch holds is a pure function of
+(seed, epoch, batch index): the permutation is seeded by (seed, epoch) and the augmentation by
+(seed, epoch, batch). A run can therefore start at any batch of any epoch without replaying
+the batches before it.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from utils.errors import UserError
+
+
+@dataclass
+class TensorSplit:
+    """A whole split in memory: uint8 images [N, C, H, W] and int64 labels [N]."""
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
+    """Labels must be integers in [0, num_classes); say which dataset and value if not."""
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise UserError(f"{where}: labels must be integers, got dtype {labels.dtype}")
+    bad = (labels < 0) | (labels >= num_classes)
+    if bad.any():
+        index = int(bad.nonzero()[0])
+        raise UserError(
+            f"{where}: label {int(labels[index])} at index {index} is outside [0, {num_classes}); "
+            f"fix the labels or set the number of classes"
+        )
+
+
+def mix_seed(*values: int) -> int:
+    """One 63-bit seed from several integers (hash of a tuple of ints is stable across runs)."""
+    return hash(tuple(values)) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(mix_seed(seed, epoch))
+    return torch.randperm(n, generator=generator)
+
+
+class BatchTransform:
+    """uint8 batch on the device → augmented (training only), normalised float batch."""
+
+    def __init__(
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        device: torch.device,
+        crop_padding: int = 0,
+        horizontal_flip: bool = False,
+        channels_last: bool = False,
+    ) -> None:
+        # Fold the /255 into the affine map: x_float = x * scale + shift.
+        std_t = torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+        mean_t = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+        self.scale = 1.0 / (255.0 * std_t)
+        self.shift = -mean_t / std_t
+        self.device = device
+        self.crop_padding = crop_padding
+        self.horizontal_flip = horizontal_flip
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+
+    @property
+    def augments(self) -> bool:
+        return self.crop_padding > 0 or self.horizontal_flip
+
+    def __call__(self, images: torch.Tensor, augment_seed: int | None) -> torch.Tensor:
+        if augment_seed is not None and self.augments:
+            generator = torch.Generator(device=images.device).manual_seed(augment_seed)
+            if self.crop_padding > 0:
+                images = random_crop(images, self.crop_padding, generator)
+            if self.horizontal_flip:
+                flip = torch.rand(len(images), device=images.device, generator=generator) < 0.5
+                images = torch.where(flip.view(-1, 1, 1, 1), images.flip(3), images)
+        images = images.to(memory_format=self.memory_format)
+        return torch.addcmul(self.shift, images.float(), self.scale)
+
+
+def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
+    """Zero-pad by ``padding`` and crop back at a random offset per image, as one gather."""
+    n, c, h, w = images.shape
+    device = images.device
+    padded = F.pad(images, (padding, padding, padding, padding))
+    dy = torch.randint(0, 2 * padding + 1, (n,), device=device, generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (n,), device=device, generator=generator)
+    rows = (dy[:, None] + torch.arange(h, device=device)).view(n, 1, h, 1)
+    cols = (dx[:, None] + torch.arange(w, device=device)).view(n, 1, 1, w)
+    batch = torch.arange(n, device=device).view(n, 1, 1, 1)
+    channel = torch.arange(c, device=device).view(1, c, 1, 1)
+    return padded[batch, channel, rows, cols]
+
+
+class TensorBatches:
+    """Batches sliced from a split held whole on the device."""
+
+    def __init__(
+        self,
+        split: TensorSplit,
+        batch_size: int,
+        transform: BatchTransform,
+        train: bool,
+        seed: int,
+    ) -> None:
+        self.inputs = split.inputs.to(transform.device)
+        self.labels = split.labels.to(transform.device)
+        self.batch_size = batch_size
+        self.transform = transform
+        self.train = train  # shuffle, augment, drop the last partial batch
+        self.seed = seed
+
+    def __len__(self) -> int:
+        n = len(self.labels)
+        return n // self.batch_size if self.train else math.ceil(n / self.batch_size)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = None
+        if self.train:
+            order = permutation(len(self.labels), self.seed, epoch).to(self.transform.device)
+        for index in range(start, len(self)):
+            lo, hi = index * self.batch_size, (index + 1) * self.batch_size
+            if order is None:
+                images, labels = self.inputs[lo:hi], self.labels[lo:hi]
+            else:
+                rows = order[lo:hi]
+                images, labels = self.inputs[rows], self.labels[rows]
+            augment_seed = mix_seed(self.seed, epoch, index) if self.train else None
+            yield self.transform(images, augment_seed), labels
+
+
+class EpochBatchSampler(Sampler[list[int]]):
+    """Index batches for one epoch from a given batch on: the DataLoader twin of
+    :meth:`TensorBatches.epoch`."""
+
+    def __init__(self, size: int, batch_size: int, train: bool, seed: int) -> None:
+        self.size, self.batch_size, self.train, self.seed = size, batch_size, train, seed
+        self.epoch, self.start = 0, 0
+
+    def __len__(self) -> int:
+        full = self.size // self.batch_size
+        return full if self.train else math.ceil(self.size / self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = (
+            permutation(self.size, self.seed, self.epoch) if self.train else torch.arange(self.size)
+        )
+        for index in range(self.start, len(self)):
+            yield order[index * self.batch_size : (index + 1) * self.batch_size].tolist()
+
+
+def _worker_ignores_signals(worker_id: int) -> None:
+    # The main process decides what an interrupt means; workers just stop when it exits.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class LoaderBatches:
+    """Batches decoded lazily by DataLoader workers, for data that does not fit in memory."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        transform: BatchTransform,
+        train: bool,
+        seed: int,
+        num_workers: int,
+    ) -> None:
+        self.sampler = EpochBatchSampler(len(dataset), batch_size, train, seed)
+        self.loader = DataLoader(
+            dataset,
+            batch_sampler=self.sampler,
+            num_workers=num_workers,
+            pin_memory=transform.device.type == "cuda",
+            persistent_workers=num_workers > 0,
+            worker_init_fn=_worker_ignores_signals,
+            # Worker seeds come from this generator, not from the global torch RNG.
+            generator=torch.Generator().manual_seed(seed),
+        )
+        self.transform = transform
+        self.train = train
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.sampler.epoch, self.sampler.start = epoch, start
+        device = self.transform.device
+        for index, (images, labels) in enumerate(self.loader, start):
+            images = images.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+            augment_seed = mix_seed(self.seed, epoch, index) if self.train else None
+            yield self.transform(images, augment_seed), labels
+
+
+class Data:
+    """A dataset's splits plus how to batch them; what every ``conf/data/*.yaml`` builds.
+
+    Splits are :class:`TensorSplit` (held in memory) or a map-style ``Dataset`` of
+    (uint8 image [C, H, W], label) pairs (read lazily). ``mean`` and ``std`` are per channel, in
+    units of the [0, 1] pixel range.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        train: TensorSplit | Dataset,
+        val: TensorSplit | Dataset,
+        test: TensorSplit | Dataset | None,
+        num_classes: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        batch_size: int,
+        eval_batch_size: int,
+        augment: Mapping,
+        num_workers: int = 0,
+    ) -> None:
+        self.name = name
+        self.splits = {"train": train, "val": val, "test": test}
+        self.num_classes = num_classes
+        first = train.inputs[0] if isinstance(train, TensorSplit) else train[0][0]
+        self.input_shape = tuple(first.shape)
+        channels = self.input_shape[0]
+        mean, std = list(mean), list(std)
+        mean, std = (
+            mean * channels if len(mean) == 1 else mean,
+            std * channels if len(std) == 1 else std,
+        )
+        if len(mean) != channels or len(std) != channels:
+            raise UserError(
+                f"data.mean and data.std need 1 or {channels} values (one per channel of {name})"
+            )
+        self.mean, self.std = mean, std
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.crop_padding = int(augment["crop_padding"])
+        self.horizontal_flip = bool(augment["horizontal_flip"])
+        self.num_workers = num_workers
+        if len(train) < batch_size:
+            raise UserError(
+                f"{name}: the training split has {len(train)} samples, fewer than "
+                f"data.batch_size={batch_size}; lower data.batch_size"
+            )
+        for split_name, split in self.splits.items():
+            if isinstance(split, TensorSplit):
+                check_labels(split.labels, num_classes, f"{name} {split_name} split")
+
+    @property
+    def in_memory(self) -> bool:
+        return isinstance(self.splits["train"], TensorSplit)
+
+    def sizes(self) -> dict[str, int]:
+        return {name: len(split) for name, split in self.splits.items() if split is not None}
+
+    def batches(
+        self, split: str, device: torch.device, seed: int, channels_last: bool = False
+    ) -> TensorBatches | LoaderBatches:
+        """Batches of ``split`` on ``device``; training batches are shuffled and augmented."""
+        if self.splits[split] is None:
+            raise UserError(f"{self.name} has no {split} split")
+        train = split == "train"
+        transform = BatchTransform(
+            self.mean,
+            self.std,
+            device,
+            crop_padding=self.crop_padding if train else 0,
+            horizontal_flip=self.horizontal_flip and train,
+            channels_last=channels_last,
+        )
+        batch_size = self.batch_size if train else self.eval_batch_size
+        if isinstance(self.splits[split], TensorSplit):
+            return TensorBatches(self.splits[split], batch_size, transform, train, seed)
+        return LoaderBatches(
+            self.splits[split], batch_size, transform, train, seed, self.num_workers
+        )
+
+
+def holdout(split: TensorSplit, sizes: Sequence[int], seed: int) -> list[TensorSplit]:
+    """Cut ``split`` into parts of the given sizes (the remainder goes first) by a seeded
+    permutation, so the parts are the same on every run and every machine."""
+    order = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))
+    rest = len(split) - sum(sizes)
+    if rest <= 0 or min(sizes) <= 0:
+        raise UserError(f"cannot hold out {list(sizes)} samples from a split of {len(split)}")
+    parts, lo = [], 0
+    for size in [rest, *sizes]:
+        rows = order[lo : lo + size]
+        parts.append(TensorSplit(split.inputs[rows], split.labels[rows]))
+        lo += size
+    return parts

@@ -1,0 +1,50 @@
+"""The default dataset: 1,797 real 8×8 handwritten digits shipped with torchloom.
+
+See ``data/assets/README.md`` for provenance and licence (UCI, CC BY 4.0).
+
+    python train.py data=digits
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.batches import Data, TensorSplit, holdout
+from utils.errors import UserError
+
+BUNDLED = Path(__file__).parent / "assets" / "digits.csv.gz"
+
+
+def read_digits_csv(path: Path) -> TensorSplit:
+    """65 integers a line: 64 pixels 0..16 in row-major order, then the label."""
+    try:
+        with gzip.open(path, "rt") as f:
+            table = np.loadtxt(f, delimiter=",", ndmin=2)
+    except (OSError, ValueError) as error:
+        raise UserError(f"cannot read digits file {path}: {error}") from None
+    if table.shape[1] != 65:
+        raise UserError(
+            f"{path}: expected 65 values a line (64 pixels, label), got {table.shape[1]}"
+        )
+    labels = table[:, 64]
+    not_integer = labels != np.round(labels)
+    if not_integer.any():
+        raise UserError(f"digits ({path}): label {labels[not_integer][0]} is not an integer")
+    pixels = np.round(table[:, :64] * (255 / 16)).clip(0, 255).astype(np.uint8)
+    return TensorSplit(
+        torch.from_numpy(pixels).view(-1, 1, 8, 8), torch.from_numpy(labels.astype(np.int64))
+    )
+
+
+def load_digits(
+    path: str | None, val_size: int, test_size: int, split_seed: int, **batching
+) -> Data:
+    """``path``: a digits CSV (gzip), or null for the bundled one. ``batching``: the keys of
+    :class:`data.batches.Data` (batch_size, eval_batch_size, augment, mean, std)."""
+    samples = read_digits_csv(Path(path) if path else BUNDLED)
+    train, val, test = holdout(samples, [val_size, test_size], split_seed)
+    return Data("digits", train, val, test, num_classes=10, **batching)

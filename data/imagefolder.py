@@ -1,0 +1,110 @@
+"""Images in class folders, read lazily from disk through a DataLoader.
+
+<root>/train/<class>/*.png|jpg|...
+<root>/val/<class>/...
+<root>/test/<class>/...      (optional; val is used for the final test when absent)
+
+python train.py data=imagefolder data.root=/data/flowers data.image_size=[64,64]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from data.batches import Data
+from utils.errors import UserError
+
+EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
+
+
+def find_classes(split_dir: Path) -> list[str]:
+    if not split_dir.is_dir():
+        raise UserError(
+            f"image folder split not found: {split_dir} (expected {split_dir}/<class>/<images>)"
+        )
+    classes = sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
+    if not classes:
+        raise UserError(f"no class folders in {split_dir} (expected {split_dir}/<class>/<images>)")
+    return classes
+
+
+class ImageFiles(Dataset):
+    """(uint8 image [C, H, W], label) pairs from ``split_dir/<class>/``; decoded on access."""
+
+    def __init__(
+        self, split_dir: Path, classes: list[str], image_size: Sequence[int], channels: int
+    ) -> None:
+        unknown = sorted(set(find_classes(split_dir)) - set(classes))
+        if unknown:
+            raise UserError(f"{split_dir} has class folders not in train/: {unknown}")
+        self.samples: list[tuple[str, int]] = []
+        for label, name in enumerate(classes):
+            folder = split_dir / name
+            if not folder.is_dir():
+                continue  # a class may be absent from val/test
+            files = sorted(
+                entry.path
+                for entry in os.scandir(folder)
+                if entry.is_file() and Path(entry.name).suffix.lower() in EXTENSIONS
+            )
+            if not files:
+                raise UserError(f"empty class folder: {folder} has no {'/'.join(EXTENSIONS)} files")
+            self.samples += [(path, label) for path in files]
+        self.image_size = list(image_size)
+        self.channels = channels
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from torchvision.io import ImageReadMode, decode_image
+        from torchvision.transforms.v2.functional import resize
+
+        path, label = self.samples[index]
+        mode = ImageReadMode.RGB if self.channels == 3 else ImageReadMode.GRAY
+        try:
+            image = decode_image(path, mode=mode)
+        except (RuntimeError, OSError) as error:
+            raise UserError(f"cannot decode image {path}: {error}; remove or replace it") from None
+        if list(image.shape[1:]) != self.image_size:
+            image = resize(image, self.image_size, antialias=True)
+        return image, label
+
+
+def load_imagefolder(
+    root: str,
+    image_size: Sequence[int],
+    channels: int,
+    num_workers: int | None,
+    **batching,
+) -> Data:
+    """``num_workers``: decoding processes; null means one per core, at most 8."""
+    if channels not in (1, 3):
+        raise UserError(f"data.channels={channels} must be 1 (grey) or 3 (RGB)")
+    base = Path(root)
+    if not base.is_dir():
+        raise UserError(
+            f"image folder root not found: {base} (set data.root=<folder with train/ and val/>)"
+        )
+    classes = find_classes(base / "train")
+    splits = {
+        name: ImageFiles(base / name, classes, image_size, channels)
+        for name in ("train", "val", "test")
+        if name != "test" or (base / "test").is_dir()
+    }
+    if num_workers is None:
+        num_workers = min(8, os.cpu_count() or 1)
+    return Data(
+        f"imagefolder {base}",
+        splits["train"],
+        splits["val"],
+        splits.get("test"),
+        num_classes=len(classes),
+        num_workers=num_workers,
+        **batching,
+    )

@@ -1,0 +1,41 @@
+"""A small convolutional net for 8×8 to 32×32 images (digits, MNIST, CIFAR-10).
+
+Each stage is conv-BN-ReLU twice, then 2×2 max-pooling while the image is larger than 4×4;
+a global average pool makes the head independent of the input size.
+
+    python train.py model=cnn data=cifar10 model.channels=[64,128,256]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+
+def conv_bn_relu(in_channels: int, out_channels: int) -> list[nn.Module]:
+    return [
+        nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False),
+        nn.BatchNorm2d(out_channels),
+        nn.ReLU(inplace=True),
+    ]
+
+
+def cnn(
+    input_shape: Sequence[int], num_classes: int, channels: Sequence[int], dropout: float
+) -> nn.Sequential:
+    in_channels, height, width = input_shape
+    layers: list[nn.Module] = []
+    for out_channels in channels:
+        layers += conv_bn_relu(in_channels, out_channels) + conv_bn_relu(out_channels, out_channels)
+        if min(height, width) > 4:  # keep at least 4×4 for the last stage on 8×8 inputs
+            layers.append(nn.MaxPool2d(2))
+            height, width = height // 2, width // 2
+        in_channels = out_channels
+    layers += [
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Dropout(dropout),
+        nn.Linear(in_channels, num_classes),
+    ]
+    return nn.Sequential(*layers)

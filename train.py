@@ -1,0 +1,274 @@
+"""Train a model from composed Hydra configs (conf/train.yaml).
+
+    python train.py                       # MLP on the bundled 8×8 digits: seconds on a CPU
+    python train.py model=cnn optim=sgd scheduler=cosine precision=bf16 trainer.max_epochs=20
+    python train.py data=cifar10 model=resnet18 data.batch_size=256
+    python train.py -m optim=sgd,adamw optim.lr=0.01,0.001
+    tensorboard --logdir runs
+
+Outputs: runs/<run_name>/ (config, log, TensorBoard events, metrics.json) and
+checkpoints/<run_name>/ (last.pt after every epoch, best.pt when the monitored metric improves).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import torch
+import torch.nn.functional as F
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from rich.console import Console
+
+from utils.checkpoint import FORMAT_VERSION, load_checkpoint, prepare_dir, save_atomic, unwrap
+from utils.config import check_config, to_plain
+from utils.device import resolve_device
+from utils.errors import EXIT_USER_ERROR, UserError
+from utils.evaluation import evaluate
+from utils.model_check import check_forward
+from utils.optim import build_optimizer
+from utils.progress import TrainingProgress
+from utils.report import config_tree, metrics_table, print_model_summary, write_hparams, write_json
+from utils.seeding import configure_determinism, rng_state, seed_everything
+
+log = logging.getLogger("torchloom")
+
+
+def train_one_epoch(
+    model, batches, epoch, optimizer, schedule, precision, trainer, state, writer, progress
+) -> float:
+    """One pass over the training batches; returns the epoch's mean training loss.
+
+    The loss stays on the device; the host waits for it only on logging steps.
+    """
+    model.train()
+    accumulate = trainer.accumulate_grad_batches
+    # Every optimizer step sees exactly `accumulate` micro-batches; a remainder is dropped.
+    micro_batches = (len(batches) // accumulate) * accumulate
+    epoch_loss = torch.zeros((), device=precision.device)
+    window_loss, window_batches, window_start = torch.zeros_like(epoch_loss), 0, time.perf_counter()
+    for index, (images, labels) in enumerate(itertools.islice(batches.epoch(epoch), micro_batches)):
+        with precision.autocast():
+            loss = F.cross_entropy(model(images), labels)
+        precision.scaler.scale(loss / accumulate).backward()
+        epoch_loss += loss.detach()
+        window_loss += loss.detach()
+        window_batches += 1
+        if (index + 1) % accumulate:
+            continue
+
+        log_due = (state["global_step"] + 1) % trainer.log_every_n_steps == 0
+        grad_norm = None
+        if trainer.gradient_clip_val is not None or log_due:
+            precision.scaler.unscale_(optimizer)  # clip and measure true gradients, not scaled
+            max_norm = trainer.gradient_clip_val or math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        precision.scaler.step(optimizer)
+        precision.scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        schedule.after_optimizer_step()
+        state["global_step"] += 1
+
+        if log_due:
+            step, seconds = state["global_step"], time.perf_counter() - window_start
+            mean_loss = (window_loss / window_batches).item()  # the one sync per logging window
+            samples_per_second = window_batches * len(labels) / seconds
+            writer.add_scalar("train/loss", mean_loss, step)
+            writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], step)
+            writer.add_scalar("train/grad_norm", grad_norm.item(), step)
+            progress.update(epoch, step, mean_loss, samples_per_second)
+            window_loss.zero_()
+            window_batches, window_start = 0, time.perf_counter()
+        else:
+            progress.update(epoch, state["global_step"])
+    return (epoch_loss / max(micro_batches, 1)).item()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float:
+    try:
+        return train(cfg)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+
+
+def train(cfg: DictConfig) -> float:
+    started = time.perf_counter()
+    check_config(cfg)
+    trainer = cfg.trainer
+    console = Console()
+    run_dir = prepare_dir(Path(HydraConfig.get().runtime.output_dir), "the run")
+    checkpoint_dir = prepare_dir(Path(cfg.paths.checkpoints) / cfg.run_name, "checkpoints")
+    config = to_plain(cfg)
+    console.print(config_tree(config))
+    log.info("run dir: %s\ncheckpoints: %s", run_dir, checkpoint_dir)
+
+    # --- Seed, device, precision -----------------------------------------------------------
+    seed_everything(cfg.seed)
+    configure_determinism(trainer.deterministic)
+    device = resolve_device(trainer.device)
+    precision = instantiate(cfg.precision, device=device)
+
+    # --- Data and model: shapes flow from the dataset to the model -----------------------
+    data = instantiate(cfg.data)
+    monitors = ["val/loss", "val/acc"] + (["val/acc_top5"] if data.num_classes > 5 else [])
+    if trainer.monitor not in monitors:
+        raise UserError(
+            f"trainer.monitor={trainer.monitor!r} is not measured; use one of {monitors}"
+        )
+    model = instantiate(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes)
+    model = model.to(device)
+    check_forward(model, data.input_shape, data.num_classes, device)
+    print_model_summary(console, model, data.input_shape, data.num_classes)
+    step_model = model
+    if trainer.compile:
+        step_model = torch.compile(model)
+        try:
+            check_forward(step_model, data.input_shape, data.num_classes, device)
+        except Exception as error:  # any compiler failure: train eagerly rather than not at all
+            log.warning(
+                "torch.compile failed (%s); training without it", str(error).splitlines()[0]
+            )
+            step_model = model
+
+    train_batches = data.batches("train", device, cfg.seed)
+    val_batches = data.batches("val", device, cfg.seed)
+    steps_per_epoch = len(train_batches) // trainer.accumulate_grad_batches
+    if steps_per_epoch == 0:
+        raise UserError(
+            f"{len(train_batches)} training batches cannot fill one step of "
+            f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}; lower it"
+        )
+    total_steps = steps_per_epoch * trainer.max_epochs
+    log.info(
+        "data %s: %s samples; batch %d × %d accumulated = %d per optimizer step",
+        data.name,
+        data.sizes(),
+        data.batch_size,
+        trainer.accumulate_grad_batches,
+        data.batch_size * trainer.accumulate_grad_batches,
+    )
+
+    # --- Optimizer and schedule: finished here because they need the model and step counts
+    optimizer = build_optimizer(model, cfg.optim)
+    schedule = instantiate(cfg.scheduler)(
+        optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch
+    )
+
+    from torch.utils.tensorboard import SummaryWriter  # slow import; only once we train
+
+    writer = SummaryWriter(run_dir)
+    state = {"epoch": 0, "global_step": 0, "best_metric": None, "best_epoch": None}
+    sign = 1 if trainer.monitor_mode == "max" else -1
+    final: dict[str, float] = {}
+    train_seconds = 0.0
+
+    def checkpoint() -> dict:
+        return {
+            "format_version": FORMAT_VERSION,
+            "model": unwrap(model).state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": schedule.state_dict(),
+            "scaler": precision.scaler.state_dict(),
+            **state,
+            "batch_in_epoch": 0,  # data position: batches of `epoch` already consumed
+            "monitor": trainer.monitor,
+            "metrics": dict(final),
+            "config": config,
+            "rng": rng_state(),
+        }
+
+    # --- Train -----------------------------------------------------------------------------
+    with TrainingProgress(console, total_steps, trainer.max_epochs) as progress:
+        for epoch in range(trainer.max_epochs):
+            epoch_start = time.perf_counter()
+            final["train/loss"] = train_one_epoch(
+                step_model,
+                train_batches,
+                epoch,
+                optimizer,
+                schedule,
+                precision,
+                trainer,
+                state,
+                writer,
+                progress,
+            )
+            epoch_seconds = time.perf_counter() - epoch_start
+            train_seconds += epoch_seconds
+            samples_per_second = (
+                steps_per_epoch * trainer.accumulate_grad_batches * data.batch_size / epoch_seconds
+            )
+            writer.add_scalar("train/samples_per_second", samples_per_second, state["global_step"])
+            state["epoch"] = epoch + 1
+            improved = False
+            if (
+                state["epoch"] % trainer.val_every_n_epochs == 0
+                or state["epoch"] == trainer.max_epochs
+            ):
+                val = evaluate(step_model, val_batches.epoch(0), precision, data.num_classes)
+                final.update({f"val/{name}": value for name, value in val.items()})
+                for name, value in val.items():
+                    writer.add_scalar(f"val/{name}", value, state["global_step"])
+                schedule.after_validation(final)
+                value = final[trainer.monitor]
+                # Ties go to the later epoch: trained longer, usually at a lower LR.
+                improved = (
+                    state["best_metric"] is None or sign * (value - state["best_metric"]) >= 0
+                )
+                if improved:
+                    state["best_metric"], state["best_epoch"] = value, state["epoch"]
+            save_atomic(checkpoint(), checkpoint_dir / "last.pt")
+            if improved:
+                save_atomic(checkpoint(), checkpoint_dir / "best.pt")
+            log.info(
+                "epoch %d/%d  train/loss %.4f  %s  %.1fs",
+                state["epoch"],
+                trainer.max_epochs,
+                final["train/loss"],
+                "  ".join(f"{k} {v:.4f}" for k, v in final.items() if k.startswith("val/")),
+                epoch_seconds,
+            )
+
+    # --- Test the best checkpoint (val when the dataset has no test split) ----------------
+    test_split = "test" if data.splits["test"] is not None else "val"
+    if (checkpoint_dir / "best.pt").exists():
+        model.load_state_dict(load_checkpoint(checkpoint_dir / "best.pt")["model"])
+    test = evaluate(
+        step_model, data.batches(test_split, device, cfg.seed).epoch(0), precision, data.num_classes
+    )
+    for name, value in test.items():
+        final[f"test/{name}"] = value
+        writer.add_scalar(f"test/{name}", value, state["global_step"])
+
+    trained_samples = state["global_step"] * data.batch_size * trainer.accumulate_grad_batches
+    metrics = {
+        **final,
+        "train/samples_per_second": trained_samples / train_seconds if train_seconds else 0.0,
+        "test_split": test_split,
+        "monitor": trainer.monitor,
+        "best_metric": state["best_metric"],
+        "best_epoch": state["best_epoch"],
+        "epochs": state["epoch"],
+        "global_step": state["global_step"],
+        "wall_time_seconds": time.perf_counter() - started,
+    }
+    write_json(metrics, run_dir / "metrics.json")
+    write_hparams(writer, config, final)
+    writer.close()
+    console.print(metrics_table(metrics))
+    log.info("run dir: %s\ncheckpoints: %s", run_dir, checkpoint_dir)
+    best = state["best_metric"]
+    return best if best is not None else -sign * math.inf
+
+
+if __name__ == "__main__":
+    main()

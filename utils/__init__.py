@@ -1,0 +1,1 @@
+"""Mechanisms the training loop calls: checkpoints, precision, seeding, schedules, logging."""

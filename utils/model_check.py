@@ -1,0 +1,53 @@
+"""Start-up checks of the model: one dummy forward, and its size."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from utils.errors import UserError
+
+
+def check_forward(
+    model: nn.Module, input_shape: Sequence[int], num_classes: int, device: torch.device
+) -> None:
+    """Run a 2-sample dummy batch through ``model`` so an input shape it cannot take fails now,
+    naming the layer, instead of at the first training step."""
+    entered: list[tuple[str, nn.Module]] = []
+    hooks = [
+        module.register_forward_pre_hook(lambda mod, args, name=name: entered.append((name, mod)))
+        for name, module in model.named_modules()
+        if name and not any(module.children())
+    ]
+    was_training = model.training
+    model.eval()  # no BatchNorm statistics are updated by the dummy batch
+    try:
+        with torch.inference_mode():
+            output = model(torch.zeros(2, *input_shape, device=device))
+    except RuntimeError as error:
+        name, module = entered[-1] if entered else ("(model)", model)
+        reason = str(error).strip().splitlines()[0]
+        raise UserError(
+            f"the model cannot take inputs of shape {list(input_shape)}: layer '{name}' "
+            f"({module.__class__.__name__}) failed: {reason}; choose a model or data.shape "
+            f"that fit"
+        ) from None
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was_training)
+    if tuple(output.shape) != (2, num_classes):
+        raise UserError(
+            f"the model outputs shape {list(output.shape[1:])} per sample, expected "
+            f"[{num_classes}] class scores"
+        )
+
+
+def parameter_counts(model: nn.Module) -> tuple[int, int, int]:
+    """(total parameters, trainable parameters, bytes of parameters and buffers)."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    return total, trainable, size

@@ -1,0 +1,53 @@
+"""Mixed precision as one switch: one autocast context and one GradScaler.
+
+The scaler is enabled only for float16, whose narrow range needs loss scaling; bfloat16 and
+float32 pass through it unchanged, so the loop has no precision branches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from utils.errors import UserError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 where the GPU supports it, else fp16 on CUDA; fp32 on CPU."""
+    if dtype == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if dtype not in DTYPES:
+        raise UserError(f"precision.dtype={dtype!r} is unknown; use one of {[*DTYPES, 'auto']}")
+    return DTYPES[dtype]
+
+
+class Precision:
+    """Built from ``conf/precision/*.yaml``; ``device`` is supplied by train.py."""
+
+    def __init__(self, dtype: str, device: torch.device) -> None:
+        self.dtype = resolve_dtype(dtype, device)
+        self.device = device
+        if self.dtype == torch.float16 and device.type == "cpu":
+            try:  # fp16 autocast on CPU exists only in some builds
+                with torch.autocast("cpu", dtype=torch.float16):
+                    torch.ones(2, 2) @ torch.ones(2, 2)
+            except RuntimeError:
+                raise UserError(
+                    "precision=fp16 is not supported on this CPU build of torch; "
+                    "use precision=bf16 or fp32"
+                ) from None
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
+
+    @property
+    def name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)

@@ -1,0 +1,85 @@
+"""Training progress, rate-limited by time: a live rich bar on a terminal, plain log lines in CI
+and cluster logs (where a redrawing bar would fill the file with control codes)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+log = logging.getLogger("torchloom")
+
+
+class TrainingProgress:
+    def __init__(
+        self, console: Console, total_steps: int, max_epochs: int, refresh_seconds: float = 0.25
+    ) -> None:
+        self.total_steps = total_steps
+        self.max_epochs = max_epochs
+        self.refresh_seconds = refresh_seconds
+        self.live = console.is_terminal
+        self.last_refresh = 0.0
+        self.fields = {"epoch": 0, "loss": float("nan"), "samples_per_second": 0.0}
+        self.bar = None
+        if self.live:
+            self.bar = Progress(
+                TextColumn("epoch {task.fields[epoch]}/" + str(max_epochs)),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]:.4f}"),
+                TextColumn("{task.fields[samples_per_second]:,.0f} samples/s"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=console,
+                refresh_per_second=4,
+            )
+            self.task = self.bar.add_task("train", total=total_steps, **self.fields)
+
+    def __enter__(self) -> TrainingProgress:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def update(
+        self,
+        epoch: int,
+        step: int,
+        loss: float | None = None,
+        samples_per_second: float | None = None,
+    ) -> None:
+        """Called every optimizer step; does work at most every ``refresh_seconds``, and
+        whenever a new loss arrives (which only happens on logging steps)."""
+        now = time.monotonic()
+        if loss is None and now - self.last_refresh < self.refresh_seconds:
+            return
+        self.last_refresh = now
+        self.fields["epoch"] = epoch + 1
+        if loss is not None:
+            self.fields["loss"] = loss
+        if samples_per_second is not None:
+            self.fields["samples_per_second"] = samples_per_second
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, **self.fields)
+        elif loss is not None:
+            log.info(
+                "epoch %d/%d  step %d/%d  loss %.4f  %s samples/s",
+                epoch + 1,
+                self.max_epochs,
+                step,
+                self.total_steps,
+                loss,
+                f"{self.fields['samples_per_second']:,.0f}",
+            )

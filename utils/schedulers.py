@@ -1,0 +1,141 @@
+"""Learning-rate schedules, each with optional linear warmup.
+
+Every schedule is a multiplier of ``optim.lr`` stepped after each optimizer step (so warmup and
+decay have step resolution whatever the epoch length), except ``plateau``, which reduces the LR
+after each validation when the monitored metric stops improving. ``Schedule`` hides that
+difference from the loop: it calls ``after_optimizer_step()`` and ``after_validation(metrics)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR, OneCycleLR, ReduceLROnPlateau
+
+
+class Schedule:
+    def __init__(
+        self,
+        per_step: torch.optim.lr_scheduler.LRScheduler,
+        plateau: ReduceLROnPlateau | None = None,
+        monitor: str | None = None,
+        warmup_steps: int = 0,
+    ) -> None:
+        self.per_step = per_step
+        self.plateau = plateau
+        self.monitor = monitor
+        self.warmup_steps = warmup_steps
+
+    def after_optimizer_step(self) -> None:
+        # With a plateau schedule the per-step part is only the warmup; stepping it afterwards
+        # would overwrite the plateau's reductions.
+        if self.plateau is None or self.per_step.last_epoch < self.warmup_steps:
+            self.per_step.step()
+
+    def after_validation(self, metrics: dict[str, float]) -> None:
+        if self.plateau is not None:
+            self.plateau.step(metrics[self.monitor])
+
+    def state_dict(self) -> dict:
+        return {
+            "per_step": self.per_step.state_dict(),
+            "plateau": self.plateau.state_dict() if self.plateau else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.per_step.load_state_dict(state["per_step"])
+        if self.plateau is not None:
+            self.plateau.load_state_dict(state["plateau"])
+
+
+def _with_warmup(warmup_steps: int, after: Callable[[int], float]) -> Callable[[int], float]:
+    """Linear warmup from 1/(warmup_steps+1) of the LR to the full LR, then ``after``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        return after(step)
+
+    return factor
+
+
+def none(optimizer, total_steps: int, steps_per_epoch: int, warmup_steps: int) -> Schedule:
+    return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, lambda step: 1.0)))
+
+
+def step(
+    optimizer,
+    total_steps: int,
+    steps_per_epoch: int,
+    warmup_steps: int,
+    step_size: int,
+    gamma: float,
+) -> Schedule:
+    """Multiply the LR by ``gamma`` every ``step_size`` epochs."""
+
+    def decay(step: int) -> float:
+        return gamma ** (step // (step_size * steps_per_epoch))
+
+    return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, decay)))
+
+
+def cosine(
+    optimizer, total_steps: int, steps_per_epoch: int, warmup_steps: int, min_lr_ratio: float
+) -> Schedule:
+    """Cosine decay from the LR to ``min_lr_ratio`` × LR over the steps after warmup."""
+    decay_steps = max(1, total_steps - warmup_steps)
+
+    def decay(step: int) -> float:
+        progress = min(1.0, (step - warmup_steps) / decay_steps)
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, decay)))
+
+
+def onecycle(
+    optimizer,
+    total_steps: int,
+    steps_per_epoch: int,
+    warmup_steps: int,
+    div_factor: float,
+    final_div_factor: float,
+    anneal_strategy: str,
+) -> Schedule:
+    """torch's OneCycleLR peaking at ``optim.lr``; its rising phase is the warmup."""
+    max_lrs = [group["lr"] for group in optimizer.param_groups]
+    total_steps = max(total_steps, 2)
+    pct_start = min(max(warmup_steps, 1) / total_steps, 0.99)
+    return Schedule(
+        OneCycleLR(
+            optimizer,
+            max_lr=max_lrs,
+            total_steps=total_steps,
+            pct_start=pct_start,
+            div_factor=div_factor,
+            final_div_factor=final_div_factor,
+            anneal_strategy=anneal_strategy,
+            cycle_momentum=False,
+        )
+    )
+
+
+def plateau(
+    optimizer,
+    total_steps: int,
+    steps_per_epoch: int,
+    warmup_steps: int,
+    monitor: str,
+    mode: str,
+    factor: float,
+    patience: int,
+    min_lr: float,
+) -> Schedule:
+    """Multiply the LR by ``factor`` when ``monitor`` has not improved for ``patience``
+    validations."""
+    warmup = LambdaLR(optimizer, _with_warmup(warmup_steps, lambda step: 1.0))
+    reduce = ReduceLROnPlateau(
+        optimizer, mode=mode, factor=factor, patience=patience, min_lr=min_lr
+    )
+    return Schedule(warmup, plateau=reduce, monitor=monitor, warmup_steps=warmup_steps)
