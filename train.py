@@ -23,12 +23,12 @@ import hydra
 import torch
 import torch.nn.functional as F
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 from rich.console import Console
 
 from utils.checkpoint import FORMAT_VERSION, load_checkpoint, prepare_dir, save_atomic, unwrap
-from utils.config import check_config, to_plain
+from utils.compilation import compile_or_eager
+from utils.config import build, check_config, output_dirs, to_plain
 from utils.device import resolve_device
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate
@@ -105,8 +105,9 @@ def train(cfg: DictConfig) -> float:
     check_config(cfg)
     trainer = cfg.trainer
     console = Console()
-    run_dir = prepare_dir(Path(HydraConfig.get().runtime.output_dir), "the run")
-    checkpoint_dir = prepare_dir(Path(cfg.paths.checkpoints) / cfg.run_name, "checkpoints")
+    run_dir, checkpoint_dir = output_dirs(cfg, Path(HydraConfig.get().runtime.output_dir))
+    prepare_dir(run_dir, "the run")
+    prepare_dir(checkpoint_dir, "checkpoints")
     config = to_plain(cfg)
     console.print(config_tree(config))
     log.info("run dir: %s\ncheckpoints: %s", run_dir, checkpoint_dir)
@@ -115,29 +116,20 @@ def train(cfg: DictConfig) -> float:
     seed_everything(cfg.seed)
     configure_determinism(trainer.deterministic)
     device = resolve_device(trainer.device)
-    precision = instantiate(cfg.precision, device=device)
+    precision = build(cfg.precision, device=device)
 
     # --- Data and model: shapes flow from the dataset to the model -----------------------
-    data = instantiate(cfg.data)
+    data = build(cfg.data)
     monitors = ["val/loss", "val/acc"] + (["val/acc_top5"] if data.num_classes > 5 else [])
     if trainer.monitor not in monitors:
         raise UserError(
             f"trainer.monitor={trainer.monitor!r} is not measured; use one of {monitors}"
         )
-    model = instantiate(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes)
+    model = build(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes)
     model = model.to(device)
     check_forward(model, data.input_shape, data.num_classes, device)
     print_model_summary(console, model, data.input_shape, data.num_classes)
-    step_model = model
-    if trainer.compile:
-        step_model = torch.compile(model)
-        try:
-            check_forward(step_model, data.input_shape, data.num_classes, device)
-        except Exception as error:  # any compiler failure: train eagerly rather than not at all
-            log.warning(
-                "torch.compile failed (%s); training without it", str(error).splitlines()[0]
-            )
-            step_model = model
+    step_model = compile_or_eager(model, data.input_shape, device) if trainer.compile else model
 
     train_batches = data.batches("train", device, cfg.seed)
     val_batches = data.batches("val", device, cfg.seed)
@@ -159,7 +151,7 @@ def train(cfg: DictConfig) -> float:
 
     # --- Optimizer and schedule: finished here because they need the model and step counts
     optimizer = build_optimizer(model, cfg.optim)
-    schedule = instantiate(cfg.scheduler)(
+    schedule = build(cfg.scheduler)(
         optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch
     )
 

@@ -39,6 +39,10 @@ class TensorSplit:
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.inputs.shape[1:])
+
 
 def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
     """Labels must be integers in [0, num_classes); say which dataset and value if not."""
@@ -222,7 +226,7 @@ class Data:
     """A dataset's splits plus how to batch them; what every ``conf/data/*.yaml`` builds.
 
     Splits are :class:`TensorSplit` (held in memory) or a map-style ``Dataset`` of
-    (uint8 image [C, H, W], label) pairs (read lazily). ``mean`` and ``std`` are per channel, in
+    (uint8 image [C, H, W], label) pairs with an ``input_shape`` (read lazily). ``mean`` and ``std`` are per channel, in
     units of the [0, 1] pixel range.
     """
 
@@ -243,8 +247,7 @@ class Data:
         self.name = name
         self.splits = {"train": train, "val": val, "test": test}
         self.num_classes = num_classes
-        first = train.inputs[0] if isinstance(train, TensorSplit) else train[0][0]
-        self.input_shape = tuple(first.shape)
+        self.input_shape = train.input_shape  # (C, H, W)
         channels = self.input_shape[0]
         mean, std = list(mean), list(std)
         mean, std = (

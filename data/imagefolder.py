@@ -13,7 +13,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import Dataset
 
 from data.batches import Data
@@ -61,19 +63,25 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        from torchvision.io import ImageReadMode, decode_image
-        from torchvision.transforms.v2.functional import resize
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.channels, *self.image_size)
 
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
-        mode = ImageReadMode.RGB if self.channels == 3 else ImageReadMode.GRAY
         try:
-            image = decode_image(path, mode=mode)
-        except (RuntimeError, OSError) as error:
-            raise UserError(f"cannot decode image {path}: {error}; remove or replace it") from None
-        if list(image.shape[1:]) != self.image_size:
-            image = resize(image, self.image_size, antialias=True)
-        return image, label
+            with Image.open(path) as image:
+                image = image.convert("RGB" if self.channels == 3 else "L")
+                height, width = self.image_size
+                if image.size != (width, height):
+                    image = image.resize((width, height), Image.Resampling.BILINEAR)
+                pixels = torch.from_numpy(np.array(image, dtype=np.uint8))
+        except (OSError, ValueError) as error:  # PIL's UnidentifiedImageError is an OSError
+            reason = str(error).split(":")[0]
+            raise UserError(
+                f"cannot decode image {path} ({reason}); remove or replace it"
+            ) from None
+        return pixels.view(height, width, -1).permute(2, 0, 1).contiguous(), label
 
 
 def load_imagefolder(

@@ -7,13 +7,19 @@ this module registers the schema as ``train_schema`` in Hydra's ConfigStore.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import InstantiationException
+from hydra.experimental.callback import Callback
+from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from utils.errors import UserError
+from utils.errors import EXIT_USER_ERROR, UserError
 
 
 @dataclass
@@ -90,3 +96,56 @@ def check_config(cfg: DictConfig) -> None:
 def to_plain(cfg: DictConfig) -> dict:
     """The resolved config as plain dicts, lists, strings and numbers (safe in a checkpoint)."""
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+def check_writable(path: Path, what: str) -> None:
+    """``path`` can be created: its nearest existing ancestor is a writable folder."""
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {what} to {path}: {ancestor} is not a writable folder")
+
+
+class CheckOutputDir(Callback):
+    """Hydra creates the run dir before our code runs; check it first, so an unwritable
+    ``paths.runs`` is one line naming the path, not a traceback."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config.hydra.run.dir)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config.hydra.sweep.dir)
+
+    @staticmethod
+    def _check(directory: str) -> None:
+        try:
+            check_writable(Path(directory), "the run")
+        except UserError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(EXIT_USER_ERROR)
+
+
+def output_dirs(cfg: DictConfig, run_dir: Path) -> tuple[Path, Path]:
+    """The run dir Hydra made, and its checkpoint folder at the same place under
+    ``paths.checkpoints`` (``<run_name>/`` for a run, ``<run_name>/<job>/`` in a sweep)."""
+    try:
+        relative = run_dir.resolve().relative_to(Path(cfg.paths.runs).resolve())
+    except ValueError:  # hydra.run.dir was pointed outside paths.runs
+        relative = Path(cfg.run_name)
+    return run_dir, Path(cfg.paths.checkpoints) / relative
+
+
+def build(node: Any, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate``, but a constructor refusing its config values reaches the user
+    as one line (Hydra would wrap it in a multi-line InstantiationException)."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as error:
+        cause = error.__cause__
+        if isinstance(cause, UserError):
+            raise cause from None
+        if isinstance(cause, (TypeError, ValueError)):
+            target = OmegaConf.select(node, "_target_") if isinstance(node, DictConfig) else node
+            raise UserError(f"{target}: {cause}; check its keys in the config") from None
+        raise

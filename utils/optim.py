@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+
+from utils.config import build
 
 NORM_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
 
@@ -36,4 +37,4 @@ def build_optimizer(model: nn.Module, optim_cfg: DictConfig) -> torch.optim.Opti
         params = [p for p in model.parameters() if p.requires_grad]
     else:
         params = parameter_groups(model, kwargs["weight_decay"])
-    return instantiate(kwargs)(params)
+    return build(kwargs)(params)

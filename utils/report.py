@@ -41,8 +41,14 @@ def metrics_table(metrics: Mapping[str, Any]) -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in metrics.items():
-        table.add_row(name, f"{value:.4f}" if isinstance(value, float) else str(value))
+        table.add_row(name, _format(value))
     return table
+
+
+def _format(value: Any) -> str:
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4f}"
 
 
 def write_json(data: Mapping, path: Path) -> None:

@@ -106,7 +106,7 @@ def onecycle(
     """torch's OneCycleLR peaking at ``optim.lr``; its rising phase is the warmup."""
     max_lrs = [group["lr"] for group in optimizer.param_groups]
     total_steps = max(total_steps, 2)
-    pct_start = min(max(warmup_steps, 1) / total_steps, 0.99)
+    pct_start = min((warmup_steps + 1) / total_steps, 0.99)  # peak LR at step `warmup_steps`
     return Schedule(
         OneCycleLR(
             optimizer,

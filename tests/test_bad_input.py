@@ -1,0 +1,153 @@
+"""Bad input through ``train.py``: one clear line naming the problem, a non-zero exit, no
+traceback, and nothing already saved is lost."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+import torch
+from conftest import run_train
+
+from utils.errors import EXIT_USER_ERROR, UserError
+from utils.evaluation import evaluate
+from utils.model_check import check_forward
+from utils.precision import Precision
+
+
+def error_line(result) -> str:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["trainer.max_epoch=3"], "Key 'max_epoch' not in 'TrainerConfig'"),
+        (["model=transformer"], "Could not find 'model/transformer'"),
+        (["trainer.max_epochs=ten"], "trainer.max_epochs"),
+        (["data.imagefolder=1"], "Key 'imagefolder' is not in struct"),
+    ],
+)
+def test_config_mistakes_fail_at_composition_naming_the_key(tmp_path, overrides, expected):
+    result = run_train(tmp_path, *overrides, ok=False)
+    assert expected in error_line(result)
+    assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["data.batch_size=0"], "error: data.batch_size=0 is out of range"),
+        (["optim.lr=-0.1"], "error: optim.lr=-0.1 is out of range"),
+        (["trainer.accumulate_grad_batches=0"], "error: trainer.accumulate_grad_batches=0"),
+        (
+            ["data=imagefolder", "data.root=no/such/folder"],
+            "error: image folder root not found: no/such/folder",
+        ),
+        (["trainer.monitor=val/f1"], "error: trainer.monitor='val/f1' is not measured"),
+        (["data=synthetic", "data.num_samples=10"], "fewer than data.batch_size=128"),
+        (["trainer.accumulate_grad_batches=100"], "cannot fill one step"),
+    ],
+)
+def test_value_mistakes_are_one_line_and_exit_2(tmp_path, overrides, expected):
+    result = run_train(tmp_path, *overrides, ok=False)
+    message = error_line(result)
+    assert result.returncode == EXIT_USER_ERROR
+    assert message.startswith("error: ") and expected in message and len(message.splitlines()) == 1
+
+
+def test_missing_imagefolder_split_names_the_path(tmp_path):
+    (tmp_path / "images" / "train" / "cat").mkdir(parents=True)
+    (tmp_path / "images" / "train" / "cat" / "0.png").write_bytes(b"")
+    result = run_train(tmp_path, "data=imagefolder", "data.root=images", ok=False)
+    assert "image folder split not found: images/val" in error_line(result)
+
+
+def test_label_out_of_range_names_the_dataset_and_value(tmp_path):
+    rows = [",".join(["0"] * 64 + [str(i % 10)]) for i in range(200)]
+    rows[7] = ",".join(["3"] * 64 + ["11"])
+    with gzip.open(tmp_path / "digits.csv.gz", "wt") as f:
+        f.write("\n".join(rows) + "\n")
+    result = run_train(
+        tmp_path,
+        f"data.path={tmp_path / 'digits.csv.gz'}",
+        "data.val_size=20",
+        "data.test_size=20",
+        ok=False,
+    )
+    assert result.returncode == EXIT_USER_ERROR
+    message = error_line(result)
+    assert "digits" in message and "label 11" in message and "outside [0, 10)" in message
+
+
+def test_unwritable_output_folders_are_named_before_training(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    runs = run_train(tmp_path, "paths.runs=a_file/runs", ok=False)
+    assert runs.returncode == EXIT_USER_ERROR
+    assert "cannot write the run to a_file/runs" in error_line(runs)
+    checkpoints = run_train(tmp_path, "paths.checkpoints=a_file/ckpt", ok=False)
+    assert checkpoints.returncode == EXIT_USER_ERROR
+    assert "cannot write checkpoints to a_file/ckpt" in error_line(checkpoints)
+    assert "epoch 1/" not in checkpoints.stdout
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the message on a machine without CUDA"
+)
+def test_cuda_requested_without_a_gpu(tmp_path):
+    result = run_train(tmp_path, "trainer.device=cuda", ok=False)
+    assert "error: trainer.device=cuda but this machine has no usable CUDA GPU" in error_line(
+        result
+    )
+
+
+def test_a_failed_run_leaves_earlier_checkpoints_untouched(tmp_path):
+    run_train(tmp_path, "run_name=keep", "trainer.max_epochs=1")
+    saved = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints" / "keep").iterdir()}
+    result = run_train(tmp_path, "run_name=keep", "data.path=missing.csv.gz", ok=False)
+    assert "cannot read digits file missing.csv.gz" in error_line(result)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "checkpoints" / "keep").iterdir()} == saved
+
+
+def test_a_shape_the_model_cannot_take_names_the_layer():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(10, 4))
+    with pytest.raises(
+        UserError, match=r"inputs of shape \[1, 8, 8\]: layer '1' \(Linear\) failed"
+    ):
+        check_forward(model, (1, 8, 8), 4, torch.device("cpu"))
+
+
+def test_wrong_number_of_outputs_is_caught():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
+    with pytest.raises(UserError, match=r"outputs shape \[3\] per sample, expected \[10\]"):
+        check_forward(model, (1, 8, 8), 10, torch.device("cpu"))
+
+
+def test_evaluation_and_the_start_up_check_leave_batchnorm_untouched():
+    from models.cnn import cnn
+
+    model = cnn((1, 8, 8), 10, [4, 8], 0.0)
+    model.train()
+    model(torch.randn(16, 1, 8, 8))  # some running statistics to protect
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    check_forward(model, (1, 8, 8), 10, torch.device("cpu"))
+    batches = [(torch.randn(8, 1, 8, 8) * 5 + 3, torch.randint(0, 10, (8,))) for _ in range(3)]
+    metrics = evaluate(model, batches, Precision("float32", torch.device("cpu")), 10)
+    assert set(metrics) == {"loss", "acc", "acc_top5"}
+    assert model.training  # mode restored
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_evaluation_counts_every_sample_once():
+    class Constant(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.one_hot(torch.zeros(len(x), dtype=torch.long), 10).float()
+
+    labels = torch.tensor([0, 0, 1, 0, 2, 0, 0])  # 5 of 7 are class 0
+    batches = [(torch.zeros(4, 1), labels[:4]), (torch.zeros(3, 1), labels[4:])]
+    metrics = evaluate(Constant(), batches, Precision("float32", torch.device("cpu")), 10)
+    assert metrics["acc"] == pytest.approx(5 / 7)

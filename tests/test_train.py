@@ -1,0 +1,289 @@
+"""End-to-end runs of ``python train.py`` as a user types it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import read_metrics, run_train
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+CHECKPOINT_KEYS = {
+    "format_version",
+    "model",
+    "optimizer",
+    "scheduler",
+    "scaler",
+    "epoch",
+    "global_step",
+    "batch_in_epoch",
+    "best_metric",
+    "best_epoch",
+    "monitor",
+    "metrics",
+    "config",
+    "rng",
+}
+TINY = ["trainer.max_epochs=1", "data.batch_size=16", "data.eval_batch_size=32"]
+
+
+def read_events(run_dir: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return events
+
+
+def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    events = read_events(run_dir)
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
+
+
+def hparams_tags(run_dir: Path) -> set[str]:
+    return set(read_events(run_dir).PluginTagToContent("hparams"))
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """``python train.py`` with no arguments at all, in an empty folder."""
+    cwd = tmp_path_factory.mktemp("default")
+    result = run_train(cwd)
+    (run_dir,) = (cwd / "runs").iterdir()
+    (checkpoint_dir,) = (cwd / "checkpoints").iterdir()
+    return result, run_dir, checkpoint_dir
+
+
+def test_default_run_reaches_97_percent_on_the_digits_test_split(default_run):
+    _, run_dir, _ = default_run
+    metrics = read_metrics(run_dir)
+    assert metrics["test_split"] == "test"
+    assert metrics["test/acc"] >= 0.97
+    assert metrics["epochs"] == 20 and metrics["best_epoch"] is not None
+
+
+def test_metrics_json_holds_final_metrics_under_tensorboard_tags(default_run):
+    _, run_dir, _ = default_run
+    metrics = read_metrics(run_dir)
+    for key in (
+        "train/loss",
+        "val/loss",
+        "val/acc",
+        "val/acc_top5",
+        "test/loss",
+        "test/acc",
+        "test/acc_top5",
+        "train/samples_per_second",
+        "best_epoch",
+        "epochs",
+        "wall_time_seconds",
+    ):
+        assert key in metrics, key
+    assert metrics["train/samples_per_second"] > 0 and metrics["val/acc_top5"] >= metrics["val/acc"]
+
+
+def test_run_prints_its_paths_at_start_and_end(default_run):
+    result, run_dir, checkpoint_dir = default_run
+    assert result.stdout.count(f"run dir: {run_dir}") == 2
+    assert result.stdout.count(f"checkpoints: checkpoints/{checkpoint_dir.name}") == 2
+    assert (run_dir / ".hydra" / "config.yaml").is_file() and (run_dir / "train.log").is_file()
+
+
+def test_checkpoints_are_plain_dicts_that_load_with_weights_only(default_run):
+    _, run_dir, checkpoint_dir = default_run
+    assert sorted(p.name for p in checkpoint_dir.iterdir()) == ["best.pt", "last.pt"]
+    last = torch.load(checkpoint_dir / "last.pt", map_location="cpu", weights_only=True)
+    assert set(last) == CHECKPOINT_KEYS
+    assert last["epoch"] == 20 and last["global_step"] == 20 * (1257 // 64)
+    assert set(last["rng"]) == {"python", "numpy", "torch", "cuda"}
+    assert last["config"]["model"]["hidden_sizes"] == [512]
+    # The stored config alone rebuilds the model, and the weights fit it with no prefixes.
+    model = instantiate(
+        OmegaConf.create(last["config"]["model"]), input_shape=(1, 8, 8), num_classes=10
+    )
+    model.load_state_dict(last["model"])
+    best = torch.load(checkpoint_dir / "best.pt", map_location="cpu", weights_only=True)
+    assert best["epoch"] == best["best_epoch"] == read_metrics(run_dir)["best_epoch"]
+    assert best["best_metric"] == last["best_metric"] == read_metrics(run_dir)["best_metric"]
+
+
+def test_tensorboard_holds_the_named_scalars(default_run):
+    _, run_dir, _ = default_run
+    logged = scalars(run_dir)
+    for tag in (
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/samples_per_second",
+        "val/loss",
+        "val/acc",
+        "val/acc_top5",
+        "test/acc",
+    ):
+        assert tag in logged, tag
+    assert len(logged["val/acc"]) == 20  # one point per epoch
+    assert [step for step, _ in logged["train/loss"]][:2] == [50, 100]  # every log_every_n_steps
+    lrs = [value for _, value in logged["train/lr"]]
+    assert lrs == sorted(lrs, reverse=True)  # cosine decay
+    # The HPARAMS tab's experiment, session start and session end records are in the run.
+    assert hparams_tags(run_dir) == {
+        "_hparams_/experiment",
+        "_hparams_/session_start_info",
+        "_hparams_/session_end_info",
+    }
+
+
+def test_fixed_seed_loss_regression(default_run):
+    """The first logged loss of the default job; a change here is a change in numerics."""
+    _, run_dir, _ = default_run
+    step, loss = scalars(run_dir)["train/loss"][0]
+    assert step == 50
+    assert loss == pytest.approx(0.184508, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "dataset",
+    ["digits", "synthetic", "mnist", "fashion_mnist", "cifar10", "imagefolder"],
+)
+def test_every_model_trains_one_epoch_on_each_dataset(
+    dataset, tmp_path, mnist_root, fashion_root, cifar_root, imagefolder_root
+):
+    settings = {
+        "digits": [],
+        "synthetic": [
+            "data.shape=[3,32,32]",
+            "data.num_samples=64",
+            "data.val_size=16",
+            "data.test_size=16",
+        ],
+        "mnist": [f"data.root={mnist_root}", "data.val_size=32", "data.download=false"],
+        "fashion_mnist": [f"data.root={fashion_root}", "data.val_size=32", "data.download=false"],
+        "cifar10": [f"data.root={cifar_root}", "data.val_size=20", "data.download=false"],
+        "imagefolder": [
+            f"data.root={imagefolder_root}",
+            "data.image_size=[16,16]",
+            "data.num_workers=2",
+        ],
+    }[dataset]
+    run_train(
+        tmp_path,
+        "-m",
+        "run_name=matrix",
+        "model=mlp,cnn,resnet18",
+        f"data={dataset}",
+        *settings,
+        *TINY,
+    )
+    for job in range(3):
+        metrics = read_metrics(tmp_path / "runs" / "matrix" / str(job))
+        assert metrics["epochs"] == 1 and 0 <= metrics["test/acc"] <= 1
+        assert metrics["test_split"] == "test"
+        assert (tmp_path / "checkpoints" / "matrix" / str(job) / "last.pt").is_file()
+
+
+def test_precisions_schedulers_optimizers_and_clipping_run_on_cpu(tmp_path):
+    run_train(
+        tmp_path,
+        "-m",
+        "run_name=options",
+        "precision=fp16,bf16",
+        "scheduler=none,step,plateau,onecycle",
+        "optim=sgd,adam",
+        "scheduler.warmup_steps=3",
+        "trainer.gradient_clip_val=1.0",
+        "trainer.max_epochs=2",
+        "trainer.log_every_n_steps=5",
+        "model=cnn",
+        "model.channels=[8,16]",
+    )
+    for job in range(16):
+        metrics = read_metrics(tmp_path / "runs" / "options" / str(job))
+        assert metrics["train/loss"] == pytest.approx(metrics["train/loss"])  # finite, not NaN
+        assert metrics["test/acc"] > 0.3  # learning happened in 2 short epochs
+
+
+def final_parameters(cwd: Path, run_name: str) -> dict[str, torch.Tensor]:
+    path = cwd / "checkpoints" / run_name / "last.pt"
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+def test_accumulated_micro_batches_match_one_large_batch(tmp_path):
+    """8 × 4 accumulated is the same optimisation as 32 at once (no BatchNorm, no dropout)."""
+    common = [
+        "model.dropout=0",
+        "optim=sgd",
+        "scheduler=none",
+        "trainer.max_epochs=1",
+        "data.eval_batch_size=512",
+    ]
+    run_train(tmp_path, "run_name=large", "data.batch_size=32", *common)
+    run_train(
+        tmp_path,
+        "run_name=accumulated",
+        "data.batch_size=8",
+        "trainer.accumulate_grad_batches=4",
+        *common,
+    )
+    large, accumulated = (
+        final_parameters(tmp_path, "large"),
+        final_parameters(tmp_path, "accumulated"),
+    )
+    initial = torch.load(tmp_path / "checkpoints" / "large" / "last.pt", weights_only=True)
+    assert initial["global_step"] == 1257 // 32
+    for name in large:
+        assert torch.allclose(large[name], accumulated[name], atol=1e-5), name
+    assert (
+        read_metrics(tmp_path / "runs" / "large")["global_step"]
+        == read_metrics(tmp_path / "runs" / "accumulated")["global_step"]
+    )
+
+
+def test_same_seed_same_result_other_seed_other_result(tmp_path):
+    run_train(tmp_path, "-m", "run_name=seeds", "seed=1,1,2", "trainer.max_epochs=1")
+    a, b, c = (final_parameters(tmp_path, f"seeds/{job}") for job in range(3))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+@pytest.mark.gpu
+def test_cuda_run_with_fp16_and_the_whole_dataset_on_the_gpu(tmp_path):
+    run_train(
+        tmp_path,
+        "run_name=gpu",
+        "trainer.device=cuda",
+        "precision=fp16",
+        "model=cnn",
+        "trainer.max_epochs=3",
+    )
+    metrics = read_metrics(tmp_path / "runs" / "gpu")
+    assert metrics["test/acc"] > 0.9
+    checkpoint = torch.load(
+        tmp_path / "checkpoints" / "gpu" / "last.pt", map_location="cpu", weights_only=True
+    )
+    assert checkpoint["scaler"]["scale"] > 0  # the GradScaler was live
+
+
+@pytest.mark.slow
+def test_compile_trains_and_matches_eager_accuracy_closely(tmp_path):
+    run_train(
+        tmp_path, "-m", "run_name=compile", "trainer.compile=false,true", "trainer.max_epochs=2"
+    )
+    eager, compiled = (read_metrics(tmp_path / "runs" / "compile" / str(job)) for job in range(2))
+    assert (
+        "torch.compile failed"
+        not in (tmp_path / "runs" / "compile" / "1" / "train.log").read_text()
+    )
+    assert compiled["test/acc"] == pytest.approx(eager["test/acc"], abs=0.02)
+
+
+def test_compile_failure_falls_back_to_eager_with_one_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))  # inductor's C++ compiler
+    result = run_train(
+        tmp_path, "run_name=fallback", "trainer.compile=true", "trainer.max_epochs=1"
+    )
+    assert result.stdout.count("warning: torch.compile failed") == 1
+    assert read_metrics(tmp_path / "runs" / "fallback")["epochs"] == 1

@@ -1,0 +1,31 @@
+"""``trainer.compile``: torch.compile the model, or train eagerly when the compiler fails."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+log = logging.getLogger("torchloom")
+
+
+def compile_or_eager(
+    model: nn.Module, input_shape: Sequence[int], device: torch.device
+) -> nn.Module:
+    """The compiled model, proven on a dummy batch now; the eager model, with one warning, if
+    compilation fails (no C++ compiler, an unsupported op, an old GPU)."""
+    compiled = torch.compile(model)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            compiled(torch.zeros(2, *input_shape, device=device))
+    except Exception as error:  # any compiler failure: train eagerly rather than not at all
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        log.warning("warning: torch.compile failed (%s); training without it", reason)
+        return model
+    finally:
+        model.train(was_training)
+    return compiled
