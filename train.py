@@ -3,11 +3,14 @@
     python train.py                       # MLP on the bundled 8×8 digits: seconds on a CPU
     python train.py model=cnn optim=sgd scheduler=cosine precision=bf16 trainer.max_epochs=20
     python train.py data=cifar10 model=resnet18 data.batch_size=256
+    python train.py resume=checkpoints/<run_name>/last.pt          # continue a run exactly
+    python train.py run_name=job7 resume=auto                     # what a requeued job runs
     python train.py -m optim=sgd,adamw optim.lr=0.01,0.001
     tensorboard --logdir runs
 
 Outputs: runs/<run_name>/ (config, log, TensorBoard events, metrics.json) and
-checkpoints/<run_name>/ (last.pt after every epoch, best.pt when the monitored metric improves).
+checkpoints/<run_name>/ (last.pt after every epoch and on SIGTERM/SIGUSR1/Ctrl-C, best.pt when
+the monitored metric improves).
 """
 
 from __future__ import annotations
@@ -26,9 +29,20 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from rich.console import Console
 
-from utils.checkpoint import FORMAT_VERSION, load_checkpoint, prepare_dir, save_atomic, unwrap
+from utils.checkpoint import (
+    FORMAT_VERSION,
+    keep_top_k,
+    load_checkpoint,
+    load_weights,
+    prepare_dir,
+    remove_stale_temporary_files,
+    resume_point,
+    save_atomic,
+    top_k_name,
+    unwrap,
+)
 from utils.compilation import compile_or_eager
-from utils.config import build, check_config, output_dirs, to_plain
+from utils.config import build, check_config, config_changes, output_dirs, to_plain
 from utils.device import resolve_device
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate
@@ -36,15 +50,17 @@ from utils.model_check import check_forward
 from utils.optim import build_optimizer
 from utils.progress import TrainingProgress
 from utils.report import config_tree, metrics_table, print_model_summary, write_hparams, write_json
-from utils.seeding import configure_determinism, rng_state, seed_everything
+from utils.seeding import configure_determinism, rng_state, seed_everything, set_rng_state
+from utils.signals import EXIT_INTERRUPTED, StopRequest
 
 log = logging.getLogger("torchloom")
 
 
 def train_one_epoch(
-    model, batches, epoch, optimizer, schedule, precision, trainer, state, writer, progress
-) -> float:
-    """One pass over the training batches; returns the epoch's mean training loss.
+    model, batches, optimizer, schedule, precision, trainer, state, writer, progress, stop
+) -> bool:
+    """Train from the data position in ``state`` to the end of its epoch. Returns False when a
+    stop was requested first; ``state`` then holds the position to resume from.
 
     The loss stays on the device; the host waits for it only on logging steps.
     """
@@ -52,15 +68,18 @@ def train_one_epoch(
     accumulate = trainer.accumulate_grad_batches
     # Every optimizer step sees exactly `accumulate` micro-batches; a remainder is dropped.
     micro_batches = (len(batches) // accumulate) * accumulate
-    epoch_loss = torch.zeros((), device=precision.device)
-    window_loss, window_batches, window_start = torch.zeros_like(epoch_loss), 0, time.perf_counter()
-    for index, (images, labels) in enumerate(itertools.islice(batches.epoch(epoch), micro_batches)):
+    start = state["batch_in_epoch"]
+    timed_batches, window_start = 0, time.perf_counter()
+    batches_left = itertools.islice(batches.epoch(state["epoch"], start), micro_batches - start)
+    for index, (images, labels) in enumerate(batches_left, start):
         with precision.autocast():
             loss = F.cross_entropy(model(images), labels)
         precision.scaler.scale(loss / accumulate).backward()
-        epoch_loss += loss.detach()
-        window_loss += loss.detach()
-        window_batches += 1
+        state["epoch_loss"] += loss.detach()
+        state["window_loss"] += loss.detach()
+        state["window_batches"] += 1
+        timed_batches += 1
+        state["batch_in_epoch"] = index + 1
         if (index + 1) % accumulate:
             continue
 
@@ -78,29 +97,32 @@ def train_one_epoch(
 
         if log_due:
             step, seconds = state["global_step"], time.perf_counter() - window_start
-            mean_loss = (window_loss / window_batches).item()  # the one sync per logging window
-            samples_per_second = window_batches * len(labels) / seconds
+            mean_loss = (state["window_loss"] / state["window_batches"]).item()  # the one sync
+            samples_per_second = timed_batches * len(labels) / seconds
             writer.add_scalar("train/loss", mean_loss, step)
             writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], step)
             writer.add_scalar("train/grad_norm", grad_norm.item(), step)
-            progress.update(epoch, step, mean_loss, samples_per_second)
-            window_loss.zero_()
-            window_batches, window_start = 0, time.perf_counter()
+            progress.update(state["epoch"], step, mean_loss, samples_per_second)
+            state["window_loss"].zero_()
+            state["window_batches"], timed_batches, window_start = 0, 0, time.perf_counter()
         else:
-            progress.update(epoch, state["global_step"])
-    return (epoch_loss / max(micro_batches, 1)).item()
+            progress.update(state["epoch"], state["global_step"])
+        if stop.requested and index + 1 < micro_batches:
+            return False
+    return True
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float:
     try:
-        return train(cfg)
+        with StopRequest() as stop:
+            return train(cfg, stop)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
 
 
-def train(cfg: DictConfig) -> float:
+def train(cfg: DictConfig, stop: StopRequest) -> float:
     started = time.perf_counter()
     check_config(cfg)
     trainer = cfg.trainer
@@ -108,7 +130,16 @@ def train(cfg: DictConfig) -> float:
     run_dir, checkpoint_dir = output_dirs(cfg, Path(HydraConfig.get().runtime.output_dir))
     prepare_dir(run_dir, "the run")
     prepare_dir(checkpoint_dir, "checkpoints")
+    remove_stale_temporary_files(checkpoint_dir)
     config = to_plain(cfg)
+    resumed = resume_point(cfg.resume, checkpoint_dir)
+    if resumed and not cfg.resume_allow_changes:
+        changes = config_changes(resumed[1]["config"], config)
+        if changes:
+            raise UserError(
+                f"refusing to resume {resumed[0]}: the config changed ({'; '.join(changes)}); "
+                "pass resume_allow_changes=true to resume anyway"
+            )
     console.print(config_tree(config))
     log.info("run dir: %s\ncheckpoints: %s", run_dir, checkpoint_dir)
 
@@ -155,37 +186,73 @@ def train(cfg: DictConfig) -> float:
         optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch
     )
 
+    # --- Training state: fresh, or exactly where a checkpoint left off -------------------
+    zero = torch.zeros((), device=device)
+    state = {
+        "epoch": 0,
+        "batch_in_epoch": 0,
+        "global_step": 0,
+        "best_metric": None,
+        "best_epoch": None,
+        "top_k": [],
+        "metrics": {},
+        "epoch_loss": zero.clone(),
+        "window_loss": zero.clone(),
+        "window_batches": 0,
+    }
+    if resumed:
+        path, checkpoint = resumed
+        load_weights(model, checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        schedule.load_state_dict(checkpoint["scheduler"])
+        precision.scaler.load_state_dict(checkpoint["scaler"])
+        state.update({key: checkpoint[key] for key in state})
+        state["epoch_loss"] = state["epoch_loss"].to(device)
+        state["window_loss"] = state["window_loss"].to(device)
+        set_rng_state(checkpoint["rng"])  # last: building the model above drew from the RNG
+        log.info(
+            "resumed from %s: epoch %d, batch %d, step %d",
+            path,
+            state["epoch"] + 1,
+            state["batch_in_epoch"],
+            state["global_step"],
+        )
+    elif cfg.init_from:
+        load_weights(model, load_checkpoint(cfg.init_from)["model"])
+        log.info("weights from %s; optimizer, schedule and counters start fresh", cfg.init_from)
+
     from torch.utils.tensorboard import SummaryWriter  # slow import; only once we train
 
-    writer = SummaryWriter(run_dir)
-    state = {"epoch": 0, "global_step": 0, "best_metric": None, "best_epoch": None}
+    # Resuming: points logged after the checkpoint by the interrupted run are dropped.
+    writer = SummaryWriter(run_dir, purge_step=state["global_step"] + 1 if resumed else None)
     sign = 1 if trainer.monitor_mode == "max" else -1
-    final: dict[str, float] = {}
-    train_seconds = 0.0
+    final = state["metrics"]
 
-    def checkpoint() -> dict:
-        return {
-            "format_version": FORMAT_VERSION,
-            "model": unwrap(model).state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": schedule.state_dict(),
-            "scaler": precision.scaler.state_dict(),
-            **state,
-            "batch_in_epoch": 0,  # data position: batches of `epoch` already consumed
-            "monitor": trainer.monitor,
-            "metrics": dict(final),
-            "config": config,
-            "rng": rng_state(),
-        }
+    def save(path: Path) -> None:
+        save_atomic(
+            {
+                "format_version": FORMAT_VERSION,
+                "model": unwrap(model).state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": schedule.state_dict(),
+                "scaler": precision.scaler.state_dict(),
+                **state,
+                "monitor": trainer.monitor,
+                "config": config,
+                "overrides": list(HydraConfig.get().overrides.task),
+                "rng": rng_state(),
+            },
+            path,
+        )
 
     # --- Train -----------------------------------------------------------------------------
+    train_seconds, trained_steps = 0.0, 0
     with TrainingProgress(console, total_steps, trainer.max_epochs) as progress:
-        for epoch in range(trainer.max_epochs):
-            epoch_start = time.perf_counter()
-            final["train/loss"] = train_one_epoch(
+        while state["epoch"] < trainer.max_epochs:
+            epoch_start, step_before = time.perf_counter(), state["global_step"]
+            finished = train_one_epoch(
                 step_model,
                 train_batches,
-                epoch,
                 optimizer,
                 schedule,
                 precision,
@@ -193,14 +260,18 @@ def train(cfg: DictConfig) -> float:
                 state,
                 writer,
                 progress,
+                stop,
             )
-            epoch_seconds = time.perf_counter() - epoch_start
-            train_seconds += epoch_seconds
-            samples_per_second = (
-                steps_per_epoch * trainer.accumulate_grad_batches * data.batch_size / epoch_seconds
-            )
+            train_seconds += time.perf_counter() - epoch_start
+            trained_steps += state["global_step"] - step_before
+            if not finished:
+                break
+            micro_batches = steps_per_epoch * trainer.accumulate_grad_batches
+            samples = (state["global_step"] - step_before) * trainer.accumulate_grad_batches
+            samples_per_second = samples * data.batch_size / (time.perf_counter() - epoch_start)
             writer.add_scalar("train/samples_per_second", samples_per_second, state["global_step"])
-            state["epoch"] = epoch + 1
+            final["train/loss"] = (state["epoch_loss"] / micro_batches).item()
+            state.update(epoch=state["epoch"] + 1, batch_in_epoch=0, epoch_loss=zero.clone())
             improved = False
             if (
                 state["epoch"] % trainer.val_every_n_epochs == 0
@@ -218,22 +289,44 @@ def train(cfg: DictConfig) -> float:
                 )
                 if improved:
                     state["best_metric"], state["best_epoch"] = value, state["epoch"]
-            save_atomic(checkpoint(), checkpoint_dir / "last.pt")
+                keep_top_k(
+                    checkpoint_dir,
+                    state["top_k"],
+                    trainer.keep_top_k,
+                    top_k_name(state["epoch"], trainer.monitor, value),
+                    value,
+                    sign,
+                    save,
+                )
+            save(checkpoint_dir / "last.pt")
             if improved:
-                save_atomic(checkpoint(), checkpoint_dir / "best.pt")
+                save(checkpoint_dir / "best.pt")
             log.info(
-                "epoch %d/%d  train/loss %.4f  %s  %.1fs",
+                "epoch %d/%d  train/loss %.4f  %s",
                 state["epoch"],
                 trainer.max_epochs,
                 final["train/loss"],
                 "  ".join(f"{k} {v:.4f}" for k, v in final.items() if k.startswith("val/")),
-                epoch_seconds,
             )
+            if stop.requested:
+                break
+
+    if stop.requested:  # a signal: save the exact position, flush, say how to continue
+        if state["batch_in_epoch"]:  # stopped mid-epoch; at an epoch's end last.pt is saved
+            save(checkpoint_dir / "last.pt")
+        writer.close()
+        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+        command = " ".join(["python train.py", *overrides, f"resume={checkpoint_dir / 'last.pt'}"])
+        print(
+            f"stopped by {stop.name} at epoch {state['epoch'] + 1}, batch "
+            f"{state['batch_in_epoch']}; continue with:\n  {command}"
+        )
+        sys.exit(EXIT_INTERRUPTED)
 
     # --- Test the best checkpoint (val when the dataset has no test split) ----------------
     test_split = "test" if data.splits["test"] is not None else "val"
     if (checkpoint_dir / "best.pt").exists():
-        model.load_state_dict(load_checkpoint(checkpoint_dir / "best.pt")["model"])
+        load_weights(model, load_checkpoint(checkpoint_dir / "best.pt")["model"])
     test = evaluate(
         step_model, data.batches(test_split, device, cfg.seed).epoch(0), precision, data.num_classes
     )
@@ -241,7 +334,7 @@ def train(cfg: DictConfig) -> float:
         final[f"test/{name}"] = value
         writer.add_scalar(f"test/{name}", value, state["global_step"])
 
-    trained_samples = state["global_step"] * data.batch_size * trainer.accumulate_grad_batches
+    trained_samples = trained_steps * data.batch_size * trainer.accumulate_grad_batches
     metrics = {
         **final,
         "train/samples_per_second": trained_samples / train_seconds if train_seconds else 0.0,

@@ -4,6 +4,7 @@ on-disk formats (MNIST's IDX files, CIFAR-10's pickled batches, a folder of PNGs
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import struct
 import subprocess
@@ -15,18 +16,23 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+HELPERS = ROOT / "tests" / "helpers"
 TRAIN = ROOT / "train.py"
 CONF = ROOT / "conf"
 
 
-def run_train(cwd: Path, *overrides: str, ok: bool = True, timeout: float = 600):
-    """Run ``python train.py OVERRIDES`` in ``cwd`` (outputs land in cwd/runs, cwd/checkpoints)."""
+def run_train(
+    cwd: Path, *overrides: str, ok: bool = True, timeout: float = 600, env: dict | None = None
+):
+    """Run ``python train.py OVERRIDES`` in ``cwd`` (outputs land in cwd/runs, cwd/checkpoints).
+    ``env`` adds environment variables; tests/helpers is importable for test-only models."""
     result = subprocess.run(
         [sys.executable, str(TRAIN), *overrides],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(HELPERS), **(env or {})},
     )
     if ok:
         assert result.returncode == 0, (

@@ -1,27 +1,39 @@
-"""Writing and reading checkpoints.
+"""Writing, finding and reading checkpoints, safely.
 
 A checkpoint is a plain dict of tensors, numbers, strings and plain containers, so it loads with
 ``torch.load(..., weights_only=True)``: loading it can never run code. It holds the unwrapped
-model's ``state_dict``, the optimizer, schedule and scaler states, the counters and data
-position, the best metric so far, the resolved config and every RNG state.
+model's ``state_dict``, the optimizer, schedule and scaler states, the counters and the exact
+data position, the best metric so far, the resolved config and every RNG state.
 
 Files are written atomically: to a temporary file in the same folder, flushed and fsynced, then
-renamed over the old one, so a crash mid-write leaves the previous checkpoint intact.
+renamed over the old one, so a crash mid-write leaves the previous checkpoint intact. Temporary
+files start with a dot; discovery ignores them and :func:`remove_stale_temporary_files` deletes
+those a killed run left behind.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import pickle
+import pickletools
+import re
 import tempfile
+import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
+from rich.table import Table
 from torch import nn
 
 from utils.errors import UserError
 
 FORMAT_VERSION = 1
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
+log = logging.getLogger("torchloom")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -35,39 +47,41 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def save_atomic(state: dict[str, Any], path: Path) -> None:
-    """Write ``state`` to ``path`` so that ``path`` always holds a complete checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+# --- Writing -------------------------------------------------------------------------------
+
+
+def save_atomic(state: Mapping[str, Any], path: Path) -> None:
+    """Write ``state`` to ``path`` so that ``path`` always holds a complete checkpoint. A failed
+    write (disk full, permissions) leaves the previous file intact and says so in one line."""
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            torch.save(dict(state), f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    # Make the rename itself durable.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
+        tmp = None
+        dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as error:
+        previous = "the previous checkpoint there is intact" if path.exists() else "nothing saved"
+        raise UserError(
+            f"could not write checkpoint {path}: {error.strerror or error}; {previous}"
+        ) from None
     finally:
-        os.close(dir_fd)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load on the CPU with ``weights_only=True``; anything else is refused in one line."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"no checkpoint file at {path}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        raise UserError(f"not a readable checkpoint: {path}") from None
-    if not isinstance(state, dict) or "model" not in state or "format_version" not in state:
-        raise UserError(f"not a readable checkpoint: {path} (not a torchloom checkpoint)")
-    return state
+def remove_stale_temporary_files(folder: Path) -> None:
+    """Delete temporary files left by a save that was killed before its rename."""
+    for leftover in folder.glob(".*.pt.*.tmp"):
+        leftover.unlink(missing_ok=True)
 
 
 def prepare_dir(path: Path, what: str) -> Path:
@@ -81,3 +95,164 @@ def prepare_dir(path: Path, what: str) -> Path:
             f"cannot write {what} to {path}: {error.strerror}; choose another folder"
         ) from None
     return path
+
+
+# --- Reading -------------------------------------------------------------------------------
+
+
+def _offending_global(path: Path, error: Exception) -> str | None:
+    """The importable name a refused pickle asks for, read without running anything."""
+    match = re.search(r"GLOBAL (\S+)", str(error))
+    if match:
+        return match.group(1)
+    if zipfile.is_zipfile(path):
+        return None
+    strings: list[str] = []
+    try:
+        with open(path, "rb") as f:
+            for opcode, argument, _ in pickletools.genops(f):
+                if isinstance(argument, str) and "UNICODE" in opcode.name:
+                    strings.append(argument)
+                elif opcode.name == "GLOBAL":
+                    return str(argument).replace(" ", ".")
+                elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    return f"{strings[-2]}.{strings[-1]}"
+    except Exception:
+        return None
+    return None
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load on the CPU with ``weights_only=True``, never anything looser: a file that would
+    import code is refused naming what it asks for, and nothing runs."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"no checkpoint file at {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        name = _offending_global(path, error)
+        if name:
+            raise UserError(
+                f"refusing to load {path}: it would import {name}, which no checkpoint needs; "
+                f"it may be hostile, so nothing from it was run"
+            ) from None
+        raise UserError(f"not a readable checkpoint: {path}") from None
+    except Exception:
+        raise UserError(f"not a readable checkpoint: {path}") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise UserError(f"not a readable checkpoint: {path} (no model weights in it)")
+    return state
+
+
+def find_checkpoints(folder: Path) -> list[Path]:
+    """Candidates to resume from, newest first: ``last.pt``, then the others by age."""
+    others = sorted(
+        (p for p in folder.glob("*.pt") if not p.name.startswith(".") and p.name != "last.pt"),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    last = folder / "last.pt"
+    return ([last] if last.is_file() else []) + others
+
+
+def load_latest(folder: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest readable checkpoint in ``folder``, warning about each unreadable one."""
+    for candidate in find_checkpoints(folder):
+        try:
+            return candidate, load_checkpoint(candidate)
+        except UserError as error:
+            log.warning("warning: %s; trying the previous checkpoint", error)
+    return None
+
+
+# --- Weights -------------------------------------------------------------------------------
+
+
+def strip_wrapper_prefixes(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Remove ``module.`` and ``_orig_mod.`` prefixes, in any order and number."""
+    cleaned = {}
+    for key, value in state_dict.items():
+        while key.startswith(WRAPPER_PREFIXES):
+            key = key.split(".", 1)[1]
+        cleaned[key] = value
+    return cleaned
+
+
+def load_weights(
+    model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True
+) -> None:
+    """Load weights into the unwrapped ``model``. A mismatch prints a table of missing,
+    unexpected and shape-mismatched keys; ``strict=False`` loads what fits, but loading
+    nothing at all is always an error."""
+    target = unwrap(model)
+    incoming = strip_wrapper_prefixes(state_dict)
+    expected = target.state_dict()
+    missing = [k for k in expected if k not in incoming]
+    unexpected = [k for k in incoming if k not in expected]
+    mismatched = [
+        (k, tuple(incoming[k].shape), tuple(v.shape))
+        for k, v in expected.items()
+        if k in incoming and incoming[k].shape != v.shape
+    ]
+    fitting = len(expected) - len(missing) - len(mismatched)
+    if (strict and (missing or unexpected or mismatched)) or fitting == 0:
+        table = Table(title="checkpoint weights vs model")
+        for column in ("key", "problem", "checkpoint", "model"):
+            table.add_column(column)
+        for key in missing:
+            table.add_row(key, "missing from checkpoint", "", "")
+        for key in unexpected:
+            table.add_row(key, "not in model", "", "")
+        for key, have, want in mismatched:
+            table.add_row(key, "shape", str(list(have)), str(list(want)))
+        Console(stderr=True).print(table)
+        raise UserError(
+            f"the checkpoint's weights do not fit the model: {len(missing)} missing, "
+            f"{len(unexpected)} unexpected, {len(mismatched)} of another shape "
+            f"({fitting} of {len(expected)} fit); was it trained with another model config?"
+        )
+    fits = {k: v for k, v in incoming.items() if k in expected and v.shape == expected[k].shape}
+    target.load_state_dict(fits, strict=False)
+
+
+# --- Resuming and retention ----------------------------------------------------------------
+
+
+def resume_point(resume: str | None, checkpoint_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """What ``resume=`` names: a checkpoint file, a folder of them, or ``auto`` (the run's own
+    folder if it holds a readable checkpoint, else a fresh start)."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        found = load_latest(checkpoint_dir) if checkpoint_dir.is_dir() else None
+        if found is None:
+            log.info("resume=auto: no checkpoint in %s yet; starting fresh", checkpoint_dir)
+        return found
+    path = Path(resume)
+    if path.is_dir():
+        found = load_latest(path)
+        if found is None:
+            raise UserError(f"resume={resume}: no readable checkpoint in that folder")
+        return found
+    return path, load_checkpoint(path)
+
+
+def top_k_name(epoch: int, monitor: str, value: float) -> str:
+    return f"epoch={epoch:03d}-{monitor.replace('/', '_')}={value:.4f}.pt"
+
+
+def keep_top_k(
+    folder: Path, ranked: list, k: int, name: str, value: float, sign: int, write: Any
+) -> None:
+    """Keep the ``k`` best checkpoints by the monitored value; ``ranked`` is the
+    ``[[value, file name], ...]`` list kept in the training state, best first. The new file is
+    written before the one it displaces is deleted, so a crash never leaves fewer than before."""
+    if k == 0 or (len(ranked) >= k and sign * (value - ranked[-1][0]) <= 0):
+        return
+    ranked.append([value, name])
+    ranked.sort(key=lambda entry: -sign * entry[0])
+    write(folder / name)
+    for _, dropped in ranked[k:]:
+        (folder / dropped).unlink(missing_ok=True)
+    del ranked[k:]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ class TrainerConfig:
     val_every_n_epochs: int = MISSING
     monitor: str = MISSING
     monitor_mode: str = MISSING
+    keep_top_k: int = MISSING
 
 
 @dataclass
@@ -56,9 +58,27 @@ class TrainConfig:
     seed: int = MISSING
     run_name: str = MISSING
     resume: str | None = MISSING
+    resume_allow_changes: bool = MISSING
+    init_from: str | None = MISSING
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+def resumed_run_name(resume: str | None, checkpoints_root: str, fresh: str) -> str:
+    """``run_name`` when it is not given: resuming ``checkpoints/<name>/last.pt`` continues run
+    ``<name>`` (same run dir, same checkpoint folder); otherwise ``fresh`` (a timestamp)."""
+    if resume and resume != "auto":
+        path = Path(resume).resolve()
+        folder = path if path.is_dir() else path.parent
+        try:
+            return str(folder.relative_to(Path(checkpoints_root).resolve()))
+        except ValueError:
+            pass
+    return fresh
+
+
+OmegaConf.register_new_resolver("resumed_run_name", resumed_run_name, replace=True)
 
 
 def _number(cfg: DictConfig, key: str) -> float:
@@ -75,6 +95,7 @@ def check_config(cfg: DictConfig) -> None:
         ("trainer.accumulate_grad_batches", lambda v: v >= 1, "1 or more"),
         ("trainer.log_every_n_steps", lambda v: v >= 1, "1 or more"),
         ("trainer.val_every_n_epochs", lambda v: v >= 1, "1 or more"),
+        ("trainer.keep_top_k", lambda v: v >= 0, "0 or more"),
         ("data.batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
         ("data.eval_batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
         ("optim.lr", lambda v: v > 0, "greater than 0"),
@@ -149,3 +170,86 @@ def build(node: Any, **kwargs: Any) -> Any:
             target = OmegaConf.select(node, "_target_") if isinstance(node, DictConfig) else node
             raise UserError(f"{target}: {cause}; check its keys in the config") from None
         raise
+
+
+# Where a `_target_` read from a file (a checkpoint's stored config) may point. Everything
+# else — os.system, builtins.eval, subprocess.run, or torch.hub.load, which runs downloaded
+# code — is refused before anything is imported or built.
+TRUSTED_TARGETS = (
+    "models.",
+    "data.",
+    "utils.precision.",
+    "utils.schedulers.",
+    "torch.nn.",
+    "torch.optim.",
+    "torchvision.models.",
+    "torchvision.transforms.",
+)
+
+
+def check_targets(config: Any, where: str = "") -> None:
+    """Refuse any ``_target_`` outside :data:`TRUSTED_TARGETS`, naming its key."""
+    if isinstance(config, dict):
+        for key, value in config.items():
+            path = f"{where}.{key}" if where else str(key)
+            if key == "_target_" and not _trusted(value):
+                raise UserError(
+                    f"refusing the stored config: {path}={value!r} is not a torchloom, torch or "
+                    f"torchvision builder; the file may be hostile, so nothing was built"
+                )
+            check_targets(value, path)
+    elif isinstance(config, list):
+        for index, value in enumerate(config):
+            check_targets(value, f"{where}[{index}]")
+
+
+def _trusted(target: Any) -> bool:
+    if not isinstance(target, str) or not target.startswith(TRUSTED_TARGETS):
+        return False
+    if any(not part.isidentifier() or part.startswith("__") for part in target.split(".")):
+        return False
+    from hydra._internal.utils import _locate
+
+    try:  # safe to import now: the module lies inside a trusted package
+        located = _locate(target)
+    except Exception:
+        return False
+    # An alias such as torch.nn.functional.os.system resolves outside the trusted packages.
+    module = getattr(located, "__module__", None) or getattr(located, "__name__", "")
+    return f"{module}.".startswith(TRUSTED_TARGETS)
+
+
+# Keys whose change makes a checkpoint's weights or data position mean something else.
+RESUME_KEYS = ("model", "data", "trainer.accumulate_grad_batches")
+# Data keys that only say where the same data lives or how fast it is read.
+DATA_KEYS_FREE_TO_CHANGE = ("root", "download", "num_workers", "eval_batch_size", "path")
+
+
+def config_changes(stored: dict, current: dict) -> list[str]:
+    """Keys under :data:`RESUME_KEYS` that differ, as ``key: stored -> current`` lines."""
+    stored_flat, current_flat = flatten(stored), flatten(current)
+    changes = []
+    for key in sorted(set(stored_flat) | set(current_flat)):
+        if not key.startswith(RESUME_KEYS):
+            continue
+        if key.startswith("data.") and key.split(".")[1] in DATA_KEYS_FREE_TO_CHANGE:
+            continue
+        before, after = stored_flat.get(key, "<absent>"), current_flat.get(key, "<absent>")
+        if before != after:
+            changes.append(f"{key}: {before} -> {after}")
+    return changes
+
+
+def flatten(config: Mapping, prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 0.1}}`` → ``{"optim.lr": 0.1}``; values other than numbers, strings
+    and booleans become strings (what TensorBoard's hparams accept)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[name] = value
+        else:
+            flat[name] = str(value)
+    return flat

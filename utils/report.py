@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.tree import Tree
 from torch import nn
 
+from utils.config import flatten
 from utils.model_check import parameter_counts
 
 
@@ -55,20 +56,6 @@ def write_json(data: Mapping, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2, allow_nan=True) + "\n")
     os.replace(tmp, path)
-
-
-def flatten(config: Mapping, prefix: str = "") -> dict[str, Any]:
-    """``{"optim": {"lr": 0.1}}`` → ``{"optim.lr": 0.1}``, with values TensorBoard accepts."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{name}."))
-        elif isinstance(value, (bool, int, float, str)):
-            flat[name] = value
-        else:
-            flat[name] = str(value)
-    return flat
 
 
 def write_hparams(writer, config: Mapping, metrics: Mapping[str, float]) -> None:

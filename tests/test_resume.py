@@ -1,0 +1,197 @@
+"""Interrupt, resume, compare: a resumed run must equal the run that was never interrupted —
+bit for bit on the CPU, parameters and logged losses — with shuffling, dropout and
+augmentation on, on both data paths."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import HELPERS, TRAIN, read_metrics, run_train, write_imagefolder
+from test_train import scalars
+
+from utils.signals import EXIT_INTERRUPTED
+
+# Whole-tensor path: 160 samples, batches of 8, 2 micro-batches per step → 20 micro-batches and
+# 10 optimizer steps per epoch; dropout, random crops and flips on.
+TENSOR_RUN = [
+    "model._target_=signalling_model.mlp",
+    "model.hidden_sizes=[32]",
+    "model.dropout=0.3",
+    "data=synthetic",
+    "data.shape=[1,8,8]",
+    "data.num_samples=160",
+    "data.val_size=32",
+    "data.test_size=32",
+    "data.batch_size=8",
+    "data.augment.crop_padding=1",
+    "data.augment.horizontal_flip=true",
+    "trainer.accumulate_grad_batches=2",
+    "trainer.log_every_n_steps=3",
+    "trainer.max_epochs=3",
+]
+
+
+def checkpoint(cwd: Path, run_name: str, name: str = "last.pt") -> dict:
+    return torch.load(cwd / "checkpoints" / run_name / name, map_location="cpu", weights_only=True)
+
+
+def assert_same_run(cwd: Path, straight: str, resumed: str) -> None:
+    a, b = checkpoint(cwd, straight), checkpoint(cwd, resumed)
+    assert a["global_step"] == b["global_step"]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for key in ("exp_avg", "exp_avg_sq"):
+        for index in a["optimizer"]["state"]:
+            assert torch.equal(
+                a["optimizer"]["state"][index][key], b["optimizer"]["state"][index][key]
+            )
+    logged_a, logged_b = scalars(cwd / "runs" / straight), scalars(cwd / "runs" / resumed)
+    for tag in ("train/loss", "train/lr", "val/loss", "val/acc"):
+        assert logged_a[tag] == logged_b[tag], tag  # same steps, same values, no duplicates
+    assert (
+        read_metrics(cwd / "runs" / straight)["test/acc"]
+        == read_metrics(cwd / "runs" / resumed)["test/acc"]
+    )
+
+
+def interrupt_and_resume(
+    cwd: Path, run: list[str], run_name: str, at: int, signal_name: str = "SIGTERM"
+):
+    """Signal the run at its ``at``-th training micro-batch, then ``resume=auto`` it."""
+    first = run_train(
+        cwd,
+        *run,
+        f"run_name={run_name}",
+        ok=False,
+        env={"SIGNAL_AT_FORWARD": str(at), "SIGNAL_NAME": signal_name},
+    )
+    assert first.returncode == EXIT_INTERRUPTED, first.stderr[-2000:]
+    assert f"{signal_name} received" in first.stderr
+    assert (
+        "continue with:" in first.stdout
+        and f"resume=checkpoints/{run_name}/last.pt" in first.stdout
+    )
+    position = checkpoint(cwd, run_name)
+    resumed = run_train(cwd, *run, f"run_name={run_name}", "resume=auto")
+    assert f"resumed from checkpoints/{run_name}/last.pt" in resumed.stdout
+    return position
+
+
+@pytest.fixture(scope="module")
+def tensor_runs(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("resume")
+    run_train(cwd, *TENSOR_RUN, "run_name=straight")
+    return cwd
+
+
+@pytest.mark.parametrize(
+    "at, epoch, batch_in_epoch",
+    [
+        (20, 1, 0),  # the last micro-batch of epoch 1: stops at the epoch boundary
+        (26, 1, 6),  # the 2nd micro-batch of a step, mid-epoch
+        (33, 1, 14),  # the 1st micro-batch of a step: the step is finished first
+    ],
+    ids=["epoch-boundary", "mid-epoch", "between-micro-batches"],
+)
+def test_whole_tensor_path_resumes_bit_identically(tensor_runs, at, epoch, batch_in_epoch):
+    name = f"cut_at_{at}"
+    position = interrupt_and_resume(tensor_runs, TENSOR_RUN, name, at)
+    assert (position["epoch"], position["batch_in_epoch"]) == (epoch, batch_in_epoch)
+    assert position["global_step"] == (epoch * 20 + batch_in_epoch) // 2
+    assert_same_run(tensor_runs, "straight", name)
+
+
+def test_ctrl_c_resumes_bit_identically(tensor_runs):
+    interrupt_and_resume(tensor_runs, TENSOR_RUN, "ctrl_c", 45, signal_name="SIGINT")
+    assert_same_run(tensor_runs, "straight", "ctrl_c")
+
+
+def test_second_ctrl_c_exits_at_once(tensor_runs):
+    result = run_train(
+        tensor_runs,
+        *TENSOR_RUN,
+        "run_name=twice",
+        ok=False,
+        env={"SIGNAL_AT_FORWARD": "5", "SIGNAL_NAME": "SIGINT", "SIGNAL_REPEAT": "2"},
+    )
+    assert result.returncode == 130
+    assert "second Ctrl-C: exiting now" in result.stderr and "Traceback" not in result.stderr
+    assert not (tensor_runs / "checkpoints" / "twice" / "last.pt").exists()
+
+
+def test_resuming_from_an_older_checkpoint_replaces_the_later_tensorboard_points(tensor_runs):
+    folder = tensor_runs / "checkpoints" / "rewind"
+    first = run_train(
+        tensor_runs, *TENSOR_RUN, "run_name=rewind", ok=False, env={"SIGNAL_AT_FORWARD": "20"}
+    )  # stops after epoch 1
+    assert first.returncode == EXIT_INTERRUPTED
+    shutil.copy(folder / "last.pt", folder / "epoch1.pt")
+    run_train(tensor_runs, *TENSOR_RUN, "run_name=rewind", "resume=auto")  # epochs 2 and 3
+    # Train epochs 2 and 3 again from the copy: their first points must be replaced, not doubled.
+    again = run_train(tensor_runs, *TENSOR_RUN, "resume=checkpoints/rewind/epoch1.pt")
+    assert f"run dir: {tensor_runs / 'runs' / 'rewind'}" in again.stdout  # the same run continues
+    logged = scalars(tensor_runs / "runs" / "rewind")
+    steps = [step for step, _ in logged["train/loss"]]
+    assert steps == sorted(set(steps))  # no step logged twice
+    assert logged["train/loss"] == scalars(tensor_runs / "runs" / "straight")["train/loss"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_path_resumes_bit_identically(tmp_path, workers):
+    root = write_imagefolder(tmp_path / "images", per_class=16, size=(8, 8), test=False)
+    run = [
+        "model._target_=signalling_model.mlp",
+        "model.hidden_sizes=[32]",
+        "model.dropout=0.3",
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.image_size=[8,8]",
+        "data.batch_size=8",
+        f"data.num_workers={workers}",
+        "trainer.accumulate_grad_batches=2",
+        "trainer.log_every_n_steps=2",
+        "trainer.max_epochs=3",
+    ]
+    run_train(tmp_path, *run, "run_name=straight")
+    position = interrupt_and_resume(tmp_path, run, "cut", 9)  # epoch 2, 1st micro-batch of a step
+    assert (position["epoch"], position["batch_in_epoch"]) == (1, 4)
+    assert_same_run(tmp_path, "straight", "cut")
+
+
+def test_sigterm_from_outside_mid_epoch_resumes_bit_identically(tmp_path):
+    """A real SIGTERM from another process, at whatever moment it lands."""
+    run = [
+        "data=synthetic",
+        "data.num_samples=4000",
+        "data.batch_size=8",
+        "data.shape=[1,8,8]",
+        "trainer.max_epochs=2",
+        "trainer.log_every_n_steps=1",
+        "model.hidden_sizes=[16]",
+    ]
+    run_train(tmp_path, *run, "run_name=straight")
+    process = subprocess.Popen(
+        [sys.executable, str(TRAIN), *run, "run_name=cut"],
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(HELPERS), "PYTHONUNBUFFERED": "1"},
+    )
+    for line in process.stdout:
+        if "step 20/" in line:
+            process.send_signal(signal.SIGTERM)
+            break
+    process.stdout.read()
+    assert process.wait(timeout=120) == EXIT_INTERRUPTED
+    assert checkpoint(tmp_path, "cut")["global_step"] >= 20
+    run_train(tmp_path, *run, "run_name=cut", "resume=auto")
+    a, b = checkpoint(tmp_path, "straight"), checkpoint(tmp_path, "cut")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])

@@ -1,0 +1,48 @@
+"""Stopping cleanly on SIGTERM, SIGUSR1 (cluster pre-emption) and SIGINT (Ctrl-C).
+
+The handlers only set a flag; the training loop reads it after each optimizer step, writes
+``last.pt`` with the exact data position, and exits with :data:`EXIT_INTERRUPTED`. A second
+Ctrl-C exits at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from types import FrameType
+
+EXIT_INTERRUPTED = 3  # stopped by a signal; last.pt resumes the run exactly
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+class StopRequest:
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signal).name if self.signal else ""
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.signal == signal.SIGINT:
+            print("\nsecond Ctrl-C: exiting now, without a checkpoint", file=sys.stderr)
+            raise SystemExit(130)
+        self.signal = signum
+        print(
+            f"\n{signal.Signals(signum).name} received: finishing this step, then saving last.pt",
+            file=sys.stderr,
+        )
+
+    def __enter__(self) -> StopRequest:
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
