@@ -31,18 +31,20 @@ from rich.console import Console
 
 from utils.checkpoint import (
     FORMAT_VERSION,
+    check_resumable,
     keep_top_k,
     load_checkpoint,
     load_weights,
     prepare_dir,
     remove_stale_temporary_files,
+    restore,
     resume_point,
     save_atomic,
     top_k_name,
     unwrap,
 )
 from utils.compilation import compile_or_eager
-from utils.config import build, check_config, config_changes, output_dirs, to_plain
+from utils.config import build, check_config, output_dirs, to_plain
 from utils.device import resolve_device
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate
@@ -50,7 +52,7 @@ from utils.model_check import check_forward
 from utils.optim import build_optimizer
 from utils.progress import TrainingProgress
 from utils.report import config_tree, metrics_table, print_model_summary, write_hparams, write_json
-from utils.seeding import configure_determinism, rng_state, seed_everything, set_rng_state
+from utils.seeding import configure_determinism, rng_state, seed_everything
 from utils.signals import EXIT_INTERRUPTED, StopRequest
 
 log = logging.getLogger("torchloom")
@@ -133,13 +135,8 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     remove_stale_temporary_files(checkpoint_dir)
     config = to_plain(cfg)
     resumed = resume_point(cfg.resume, checkpoint_dir)
-    if resumed and not cfg.resume_allow_changes:
-        changes = config_changes(resumed[1]["config"], config)
-        if changes:
-            raise UserError(
-                f"refusing to resume {resumed[0]}: the config changed ({'; '.join(changes)}); "
-                "pass resume_allow_changes=true to resume anyway"
-            )
+    if resumed:
+        check_resumable(*resumed, config, allow=cfg.resume_allow_changes)
     console.print(config_tree(config))
     log.info("run dir: %s\ncheckpoints: %s", run_dir, checkpoint_dir)
 
@@ -171,14 +168,9 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
             f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}; lower it"
         )
     total_steps = steps_per_epoch * trainer.max_epochs
-    log.info(
-        "data %s: %s samples; batch %d × %d accumulated = %d per optimizer step",
-        data.name,
-        data.sizes(),
-        data.batch_size,
-        trainer.accumulate_grad_batches,
-        data.batch_size * trainer.accumulate_grad_batches,
-    )
+    log.info("data %s: %s samples; %d per optimizer step (batch %d × %d accumulated)",
+             data.name, data.sizes(), data.batch_size * trainer.accumulate_grad_batches,
+             data.batch_size, trainer.accumulate_grad_batches)  # fmt: skip
 
     # --- Optimizer and schedule: finished here because they need the model and step counts
     optimizer = build_optimizer(model, cfg.optim)
@@ -201,22 +193,9 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         "window_batches": 0,
     }
     if resumed:
-        path, checkpoint = resumed
-        load_weights(model, checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        schedule.load_state_dict(checkpoint["scheduler"])
-        precision.scaler.load_state_dict(checkpoint["scaler"])
-        state.update({key: checkpoint[key] for key in state})
-        state["epoch_loss"] = state["epoch_loss"].to(device)
-        state["window_loss"] = state["window_loss"].to(device)
-        set_rng_state(checkpoint["rng"])  # last: building the model above drew from the RNG
-        log.info(
-            "resumed from %s: epoch %d, batch %d, step %d",
-            path,
-            state["epoch"] + 1,
-            state["batch_in_epoch"],
-            state["global_step"],
-        )
+        restore(resumed[1], model, optimizer, schedule, precision.scaler, state)
+        log.info("resumed from %s: epoch %d, batch %d, step %d", resumed[0], state["epoch"] + 1,
+                 state["batch_in_epoch"], state["global_step"])  # fmt: skip
     elif cfg.init_from:
         load_weights(model, load_checkpoint(cfg.init_from)["model"])
         log.info("weights from %s; optimizer, schedule and counters start fresh", cfg.init_from)

@@ -281,12 +281,19 @@ class Data:
         return {name: len(split) for name, split in self.splits.items() if split is not None}
 
     def batches(
-        self, split: str, device: torch.device, seed: int, channels_last: bool = False
+        self,
+        split: str,
+        device: torch.device,
+        seed: int,
+        channels_last: bool = False,
+        train: bool | None = None,
     ) -> TensorBatches | LoaderBatches:
-        """Batches of ``split`` on ``device``; training batches are shuffled and augmented."""
+        """Batches of ``split`` on ``device``. Training batches (by default those of the train
+        split) are shuffled and augmented, and the last partial one is dropped; evaluation
+        batches hold every sample once, in order."""
         if self.splits[split] is None:
-            raise UserError(f"{self.name} has no {split} split")
-        train = split == "train"
+            raise UserError(f"{self.name} has no {split} split; choose another split")
+        train = split == "train" if train is None else train
         transform = BatchTransform(
             self.mean,
             self.std,

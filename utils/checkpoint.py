@@ -256,3 +256,33 @@ def keep_top_k(
     for _, dropped in ranked[k:]:
         (folder / dropped).unlink(missing_ok=True)
     del ranked[k:]
+
+
+def check_resumable(path: Path, checkpoint: dict[str, Any], config: dict, allow: bool) -> None:
+    """Refuse to continue a run whose model, data or batch size the new config changes."""
+    from utils.config import config_changes
+
+    changes = config_changes(checkpoint["config"], config)
+    if changes and not allow:
+        raise UserError(
+            f"refusing to resume {path}: the config changed ({'; '.join(changes)}); "
+            "pass resume_allow_changes=true to resume anyway"
+        )
+
+
+def restore(
+    checkpoint: dict[str, Any], model: nn.Module, optimizer, schedule, scaler, state: dict[str, Any]
+) -> None:
+    """Put every piece of a training checkpoint back: weights, optimizer, schedule, loss
+    scaler, the counters and data position in ``state``, and — last, because building the
+    model drew from it — the RNG."""
+    from utils.seeding import set_rng_state
+
+    load_weights(model, checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    schedule.load_state_dict(checkpoint["scheduler"])
+    scaler.load_state_dict(checkpoint["scaler"])
+    for key, value in state.items():
+        restored = checkpoint[key]
+        state[key] = restored.to(value.device) if isinstance(value, torch.Tensor) else restored
+    set_rng_state(checkpoint["rng"])

@@ -19,6 +19,7 @@ from hydra.errors import InstantiationException
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from utils.errors import EXIT_USER_ERROR, UserError
 
@@ -63,6 +64,32 @@ class TrainConfig:
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+@dataclass
+class DataOverrides:
+    """Where the same data lives and how it is read; null keeps the checkpoint's value."""
+
+    root: str | None = MISSING
+    path: str | None = MISSING
+    download: bool | None = MISSING
+    num_workers: int | None = MISSING
+    batch_size: int | None = MISSING
+
+
+@dataclass
+class EvaluateConfig:
+    ckpt: Any = MISSING
+    split: str = MISSING
+    config: str | None = MISSING
+    export: str | None = MISSING
+    device: str = MISSING
+    precision: str = MISSING
+    data: DataOverrides = field(default_factory=DataOverrides)
+    runs: str = MISSING
+
+
+ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
 
 
 def resumed_run_name(resume: str | None, checkpoints_root: str, fresh: str) -> str:
@@ -162,6 +189,9 @@ def build(node: Any, **kwargs: Any) -> Any:
     as one line (Hydra would wrap it in a multi-line InstantiationException)."""
     try:
         return instantiate(node, **kwargs)
+    except MissingMandatoryValue as error:
+        key = error.full_key or "a value"
+        raise UserError(f"{key} is required (it is ??? in the config); pass {key}=...") from None
     except InstantiationException as error:
         cause = error.__cause__
         if isinstance(cause, UserError):

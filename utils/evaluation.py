@@ -17,8 +17,10 @@ def evaluate(
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     precision: Precision,
     num_classes: int,
-) -> dict[str, float]:
-    """Mean loss and accuracy over every sample of ``batches``, in eval mode.
+    confusion: bool = False,
+) -> dict:
+    """Mean loss and accuracy over every sample of ``batches``, in eval mode; with
+    ``confusion``, also the confusion matrix (rows: true class, columns: predicted).
 
     Sums stay on the device; there is one host synchronisation, at the end.
     """
@@ -26,6 +28,7 @@ def evaluate(
     model.eval()
     top_k = 5 if num_classes > 5 else 1
     sums, count = None, 0  # [loss, top-1 hits, top-k hits], summed on the device
+    counts = None  # confusion counts, flattened
     for images, labels in batches:
         with precision.autocast():
             logits = model(images)
@@ -38,6 +41,10 @@ def evaluate(
             ]
         )
         sums = batch_sums if sums is None else sums + batch_sums
+        if confusion:
+            pairs = labels * num_classes + logits.argmax(dim=1)
+            batch_counts = torch.bincount(pairs, minlength=num_classes * num_classes)
+            counts = batch_counts if counts is None else counts + batch_counts
         count += len(labels)
     model.train(was_training)
     if sums is None:
@@ -46,4 +53,17 @@ def evaluate(
     metrics = {"loss": loss, "acc": acc}
     if top_k == 5:
         metrics["acc_top5"] = acc_top_k
+    if confusion:
+        metrics["confusion"] = counts.view(num_classes, num_classes).cpu()
     return metrics
+
+
+def per_class_scores(confusion: torch.Tensor) -> dict[str, list[float]]:
+    """Precision, recall and F1 of each class from a confusion matrix (rows: true class).
+    A class never predicted (or never present) scores 0 rather than dividing by zero."""
+    confusion = confusion.double()
+    hits = confusion.diagonal()
+    precision = hits / confusion.sum(dim=0).clamp(min=1)
+    recall = hits / confusion.sum(dim=1).clamp(min=1)
+    f1 = 2 * precision * recall / (precision + recall).clamp(min=1e-12)
+    return {"precision": precision.tolist(), "recall": recall.tolist(), "f1": f1.tolist()}

@@ -1,0 +1,352 @@
+"""Checkpoints that can be trusted: safe loading, refusing hostile files, surviving crashes,
+retention, and evaluate.py reproducing what training reported."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import HELPERS, ROOT, TRAIN, read_metrics, run_train
+
+from utils import checkpoint as checkpoint_module
+from utils.checkpoint import load_checkpoint, load_weights, save_atomic, strip_wrapper_prefixes
+from utils.config import check_targets
+from utils.errors import EXIT_USER_ERROR, UserError
+
+EVALUATE = ROOT / "evaluate.py"
+SHORT = ["trainer.max_epochs=3", "model.hidden_sizes=[64]"]
+
+
+def run_evaluate(cwd: Path, *overrides: str, ok: bool = True):
+    result = subprocess.run(
+        [sys.executable, str(EVALUATE), *overrides],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if ok:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def only_error_line(result) -> str:
+    assert result.returncode == EXIT_USER_ERROR, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("trained")
+    run_train(cwd, *SHORT, "run_name=base", "trainer.keep_top_k=2")
+    return cwd
+
+
+class CreatesFile:
+    """Unpickling this would create a file: the marker proves whether anything ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+# --- evaluate.py ---------------------------------------------------------------------------
+
+
+def test_evaluate_reproduces_trainings_test_accuracy(trained):
+    result = run_evaluate(trained, "ckpt=checkpoints/base")  # the run's folder → its best.pt
+    (eval_dir,) = (trained / "runs" / "eval").iterdir()
+    evaluated = json.loads((eval_dir / "metrics.json").read_text())["checkpoints/base/best.pt"]
+    assert evaluated["test/acc"] == read_metrics(trained / "runs" / "base")["test/acc"]
+    assert {"test/loss", "test/acc_top5", "test/macro_f1", "per_class", "confusion"} <= set(
+        evaluated
+    )
+    assert sum(evaluated["support"]) == 360 and len(evaluated["per_class"]["f1"]) == 10
+    csv = (eval_dir / "confusion.csv").read_text().splitlines()
+    assert len(csv) == 11 and sum(int(v) for row in csv[1:] for v in row.split(",")[1:]) == 360
+    assert "per class" in result.stdout and "confusion (rows: true class" in result.stdout
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(eval_dir))
+    events.Reload()
+    assert events.Tags()["images"] == ["confusion/0"]
+
+
+def test_evaluate_compares_several_checkpoints(trained):
+    result = run_evaluate(
+        trained, "ckpt=[checkpoints/base/best.pt,checkpoints/base/last.pt]", "split=val", "runs=cmp"
+    )
+    assert "comparison — val" in result.stdout
+    (eval_dir,) = (trained / "cmp" / "eval").iterdir()
+    assert len(json.loads((eval_dir / "metrics.json").read_text())) == 2
+
+
+def test_safetensors_export_round_trips(trained, tmp_path):
+    pytest.importorskip("safetensors")
+    exported = tmp_path / "model.safetensors"
+    run_evaluate(
+        trained, "ckpt=checkpoints/base/best.pt", f"export={exported}", f"runs={tmp_path}/a"
+    )
+    run_evaluate(trained, f"ckpt={exported}", f"runs={tmp_path}/b")
+    (a,), (b,) = (tmp_path / "a" / "eval").iterdir(), (tmp_path / "b" / "eval").iterdir()
+    accuracy = [
+        next(iter(json.loads((d / "metrics.json").read_text()).values()))["test/acc"]
+        for d in (a, b)
+    ]
+    assert accuracy[0] == accuracy[1]
+
+
+def test_evaluate_without_ckpt_says_what_to_pass(tmp_path):
+    assert "ckpt is required" in only_error_line(run_evaluate(tmp_path, ok=False))
+
+
+def test_evaluate_refuses_a_stored_config_that_would_run_a_command(trained, tmp_path):
+    marker = tmp_path / "ran"
+    state = load_checkpoint(trained / "checkpoints" / "base" / "best.pt")
+    state["config"]["model"] = {"_target_": "os.system", "_args_": [f"touch {marker}"]}
+    torch.save(state, tmp_path / "hostile.pt")
+    line = only_error_line(run_evaluate(tmp_path, f"ckpt={tmp_path / 'hostile.pt'}", ok=False))
+    assert "model._target_='os.system'" in line
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "os.system",
+        "builtins.eval",
+        "subprocess.run",
+        "torch.hub.load",
+        "torch.nn.functional.os.system",
+        "models.mlp.math.prod",
+    ],
+)
+def test_untrusted_targets_are_refused_naming_the_key(target):
+    with pytest.raises(UserError, match=r"model\.inner\._target_"):
+        check_targets({"inner": {"_target_": target}}, "model")
+
+
+def test_project_and_torch_targets_are_trusted():
+    check_targets({"_target_": "models.cnn.cnn", "act": {"_target_": "torch.nn.ReLU"}}, "model")
+    check_targets({"_target_": "data.digits.load_digits"}, "data")
+
+
+# --- Loading safely ------------------------------------------------------------------------
+
+
+def test_a_hostile_checkpoint_is_refused_and_runs_nothing(trained, tmp_path):
+    marker = tmp_path / "created"
+    torch.save({"format_version": 1, "model": CreatesFile(marker)}, tmp_path / "hostile.pt")
+    line = only_error_line(run_train(tmp_path, f"resume={tmp_path / 'hostile.pt'}", ok=False))
+    assert "refusing to load" in line and "hostile.pt" in line and "open" in line
+    assert not marker.exists()
+    line = only_error_line(run_evaluate(tmp_path, f"ckpt={tmp_path / 'hostile.pt'}", ok=False))
+    assert "refusing to load" in line and not marker.exists()
+
+
+@pytest.mark.parametrize("kind", ["zero-byte", "truncated", "text"])
+def test_unreadable_files_get_one_line(trained, tmp_path, kind):
+    bad = tmp_path / f"{kind}.pt"
+    good = (trained / "checkpoints" / "base" / "last.pt").read_bytes()
+    bad.write_bytes(
+        {"zero-byte": b"", "truncated": good[: len(good) // 2], "text": b"hello\n"}[kind]
+    )
+    assert only_error_line(run_train(tmp_path, f"resume={bad}", ok=False)) == (
+        f"error: not a readable checkpoint: {bad}"
+    )
+
+
+def test_resume_of_a_missing_file_names_it(tmp_path):
+    assert "no checkpoint file at nowhere.pt" in only_error_line(
+        run_train(tmp_path, "resume=nowhere.pt", ok=False)
+    )
+
+
+def test_wrapper_prefixes_are_stripped_in_any_combination():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3))
+    state = model.state_dict()
+    for prefix in ("module.", "_orig_mod.", "module._orig_mod.", "_orig_mod.module."):
+        fresh = torch.nn.Sequential(torch.nn.Linear(2, 3))
+        load_weights(fresh, {prefix + k: v for k, v in state.items()})
+        assert all(torch.equal(fresh.state_dict()[k], state[k]) for k in state)
+    assert set(strip_wrapper_prefixes({"module.0.weight": 1})) == {"0.weight"}
+
+
+def test_mismatched_weights_show_a_table_and_an_all_mismatch_is_an_error(capsys):
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 4))
+    other = {"0.weight": torch.zeros(5, 2), "0.bias": torch.zeros(5), "9.weight": torch.zeros(1)}
+    with pytest.raises(UserError, match="2 missing, 1 unexpected, 2 of another shape"):
+        load_weights(model, other)
+    assert "0.weight" in capsys.readouterr().err
+    with pytest.raises(UserError, match=r"\(0 of 4 fit\)"):
+        load_weights(model, other, strict=False)
+    partial = {"1.weight": torch.ones(4, 3), "1.bias": torch.ones(4)}
+    load_weights(model, partial, strict=False)
+    assert torch.equal(model[1].weight, torch.ones(4, 3))
+
+
+# --- Crashes, retention, resume choices ----------------------------------------------------
+
+
+def test_resume_auto_falls_back_when_the_newest_checkpoint_is_unreadable(trained, tmp_path):
+    shutil.copytree(trained / "checkpoints" / "base", tmp_path / "checkpoints" / "base")
+    (tmp_path / "checkpoints" / "base" / "last.pt").write_bytes(b"\0" * 100)
+    result = run_train(tmp_path, *SHORT, "run_name=base", "resume=auto", "trainer.max_epochs=4")
+    assert "warning: not a readable checkpoint" in result.stdout
+    assert "resumed from checkpoints/base/" in result.stdout
+    assert load_checkpoint(tmp_path / "checkpoints" / "base" / "last.pt")["epoch"] == 4
+
+
+def test_resume_auto_starts_fresh_when_there_is_nothing_to_resume(tmp_path):
+    result = run_train(tmp_path, "run_name=new", "resume=auto", "trainer.max_epochs=1")
+    assert "no checkpoint in checkpoints/new yet; starting fresh" in result.stdout
+
+
+def test_a_save_killed_before_its_rename_leaves_the_previous_checkpoint(trained, tmp_path):
+    """The state SIGKILL leaves between writing the temporary file and renaming it."""
+    folder = tmp_path / "checkpoints" / "base"
+    shutil.copytree(trained / "checkpoints" / "base", folder)
+    before = (folder / "last.pt").read_bytes()
+    (folder / ".last.pt.x7Kq2.tmp").write_bytes(before[: len(before) // 3])
+    assert load_checkpoint(folder / "last.pt")["epoch"] == 3
+    run_train(tmp_path, *SHORT, "run_name=base", "resume=auto", "trainer.max_epochs=4")
+    assert not list(folder.glob(".*.tmp"))  # the leftover was cleaned up
+
+
+def test_sigkill_at_any_moment_never_leaves_an_unreadable_checkpoint(tmp_path):
+    run = [
+        "data=synthetic",
+        "data.num_samples=3000",
+        "data.batch_size=8",
+        "data.shape=[1,8,8]",
+        "trainer.max_epochs=6",
+        "model.hidden_sizes=[16]",
+        "run_name=killed",
+    ]
+    process = subprocess.Popen(
+        [sys.executable, str(TRAIN), *run],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(HELPERS)},
+    )
+    last = tmp_path / "checkpoints" / "killed" / "last.pt"
+    deadline = time.monotonic() + 120
+    while not last.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # well inside the following epochs and their saves
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    epoch = load_checkpoint(last)["epoch"]
+    assert 1 <= epoch <= 6
+    resumed = run_train(tmp_path, *run, "resume=auto")
+    assert read_metrics(tmp_path / "runs" / "killed")["epochs"] == 6
+    assert "resumed from" in resumed.stdout or epoch == 6
+
+
+def test_a_failed_save_says_where_and_keeps_the_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_atomic({"model": {}, "epoch": 1}, path)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", disk_full)
+    with pytest.raises(
+        UserError,
+        match=rf"could not write checkpoint {path}: No space left on device; the previous",
+    ):
+        save_atomic({"model": {}, "epoch": 2}, path)
+    monkeypatch.undo()
+    assert load_checkpoint(path)["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_keep_top_k_keeps_the_best_files(trained):
+    folder = trained / "checkpoints" / "base"
+    top = sorted(p.name for p in folder.glob("epoch=*.pt"))
+    assert len(top) == 2
+    last = load_checkpoint(folder / "last.pt")
+    kept = sorted(name for _, name in last["top_k"])
+    assert kept == top
+    values = [value for value, _ in last["top_k"]]
+    assert values[0] == last["best_metric"] == max(values)
+
+
+def test_resume_refuses_a_changed_architecture_listing_the_keys(trained, tmp_path):
+    shutil.copytree(trained / "checkpoints" / "base", tmp_path / "checkpoints" / "base")
+    line = only_error_line(
+        run_train(
+            tmp_path,
+            "trainer.max_epochs=3",
+            "model.hidden_sizes=[32]",
+            "data.batch_size=32",
+            "resume=checkpoints/base/last.pt",
+            ok=False,
+        )
+    )
+    assert "model.hidden_sizes: [64] -> [32]" in line and "data.batch_size: 64 -> 32" in line
+    assert "resume_allow_changes=true" in line
+    allowed = run_train(
+        tmp_path,
+        *SHORT,
+        "data.augment.crop_padding=1",
+        "trainer.max_epochs=4",
+        "resume=checkpoints/base/last.pt",
+        "resume_allow_changes=true",
+    )
+    assert "resumed from" in allowed.stdout
+
+
+def test_init_from_loads_weights_only(trained, tmp_path):
+    result = run_train(
+        tmp_path,
+        *SHORT,
+        "run_name=finetune",
+        "trainer.max_epochs=1",
+        f"init_from={trained / 'checkpoints' / 'base' / 'best.pt'}",
+    )
+    assert "optimizer, schedule and counters start fresh" in result.stdout
+    metrics = read_metrics(tmp_path / "runs" / "finetune")
+    assert metrics["epochs"] == 1 and metrics["global_step"] == 1257 // 64
+    assert metrics["test/acc"] > 0.9  # started from trained weights, not from scratch
+
+
+@pytest.mark.gpu
+def test_a_cuda_checkpoint_evaluates_on_the_cpu(tmp_path):
+    run_train(tmp_path, "run_name=gpu", "trainer.device=cuda", "trainer.max_epochs=1")
+    trained_on_gpu = read_metrics(tmp_path / "runs" / "gpu")["test/acc"]
+    run_evaluate(tmp_path, "ckpt=checkpoints/gpu", "device=cpu")
+    (eval_dir,) = (tmp_path / "runs" / "eval").iterdir()
+    on_cpu = next(iter(json.loads((eval_dir / "metrics.json").read_text()).values()))["test/acc"]
+    assert on_cpu == pytest.approx(trained_on_gpu, abs=1 / 360)
+
+
+def test_evaluate_finds_moved_data_through_data_root(tmp_path, mnist_root):
+    moved = tmp_path / "moved"
+    shutil.copytree(mnist_root, tmp_path / "original")
+    run_train(tmp_path, "run_name=m", "data=mnist", f"data.root={tmp_path / 'original'}",
+              "data.val_size=32", "data.download=false", "trainer.max_epochs=1",
+              "data.batch_size=16")  # fmt: skip
+    (tmp_path / "original").rename(moved)
+    missing = run_evaluate(tmp_path, "ckpt=checkpoints/m", ok=False)
+    assert "mnist not found in" in only_error_line(missing)
+    run_evaluate(tmp_path, "ckpt=checkpoints/m", f"data.root={moved}", "data.batch_size=7")
+    line = only_error_line(
+        run_evaluate(tmp_path, "ckpt=checkpoints/m", "data.path=x.csv", ok=False)
+    )
+    assert "data.path does not apply to data.mnist.load_mnist" in line
