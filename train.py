@@ -45,12 +45,12 @@ from utils.checkpoint import (
 )
 from utils.compilation import compile_or_eager
 from utils.config import build, check_config, output_dirs, to_plain
-from utils.device import resolve_device
+from utils.device import configure_device, resolve_device, wants_channels_last
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate
 from utils.model_check import check_forward
 from utils.optim import build_optimizer
-from utils.progress import TrainingProgress
+from utils.progress import TrainingProgress, data_wait_advice
 from utils.report import config_tree, metrics_table, print_model_summary, write_hparams, write_json
 from utils.seeding import configure_determinism, rng_state, seed_everything
 from utils.signals import EXIT_INTERRUPTED, StopRequest
@@ -73,7 +73,7 @@ def train_one_epoch(
     start = state["batch_in_epoch"]
     timed_batches, window_start = 0, time.perf_counter()
     batches_left = itertools.islice(batches.epoch(state["epoch"], start), micro_batches - start)
-    for index, (images, labels) in enumerate(batches_left, start):
+    for index, (images, labels) in enumerate(progress.data_wait.timed(batches_left), start):
         with precision.autocast():
             loss = F.cross_entropy(model(images), labels)
         precision.scaler.scale(loss / accumulate).backward()
@@ -144,6 +144,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     seed_everything(cfg.seed)
     configure_determinism(trainer.deterministic)
     device = resolve_device(trainer.device)
+    configure_device(device)
     precision = build(cfg.precision, device=device)
 
     # --- Data and model: shapes flow from the dataset to the model -----------------------
@@ -154,13 +155,16 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
             f"trainer.monitor={trainer.monitor!r} is not measured; use one of {monitors}"
         )
     model = build(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes)
-    model = model.to(device)
+    channels_last = wants_channels_last(model, device)
+    model = model.to(device, memory_format=torch.channels_last if channels_last else None)
     check_forward(model, data.input_shape, data.num_classes, device)
     print_model_summary(console, model, data.input_shape, data.num_classes)
-    step_model = compile_or_eager(model, data.input_shape, device) if trainer.compile else model
+    step_model = model
+    if trainer.compile:
+        step_model = compile_or_eager(model, data.input_shape, device, trainer.compile_mode)
 
-    train_batches = data.batches("train", device, cfg.seed)
-    val_batches = data.batches("val", device, cfg.seed)
+    train_batches = data.batches("train", device, cfg.seed, channels_last)
+    val_batches = data.batches("val", device, cfg.seed, channels_last)
     steps_per_epoch = len(train_batches) // trainer.accumulate_grad_batches
     if steps_per_epoch == 0:
         raise UserError(
@@ -229,6 +233,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     with TrainingProgress(console, total_steps, trainer.max_epochs) as progress:
         while state["epoch"] < trainer.max_epochs:
             epoch_start, step_before = time.perf_counter(), state["global_step"]
+            wait_before = progress.data_wait.seconds
             finished = train_one_epoch(
                 step_model,
                 train_batches,
@@ -249,6 +254,10 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
             samples = (state["global_step"] - step_before) * trainer.accumulate_grad_batches
             samples_per_second = samples * data.batch_size / (time.perf_counter() - epoch_start)
             writer.add_scalar("train/samples_per_second", samples_per_second, state["global_step"])
+            waited = (progress.data_wait.seconds - wait_before) / (
+                time.perf_counter() - epoch_start
+            )
+            writer.add_scalar("train/data_wait_fraction", waited, state["global_step"])
             final["train/loss"] = (state["epoch_loss"] / micro_batches).item()
             state.update(epoch=state["epoch"] + 1, batch_in_epoch=0, epoch_loss=zero.clone())
             improved = False
@@ -306,17 +315,20 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     test_split = "test" if data.splits["test"] is not None else "val"
     if (checkpoint_dir / "best.pt").exists():
         load_weights(model, load_checkpoint(checkpoint_dir / "best.pt")["model"])
-    test = evaluate(
-        step_model, data.batches(test_split, device, cfg.seed).epoch(0), precision, data.num_classes
-    )
+    test_batches = data.batches(test_split, device, cfg.seed, channels_last)
+    test = evaluate(step_model, test_batches.epoch(0), precision, data.num_classes)
     for name, value in test.items():
         final[f"test/{name}"] = value
         writer.add_scalar(f"test/{name}", value, state["global_step"])
 
     trained_samples = trained_steps * data.batch_size * trainer.accumulate_grad_batches
+    data_wait_fraction = progress.data_wait.seconds / train_seconds if train_seconds else 0.0
+    if data_wait_fraction > 0.2:
+        log.warning("warning: %s", data_wait_advice(data_wait_fraction, data))
     metrics = {
         **final,
         "train/samples_per_second": trained_samples / train_seconds if train_seconds else 0.0,
+        "train/data_wait_fraction": data_wait_fraction,
         "test_split": test_split,
         "monitor": trainer.monitor,
         "best_metric": state["best_metric"],

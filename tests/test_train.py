@@ -83,6 +83,7 @@ def test_metrics_json_holds_final_metrics_under_tensorboard_tags(default_run):
         "test/acc",
         "test/acc_top5",
         "train/samples_per_second",
+        "train/data_wait_fraction",
         "best_epoch",
         "epochs",
         "wall_time_seconds",
@@ -124,6 +125,7 @@ def test_tensorboard_holds_the_named_scalars(default_run):
         "train/lr",
         "train/grad_norm",
         "train/samples_per_second",
+        "train/data_wait_fraction",
         "val/loss",
         "val/acc",
         "val/acc_top5",
@@ -285,3 +287,15 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(tmp_path, monkeypa
     )
     assert result.stdout.count("warning: torch.compile failed") == 1
     assert read_metrics(tmp_path / "runs" / "fallback")["epochs"] == 1
+
+
+def test_a_data_bound_run_measures_its_waiting_and_says_what_to_change(tmp_path):
+    from conftest import write_imagefolder
+
+    root = write_imagefolder(tmp_path / "images", per_class=40, size=(96, 96), test=False)
+    result = run_train(tmp_path, "run_name=waiting", "data=imagefolder", f"data.root={root}",
+                       "data.image_size=[96,96]", "data.num_workers=0", "data.batch_size=16",
+                       "model.hidden_sizes=[4]", "trainer.max_epochs=1")  # fmt: skip
+    fraction = read_metrics(tmp_path / "runs" / "waiting")["train/data_wait_fraction"]
+    assert 0.2 < fraction <= 1.0  # decoding PNGs in the main process dwarfs a tiny MLP
+    assert result.stdout.count("waiting for batches: raise data.num_workers (now 0)") == 1

@@ -8,15 +8,20 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from utils.errors import UserError
+
 log = logging.getLogger("torchloom")
 
 
 def compile_or_eager(
-    model: nn.Module, input_shape: Sequence[int], device: torch.device
+    model: nn.Module, input_shape: Sequence[int], device: torch.device, mode: str
 ) -> nn.Module:
     """The compiled model, proven on a dummy batch now; the eager model, with one warning, if
     compilation fails (no C++ compiler, an unsupported op, an old GPU)."""
-    compiled = torch.compile(model)
+    try:
+        compiled = torch.compile(model, mode=mode)
+    except RuntimeError as error:  # an unknown mode is refused here, before any compiling
+        raise UserError(f"trainer.compile_mode={mode!r}: {error}") from None
     was_training = model.training
     model.eval()
     try:

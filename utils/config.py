@@ -31,6 +31,7 @@ class TrainerConfig:
     gradient_clip_val: float | None = MISSING
     device: str = MISSING
     compile: bool = MISSING
+    compile_mode: str = MISSING
     deterministic: bool = MISSING
     log_every_n_steps: int = MISSING
     val_every_n_epochs: int = MISSING

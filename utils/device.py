@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from utils.errors import UserError
 
@@ -31,3 +32,17 @@ def resolve_device(name: str) -> torch.device:
     elif device.type != "cpu":
         raise UserError(f"trainer.device={name!r} is not supported; use auto, cpu, cuda or cuda:N")
     return device
+
+
+def configure_device(device: torch.device) -> None:
+    """Fast defaults for CUDA: TF32 matmuls and convolutions on GPUs that have them (Ampere
+    and later; ~10 bits of mantissa, plenty for training)."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def wants_channels_last(model: nn.Module, device: torch.device) -> bool:
+    """Conv nets on CUDA run faster with NHWC tensors (cuDNN's native layout for tensor
+    cores); on the CPU and for MLPs the default layout is as fast or faster."""
+    return device.type == "cuda" and any(isinstance(m, nn.Conv2d) for m in model.modules())

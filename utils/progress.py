@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Iterator
 
 from rich.console import Console
 from rich.progress import (
@@ -19,6 +20,26 @@ from rich.progress import (
 log = logging.getLogger("torchloom")
 
 
+class DataWait:
+    """Host time the loop spends blocked on the next batch: the number behind "GPU utilisation
+    below 50% means the job is data-bound"."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def timed(self, batches: Iterable) -> Iterator:
+        iterator = iter(batches)
+        while True:
+            start = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.seconds += time.perf_counter() - start
+            yield item
+
+
 class TrainingProgress:
     def __init__(
         self, console: Console, total_steps: int, max_epochs: int, refresh_seconds: float = 0.25
@@ -30,6 +51,7 @@ class TrainingProgress:
         self.last_refresh = 0.0
         self.fields = {"epoch": 0, "loss": float("nan"), "samples_per_second": 0.0}
         self.bar = None
+        self.data_wait = DataWait()
         if self.live:
             self.bar = Progress(
                 TextColumn("epoch {task.fields[epoch]}/" + str(max_epochs)),
@@ -83,3 +105,19 @@ class TrainingProgress:
                 loss,
                 f"{self.fields['samples_per_second']:,.0f}",
             )
+
+
+def data_wait_advice(fraction: float, data) -> str:
+    """What to change when the loop spent ``fraction`` of its time waiting for batches."""
+    share = f"{fraction:.0%} of training time went to waiting for batches"
+    if not data.in_memory:
+        return (
+            f"{share}: raise data.num_workers (now {data.num_workers}), keep images small "
+            "(data.image_size), or preprocess them into a dataset that fits in memory, which "
+            "torchloom holds as whole tensors on the device"
+        )
+    return (
+        f"{share}: batches come from memory, so the time goes to augmentation; lower "
+        "data.augment.crop_padding or turn off data.augment.horizontal_flip, or train on a GPU, "
+        "where the whole dataset and its augmentation live on the device"
+    )
