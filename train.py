@@ -76,7 +76,7 @@ def train_one_epoch(
     for index, (images, labels) in enumerate(progress.data_wait.timed(batches_left), start):
         with precision.autocast():
             loss = F.cross_entropy(model(images), labels)
-        precision.scaler.scale(loss / accumulate).backward()
+        precision.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
         state["epoch_loss"] += loss.detach()
         state["window_loss"] += loss.detach()
         state["window_batches"] += 1

@@ -62,7 +62,9 @@ class TrainingProgress:
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
                 console=console,
-                refresh_per_second=4,
+                # No refresh thread: on a small machine it competes with training for the
+                # cores. The bar redraws from update(), at most every refresh_seconds.
+                auto_refresh=False,
             )
             self.task = self.bar.add_task("train", total=total_steps, **self.fields)
 
@@ -95,6 +97,7 @@ class TrainingProgress:
             self.fields["samples_per_second"] = samples_per_second
         if self.bar is not None:
             self.bar.update(self.task, completed=step, **self.fields)
+            self.bar.refresh()
         elif loss is not None:
             log.info(
                 "epoch %d/%d  step %d/%d  loss %.4f  %s samples/s",

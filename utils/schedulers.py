@@ -18,7 +18,7 @@ from torch.optim.lr_scheduler import LambdaLR, OneCycleLR, ReduceLROnPlateau
 class Schedule:
     def __init__(
         self,
-        per_step: torch.optim.lr_scheduler.LRScheduler,
+        per_step: torch.optim.lr_scheduler.LRScheduler | None,
         plateau: ReduceLROnPlateau | None = None,
         monitor: str | None = None,
         warmup_steps: int = 0,
@@ -31,6 +31,8 @@ class Schedule:
     def after_optimizer_step(self) -> None:
         # With a plateau schedule the per-step part is only the warmup; stepping it afterwards
         # would overwrite the plateau's reductions.
+        if self.per_step is None:
+            return
         if self.plateau is None or self.per_step.last_epoch < self.warmup_steps:
             self.per_step.step()
 
@@ -40,12 +42,13 @@ class Schedule:
 
     def state_dict(self) -> dict:
         return {
-            "per_step": self.per_step.state_dict(),
+            "per_step": self.per_step.state_dict() if self.per_step else None,
             "plateau": self.plateau.state_dict() if self.plateau else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.per_step.load_state_dict(state["per_step"])
+        if self.per_step is not None:
+            self.per_step.load_state_dict(state["per_step"])
         if self.plateau is not None:
             self.plateau.load_state_dict(state["plateau"])
 
@@ -62,6 +65,9 @@ def _with_warmup(warmup_steps: int, after: Callable[[int], float]) -> Callable[[
 
 
 def none(optimizer, total_steps: int, steps_per_epoch: int, warmup_steps: int) -> Schedule:
+    """The LR as configured; with no warmup there is nothing to step at all."""
+    if warmup_steps == 0:
+        return Schedule(None)
     return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, lambda step: 1.0)))
 
 
