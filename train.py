@@ -48,6 +48,7 @@ from utils.config import build, check_config, output_dirs, to_plain
 from utils.device import configure_device, resolve_device, wants_channels_last
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate
+from utils.guards import run_guards
 from utils.model_check import check_forward
 from utils.optim import build_optimizer
 from utils.progress import TrainingProgress, data_wait_advice
@@ -165,6 +166,8 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
 
     train_batches = data.batches("train", device, cfg.seed, channels_last)
     val_batches = data.batches("val", device, cfg.seed, channels_last)
+    first_batches = itertools.islice(train_batches.epoch(0), 2)
+    run_guards(model, data.input_shape, data.batch_size, first_batches, trainer.silence_guards)
     steps_per_epoch = len(train_batches) // trainer.accumulate_grad_batches
     if steps_per_epoch == 0:
         raise UserError(

@@ -38,6 +38,7 @@ class TrainerConfig:
     monitor: str = MISSING
     monitor_mode: str = MISSING
     keep_top_k: int = MISSING
+    silence_guards: list[str] = MISSING
 
 
 @dataclass

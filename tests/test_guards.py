@@ -1,0 +1,116 @@
+"""Start-up guards against classic pitfalls: each triggered by a small, deliberately wrong
+model or dataset, silent on the shipped ones, and silenced by name."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from conftest import run_train
+from torch import nn
+
+from models.cnn import cnn
+from models.mlp import mlp
+from models.resnet import resnet18
+from utils.errors import UserError
+from utils.guards import run_guards
+
+SHAPE = (1, 8, 8)
+
+
+def clean_batches():
+    return [(torch.randn(4, *SHAPE), torch.zeros(4, dtype=torch.long))]
+
+
+class ListOfLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = [nn.Flatten(), nn.Linear(64, 10)]  # not registered: the classic mistake
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class DictOfHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Flatten()
+        self.heads = {"digits": nn.Linear(64, 10)}
+
+    def forward(self, x):
+        return self.heads["digits"](self.body(x))
+
+
+class SoftmaxAtTheEnd(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10), nn.Softmax(dim=1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_layers_in_a_plain_list_are_an_error_naming_the_attribute():
+    with pytest.raises(UserError, match=r"plain list 'layers' of ListOfLayers.*nn\.ModuleList"):
+        run_guards(ListOfLayers(), SHAPE, 4, clean_batches(), [])
+
+
+def test_layers_in_a_plain_dict_point_to_module_dict():
+    wrapped = nn.Sequential(DictOfHeads())
+    with pytest.raises(UserError, match=r"plain dict '0\.heads' of DictOfHeads.*nn\.ModuleDict"):
+        run_guards(wrapped, SHAPE, 4, clean_batches(), [])
+
+
+def test_a_final_softmax_warns_to_return_logits(caplog):
+    with caplog.at_level(logging.WARNING, logger="torchloom"):
+        run_guards(SoftmaxAtTheEnd(), SHAPE, 4, clean_batches(), [])
+    assert "remove the final softmax" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="torchloom"):
+        run_guards(SoftmaxAtTheEnd(), SHAPE, 4, clean_batches(), ["probability_outputs"])
+    assert caplog.text == ""
+
+
+def test_batchnorm_with_a_batch_of_one_is_an_error():
+    with pytest.raises(UserError, match="BatchNorm cannot normalise a single sample"):
+        run_guards(cnn(SHAPE, 10, [4], 0.0), SHAPE, 1, clean_batches(), [])
+    run_guards(cnn(SHAPE, 10, [4], 0.0), SHAPE, 1, clean_batches(), ["batchnorm_batch_of_one"])
+
+
+def test_non_finite_inputs_name_the_batch():
+    batches = [
+        *clean_batches(),
+        (torch.full((4, *SHAPE), float("nan")), torch.zeros(4, dtype=torch.long)),
+    ]
+    with pytest.raises(UserError, match="train split has NaN or Inf inputs in batch 1"):
+        run_guards(mlp(SHAPE, 10, [8], 0.0), SHAPE, 4, batches, [])
+
+
+@pytest.mark.parametrize(
+    "build, shape",
+    [
+        (lambda: mlp(SHAPE, 10, [8], 0.1), SHAPE),
+        (lambda: cnn(SHAPE, 10, [4, 8], 0.1), SHAPE),
+        (lambda: resnet18((3, 32, 32), 10, True), (3, 32, 32)),
+    ],
+    ids=["mlp", "cnn", "resnet18"],
+)
+def test_shipped_models_pass_every_guard(build, shape, caplog):
+    model = build()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with caplog.at_level(logging.WARNING, logger="torchloom"):
+        run_guards(
+            model, shape, 8, [(torch.randn(2, *shape), torch.zeros(2, dtype=torch.long))], []
+        )
+    assert caplog.text == ""
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_guards_run_in_train_py_and_unknown_names_are_refused(tmp_path):
+    result = run_train(tmp_path, "data.std=[0.0]", ok=False)
+    assert "error: the train split has NaN or Inf inputs" in result.stderr
+    unknown = run_train(tmp_path, "trainer.silence_guards=[softmax]", ok=False)
+    assert "unknown guard(s) ['softmax']" in unknown.stderr

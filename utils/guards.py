@@ -1,0 +1,117 @@
+"""Start-up checks against the classic PyTorch pitfalls: cheap, run once, each silenced by name
+(``trainer.silence_guards=[probability_outputs]``).
+
+- ``unregistered_modules``: sub-modules kept in a plain list, dict or tuple attribute are not
+  registered, so their weights never reach the optimizer or the checkpoint.
+- ``probability_outputs``: outputs that are already probabilities (non-negative, rows summing
+  to 1) fed to cross-entropy, which expects logits: a softmax too many.
+- ``batchnorm_batch_of_one``: BatchNorm cannot normalise a training batch of one sample.
+- ``non_finite_inputs``: NaN or Inf in the first training batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from utils.errors import UserError
+
+GUARDS = (
+    "unregistered_modules",
+    "probability_outputs",
+    "batchnorm_batch_of_one",
+    "non_finite_inputs",
+)
+log = logging.getLogger("torchloom")
+
+
+def check_guard_names(silenced: Sequence[str]) -> None:
+    unknown = sorted(set(silenced) - set(GUARDS))
+    if unknown:
+        raise UserError(
+            f"trainer.silence_guards: unknown guard(s) {unknown}; the guards are {list(GUARDS)}"
+        )
+
+
+def unregistered_modules(model: nn.Module) -> None:
+    internal = set(vars(nn.Module()))  # _modules, _parameters, hooks ...: torch's own bookkeeping
+    for module_name, module in model.named_modules():
+        for attribute, value in vars(module).items():
+            if attribute in internal:
+                continue
+            items = value.values() if isinstance(value, dict) else value
+            if isinstance(value, (list, tuple, dict)) and any(
+                isinstance(v, nn.Module) for v in items
+            ):
+                where = f"{module_name}.{attribute}" if module_name else attribute
+                container = "nn.ModuleDict" if isinstance(value, dict) else "nn.ModuleList"
+                raise UserError(
+                    f"the model keeps sub-modules in a plain {type(value).__name__} "
+                    f"'{where}' of {module.__class__.__name__}: their parameters are not "
+                    f"registered and would never train; wrap it in {container}(...)"
+                )
+
+
+def probability_outputs(outputs: torch.Tensor) -> None:
+    if (
+        outputs.ndim == 2
+        and bool((outputs >= 0).all())
+        and torch.allclose(
+            outputs.sum(dim=1), torch.ones(len(outputs), device=outputs.device), atol=1e-3
+        )
+    ):
+        log.warning(
+            "warning: the model outputs probabilities (non-negative rows summing to 1), but "
+            "the loss is cross-entropy, which applies softmax itself: return logits, i.e. "
+            "remove the final softmax"
+        )
+
+
+def batchnorm_batch_of_one(model: nn.Module, batch_size: int) -> None:
+    if batch_size == 1 and any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
+    ):
+        raise UserError(
+            "the model has BatchNorm layers and data.batch_size=1: BatchNorm cannot normalise a "
+            "single sample; raise data.batch_size (and trainer.accumulate_grad_batches if "
+            "memory is short) or use GroupNorm/LayerNorm"
+        )
+
+
+def non_finite_inputs(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], split: str) -> None:
+    for index, (images, _) in enumerate(batches):
+        if not bool(torch.isfinite(images).all()):
+            raise UserError(
+                f"the {split} split has NaN or Inf inputs in batch {index}: clean the data "
+                f"(or its normalisation: is a data.std 0?)"
+            )
+
+
+def run_guards(
+    model: nn.Module,
+    input_shape: Sequence[int],
+    batch_size: int,
+    first_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    silenced: Sequence[str],
+) -> None:
+    """Every guard not in ``silenced``; the model is left as it was (eval, no gradients)."""
+    check_guard_names(silenced)
+    active = [name for name in GUARDS if name not in silenced]
+    if "unregistered_modules" in active:
+        unregistered_modules(model)
+    if "batchnorm_batch_of_one" in active:
+        batchnorm_batch_of_one(model, batch_size)
+    if "non_finite_inputs" in active:
+        non_finite_inputs(first_batches, "train")
+    if "probability_outputs" in active:
+        device = next(model.parameters(), torch.empty(0)).device
+        generator = torch.Generator(device=device).manual_seed(0)  # not the training RNG
+        inputs = torch.randn(4, *input_shape, device=device, generator=generator)
+        was_training = model.training
+        model.eval()
+        with torch.inference_mode():
+            probability_outputs(model(inputs))
+        model.train(was_training)
