@@ -32,10 +32,11 @@ from rich.console import Console
 from utils.checkpoint import (
     FORMAT_VERSION,
     check_resumable,
-    keep_top_k,
+    copy_atomic,
     load_checkpoint,
     load_weights,
     prepare_dir,
+    rank_top_k,
     remove_stale_temporary_files,
     restore,
     resume_point,
@@ -263,7 +264,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
             writer.add_scalar("train/data_wait_fraction", waited, state["global_step"])
             final["train/loss"] = (state["epoch_loss"] / micro_batches).item()
             state.update(epoch=state["epoch"] + 1, batch_in_epoch=0, epoch_loss=zero.clone())
-            improved = False
+            improved = keep = False
             if (
                 state["epoch"] % trainer.val_every_n_epochs == 0
                 or state["epoch"] == trainer.max_epochs
@@ -280,18 +281,17 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
                 )
                 if improved:
                     state["best_metric"], state["best_epoch"] = value, state["epoch"]
-                keep_top_k(
-                    checkpoint_dir,
-                    state["top_k"],
-                    trainer.keep_top_k,
-                    top_k_name(state["epoch"], trainer.monitor, value),
-                    value,
-                    sign,
-                    save,
+                top_k_file = top_k_name(state["epoch"], trainer.monitor, value)
+                keep, dropped = rank_top_k(
+                    state["top_k"], trainer.keep_top_k, top_k_file, value, sign
                 )
-            save(checkpoint_dir / "last.pt")
+            save(checkpoint_dir / "last.pt")  # best.pt and top-k files are copies of it
             if improved:
-                save(checkpoint_dir / "best.pt")
+                copy_atomic(checkpoint_dir / "last.pt", checkpoint_dir / "best.pt")
+            if keep:
+                copy_atomic(checkpoint_dir / "last.pt", checkpoint_dir / top_k_file)
+                for name in dropped:
+                    (checkpoint_dir / name).unlink(missing_ok=True)
             log.info(
                 "epoch %d/%d  train/loss %.4f  %s",
                 state["epoch"],

@@ -18,6 +18,7 @@ import os
 import pickle
 import pickletools
 import re
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Mapping
@@ -53,12 +54,23 @@ def unwrap(model: nn.Module) -> nn.Module:
 def save_atomic(state: Mapping[str, Any], path: Path) -> None:
     """Write ``state`` to ``path`` so that ``path`` always holds a complete checkpoint. A failed
     write (disk full, permissions) leaves the previous file intact and says so in one line."""
+    _write_atomic(path, lambda f: torch.save(dict(state), f))
+
+
+def copy_atomic(source: Path, path: Path) -> None:
+    """``source``'s bytes to ``path``, atomically: best.pt and top-k files are copies of the
+    last.pt just written, not a second serialisation of the same state."""
+    with open(source, "rb") as f:
+        _write_atomic(path, lambda out: shutil.copyfileobj(f, out))
+
+
+def _write_atomic(path: Path, write: Any) -> None:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
-            torch.save(dict(state), f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -242,20 +254,18 @@ def top_k_name(epoch: int, monitor: str, value: float) -> str:
     return f"epoch={epoch:03d}-{monitor.replace('/', '_')}={value:.4f}.pt"
 
 
-def keep_top_k(
-    folder: Path, ranked: list, k: int, name: str, value: float, sign: int, write: Any
-) -> None:
-    """Keep the ``k`` best checkpoints by the monitored value; ``ranked`` is the
-    ``[[value, file name], ...]`` list kept in the training state, best first. The new file is
-    written before the one it displaces is deleted, so a crash never leaves fewer than before."""
+def rank_top_k(ranked: list, k: int, name: str, value: float, sign: int) -> tuple[bool, list[str]]:
+    """Enter ``name`` (scored ``value``) into ``ranked``, the ``[[value, file name], ...]`` list
+    kept in the training state, best first. Returns whether the file should be written and
+    which files fell out; the caller writes the new file before deleting those, so a crash
+    never leaves fewer than before."""
     if k == 0 or (len(ranked) >= k and sign * (value - ranked[-1][0]) <= 0):
-        return
+        return False, []
     ranked.append([value, name])
     ranked.sort(key=lambda entry: -sign * entry[0])
-    write(folder / name)
-    for _, dropped in ranked[k:]:
-        (folder / dropped).unlink(missing_ok=True)
+    dropped = [dropped_name for _, dropped_name in ranked[k:]]
     del ranked[k:]
+    return True, dropped
 
 
 def check_resumable(path: Path, checkpoint: dict[str, Any], config: dict, allow: bool) -> None:
