@@ -26,7 +26,7 @@ import hydra
 import torch
 import torch.nn.functional as F
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from utils.checkpoint import (
@@ -46,7 +46,7 @@ from utils.checkpoint import (
 )
 from utils.compilation import compile_or_eager
 from utils.config import build, check_config, output_dirs, to_plain
-from utils.device import configure_device, resolve_device, wants_channels_last
+from utils.device import configure_device, configure_threads, resolve_device, wants_channels_last
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate
 from utils.guards import run_guards
@@ -56,6 +56,15 @@ from utils.progress import TrainingProgress, data_wait_advice
 from utils.report import config_tree, metrics_table, print_model_summary, write_hparams, write_json
 from utils.seeding import configure_determinism, rng_state, seed_everything
 from utils.signals import EXIT_INTERRUPTED, StopRequest
+from utils.sweep import (
+    ForeignJob,
+    check_same_job,
+    finished_value,
+    in_sweep,
+    job_overrides,
+    parallel_jobs,
+    record_failure,
+)
 
 log = logging.getLogger("torchloom")
 
@@ -118,12 +127,23 @@ def train_one_epoch(
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float:
+    """Returns the best monitored value, so Hydra sweepers (Optuna) can optimise it. In a
+    sweep (-m) a failed job is recorded and returns the worst value; the sweep goes on."""
     try:
         with StopRequest() as stop:
             return train(cfg, stop)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
+        if not in_sweep() or isinstance(error, ForeignJob):
+            sys.exit(EXIT_USER_ERROR)
+        failure = error
+    except Exception as error:
+        if not in_sweep():
+            raise
+        log.exception("job failed")
+        failure = error
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    return record_failure(run_dir, failure, OmegaConf.select(cfg, "trainer.monitor_mode"))
 
 
 def train(cfg: DictConfig, stop: StopRequest) -> float:
@@ -135,9 +155,18 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     prepare_dir(run_dir, "the run")
     prepare_dir(checkpoint_dir, "checkpoints")
     remove_stale_temporary_files(checkpoint_dir)
-    config = to_plain(cfg)
-    resumed = resume_point(cfg.resume, checkpoint_dir)
+    config, overrides = to_plain(cfg), job_overrides()
+    resume = cfg.resume
+    if in_sweep():  # a re-run sweep skips finished jobs and continues unfinished ones
+        previous = finished_value(run_dir, overrides)
+        if previous is not None:
+            log.info("%s: finished by an earlier run of this sweep; skipped", run_dir)
+            return previous
+        resume = resume or "auto"
+    resumed = resume_point(resume, checkpoint_dir)
     if resumed:
+        if in_sweep():
+            check_same_job(resumed[0], resumed[1]["overrides"], overrides)
         check_resumable(*resumed, config, allow=cfg.resume_allow_changes)
     console.print(config_tree(config))
     log.info("run dir: %s\ncheckpoints: %s", run_dir, checkpoint_dir)
@@ -147,6 +176,8 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     configure_determinism(trainer.deterministic)
     device = resolve_device(trainer.device)
     configure_device(device)
+    threads = configure_threads(trainer.cpu_threads, parallel_jobs())
+    log.info("device: %s, %d CPU threads", device, threads)
     precision = build(cfg.precision, device=device)
 
     # --- Data and model: shapes flow from the dataset to the model -----------------------
@@ -226,7 +257,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
                 **state,
                 "monitor": trainer.monitor,
                 "config": config,
-                "overrides": list(HydraConfig.get().overrides.task),
+                "overrides": overrides,
                 "rng": rng_state(),
             },
             path,
@@ -306,12 +337,12 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         if state["batch_in_epoch"]:  # stopped mid-epoch; at an epoch's end last.pt is saved
             save(checkpoint_dir / "last.pt")
         writer.close()
-        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
         command = " ".join(["python train.py", *overrides, f"resume={checkpoint_dir / 'last.pt'}"])
         print(
             f"stopped by {stop.name} at epoch {state['epoch'] + 1}, batch "
             f"{state['batch_in_epoch']}; continue with:\n  {command}"
         )
+        stop.hand_on()
         sys.exit(EXIT_INTERRUPTED)
 
     # --- Test the best checkpoint (val when the dataset has no test split) ----------------
@@ -329,6 +360,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     if data_wait_fraction > 0.2:
         log.warning("warning: %s", data_wait_advice(data_wait_fraction, data))
     metrics = {
+        "status": "completed",
         **final,
         "train/samples_per_second": trained_samples / train_seconds if train_seconds else 0.0,
         "train/data_wait_fraction": data_wait_fraction,
@@ -339,6 +371,8 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         "epochs": state["epoch"],
         "global_step": state["global_step"],
         "wall_time_seconds": time.perf_counter() - started,
+        "best_checkpoint": str(checkpoint_dir / "best.pt"),
+        "overrides": overrides,
     }
     write_json(metrics, run_dir / "metrics.json")
     write_hparams(writer, config, final)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from utils.errors import UserError
+from utils.signals import STOP_SIGNALS
 
 
 @dataclass
@@ -184,8 +185,8 @@ class EpochBatchSampler(Sampler[list[int]]):
 
 def _worker_ignores_signals(worker_id: int) -> None:
     # The main process decides what an interrupt means; workers just stop when it exits.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 class LoaderBatches:

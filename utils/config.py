@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ class TrainerConfig:
     monitor: str = MISSING
     monitor_mode: str = MISSING
     keep_top_k: int = MISSING
+    cpu_threads: int | None = MISSING
     silence_guards: list[str] = MISSING
 
 
@@ -109,6 +111,44 @@ def resumed_run_name(resume: str | None, checkpoints_root: str, fresh: str) -> s
 
 OmegaConf.register_new_resolver("resumed_run_name", resumed_run_name, replace=True)
 
+# Set by a sweep for its jobs (utils/sweep.py), which may compose their config in other
+# processes and at other times, so that they all share one run name.
+RUN_TIMESTAMP_ENV = "TORCHLOOM_RUN_TIMESTAMP"
+
+
+def run_timestamp(pattern: str) -> str:
+    """The run's start time, shared by every process of one run: a sweep's jobs take it from
+    the environment; torchrun's ranks on one machine from their launcher's start time;
+    ranks of a multi-machine run use the rendezvous id (``--rdzv-id``) when one was given."""
+    if os.environ.get(RUN_TIMESTAMP_ENV):
+        return os.environ[RUN_TIMESTAMP_ENV]
+    if "LOCAL_RANK" in os.environ:  # under torchrun
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+        machines = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+        if machines > 1 and run_id != "none":
+            return run_id
+        started = _process_start_time(os.getppid())
+        if started is not None:
+            return datetime.fromtimestamp(started).strftime(pattern)
+    return datetime.now().strftime(pattern)
+
+
+def _process_start_time(pid: int) -> float | None:
+    """Seconds since the epoch at which process ``pid`` started (Linux /proc), else None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+
+
+OmegaConf.register_new_resolver("run_timestamp", run_timestamp, use_cache=True, replace=True)
+
 
 def _number(cfg: DictConfig, key: str) -> float:
     value = OmegaConf.select(cfg, key)
@@ -125,12 +165,15 @@ def check_config(cfg: DictConfig) -> None:
         ("trainer.log_every_n_steps", lambda v: v >= 1, "1 or more"),
         ("trainer.val_every_n_epochs", lambda v: v >= 1, "1 or more"),
         ("trainer.keep_top_k", lambda v: v >= 0, "0 or more"),
+        ("trainer.cpu_threads", lambda v: v >= 1, "1 or more, or null for automatic"),
         ("data.batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
         ("data.eval_batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
         ("optim.lr", lambda v: v > 0, "greater than 0"),
         ("optim.weight_decay", lambda v: v >= 0, "0 or more"),
     ]
     for key, ok, expected in rules:
+        if key == "trainer.cpu_threads" and cfg.trainer.cpu_threads is None:
+            continue
         value = _number(cfg, key)
         if not ok(value):
             raise UserError(f"{key}={value} is out of range: it must be {expected}")

@@ -1,6 +1,9 @@
-"""Turning ``trainer.device`` into a torch.device, with a clear error when it is not there."""
+"""Turning ``trainer.device`` into a torch.device, with a clear error when it is not there;
+fast defaults for it; and the CPU threads each process may use."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch import nn
@@ -46,3 +49,16 @@ def wants_channels_last(model: nn.Module, device: torch.device) -> bool:
     """Conv nets on CUDA run faster with NHWC tensors (cuDNN's native layout for tensor
     cores); on the CPU and for MLPs the default layout is as fast or faster."""
     return device.type == "cuda" and any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+def configure_threads(cpu_threads: int | None, parallel_jobs: int) -> int:
+    """Give each process its share of the cores. ``parallel_jobs`` is how many training jobs
+    run at once on this machine (joblib's ``n_jobs``); torchrun's ranks multiply it. Without
+    this, every job starts one thread per core and they slow each other down. Returns the
+    thread count now in use."""
+    processes = parallel_jobs * int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if cpu_threads is None and processes > 1:
+        cpu_threads = max(1, (os.cpu_count() or 1) // processes)
+    if cpu_threads is not None:
+        torch.set_num_threads(cpu_threads)
+    return torch.get_num_threads()

@@ -1,8 +1,9 @@
-"""Stopping cleanly on SIGTERM, SIGUSR1 (cluster pre-emption) and SIGINT (Ctrl-C).
+"""Stopping cleanly on SIGTERM, SIGUSR1/SIGUSR2 (cluster pre-emption) and SIGINT (Ctrl-C).
 
 The handlers only set a flag; the training loop reads it after each optimizer step, writes
 ``last.pt`` with the exact data position, and exits with :data:`EXIT_INTERRUPTED`. A second
-Ctrl-C exits at once.
+Ctrl-C exits at once. Under SLURM's submitit launcher, whose handler for the time-limit signal
+(SIGUSR2) requeues the job, that handler is called once ``last.pt`` is written.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 from types import FrameType
 
 EXIT_INTERRUPTED = 3  # stopped by a signal; last.pt resumes the run exactly
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 
 
 class StopRequest:
@@ -37,6 +38,13 @@ class StopRequest:
             f"\n{signal.Signals(signum).name} received: finishing this step, then saving last.pt",
             file=sys.stderr,
         )
+
+    def hand_on(self) -> None:
+        """Call the handler that was installed for the received signal before ours (a job
+        scheduler's requeue), now that the checkpoint is safe."""
+        previous = self._previous.get(self.signal)
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(self.signal, None)
 
     def __enter__(self) -> StopRequest:
         for signum in STOP_SIGNALS:

@@ -1,4 +1,4 @@
-"""A model that sends a real signal to its own process at an exact training micro-batch, so
+"""Test-only models. One sends a real signal to its own process at an exact training micro-batch, so
 tests can interrupt ``train.py`` at a chosen point (an epoch boundary, mid-epoch, between
 micro-batches of gradient accumulation) without racing the clock.
 
@@ -36,3 +36,20 @@ class SignalAt(nn.Module):
 
 def mlp(input_shape, num_classes, hidden_sizes, dropout) -> nn.Module:
     return SignalAt(plain_mlp(input_shape, num_classes, hidden_sizes, dropout))
+
+
+class CrashOnTraining(nn.Module):
+    """Raises on its first training step: a bug inside a job, not bad input."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            raise RuntimeError("deliberate failure in forward")
+        return self.inner(x)
+
+
+def crashing_mlp(input_shape, num_classes, hidden_sizes, dropout) -> nn.Module:
+    return CrashOnTraining(plain_mlp(input_shape, num_classes, hidden_sizes, dropout))
