@@ -7,6 +7,7 @@
     python evaluate.py ckpt=best.pt data.root=/mnt/datasets            # data moved elsewhere
     python evaluate.py ckpt=best.pt export=model.safetensors           # weights without pickle
     python evaluate.py ckpt=model.safetensors                          # and back
+    torchrun --nproc_per_node=2 evaluate.py ckpt=best.pt               # each process a shard
 
 The stored config is data read from a file, so it is untrusted: only builders inside
 torchloom, torch.nn/optim and torchvision are instantiated from it.
@@ -31,6 +32,7 @@ from rich.table import Table
 from utils.checkpoint import load_checkpoint, load_weights
 from utils.config import build, check_targets
 from utils.device import resolve_device
+from utils.distributed import NullWriter, close_processes, join, processes_from_env
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate, per_class_scores
 from utils.precision import Precision
@@ -179,7 +181,9 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     if cfg.split not in ("train", "val", "test"):
         raise UserError(f"split={cfg.split!r} must be train, val or test")
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    device = resolve_device(cfg.device)
+    processes = processes_from_env()
+    console.quiet = not processes.is_main  # every process evaluates its shard; rank 0 reports
+    device = join(processes, resolve_device(cfg.device))
     precision = Precision(cfg.precision, device)
     files = checkpoint_files(cfg.ckpt)
     if cfg.export and len(files) != 1:
@@ -187,7 +191,7 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
 
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(run_dir)
+    writer = SummaryWriter(run_dir) if processes.is_main else NullWriter()
     results: dict[str, dict] = {}
     for index, path in enumerate(files):
         config, weights = read_checkpoint(path, cfg.config)
@@ -201,7 +205,10 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         )
         load_weights(model, weights)
         model.to(device)
-        batches = data.batches(cfg.split, device, seed=config["seed"], train=False)
+        batches = data.batches(
+            cfg.split, device, seed=config["seed"], train=False, rank=processes.rank,
+            world_size=processes.world_size,
+        )  # fmt: skip
         metrics = evaluate(model, batches.epoch(0), precision, data.num_classes, confusion=True)
         confusion = metrics["confusion"]
         results[str(path)] = report(str(path), metrics, cfg.split)
@@ -209,8 +216,9 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         csv_name = "confusion.csv" if len(files) == 1 else f"confusion-{index}.csv"
         rows = [",".join(["true\\predicted", *map(str, range(data.num_classes))])]
         rows += [",".join([str(i), *map(str, row)]) for i, row in enumerate(confusion.tolist())]
-        (run_dir / csv_name).write_text("\n".join(rows) + "\n")
-        if cfg.export:
+        if processes.is_main:
+            (run_dir / csv_name).write_text("\n".join(rows) + "\n")
+        if cfg.export and processes.is_main:
             export_safetensors(model, config, Path(cfg.export))
     writer.close()
 
@@ -223,8 +231,10 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         for name, result in results.items():
             table.add_row(name, *(f"{result.get(k, float('nan')):.4f}" for k in keys))
         console.print(table)
-    write_json(results, run_dir / "metrics.json")
+    if processes.is_main:
+        write_json(results, run_dir / "metrics.json")
     console.print(f"evaluation run dir: {run_dir}")
+    close_processes()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
     python train.py resume=checkpoints/<run_name>/last.pt          # continue a run exactly
     python train.py run_name=job7 resume=auto                     # what a requeued job runs
     python train.py -m optim=sgd,adamw optim.lr=0.01,0.001
+    torchrun --nproc_per_node=8 train.py model=resnet18 data=cifar10   # DDP; batch per process
     tensorboard --logdir runs
 
 Outputs: runs/<run_name>/ (config, log, TensorBoard events, metrics.json) and
@@ -29,10 +30,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
+from utils import distributed, sweep
 from utils.checkpoint import (
-    FORMAT_VERSION,
     check_resumable,
-    copy_atomic,
+    fresh_state,
+    keep_copies,
     load_checkpoint,
     load_weights,
     prepare_dir,
@@ -42,7 +44,7 @@ from utils.checkpoint import (
     resume_point,
     save_atomic,
     top_k_name,
-    unwrap,
+    training_checkpoint,
 )
 from utils.compilation import compile_or_eager
 from utils.config import build, check_config, output_dirs, to_plain
@@ -54,17 +56,8 @@ from utils.model_check import check_forward
 from utils.optim import build_optimizer
 from utils.progress import TrainingProgress, data_wait_advice
 from utils.report import config_tree, metrics_table, print_model_summary, write_hparams, write_json
-from utils.seeding import configure_determinism, rng_state, seed_everything
-from utils.signals import EXIT_INTERRUPTED, StopRequest
-from utils.sweep import (
-    ForeignJob,
-    check_same_job,
-    finished_value,
-    in_sweep,
-    job_overrides,
-    parallel_jobs,
-    record_failure,
-)
+from utils.seeding import configure_determinism, seed_everything
+from utils.signals import EXIT_INTERRUPTED, StopRequest, continue_command
 
 log = logging.getLogger("torchloom")
 
@@ -85,9 +78,11 @@ def train_one_epoch(
     timed_batches, window_start = 0, time.perf_counter()
     batches_left = itertools.islice(batches.epoch(state["epoch"], start), micro_batches - start)
     for index, (images, labels) in enumerate(progress.data_wait.timed(batches_left), start):
-        with precision.autocast():
-            loss = F.cross_entropy(model(images), labels)
-        precision.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
+        # Under DDP, only the last micro-batch of a step all-reduces its gradients.
+        with distributed.gradient_sync(model, sync=(index + 1) % accumulate == 0):
+            with precision.autocast():
+                loss = F.cross_entropy(model(images), labels)
+            precision.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
         state["epoch_loss"] += loss.detach()
         state["window_loss"] += loss.detach()
         state["window_batches"] += 1
@@ -110,7 +105,8 @@ def train_one_epoch(
 
         if log_due:
             step, seconds = state["global_step"], time.perf_counter() - window_start
-            mean_loss = (state["window_loss"] / state["window_batches"]).item()  # the one sync
+            window_loss = distributed.all_mean(state["window_loss"] / state["window_batches"])
+            mean_loss = window_loss.item()  # the one sync
             samples_per_second = timed_batches * len(labels) / seconds
             writer.add_scalar("train/loss", mean_loss, step)
             writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], step)
@@ -120,7 +116,13 @@ def train_one_epoch(
             state["window_batches"], timed_batches, window_start = 0, 0, time.perf_counter()
         else:
             progress.update(state["epoch"], state["global_step"])
-        if stop.requested and index + 1 < micro_batches:
+        # Several processes must stop at the same step: they agree when they sync anyway.
+        stop_check_due = log_due or not distributed.is_distributed()
+        if (
+            stop_check_due
+            and distributed.agree(stop.requested, labels.device)
+            and index + 1 < micro_batches
+        ):
             return False
     return True
 
@@ -134,50 +136,48 @@ def main(cfg: DictConfig) -> float:
             return train(cfg, stop)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
-        if not in_sweep() or isinstance(error, ForeignJob):
+        if not sweep.in_sweep() or isinstance(error, sweep.ForeignJob):
             sys.exit(EXIT_USER_ERROR)
         failure = error
     except Exception as error:
-        if not in_sweep():
+        if not sweep.in_sweep():
             raise
         log.exception("job failed")
         failure = error
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    return record_failure(run_dir, failure, OmegaConf.select(cfg, "trainer.monitor_mode"))
+    return sweep.record_failure(run_dir, failure, OmegaConf.select(cfg, "trainer.monitor_mode"))
 
 
 def train(cfg: DictConfig, stop: StopRequest) -> float:
     started = time.perf_counter()
     check_config(cfg)
     trainer = cfg.trainer
-    console = Console()
+    processes = distributed.processes_from_env()  # under torchrun: this rank; rank 0 alone reports
+    console = Console(quiet=not processes.is_main)
+    if not processes.is_main:
+        log.setLevel(logging.WARNING)
     run_dir, checkpoint_dir = output_dirs(cfg, Path(HydraConfig.get().runtime.output_dir))
     prepare_dir(run_dir, "the run")
     prepare_dir(checkpoint_dir, "checkpoints")
-    remove_stale_temporary_files(checkpoint_dir)
-    config, overrides = to_plain(cfg), job_overrides()
-    resume = cfg.resume
-    if in_sweep():  # a re-run sweep skips finished jobs and continues unfinished ones
-        previous = finished_value(run_dir, overrides)
-        if previous is not None:
-            log.info("%s: finished by an earlier run of this sweep; skipped", run_dir)
-            return previous
-        resume = resume or "auto"
+    if processes.is_main:
+        remove_stale_temporary_files(checkpoint_dir)
+    config, overrides = to_plain(cfg), sweep.job_overrides()
+    previous, resume = sweep.job_start(run_dir, cfg.resume, overrides)
+    if previous is not None:  # a re-run sweep skips the jobs it finished
+        return previous
     resumed = resume_point(resume, checkpoint_dir)
     if resumed:
-        if in_sweep():
-            check_same_job(resumed[0], resumed[1]["overrides"], overrides)
-        check_resumable(*resumed, config, allow=cfg.resume_allow_changes)
+        check_resumable(*resumed, config, allow=cfg.resume_allow_changes, overrides=overrides)
     console.print(config_tree(config))
     log.info("run dir: %s\ncheckpoints: %s", run_dir, checkpoint_dir)
 
     # --- Seed, device, precision -----------------------------------------------------------
     seed_everything(cfg.seed)
     configure_determinism(trainer.deterministic)
-    device = resolve_device(trainer.device)
+    device = distributed.join(processes, resolve_device(trainer.device))
     configure_device(device)
-    threads = configure_threads(trainer.cpu_threads, parallel_jobs())
-    log.info("device: %s, %d CPU threads", device, threads)
+    threads = configure_threads(trainer.cpu_threads, sweep.parallel_jobs())
+    log.info("device: %s, %d CPU threads, %d process(es)", device, threads, processes.world_size)
     precision = build(cfg.precision, device=device)
 
     # --- Data and model: shapes flow from the dataset to the model -----------------------
@@ -192,12 +192,15 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     model = model.to(device, memory_format=torch.channels_last if channels_last else None)
     check_forward(model, data.input_shape, data.num_classes, device)
     print_model_summary(console, model, data.input_shape, data.num_classes)
-    step_model = model
+    step_model = distributed.wrap(model, processes, device, trainer.sync_batchnorm)
     if trainer.compile:
-        step_model = compile_or_eager(model, data.input_shape, device, trainer.compile_mode)
+        step_model = compile_or_eager(step_model, data.input_shape, device, trainer.compile_mode)
+    # Evaluation shards need not have equal batch counts: no DDP collectives there.
+    eval_model = step_model if not processes.enabled else model
 
-    train_batches = data.batches("train", device, cfg.seed, channels_last)
-    val_batches = data.batches("val", device, cfg.seed, channels_last)
+    shard = {"rank": processes.rank, "world_size": processes.world_size}
+    train_batches = data.batches("train", device, cfg.seed, channels_last, **shard)
+    val_batches = data.batches("val", device, cfg.seed, channels_last, **shard)
     first_batches = itertools.islice(train_batches.epoch(0), 2)
     run_guards(model, data.input_shape, data.batch_size, first_batches, trainer.silence_guards)
     steps_per_epoch = len(train_batches) // trainer.accumulate_grad_batches
@@ -207,9 +210,10 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
             f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}; lower it"
         )
     total_steps = steps_per_epoch * trainer.max_epochs
-    log.info("data %s: %s samples; %d per optimizer step (batch %d × %d accumulated)",
-             data.name, data.sizes(), data.batch_size * trainer.accumulate_grad_batches,
-             data.batch_size, trainer.accumulate_grad_batches)  # fmt: skip
+    global_batch = data.batch_size * trainer.accumulate_grad_batches * processes.world_size
+    log.info("data %s: %s samples; %d per optimizer step (batch %d per process × %d "
+             "accumulated × %d processes)", data.name, data.sizes(), global_batch,
+             data.batch_size, trainer.accumulate_grad_batches, processes.world_size)  # fmt: skip
 
     # --- Optimizer and schedule: finished here because they need the model and step counts
     optimizer = build_optimizer(model, cfg.optim)
@@ -218,21 +222,13 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     )
 
     # --- Training state: fresh, or exactly where a checkpoint left off -------------------
-    zero = torch.zeros((), device=device)
-    state = {
-        "epoch": 0,
-        "batch_in_epoch": 0,
-        "global_step": 0,
-        "best_metric": None,
-        "best_epoch": None,
-        "top_k": [],
-        "metrics": {},
-        "epoch_loss": zero.clone(),
-        "window_loss": zero.clone(),
-        "window_batches": 0,
-    }
+    state = fresh_state(device)
     if resumed:
         restore(resumed[1], model, optimizer, schedule, precision.scaler, state)
+        state["batch_in_epoch"] = distributed.rescale_position(
+            state["batch_in_epoch"], resumed[1].get("world_size", 1), processes.world_size,
+            trainer.accumulate_grad_batches,
+        )  # fmt: skip
         log.info("resumed from %s: epoch %d, batch %d, step %d", resumed[0], state["epoch"] + 1,
                  state["batch_in_epoch"], state["global_step"])  # fmt: skip
     elif cfg.init_from:
@@ -242,29 +238,22 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     from torch.utils.tensorboard import SummaryWriter  # slow import; only once we train
 
     # Resuming: points logged after the checkpoint by the interrupted run are dropped.
-    writer = SummaryWriter(run_dir, purge_step=state["global_step"] + 1 if resumed else None)
+    writer = (
+        SummaryWriter(run_dir, purge_step=state["global_step"] + 1 if resumed else None)
+        if processes.is_main
+        else distributed.NullWriter()
+    )
     sign = 1 if trainer.monitor_mode == "max" else -1
     final = state["metrics"]
 
     def save(path: Path) -> None:
-        save_atomic(
-            {
-                "format_version": FORMAT_VERSION,
-                "model": unwrap(model).state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": schedule.state_dict(),
-                "scaler": precision.scaler.state_dict(),
-                **state,
-                "monitor": trainer.monitor,
-                "config": config,
-                "overrides": overrides,
-                "rng": rng_state(),
-            },
-            path,
-        )
+        if processes.is_main:  # every process holds the same weights; one writes them
+            save_atomic(training_checkpoint(model, optimizer, schedule, precision.scaler, state,
+                                            trainer.monitor, config, overrides,
+                                            processes.world_size), path)  # fmt: skip
 
     # --- Train -----------------------------------------------------------------------------
-    train_seconds, trained_steps = 0.0, 0
+    train_seconds, trained_steps, stopped = 0.0, 0, False
     with TrainingProgress(console, total_steps, trainer.max_epochs) as progress:
         while state["epoch"] < trainer.max_epochs:
             epoch_start, step_before = time.perf_counter(), state["global_step"]
@@ -284,6 +273,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
             train_seconds += time.perf_counter() - epoch_start
             trained_steps += state["global_step"] - step_before
             if not finished:
+                stopped = True
                 break
             micro_batches = steps_per_epoch * trainer.accumulate_grad_batches
             samples = (state["global_step"] - step_before) * trainer.accumulate_grad_batches
@@ -293,14 +283,15 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
                 time.perf_counter() - epoch_start
             )
             writer.add_scalar("train/data_wait_fraction", waited, state["global_step"])
-            final["train/loss"] = (state["epoch_loss"] / micro_batches).item()
-            state.update(epoch=state["epoch"] + 1, batch_in_epoch=0, epoch_loss=zero.clone())
-            improved = keep = False
+            final["train/loss"] = distributed.all_mean(state["epoch_loss"] / micro_batches).item()
+            state.update(epoch=state["epoch"] + 1, batch_in_epoch=0)
+            state["epoch_loss"].zero_()
+            improved, keep, dropped = False, False, []
             if (
                 state["epoch"] % trainer.val_every_n_epochs == 0
                 or state["epoch"] == trainer.max_epochs
             ):
-                val = evaluate(step_model, val_batches.epoch(0), precision, data.num_classes)
+                val = evaluate(eval_model, val_batches.epoch(0), precision, data.num_classes)
                 final.update({f"val/{name}": value for name, value in val.items()})
                 for name, value in val.items():
                     writer.add_scalar(f"val/{name}", value, state["global_step"])
@@ -316,13 +307,10 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
                 keep, dropped = rank_top_k(
                     state["top_k"], trainer.keep_top_k, top_k_file, value, sign
                 )
-            save(checkpoint_dir / "last.pt")  # best.pt and top-k files are copies of it
-            if improved:
-                copy_atomic(checkpoint_dir / "last.pt", checkpoint_dir / "best.pt")
-            if keep:
-                copy_atomic(checkpoint_dir / "last.pt", checkpoint_dir / top_k_file)
-                for name in dropped:
-                    (checkpoint_dir / name).unlink(missing_ok=True)
+            save(checkpoint_dir / "last.pt")
+            if processes.is_main:  # best.pt and the top-k files are copies of last.pt
+                keep_copies(checkpoint_dir, best=improved, top_k_file=keep and top_k_file,
+                            dropped=dropped)  # fmt: skip
             log.info(
                 "epoch %d/%d  train/loss %.4f  %s",
                 state["epoch"],
@@ -330,27 +318,30 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
                 final["train/loss"],
                 "  ".join(f"{k} {v:.4f}" for k, v in final.items() if k.startswith("val/")),
             )
-            if stop.requested:
+            stopped = distributed.agree(stop.requested, device)
+            if stopped:
                 break
 
-    if stop.requested:  # a signal: save the exact position, flush, say how to continue
+    if stopped:  # a signal: save the exact position, flush, say how to continue
         if state["batch_in_epoch"]:  # stopped mid-epoch; at an epoch's end last.pt is saved
             save(checkpoint_dir / "last.pt")
         writer.close()
-        command = " ".join(["python train.py", *overrides, f"resume={checkpoint_dir / 'last.pt'}"])
-        print(
-            f"stopped by {stop.name} at epoch {state['epoch'] + 1}, batch "
-            f"{state['batch_in_epoch']}; continue with:\n  {command}"
-        )
+        if processes.is_main:
+            command = continue_command(overrides, checkpoint_dir / "last.pt", processes)
+            print(f"stopped by {stop.name or 'a signal to another process'} at epoch "
+                  f"{state['epoch'] + 1}, batch {state['batch_in_epoch']}; continue with:\n  {command}")  # fmt: skip
+        distributed.barrier()  # no process leaves before last.pt is written: torchrun would kill the rest
+        distributed.close_processes()
         stop.hand_on()
         sys.exit(EXIT_INTERRUPTED)
 
     # --- Test the best checkpoint (val when the dataset has no test split) ----------------
     test_split = "test" if data.splits["test"] is not None else "val"
+    distributed.barrier()  # best.pt is complete before any process reads it
     if (checkpoint_dir / "best.pt").exists():
         load_weights(model, load_checkpoint(checkpoint_dir / "best.pt")["model"])
-    test_batches = data.batches(test_split, device, cfg.seed, channels_last)
-    test = evaluate(step_model, test_batches.epoch(0), precision, data.num_classes)
+    test_batches = data.batches(test_split, device, cfg.seed, channels_last, train=False, **shard)
+    test = evaluate(eval_model, test_batches.epoch(0), precision, data.num_classes)
     for name, value in test.items():
         final[f"test/{name}"] = value
         writer.add_scalar(f"test/{name}", value, state["global_step"])
@@ -374,9 +365,11 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         "best_checkpoint": str(checkpoint_dir / "best.pt"),
         "overrides": overrides,
     }
-    write_json(metrics, run_dir / "metrics.json")
-    write_hparams(writer, config, final)
+    if processes.is_main:
+        write_json(metrics, run_dir / "metrics.json")
+        write_hparams(writer, config, final)
     writer.close()
+    distributed.close_processes()
     console.print(metrics_table(metrics))
     log.info("run dir: %s\ncheckpoints: %s", run_dir, checkpoint_dir)
     best = state["best_metric"]

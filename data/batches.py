@@ -124,7 +124,14 @@ def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) 
 
 
 class TensorBatches:
-    """Batches sliced from a split held whole on the device."""
+    """Batches sliced from a split held whole on the device.
+
+    With several processes (``world_size``), a training step's global batch is
+    ``batch_size × world_size`` rows of the one seeded permutation, and this process takes its
+    ``rank``-th slice of it: every sample is seen once per epoch across processes, and the
+    global batches are those one process would see with the global batch size. Evaluation
+    splits are cut into contiguous shards, one per process, with nothing padded or repeated.
+    """
 
     def __init__(
         self,
@@ -133,7 +140,11 @@ class TensorBatches:
         transform: BatchTransform,
         train: bool,
         seed: int,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
+        if not train:
+            split = shard(split, rank, world_size)
         # Normalised once, up front: each batch is then a gather, as in a hand-written loop
         # (4 bytes a pixel instead of 1; datasets on this path fit in memory by definition).
         self.inputs = transform.normalize(split.inputs)
@@ -142,45 +153,76 @@ class TensorBatches:
         self.transform = transform
         self.train = train  # shuffle, augment, drop the last partial batch
         self.seed = seed
+        self.rank, self.world_size = rank, world_size
 
     def __len__(self) -> int:
         n = len(self.labels)
-        return n // self.batch_size if self.train else math.ceil(n / self.batch_size)
+        if self.train:
+            return n // (self.batch_size * self.world_size)
+        return math.ceil(n / self.batch_size)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = None
         if self.train:
             order = permutation(len(self.labels), self.seed, epoch).to(self.transform.device)
         for index in range(start, len(self)):
-            lo, hi = index * self.batch_size, (index + 1) * self.batch_size
+            lo, hi = batch_bounds(index, self.batch_size, self.rank if self.train else 0,
+                                  self.world_size if self.train else 1)  # fmt: skip
             if order is None:
                 images, labels = self.inputs[lo:hi], self.labels[lo:hi]
             else:
                 rows = order[lo:hi]
                 images, labels = self.inputs[rows], self.labels[rows]
             if self.train:
-                images = self.transform.augment(images, mix_seed(self.seed, epoch, index))
+                batch_seed = mix_seed(self.seed, epoch, index * self.world_size + self.rank)
+                images = self.transform.augment(images, batch_seed)
             yield images, labels
+
+
+def batch_bounds(index: int, batch_size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Rows of this process's part of global batch ``index``."""
+    lo = (index * world_size + rank) * batch_size
+    return lo, lo + batch_size
+
+
+def shard_bounds(size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """This process's contiguous share of ``size`` samples (sizes differ by at most one)."""
+    return rank * size // world_size, (rank + 1) * size // world_size
+
+
+def shard(split: TensorSplit, rank: int, world_size: int) -> TensorSplit:
+    lo, hi = shard_bounds(len(split), rank, world_size)
+    return split if world_size == 1 else TensorSplit(split.inputs[lo:hi], split.labels[lo:hi])
 
 
 class EpochBatchSampler(Sampler[list[int]]):
     """Index batches for one epoch from a given batch on: the DataLoader twin of
-    :meth:`TensorBatches.epoch`."""
+    :meth:`TensorBatches.epoch`, sharded across processes the same way (unlike
+    ``DistributedSampler``, it can start mid-epoch, which exact resume needs)."""
 
-    def __init__(self, size: int, batch_size: int, train: bool, seed: int) -> None:
+    def __init__(
+        self, size: int, batch_size: int, train: bool, seed: int, rank: int = 0, world_size: int = 1
+    ) -> None:
         self.size, self.batch_size, self.train, self.seed = size, batch_size, train, seed
+        self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 0, 0
 
     def __len__(self) -> int:
-        full = self.size // self.batch_size
-        return full if self.train else math.ceil(self.size / self.batch_size)
+        if self.train:
+            return self.size // (self.batch_size * self.world_size)
+        lo, hi = shard_bounds(self.size, self.rank, self.world_size)
+        return math.ceil((hi - lo) / self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = (
-            permutation(self.size, self.seed, self.epoch) if self.train else torch.arange(self.size)
-        )
+        if self.train:
+            order = permutation(self.size, self.seed, self.epoch)
+            rank, world_size = self.rank, self.world_size
+        else:
+            order = torch.arange(*shard_bounds(self.size, self.rank, self.world_size))
+            rank, world_size = 0, 1
         for index in range(self.start, len(self)):
-            yield order[index * self.batch_size : (index + 1) * self.batch_size].tolist()
+            lo, hi = batch_bounds(index, self.batch_size, rank, world_size)
+            yield order[lo:hi].tolist()
 
 
 def _worker_ignores_signals(worker_id: int) -> None:
@@ -200,8 +242,10 @@ class LoaderBatches:
         train: bool,
         seed: int,
         num_workers: int,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
-        self.sampler = EpochBatchSampler(len(dataset), batch_size, train, seed)
+        self.sampler = EpochBatchSampler(len(dataset), batch_size, train, seed, rank, world_size)
         self.loader = DataLoader(
             dataset,
             batch_sampler=self.sampler,
@@ -226,7 +270,9 @@ class LoaderBatches:
             images = self.transform.normalize(images.to(device, non_blocking=True))
             labels = labels.to(device, non_blocking=True)
             if self.train:
-                images = self.transform.augment(images, mix_seed(self.seed, epoch, index))
+                sampler = self.sampler
+                batch_seed = mix_seed(self.seed, epoch, index * sampler.world_size + sampler.rank)
+                images = self.transform.augment(images, batch_seed)
             yield images, labels
 
 
@@ -295,10 +341,13 @@ class Data:
         seed: int,
         channels_last: bool = False,
         train: bool | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> TensorBatches | LoaderBatches:
         """Batches of ``split`` on ``device``. Training batches (by default those of the train
         split) are shuffled and augmented, and the last partial one is dropped; evaluation
-        batches hold every sample once, in order."""
+        batches hold every sample once, in order. With ``world_size`` processes, this is the
+        share of process ``rank``."""
         if self.splits[split] is None:
             raise UserError(f"{self.name} has no {split} split; choose another split")
         train = split == "train" if train is None else train
@@ -312,10 +361,13 @@ class Data:
         )
         batch_size = self.batch_size if train else self.eval_batch_size
         if isinstance(self.splits[split], TensorSplit):
-            return TensorBatches(self.splits[split], batch_size, transform, train, seed)
+            return TensorBatches(
+                self.splits[split], batch_size, transform, train, seed, rank, world_size
+            )
         return LoaderBatches(
-            self.splits[split], batch_size, transform, train, seed, self.num_workers
-        )
+            self.splits[split], batch_size, transform, train, seed, self.num_workers, rank,
+            world_size,
+        )  # fmt: skip
 
 
 def holdout(split: TensorSplit, sizes: Sequence[int], seed: int) -> list[TensorSplit]:

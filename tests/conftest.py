@@ -18,16 +18,18 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 HELPERS = ROOT / "tests" / "helpers"
 TRAIN = ROOT / "train.py"
+EVALUATE = ROOT / "evaluate.py"
 CONF = ROOT / "conf"
 
 
-def run_train(
-    cwd: Path, *overrides: str, ok: bool = True, timeout: float = 600, env: dict | None = None
+def run_python(
+    cwd: Path, *args: str, ok: bool = True, timeout: float = 600, env: dict | None = None
 ):
-    """Run ``python train.py OVERRIDES`` in ``cwd`` (outputs land in cwd/runs, cwd/checkpoints).
-    ``env`` adds environment variables; tests/helpers is importable for test-only models."""
+    """Run ``python ARGS`` in ``cwd``; ``env`` adds environment variables; tests/helpers is
+    importable for test-only models. With ``ok``, a non-zero exit fails the test with the
+    output."""
     result = subprocess.run(
-        [sys.executable, str(TRAIN), *overrides],
+        [sys.executable, *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -36,9 +38,16 @@ def run_train(
     )
     if ok:
         assert result.returncode == 0, (
-            f"train.py failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+            f"{args[:3]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
         )
     return result
+
+
+def run_train(
+    cwd: Path, *overrides: str, ok: bool = True, timeout: float = 600, env: dict | None = None
+):
+    """Run ``python train.py OVERRIDES`` in ``cwd`` (outputs land in cwd/runs, cwd/checkpoints)."""
+    return run_python(cwd, str(TRAIN), *overrides, ok=ok, timeout=timeout, env=env)
 
 
 def read_metrics(run_dir: Path) -> dict:

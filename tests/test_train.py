@@ -30,6 +30,7 @@ CHECKPOINT_KEYS = {
     "config",
     "overrides",
     "rng",
+    "world_size",
 }
 TINY = ["trainer.max_epochs=1", "data.batch_size=16", "data.eval_batch_size=32"]
 

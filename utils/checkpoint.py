@@ -268,9 +268,16 @@ def rank_top_k(ranked: list, k: int, name: str, value: float, sign: int) -> tupl
     return True, dropped
 
 
-def check_resumable(path: Path, checkpoint: dict[str, Any], config: dict, allow: bool) -> None:
-    """Refuse to continue a run whose model, data or batch size the new config changes."""
+def check_resumable(
+    path: Path, checkpoint: dict[str, Any], config: dict, allow: bool, overrides: list[str]
+) -> None:
+    """Refuse to continue a run whose model, data or batch size the new config changes, and,
+    in a sweep, a checkpoint of another job."""
     from utils.config import config_changes
+    from utils.sweep import check_same_job, in_sweep
+
+    if in_sweep():
+        check_same_job(path, checkpoint["overrides"], overrides)
 
     changes = config_changes(checkpoint["config"], config)
     if changes and not allow:
@@ -278,6 +285,58 @@ def check_resumable(path: Path, checkpoint: dict[str, Any], config: dict, allow:
             f"refusing to resume {path}: the config changed ({'; '.join(changes)}); "
             "pass resume_allow_changes=true to resume anyway"
         )
+
+
+def training_checkpoint(
+    model: nn.Module, optimizer, schedule, scaler, state: dict[str, Any], monitor: str,
+    config: dict, overrides: list[str], world_size: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Everything that rebuilds and resumes a run, as a plain dict: the unwrapped model's
+    weights, optimizer, schedule, loss scaler, the training state, the config, and the RNG."""
+    from utils.seeding import rng_state
+
+    return {
+        "format_version": FORMAT_VERSION,
+        "model": unwrap(model).state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": schedule.state_dict(),
+        "scaler": scaler.state_dict(),
+        **state,
+        "monitor": monitor,
+        "config": config,
+        "overrides": overrides,
+        "rng": rng_state(),
+        "world_size": world_size,
+    }
+
+
+def fresh_state(device: torch.device) -> dict[str, Any]:
+    """The training state of a run that has not started: counters, data position, best
+    metric, top-k list, and loss accumulators that stay on the device."""
+    zero = torch.zeros((), device=device)
+    return {
+        "epoch": 0,
+        "batch_in_epoch": 0,
+        "global_step": 0,
+        "best_metric": None,
+        "best_epoch": None,
+        "top_k": [],
+        "metrics": {},
+        "epoch_loss": zero.clone(),
+        "window_loss": zero.clone(),
+        "window_batches": 0,
+    }
+
+
+def keep_copies(folder: Path, best: bool, top_k_file: str | bool, dropped: list[str]) -> None:
+    """Copy the just-written ``last.pt`` to ``best.pt`` and to its top-k name, then delete the
+    top-k files that fell out: new files are complete before old ones go."""
+    if best:
+        copy_atomic(folder / "last.pt", folder / "best.pt")
+    if top_k_file:
+        copy_atomic(folder / "last.pt", folder / top_k_file)
+        for name in dropped:
+            (folder / name).unlink(missing_ok=True)
 
 
 def restore(

@@ -40,6 +40,7 @@ class TrainerConfig:
     monitor_mode: str = MISSING
     keep_top_k: int = MISSING
     cpu_threads: int | None = MISSING
+    sync_batchnorm: bool = MISSING
     silence_guards: list[str] = MISSING
 
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from utils.distributed import all_sum
 from utils.precision import Precision
 
 
@@ -22,10 +23,13 @@ def evaluate(
     """Mean loss and accuracy over every sample of ``batches``, in eval mode; with
     ``confusion``, also the confusion matrix (rows: true class, columns: predicted).
 
-    Sums stay on the device; there is one host synchronisation, at the end.
+    Sums stay on the device; there is one host synchronisation, at the end. Under torchrun each
+    process evaluates its shard and the sums are added across processes, so every process
+    gets the figures of the whole split.
     """
     was_training = model.training
     model.eval()
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     top_k = 5 if num_classes > 5 else 1
     sums, count = None, 0  # [loss, top-1 hits, top-k hits], summed on the device
     counts = None  # confusion counts, flattened
@@ -47,14 +51,19 @@ def evaluate(
             counts = batch_counts if counts is None else counts + batch_counts
         count += len(labels)
     model.train(was_training)
-    if sums is None:
+    if sums is None:  # this process's shard was empty; the others' still count
+        sums = torch.zeros(3, device=device)
+        counts = torch.zeros(num_classes * num_classes, dtype=torch.long, device=device)
+    device = sums.device
+    count = int(all_sum(torch.tensor(count, device=device)).item())
+    if count == 0:
         return {}
-    loss, acc, acc_top_k = (sums / count).tolist()
+    loss, acc, acc_top_k = (all_sum(sums) / count).tolist()
     metrics = {"loss": loss, "acc": acc}
     if top_k == 5:
         metrics["acc_top5"] = acc_top_k
     if confusion:
-        metrics["confusion"] = counts.view(num_classes, num_classes).cpu()
+        metrics["confusion"] = all_sum(counts).view(num_classes, num_classes).cpu()
     return metrics
 
 

@@ -54,3 +54,11 @@ class StopRequest:
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+
+
+def continue_command(overrides: list[str], checkpoint: object, processes) -> str:
+    """The command that continues a stopped run from ``checkpoint``, with the same launcher."""
+    launcher = "python"
+    if processes.enabled:
+        launcher = f"torchrun --nproc_per_node={processes.local_world_size}"
+    return " ".join([launcher, "train.py", *overrides, f"resume={checkpoint}"])

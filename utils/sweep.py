@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import statistics
@@ -35,6 +36,7 @@ from utils.config import RUN_TIMESTAMP_ENV
 from utils.errors import UserError
 from utils.report import write_json
 
+log = logging.getLogger("torchloom")
 EXIT_JOBS_FAILED = 1  # the sweep finished, but at least one of its jobs failed
 # Metrics shown in the summary besides the monitored one, when the jobs measured them.
 SHOWN_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "train/loss")
@@ -71,6 +73,18 @@ def finished_value(run_dir: Path, overrides: list[str]) -> float | None:
 class ForeignJob(UserError):
     """The job folder holds a job of another sweep: the whole sweep stops, nothing is
     overwritten."""
+
+
+def job_start(run_dir: Path, resume: str | None, overrides: list[str]):
+    """In a sweep: ``(value, resume)`` where value is the result of this job when an earlier
+    run of the sweep finished it (skip it), else None, and resume is ``auto`` unless given, so
+    an unfinished job continues from its ``last.pt``. Outside a sweep: ``(None, resume)``."""
+    if not in_sweep():
+        return None, resume
+    previous = finished_value(run_dir, overrides)
+    if previous is not None:
+        log.info("%s: finished by an earlier run of this sweep; skipped", run_dir)
+    return previous, resume or "auto"
 
 
 def check_same_job(run_dir: Path, stored: list[str], overrides: list[str]) -> None:

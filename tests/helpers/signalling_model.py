@@ -24,13 +24,17 @@ class SignalAt(nn.Module):
         self.at = int(os.environ.get("SIGNAL_AT_FORWARD", "0"))
         self.signum = getattr(signal, os.environ.get("SIGNAL_NAME", "SIGTERM"))
         self.repeat = int(os.environ.get("SIGNAL_REPEAT", "1"))  # 2: a second Ctrl-C
+        # SIGNAL_TARGET=parent: rank 0 signals its launcher (torchrun), which passes it on.
+        self.target = os.getppid if os.environ.get("SIGNAL_TARGET") == "parent" else os.getpid
+        if os.environ.get("RANK", "0") != "0":
+            self.at = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             self.calls += 1
             if self.calls == self.at:
                 for _ in range(self.repeat):
-                    os.kill(os.getpid(), self.signum)
+                    os.kill(self.target(), self.signum)
         return self.inner(x)
 
 

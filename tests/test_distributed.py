@@ -1,0 +1,176 @@
+"""Data-parallel runs through the real launcher: ``torchrun ... train.py`` on CPU with gloo over
+loopback. Two processes must train to the parameters one process reaches with the same global
+batch, write one run dir and one checkpoint folder, stop together on SIGTERM and resume
+exactly, and evaluate to the single-process figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import EVALUATE, HELPERS, TRAIN, run_python, run_train
+
+from utils.checkpoint import load_checkpoint
+from utils.distributed import rescale_position
+
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="needs torch.distributed with gloo",
+)
+
+# No augmentation, no dropout: the only difference between 1 and 2 processes is who computes
+# which half of each global batch. The signalling model passes through unless told to signal.
+JOB = (
+    "model._target_=signalling_model.mlp",
+    "model.hidden_sizes=[32]",
+    "model.dropout=0",
+    "trainer.max_epochs=3",
+    "trainer.accumulate_grad_batches=2",
+    "trainer.log_every_n_steps=5",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(cwd, *overrides, env=None, ok=True, script=TRAIN):
+    """``torchrun`` with two processes on this machine, running ``script`` with ``overrides``."""
+    launch = ["--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
+    return run_python(
+        cwd, "-m", "torch.distributed.run", *launch, str(script), *overrides, ok=ok, env=env
+    )
+
+
+def weights(path):
+    return load_checkpoint(path)["model"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("ddp")
+    run_train(cwd, *JOB, "data.batch_size=32", "run_name=one")
+    result = torchrun(cwd, *JOB, "data.batch_size=16", "run_name=two")
+    return cwd, result
+
+
+def test_two_processes_reach_the_parameters_of_one_with_the_same_global_batch(runs):
+    cwd, result = runs
+    one, two = weights(cwd / "checkpoints/one/last.pt"), weights(cwd / "checkpoints/two/last.pt")
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5)
+    assert "64 per optimizer step (batch 16 per process × 2 accumulated × 2 processes)" in (
+        result.stdout
+    )
+    metrics = json.loads((cwd / "runs/two/metrics.json").read_text())
+    single = json.loads((cwd / "runs/one/metrics.json").read_text())
+    assert metrics["test/acc"] == single["test/acc"]  # reduced over both shards, none twice
+    assert metrics["val/acc"] == single["val/acc"]
+    assert metrics["test/loss"] == pytest.approx(single["test/loss"], rel=1e-4)
+
+
+def test_rank_zero_alone_reports_and_writes(runs):
+    cwd, result = runs
+    assert sorted(p.name for p in (cwd / "runs").iterdir()) == ["one", "two"]
+    assert sorted(p.name for p in (cwd / "checkpoints").iterdir()) == ["one", "two"]
+    assert result.stdout.count("final metrics") == 1
+    assert len(list((cwd / "runs/two").glob("events.out.tfevents.*"))) == 1
+    # The checkpoint holds the unwrapped model: no DDP "module." prefix.
+    assert not any(key.startswith("module.") for key in weights(cwd / "checkpoints/two/best.pt"))
+
+
+def test_sigterm_to_torchrun_stops_every_rank_at_one_step_and_resume_is_exact(runs):
+    cwd, _ = runs
+    job = (*JOB, "data.batch_size=16", "run_name=stopped")
+    stopped = torchrun(
+        cwd, *job, ok=False, env={"SIGNAL_AT_FORWARD": "30", "SIGNAL_TARGET": "parent"}
+    )
+    # torchrun itself reports the signal and exits 1; each rank stopped cleanly first.
+    assert stopped.returncode != 0
+    assert "stopped by SIGTERM" in stopped.stdout and "continue with:" in stopped.stdout
+    assert "torchrun --nproc_per_node=2 train.py" in stopped.stdout
+    position = load_checkpoint(cwd / "checkpoints/stopped/last.pt")
+    assert 0 < position["global_step"] < 3 * 19  # stopped part-way
+    assert not (cwd / "runs/stopped/metrics.json").exists()
+    shutil.copy(cwd / "checkpoints/stopped/last.pt", cwd / "stopped_by_two.pt")
+
+    torchrun(cwd, *job, "resume=auto")
+    resumed = weights(cwd / "checkpoints/stopped/last.pt")
+    uninterrupted = weights(cwd / "checkpoints/two/last.pt")
+    for name in uninterrupted:
+        assert torch.equal(resumed[name], uninterrupted[name]), name
+
+
+def test_one_process_continues_what_two_began(runs):
+    cwd, _ = runs
+    saved = load_checkpoint(cwd / "stopped_by_two.pt")
+    result = run_train(cwd, *JOB, "data.batch_size=16", "run_name=regrown",
+                       "resume=stopped_by_two.pt")  # fmt: skip
+    if saved["batch_in_epoch"]:
+        assert "written by 2 process(es), this run has 1" in result.stdout + result.stderr
+    metrics = json.loads((cwd / "runs/regrown/metrics.json").read_text())
+    assert metrics["epochs"] == 3 and metrics["global_step"] > saved["global_step"]
+
+
+def test_a_mid_epoch_position_is_carried_over_to_another_world_size():
+    # 10 micro-batches of 2 processes = 20 of one, at an optimizer-step boundary (accumulate 2).
+    assert rescale_position(10, saved_world=2, world=1, accumulate=2) == 20
+    assert rescale_position(10, saved_world=2, world=4, accumulate=2) == 4
+    assert rescale_position(0, saved_world=2, world=1, accumulate=1) == 0
+    assert rescale_position(7, saved_world=2, world=2, accumulate=2) == 7
+
+
+def test_two_machines_meet_through_a_c10d_rendezvous(tmp_path):
+    endpoint = f"127.0.0.1:{free_port()}"
+    node = (
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        "--rdzv-id=twonodes",
+    )
+    env = {**os.environ, "PYTHONPATH": str(HELPERS)}
+    command = [sys.executable, "-m", "torch.distributed.run", *node]
+    job = [str(TRAIN), *JOB, "data.batch_size=16"]
+    launches = [
+        subprocess.Popen(
+            [*command, f"--node_rank={rank}", *job],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [launch.communicate(timeout=300) for launch in launches]
+    for launch, (out, err) in zip(launches, outputs, strict=True):
+        assert launch.returncode == 0, f"{out[-2000:]}\n{err[-3000:]}"
+    # The rendezvous id names the run on both machines.
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["twonodes"]
+    assert json.loads((tmp_path / "runs/twonodes/metrics.json").read_text())["epochs"] == 3
+
+
+def test_evaluate_under_two_processes_matches_one(tmp_path):
+    cwd = tmp_path
+    run_train(cwd, "model.hidden_sizes=[32]", "trainer.max_epochs=1", "run_name=plain")
+    best = str(cwd / "checkpoints/plain/best.pt")
+    run_python(cwd, str(EVALUATE), f"ckpt={best}", "runs=single_eval")
+    torchrun(cwd, f"ckpt={best}", "runs=sharded_eval", script=EVALUATE)
+
+    def result(folder):
+        (run,) = (cwd / folder / "eval").iterdir()
+        return json.loads((run / "metrics.json").read_text())[best]
+
+    single, sharded = result("single_eval"), result("sharded_eval")
+    assert sharded["confusion"] == single["confusion"]
+    assert sharded["test/acc"] == single["test/acc"]
+    assert sharded["test/loss"] == pytest.approx(single["test/loss"], rel=1e-5)

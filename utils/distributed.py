@@ -1,0 +1,149 @@
+"""Data-parallel training on PyTorch's own engine: torchrun starts the processes,
+torch.distributed connects them (NCCL on CUDA, gloo on CPU), DDP averages the gradients.
+
+    torchrun --nproc_per_node=8 train.py model=resnet18 data=cifar10
+    torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv-backend=c10d \\
+        --rdzv-endpoint=host0:29500 --rdzv-id=job42 train.py ...        # and node_rank=1
+
+Without torchrun's environment everything here is a no-op for one process. Every rank trains;
+rank 0 alone prints, draws the progress bar, writes TensorBoard, checkpoints and metrics.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from utils.errors import UserError
+
+log = logging.getLogger("torchloom")
+
+
+@dataclass(frozen=True)
+class Processes:
+    """Where this process stands among the processes of the run."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def processes_from_env() -> Processes:
+    """This process's place, from the variables torchrun sets (one process without them)."""
+    if "LOCAL_RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return Processes()
+    return Processes(
+        rank=int(os.environ["RANK"]),
+        local_rank=int(os.environ["LOCAL_RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])),
+    )
+
+
+def join(processes: Processes, device: torch.device) -> torch.device:
+    """Join the process group (NCCL on CUDA, gloo on CPU), binding this process to its local
+    GPU. Returns the device it trains on."""
+    if not processes.enabled:
+        return device
+    if device.type == "cuda":
+        if processes.local_rank >= torch.cuda.device_count():
+            raise UserError(
+                f"torchrun started {os.environ.get('LOCAL_WORLD_SIZE')} processes on this machine "
+                f"but it has {torch.cuda.device_count()} GPU(s); lower --nproc_per_node"
+            )
+        device = torch.device("cuda", processes.local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    return device
+
+
+def is_distributed() -> bool:
+    return dist.is_initialized()
+
+
+def close_processes() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap(model: nn.Module, processes: Processes, device: torch.device, sync_batchnorm: bool):
+    """DDP around the model when there are several processes (BatchNorm statistics synced
+    across them with ``sync_batchnorm``); the model itself otherwise."""
+    if not processes.enabled:
+        return model
+    if sync_batchnorm:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    device_ids = [device.index] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+
+def gradient_sync(model: nn.Module, sync: bool):
+    """A context in which backward all-reduces the gradients only when ``sync``: micro-batches
+    before the last of an accumulated step keep theirs local (DDP's ``no_sync``)."""
+    if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+def all_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of ``tensor`` over all processes (the tensor itself for one process)."""
+    if dist.is_initialized():
+        tensor = tensor.clone()
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def all_mean(tensor: torch.Tensor) -> torch.Tensor:
+    return all_sum(tensor) / (dist.get_world_size() if dist.is_initialized() else 1)
+
+
+def agree(flag: bool, device: torch.device) -> bool:
+    """True on every process when it is true on any: all stop at the same step."""
+    if not dist.is_initialized():
+        return flag
+    return bool(all_sum(torch.tensor(float(flag), device=device)).item())
+
+
+def rescale_position(batch_in_epoch: int, saved_world: int, world: int, accumulate: int) -> int:
+    """A mid-epoch data position saved by ``saved_world`` processes, for ``world`` processes:
+    the same number of samples into the epoch, rounded down to a whole optimizer step. With
+    another world size the global batches differ, so resuming is not bit-exact: some samples
+    of the interrupted epoch may be seen twice or not at all."""
+    if saved_world == world or batch_in_epoch == 0:
+        return batch_in_epoch
+    position = batch_in_epoch * saved_world // world // accumulate * accumulate
+    log.warning(
+        "warning: the checkpoint was written by %d process(es), this run has %d: the epoch "
+        "continues at batch %d of the new global batches (not bit-exact)",
+        saved_world, world, position,
+    )  # fmt: skip
+    return position
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+class NullWriter:
+    """What ranks other than 0 get instead of a SummaryWriter: every call does nothing."""
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
