@@ -30,7 +30,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from utils import distributed, sweep
+from utils import debug, distributed, report, sweep
 from utils.checkpoint import (
     check_resumable,
     fresh_state,
@@ -51,11 +51,13 @@ from utils.config import build, check_config, output_dirs, to_plain
 from utils.device import configure_device, configure_threads, resolve_device, wants_channels_last
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate
+from utils.finders import tune
 from utils.guards import run_guards
+from utils.memory import out_of_memory
 from utils.model_check import check_forward
+from utils.nonfinite import NonFiniteWatch
 from utils.optim import build_optimizer
 from utils.progress import TrainingProgress, data_wait_advice
-from utils.report import config_tree, metrics_table, print_model_summary, write_hparams, write_json
 from utils.seeding import configure_determinism, seed_everything
 from utils.signals import EXIT_INTERRUPTED, StopRequest, continue_command
 
@@ -63,7 +65,7 @@ log = logging.getLogger("torchloom")
 
 
 def train_one_epoch(
-    model, batches, optimizer, schedule, precision, trainer, state, writer, progress, stop
+    model, batches, optimizer, schedule, precision, trainer, state, writer, progress, stop, watch
 ) -> bool:
     """Train from the data position in ``state`` to the end of its epoch. Returns False when a
     stop was requested first; ``state`` then holds the position to resume from.
@@ -83,8 +85,10 @@ def train_one_epoch(
             with precision.autocast():
                 loss = F.cross_entropy(model(images), labels)
             precision.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
-        state["epoch_loss"] += loss.detach()
-        state["window_loss"] += loss.detach()
+        watch.observe(loss)  # a NaN/Inf is recorded on the device; read at the next sync
+        loss = torch.nan_to_num(loss.detach(), nan=0.0, posinf=0.0, neginf=0.0)
+        state["epoch_loss"] += loss
+        state["window_loss"] += loss
         state["window_batches"] += 1
         timed_batches += 1
         state["batch_in_epoch"] = index + 1
@@ -97,8 +101,12 @@ def train_one_epoch(
             precision.scaler.unscale_(optimizer)  # clip and measure true gradients, not scaled
             max_norm = trainer.gradient_clip_val or math.inf
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        precision.scaler.step(optimizer)
-        precision.scaler.update()
+            if log_due and trainer.log_grad_norms == "per_layer":
+                for name, norm in report.per_layer_grad_norms(model).items():
+                    writer.add_scalar(f"grad_norm/{name}", norm, state["global_step"] + 1)
+        if watch.step_allowed(state["global_step"] + 1, optimizer):
+            precision.scaler.step(optimizer)
+            precision.scaler.update()
         optimizer.zero_grad(set_to_none=True)
         schedule.after_optimizer_step()
         state["global_step"] += 1
@@ -107,10 +115,12 @@ def train_one_epoch(
             step, seconds = state["global_step"], time.perf_counter() - window_start
             window_loss = distributed.all_mean(state["window_loss"] / state["window_batches"])
             mean_loss = window_loss.item()  # the one sync
+            watch.check(model, optimizer, precision.scaler)
             samples_per_second = timed_batches * len(labels) / seconds
             writer.add_scalar("train/loss", mean_loss, step)
             writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], step)
             writer.add_scalar("train/grad_norm", grad_norm.item(), step)
+            writer.add_scalar("train/skipped_steps", watch.skipped, step)
             progress.update(state["epoch"], step, mean_loss, samples_per_second)
             state["window_loss"].zero_()
             state["window_batches"], timed_batches, window_start = 0, 0, time.perf_counter()
@@ -158,9 +168,10 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         log.setLevel(logging.WARNING)
     run_dir, checkpoint_dir = output_dirs(cfg, Path(HydraConfig.get().runtime.output_dir))
     prepare_dir(run_dir, "the run")
-    prepare_dir(checkpoint_dir, "checkpoints")
-    if processes.is_main:
-        remove_stale_temporary_files(checkpoint_dir)
+    if trainer.write_outputs:  # debug=fast_dev_run writes no checkpoints or TensorBoard
+        prepare_dir(checkpoint_dir, "checkpoints")
+        if processes.is_main:
+            remove_stale_temporary_files(checkpoint_dir)
     config, overrides = to_plain(cfg), sweep.job_overrides()
     previous, resume = sweep.job_start(run_dir, cfg.resume, overrides)
     if previous is not None:  # a re-run sweep skips the jobs it finished
@@ -168,7 +179,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     resumed = resume_point(resume, checkpoint_dir)
     if resumed:
         check_resumable(*resumed, config, allow=cfg.resume_allow_changes, overrides=overrides)
-    console.print(config_tree(config))
+    console.print(report.config_tree(config))
     log.info("run dir: %s\ncheckpoints: %s", run_dir, checkpoint_dir)
 
     # --- Seed, device, precision -----------------------------------------------------------
@@ -191,7 +202,10 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     channels_last = wants_channels_last(model, device)
     model = model.to(device, memory_format=torch.channels_last if channels_last else None)
     check_forward(model, data.input_shape, data.num_classes, device)
-    print_model_summary(console, model, data.input_shape, data.num_classes)
+    report.print_model_summary(console, model, data.input_shape, data.num_classes)
+    if trainer.shapes_only:  # debug=shapes
+        console.print(debug.shape_table(model, data.input_shape, device))
+        return debug.NO_RESULT
     step_model = distributed.wrap(model, processes, device, trainer.sync_batchnorm)
     if trainer.compile:
         step_model = compile_or_eager(step_model, data.input_shape, device, trainer.compile_mode)
@@ -201,7 +215,11 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     shard = {"rank": processes.rank, "world_size": processes.world_size}
     train_batches = data.batches("train", device, cfg.seed, channels_last, **shard)
     val_batches = data.batches("val", device, cfg.seed, channels_last, **shard)
-    first_batches = itertools.islice(train_batches.epoch(0), 2)
+    if trainer.overfit_batches:  # debug=overfit: the same few batches every epoch
+        train_batches = debug.Fixed(train_batches, trainer.overfit_batches)
+    train_batches = debug.limited(train_batches, trainer.limit_train_batches, "limit_train_batches")
+    val_batches = debug.limited(val_batches, trainer.limit_eval_batches, "limit_eval_batches")
+    first_batches = list(itertools.islice(train_batches.epoch(0), 2))
     run_guards(model, data.input_shape, data.batch_size, first_batches, trainer.silence_guards)
     steps_per_epoch = len(train_batches) // trainer.accumulate_grad_batches
     if steps_per_epoch == 0:
@@ -220,15 +238,20 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     schedule = build(cfg.scheduler)(
         optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch
     )
+    if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were
+        return tune(cfg.tune, step_model, optimizer, train_batches, precision, data, device,
+                    run_dir, console)  # fmt: skip
 
     # --- Training state: fresh, or exactly where a checkpoint left off -------------------
     state = fresh_state(device)
+    watch = NonFiniteWatch(trainer.nonfinite, trainer.max_consecutive_skips, device)
     if resumed:
         restore(resumed[1], model, optimizer, schedule, precision.scaler, state)
         state["batch_in_epoch"] = distributed.rescale_position(
             state["batch_in_epoch"], resumed[1].get("world_size", 1), processes.world_size,
             trainer.accumulate_grad_batches,
         )  # fmt: skip
+        watch.saved = f"{resumed[0]} is intact"
         log.info("resumed from %s: epoch %d, batch %d, step %d", resumed[0], state["epoch"] + 1,
                  state["batch_in_epoch"], state["global_step"])  # fmt: skip
     elif cfg.init_from:
@@ -240,14 +263,19 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     # Resuming: points logged after the checkpoint by the interrupted run are dropped.
     writer = (
         SummaryWriter(run_dir, purge_step=state["global_step"] + 1 if resumed else None)
-        if processes.is_main
+        if processes.is_main and trainer.write_outputs
         else distributed.NullWriter()
     )
+    report.log_sample_grid(writer, *first_batches[0], data)  # see what the model is trained on
+    debug.set_anomaly_detection(trainer.detect_anomaly)  # debug=anomaly
+    profiler = debug.start_profiler(trainer.profile_steps, run_dir)  # debug=profile
+    if profiler:
+        train_batches = debug.Profiled(train_batches, profiler)
     sign = 1 if trainer.monitor_mode == "max" else -1
     final = state["metrics"]
 
     def save(path: Path) -> None:
-        if processes.is_main:  # every process holds the same weights; one writes them
+        if processes.is_main and trainer.write_outputs:  # one process writes the weights
             save_atomic(training_checkpoint(model, optimizer, schedule, precision.scaler, state,
                                             trainer.monitor, config, overrides,
                                             processes.world_size), path)  # fmt: skip
@@ -258,18 +286,15 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         while state["epoch"] < trainer.max_epochs:
             epoch_start, step_before = time.perf_counter(), state["global_step"]
             wait_before = progress.data_wait.seconds
-            finished = train_one_epoch(
-                step_model,
-                train_batches,
-                optimizer,
-                schedule,
-                precision,
-                trainer,
-                state,
-                writer,
-                progress,
-                stop,
-            )
+            try:
+                finished = train_one_epoch(step_model, train_batches, optimizer, schedule,
+                                           precision, trainer, state, writer, progress, stop,
+                                           watch)  # fmt: skip
+            except torch.OutOfMemoryError:
+                accumulate = trainer.accumulate_grad_batches
+                raise out_of_memory(device, data.batch_size, accumulate, watch.saved) from None
+            except RuntimeError as error:  # debug=anomaly names the op that made a NaN
+                raise (debug.anomaly_error(error) or error) from None
             train_seconds += time.perf_counter() - epoch_start
             trained_steps += state["global_step"] - step_before
             if not finished:
@@ -307,8 +332,10 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
                 keep, dropped = rank_top_k(
                     state["top_k"], trainer.keep_top_k, top_k_file, value, sign
                 )
+            watch.check(model, optimizer, precision.scaler, weights=True)  # never save NaNs
             save(checkpoint_dir / "last.pt")
-            if processes.is_main:  # best.pt and the top-k files are copies of last.pt
+            watch.saved = f"{checkpoint_dir / 'last.pt'} (epoch {state['epoch']}) is intact"
+            if processes.is_main and trainer.write_outputs:  # best.pt, top-k: copies of last.pt
                 keep_copies(checkpoint_dir, best=improved, top_k_file=keep and top_k_file,
                             dropped=dropped)  # fmt: skip
             log.info(
@@ -324,6 +351,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
 
     if stopped:  # a signal: save the exact position, flush, say how to continue
         if state["batch_in_epoch"]:  # stopped mid-epoch; at an epoch's end last.pt is saved
+            watch.check(model, optimizer, precision.scaler, weights=True)
             save(checkpoint_dir / "last.pt")
         writer.close()
         if processes.is_main:
@@ -335,12 +363,16 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         stop.hand_on()
         sys.exit(EXIT_INTERRUPTED)
 
+    if profiler:
+        console.print(debug.profile_table(profiler))
+
     # --- Test the best checkpoint (val when the dataset has no test split) ----------------
     test_split = "test" if data.splits["test"] is not None else "val"
     distributed.barrier()  # best.pt is complete before any process reads it
     if (checkpoint_dir / "best.pt").exists():
         load_weights(model, load_checkpoint(checkpoint_dir / "best.pt")["model"])
     test_batches = data.batches(test_split, device, cfg.seed, channels_last, train=False, **shard)
+    test_batches = debug.limited(test_batches, trainer.limit_eval_batches, "limit_eval_batches")
     test = evaluate(eval_model, test_batches.epoch(0), precision, data.num_classes)
     for name, value in test.items():
         final[f"test/{name}"] = value
@@ -355,6 +387,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         **final,
         "train/samples_per_second": trained_samples / train_seconds if train_seconds else 0.0,
         "train/data_wait_fraction": data_wait_fraction,
+        "train/skipped_steps": watch.skipped,
         "test_split": test_split,
         "monitor": trainer.monitor,
         "best_metric": state["best_metric"],
@@ -366,12 +399,17 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         "overrides": overrides,
     }
     if processes.is_main:
-        write_json(metrics, run_dir / "metrics.json")
-        write_hparams(writer, config, final)
+        report.write_json(metrics, run_dir / "metrics.json")
+    if processes.is_main and trainer.write_outputs:
+        report.write_hparams(writer, config, final)
     writer.close()
     distributed.close_processes()
-    console.print(metrics_table(metrics))
+    console.print(report.metrics_table(metrics))
     log.info("run dir: %s\ncheckpoints: %s", run_dir, checkpoint_dir)
+    if trainer.overfit_batches:
+        debug.check_overfit(
+            final["train/loss"], trainer.overfit_loss, len(train_batches), state["epoch"]
+        )
     best = state["best_metric"]
     return best if best is not None else -sign * math.inf
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from models.init import initialize
+
 
 def conv_bn_relu(in_channels: int, out_channels: int) -> list[nn.Module]:
     return [
@@ -22,7 +24,11 @@ def conv_bn_relu(in_channels: int, out_channels: int) -> list[nn.Module]:
 
 
 def cnn(
-    input_shape: Sequence[int], num_classes: int, channels: Sequence[int], dropout: float
+    input_shape: Sequence[int],
+    num_classes: int,
+    channels: Sequence[int],
+    dropout: float,
+    init: str,
 ) -> nn.Sequential:
     in_channels, height, width = input_shape
     layers: list[nn.Module] = []
@@ -38,4 +44,4 @@ def cnn(
         nn.Dropout(dropout),
         nn.Linear(in_channels, num_classes),
     ]
-    return nn.Sequential(*layers)
+    return initialize(nn.Sequential(*layers), init)

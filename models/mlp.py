@@ -10,9 +10,15 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from models.init import initialize
+
 
 def mlp(
-    input_shape: Sequence[int], num_classes: int, hidden_sizes: Sequence[int], dropout: float
+    input_shape: Sequence[int],
+    num_classes: int,
+    hidden_sizes: Sequence[int],
+    dropout: float,
+    init: str,
 ) -> nn.Sequential:
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(input_shape)
@@ -20,4 +26,4 @@ def mlp(
         layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout)]
         width = hidden
     layers.append(nn.Linear(width, num_classes))
-    return nn.Sequential(*layers)
+    return initialize(nn.Sequential(*layers), init)

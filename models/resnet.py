@@ -13,8 +13,12 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from models.init import initialize
 
-def resnet18(input_shape: Sequence[int], num_classes: int, small_input_stem: bool) -> nn.Module:
+
+def resnet18(
+    input_shape: Sequence[int], num_classes: int, small_input_stem: bool, init: str
+) -> nn.Module:
     from torchvision.models import resnet18 as torchvision_resnet18  # heavy; only when chosen
 
     model = torchvision_resnet18(weights=None, num_classes=num_classes)
@@ -24,4 +28,4 @@ def resnet18(input_shape: Sequence[int], num_classes: int, small_input_stem: boo
         model.maxpool = nn.Identity()
     elif in_channels != 3:
         model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
-    return model
+    return initialize(model, init)

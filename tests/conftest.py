@@ -50,6 +50,22 @@ def run_train(
     return run_python(cwd, str(TRAIN), *overrides, ok=ok, timeout=timeout, env=env)
 
 
+def read_events(run_dir: Path):
+    """The TensorBoard events a run wrote, as TensorBoard's own reader sees them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return events
+
+
+def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    events = read_events(run_dir)
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
+
+
 def read_metrics(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.json").read_text())
 

@@ -129,7 +129,7 @@ def test_wrong_number_of_outputs_is_caught():
 def test_evaluation_and_the_start_up_check_leave_batchnorm_untouched():
     from models.cnn import cnn
 
-    model = cnn((1, 8, 8), 10, [4, 8], 0.0)
+    model = cnn((1, 8, 8), 10, [4, 8], 0.0, "default")
     model.train()
     model(torch.randn(16, 1, 8, 8))  # some running statistics to protect
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -76,8 +76,10 @@ def test_a_final_softmax_warns_to_return_logits(caplog):
 
 def test_batchnorm_with_a_batch_of_one_is_an_error():
     with pytest.raises(UserError, match="BatchNorm cannot normalise a single sample"):
-        run_guards(cnn(SHAPE, 10, [4], 0.0), SHAPE, 1, clean_batches(), [])
-    run_guards(cnn(SHAPE, 10, [4], 0.0), SHAPE, 1, clean_batches(), ["batchnorm_batch_of_one"])
+        run_guards(cnn(SHAPE, 10, [4], 0.0, "default"), SHAPE, 1, clean_batches(), [])
+    run_guards(
+        cnn(SHAPE, 10, [4], 0.0, "default"), SHAPE, 1, clean_batches(), ["batchnorm_batch_of_one"]
+    )
 
 
 def test_non_finite_inputs_name_the_batch():
@@ -86,15 +88,15 @@ def test_non_finite_inputs_name_the_batch():
         (torch.full((4, *SHAPE), float("nan")), torch.zeros(4, dtype=torch.long)),
     ]
     with pytest.raises(UserError, match="train split has NaN or Inf inputs in batch 1"):
-        run_guards(mlp(SHAPE, 10, [8], 0.0), SHAPE, 4, batches, [])
+        run_guards(mlp(SHAPE, 10, [8], 0.0, "default"), SHAPE, 4, batches, [])
 
 
 @pytest.mark.parametrize(
     "build, shape",
     [
-        (lambda: mlp(SHAPE, 10, [8], 0.1), SHAPE),
-        (lambda: cnn(SHAPE, 10, [4, 8], 0.1), SHAPE),
-        (lambda: resnet18((3, 32, 32), 10, True), (3, 32, 32)),
+        (lambda: mlp(SHAPE, 10, [8], 0.1, "default"), SHAPE),
+        (lambda: cnn(SHAPE, 10, [4, 8], 0.1, "default"), SHAPE),
+        (lambda: resnet18((3, 32, 32), 10, True, "default"), (3, 32, 32)),
     ],
     ids=["mlp", "cnn", "resnet18"],
 )

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HELPERS, TRAIN, read_metrics, run_train, write_imagefolder
-from test_train import scalars
+from conftest import HELPERS, TRAIN, read_metrics, run_train, scalars, write_imagefolder
 
 from utils.signals import EXIT_INTERRUPTED
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_metrics, run_train
+from conftest import read_events, read_metrics, run_train, scalars
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -33,21 +33,6 @@ CHECKPOINT_KEYS = {
     "world_size",
 }
 TINY = ["trainer.max_epochs=1", "data.batch_size=16", "data.eval_batch_size=32"]
-
-
-def read_events(run_dir: Path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir))
-    events.Reload()
-    return events
-
-
-def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    events = read_events(run_dir)
-    return {
-        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
-    }
 
 
 def hparams_tags(run_dir: Path) -> set[str]:

@@ -41,6 +41,17 @@ class TrainerConfig:
     keep_top_k: int = MISSING
     cpu_threads: int | None = MISSING
     sync_batchnorm: bool = MISSING
+    nonfinite: str = MISSING
+    log_grad_norms: str = MISSING
+    limit_train_batches: Any = MISSING
+    limit_eval_batches: Any = MISSING
+    overfit_batches: int = MISSING
+    overfit_loss: float = MISSING
+    detect_anomaly: bool = MISSING
+    profile_steps: int = MISSING
+    shapes_only: bool = MISSING
+    write_outputs: bool = MISSING
+    max_consecutive_skips: int = MISSING
     silence_guards: list[str] = MISSING
 
 
@@ -66,6 +77,7 @@ class TrainConfig:
     resume: str | None = MISSING
     resume_allow_changes: bool = MISSING
     init_from: str | None = MISSING
+    tune: str | None = MISSING
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
@@ -166,6 +178,9 @@ def check_config(cfg: DictConfig) -> None:
         ("trainer.log_every_n_steps", lambda v: v >= 1, "1 or more"),
         ("trainer.val_every_n_epochs", lambda v: v >= 1, "1 or more"),
         ("trainer.keep_top_k", lambda v: v >= 0, "0 or more"),
+        ("trainer.max_consecutive_skips", lambda v: v >= 0, "0 or more"),
+        ("trainer.overfit_batches", lambda v: v >= 0, "0 or more"),
+        ("trainer.profile_steps", lambda v: v >= 0, "0 or more"),
         ("trainer.cpu_threads", lambda v: v >= 1, "1 or more, or null for automatic"),
         ("data.batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
         ("data.eval_batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
@@ -178,6 +193,12 @@ def check_config(cfg: DictConfig) -> None:
         value = _number(cfg, key)
         if not ok(value):
             raise UserError(f"{key}={value} is out of range: it must be {expected}")
+    if cfg.trainer.log_grad_norms not in ("total", "per_layer"):
+        raise UserError(
+            f"trainer.log_grad_norms={cfg.trainer.log_grad_norms!r} must be total or per_layer"
+        )
+    if cfg.tune not in (None, "lr", "batch_size"):
+        raise UserError(f"tune={cfg.tune!r} is unknown; use tune=lr or tune=batch_size")
     if cfg.trainer.monitor_mode not in ("min", "max"):
         raise UserError(f"trainer.monitor_mode={cfg.trainer.monitor_mode!r} must be min or max")
     clip = cfg.trainer.gradient_clip_val
@@ -242,8 +263,16 @@ def build(node: Any, **kwargs: Any) -> Any:
         cause = error.__cause__
         if isinstance(cause, UserError):
             raise cause from None
+        target = OmegaConf.select(node, "_target_") if isinstance(node, DictConfig) else node
+        if isinstance(cause, AttributeError) and (
+            "before Module.__init__() call" in str(cause) or "_modules" in str(cause)
+        ):
+            raise UserError(
+                f"{target}: a module's __init__ assigned a layer or parameter before calling "
+                "super().__init__() (torch says: "
+                f"{cause}); make super().__init__() the first line of that __init__"
+            ) from None
         if isinstance(cause, (TypeError, ValueError)):
-            target = OmegaConf.select(node, "_target_") if isinstance(node, DictConfig) else node
             raise UserError(f"{target}: {cause}; check its keys in the config") from None
         raise
 

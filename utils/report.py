@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
@@ -68,3 +69,27 @@ def write_hparams(writer, config: Mapping, metrics: Mapping[str, float]) -> None
     file_writer = writer._get_file_writer()
     for summary in (experiment, session_start, session_end):
         file_writer.add_summary(summary)
+
+
+def per_layer_grad_norms(model: nn.Module) -> dict[str, float]:
+    """The L2 norm of each parameter's gradient (``trainer.log_grad_norms=per_layer``), read
+    from the device in one transfer."""
+    named = [(name, p.grad) for name, p in model.named_parameters() if p.grad is not None]
+    if not named:
+        return {}
+    norms = torch.stack([grad.detach().float().norm() for _, grad in named]).tolist()
+    return {name: norm for (name, _), norm in zip(named, norms, strict=True)}
+
+
+def log_sample_grid(writer, images: torch.Tensor, labels: torch.Tensor, data, count: int = 16):
+    """The first training samples as the model sees them (augmented, then shown un-normalised)
+    with their labels, in TensorBoard: a label that does not match its image shows at once."""
+    from torchvision.utils import make_grid
+
+    images, labels = images[:count].float().cpu(), labels[:count].cpu()
+    mean = torch.tensor(data.mean).view(1, -1, 1, 1)
+    std = torch.tensor(data.std).view(1, -1, 1, 1)
+    shown = (images * std + mean).clamp(0, 1)
+    writer.add_image("train/samples", make_grid(shown, nrow=8, pad_value=1.0), 0)
+    rows = [" ".join(f"{label:>3}" for label in labels[i : i + 8].tolist()) for i in (0, 8)]
+    writer.add_text("train/sample_labels", "row by row: " + " / ".join(rows), 0)

@@ -38,8 +38,8 @@ class SignalAt(nn.Module):
         return self.inner(x)
 
 
-def mlp(input_shape, num_classes, hidden_sizes, dropout) -> nn.Module:
-    return SignalAt(plain_mlp(input_shape, num_classes, hidden_sizes, dropout))
+def mlp(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
+    return SignalAt(plain_mlp(input_shape, num_classes, hidden_sizes, dropout, init))
 
 
 class CrashOnTraining(nn.Module):
@@ -55,5 +55,64 @@ class CrashOnTraining(nn.Module):
         return self.inner(x)
 
 
-def crashing_mlp(input_shape, num_classes, hidden_sizes, dropout) -> nn.Module:
-    return CrashOnTraining(plain_mlp(input_shape, num_classes, hidden_sizes, dropout))
+def crashing_mlp(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
+    return CrashOnTraining(plain_mlp(input_shape, num_classes, hidden_sizes, dropout, init))
+
+
+class Faulty(nn.Module):
+    """Injects a fault into training forward number FAULT_AT (counting from 1): FAULT=nan makes
+    that loss NaN, FAULT=nan_from makes every loss from there on NaN, FAULT=oom raises the
+    error CUDA raises when memory runs out; FAULT=oom_above raises it for every batch larger
+    than FAULT_AT samples (a simulated memory limit)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+        self.at = int(os.environ.get("FAULT_AT", "0"))
+        self.fault = os.environ.get("FAULT", "nan")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fault == "oom_above" and len(x) > self.at:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (simulated): batch of {len(x)}")
+        out = self.inner(x)
+        if self.fault == "oom_above" or not (self.training and torch.is_grad_enabled()):
+            return out
+        self.calls += 1
+        hit = self.calls == self.at or (self.fault == "nan_from" and self.calls >= self.at > 0)
+        if hit and self.fault == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return out * float("nan") if hit else out
+
+
+def faulty_mlp(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
+    return Faulty(plain_mlp(input_shape, num_classes, hidden_sizes, dropout, init))
+
+
+class ForgotSuperInit(nn.Module):
+    """The classic slip: layers assigned before ``super().__init__()``."""
+
+    def __init__(self, input_shape, num_classes) -> None:
+        self.layer = nn.Linear(int(torch.tensor(input_shape).prod()), num_classes)
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x.flatten(1))
+
+
+def forgot_super_init(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
+    return ForgotSuperInit(input_shape, num_classes)
+
+
+def constant(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
+    """A model whose output ignores its input: it cannot fit anything beyond the label mix."""
+    return Constant(num_classes)
+
+
+class Constant(nn.Module):
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.logits = nn.Parameter(torch.zeros(num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits.expand(len(x), -1)

@@ -1,0 +1,68 @@
+"""A NaN loss and an out-of-memory in the middle of training: the run ends with one line that
+names where and what to change, and the checkpoint already saved stays intact."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import read_metrics, run_train
+
+from utils.checkpoint import load_checkpoint
+from utils.nonfinite import MIN_LOSS_SCALE, NonFinite, NonFiniteWatch
+
+FAULTY = ("model._target_=signalling_model.faulty_mlp", "trainer.max_epochs=3")
+# 19 optimizer steps per epoch on digits: forward 30 is in epoch 2.
+
+
+def test_a_nan_loss_stops_the_run_naming_step_and_parameter(tmp_path):
+    result = run_train(tmp_path, *FAULTY, "run_name=nan", ok=False,
+                       env={"FAULT": "nan", "FAULT_AT": "30"})  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: non-finite loss at optimizer step 30 (lr ")
+    assert "first parameter with non-finite gradients or values: inner." in error
+    assert "checkpoints/nan/last.pt (epoch 1) is intact" in error
+    saved = load_checkpoint(tmp_path / "checkpoints" / "nan" / "last.pt")
+    assert saved["epoch"] == 1  # no checkpoint was written from the NaN weights
+    assert all(torch.isfinite(w).all() for w in saved["model"].values())
+
+
+def test_skip_steps_over_a_bad_batch_and_counts_it(tmp_path):
+    run_train(tmp_path, *FAULTY, "trainer.nonfinite=skip", "run_name=skip",
+              env={"FAULT": "nan", "FAULT_AT": "30"})  # fmt: skip
+    metrics = read_metrics(tmp_path / "runs" / "skip")
+    assert metrics["train/skipped_steps"] == 1 and metrics["test/acc"] > 0.5
+    assert math.isfinite(metrics["train/loss"])
+
+
+def test_skip_gives_up_after_too_many_bad_steps_in_a_row(tmp_path):
+    result = run_train(
+        tmp_path, *FAULTY, "trainer.nonfinite=skip", "trainer.max_consecutive_skips=3",
+        ok=False, env={"FAULT": "nan_from", "FAULT_AT": "30"},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "non-finite loss on 4 optimizer steps in a row" in result.stderr
+
+
+def test_a_collapsed_fp16_loss_scale_is_an_error_not_a_stall():
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=MIN_LOSS_SCALE / 2)
+    watch = NonFiniteWatch("stop", 10, torch.device("cpu"))
+    with pytest.raises(NonFinite, match="fp16 loss scale collapsed"):
+        watch.check(model, optimizer, scaler)
+    NonFiniteWatch("stop", 10, torch.device("cpu")).check(model, optimizer,
+                                                         torch.amp.GradScaler("cpu"))  # fmt: skip
+
+
+def test_out_of_memory_names_the_batch_and_the_remedies_and_keeps_last_pt(tmp_path):
+    result = run_train(tmp_path, *FAULTY, "run_name=oom", ok=False,
+                       env={"FAULT": "oom", "FAULT_AT": "30"})  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert "out of memory on cpu at data.batch_size=64" in error
+    assert "data.batch_size=32 with trainer.accumulate_grad_batches=2" in error
+    assert "precision=bf16" in error and "tune=batch_size" in error
+    assert load_checkpoint(tmp_path / "checkpoints" / "oom" / "last.pt")["epoch"] == 1
