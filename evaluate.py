@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from utils.checkpoint import load_checkpoint, load_weights
-from utils.config import build, check_targets
+from utils.config import build, check_targets, run_cli
 from utils.device import resolve_device
 from utils.distributed import NullWriter, close_processes, join, processes_from_env
 from utils.errors import EXIT_USER_ERROR, UserError
@@ -238,4 +238,4 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main, "evaluate")

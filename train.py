@@ -16,6 +16,10 @@ the monitored metric improves).
 
 from __future__ import annotations
 
+from utils.signals import catch_early_signals
+
+catch_early_signals()  # first: a SIGTERM while torch is still importing is acted on, not lost
+
 import itertools
 import logging
 import math
@@ -47,7 +51,7 @@ from utils.checkpoint import (
     training_checkpoint,
 )
 from utils.compilation import compile_or_eager
-from utils.config import build, check_config, output_dirs, to_plain
+from utils.config import build, check_config, output_dirs, run_cli, to_plain
 from utils.device import configure_device, configure_threads, resolve_device, wants_channels_last
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate
@@ -281,9 +285,10 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
                                             processes.world_size), path)  # fmt: skip
 
     # --- Train -----------------------------------------------------------------------------
-    train_seconds, trained_steps, stopped = 0.0, 0, False
+    train_seconds, trained_steps = 0.0, 0
+    stopped = distributed.agree(stop.requested, device)  # a signal during start-up
     with TrainingProgress(console, total_steps, trainer.max_epochs) as progress:
-        while state["epoch"] < trainer.max_epochs:
+        while state["epoch"] < trainer.max_epochs and not stopped:
             epoch_start, step_before = time.perf_counter(), state["global_step"]
             wait_before = progress.data_wait.seconds
             try:
@@ -350,7 +355,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
                 break
 
     if stopped:  # a signal: save the exact position, flush, say how to continue
-        if state["batch_in_epoch"]:  # stopped mid-epoch; at an epoch's end last.pt is saved
+        if state["batch_in_epoch"] or not (checkpoint_dir / "last.pt").exists():
             watch.check(model, optimizer, precision.scaler, weights=True)
             save(checkpoint_dir / "last.pt")
         writer.close()
@@ -415,4 +420,4 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main, "train")

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import HELPERS, ROOT, TRAIN, read_metrics, run_train
+from conftest import ROOT, read_metrics, run_train
 
 from utils import checkpoint as checkpoint_module
 from utils.checkpoint import load_checkpoint, load_weights, save_atomic, strip_wrapper_prefixes
@@ -52,16 +49,6 @@ def trained(tmp_path_factory) -> Path:
     cwd = tmp_path_factory.mktemp("trained")
     run_train(cwd, *SHORT, "run_name=base", "trainer.keep_top_k=2")
     return cwd
-
-
-class CreatesFile:
-    """Unpickling this would create a file: the marker proves whether anything ran."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (str(self.marker), "w"))
 
 
 # --- evaluate.py ---------------------------------------------------------------------------
@@ -110,20 +97,6 @@ def test_safetensors_export_round_trips(trained, tmp_path):
     assert accuracy[0] == accuracy[1]
 
 
-def test_evaluate_without_ckpt_says_what_to_pass(tmp_path):
-    assert "ckpt is required" in only_error_line(run_evaluate(tmp_path, ok=False))
-
-
-def test_evaluate_refuses_a_stored_config_that_would_run_a_command(trained, tmp_path):
-    marker = tmp_path / "ran"
-    state = load_checkpoint(trained / "checkpoints" / "base" / "best.pt")
-    state["config"]["model"] = {"_target_": "os.system", "_args_": [f"touch {marker}"]}
-    torch.save(state, tmp_path / "hostile.pt")
-    line = only_error_line(run_evaluate(tmp_path, f"ckpt={tmp_path / 'hostile.pt'}", ok=False))
-    assert "model._target_='os.system'" in line
-    assert not marker.exists()
-
-
 @pytest.mark.parametrize(
     "target",
     [
@@ -146,34 +119,6 @@ def test_project_and_torch_targets_are_trusted():
 
 
 # --- Loading safely ------------------------------------------------------------------------
-
-
-def test_a_hostile_checkpoint_is_refused_and_runs_nothing(trained, tmp_path):
-    marker = tmp_path / "created"
-    torch.save({"format_version": 1, "model": CreatesFile(marker)}, tmp_path / "hostile.pt")
-    line = only_error_line(run_train(tmp_path, f"resume={tmp_path / 'hostile.pt'}", ok=False))
-    assert "refusing to load" in line and "hostile.pt" in line and "open" in line
-    assert not marker.exists()
-    line = only_error_line(run_evaluate(tmp_path, f"ckpt={tmp_path / 'hostile.pt'}", ok=False))
-    assert "refusing to load" in line and not marker.exists()
-
-
-@pytest.mark.parametrize("kind", ["zero-byte", "truncated", "text"])
-def test_unreadable_files_get_one_line(trained, tmp_path, kind):
-    bad = tmp_path / f"{kind}.pt"
-    good = (trained / "checkpoints" / "base" / "last.pt").read_bytes()
-    bad.write_bytes(
-        {"zero-byte": b"", "truncated": good[: len(good) // 2], "text": b"hello\n"}[kind]
-    )
-    assert only_error_line(run_train(tmp_path, f"resume={bad}", ok=False)) == (
-        f"error: not a readable checkpoint: {bad}"
-    )
-
-
-def test_resume_of_a_missing_file_names_it(tmp_path):
-    assert "no checkpoint file at nowhere.pt" in only_error_line(
-        run_train(tmp_path, "resume=nowhere.pt", ok=False)
-    )
 
 
 def test_wrapper_prefixes_are_stripped_in_any_combination():
@@ -225,37 +170,6 @@ def test_a_save_killed_before_its_rename_leaves_the_previous_checkpoint(trained,
     assert load_checkpoint(folder / "last.pt")["epoch"] == 3
     run_train(tmp_path, *SHORT, "run_name=base", "resume=auto", "trainer.max_epochs=4")
     assert not list(folder.glob(".*.tmp"))  # the leftover was cleaned up
-
-
-def test_sigkill_at_any_moment_never_leaves_an_unreadable_checkpoint(tmp_path):
-    run = [
-        "data=synthetic",
-        "data.num_samples=3000",
-        "data.batch_size=8",
-        "data.shape=[1,8,8]",
-        "trainer.max_epochs=6",
-        "model.hidden_sizes=[16]",
-        "run_name=killed",
-    ]
-    process = subprocess.Popen(
-        [sys.executable, str(TRAIN), *run],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(HELPERS)},
-    )
-    last = tmp_path / "checkpoints" / "killed" / "last.pt"
-    deadline = time.monotonic() + 120
-    while not last.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)  # well inside the following epochs and their saves
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    epoch = load_checkpoint(last)["epoch"]
-    assert 1 <= epoch <= 6
-    resumed = run_train(tmp_path, *run, "resume=auto")
-    assert read_metrics(tmp_path / "runs" / "killed")["epochs"] == 6
-    assert "resumed from" in resumed.stdout or epoch == 6
 
 
 def test_a_failed_save_says_where_and_keeps_the_previous_file(tmp_path, monkeypatch):

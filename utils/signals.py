@@ -16,6 +16,18 @@ EXIT_INTERRUPTED = 3  # stopped by a signal; last.pt resumes the run exactly
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 
 
+_early: list[int] = []  # stop signals that arrived before a StopRequest was entered
+
+
+def catch_early_signals() -> None:
+    """Hold SIGTERM/SIGUSR1/SIGUSR2 that arrive while the process is still starting (importing
+    torch takes seconds), so they are acted on once training is set up: ``last.pt`` and exit
+    code 3, as at any other moment. Ctrl-C keeps interrupting start-up at once."""
+    for signum in STOP_SIGNALS:
+        if signum != signal.SIGINT:
+            signal.signal(signum, lambda signum, frame: _early.append(signum))
+
+
 class StopRequest:
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -49,6 +61,8 @@ class StopRequest:
     def __enter__(self) -> StopRequest:
         for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
+        if _early:
+            self.signal = _early[0]
         return self
 
     def __exit__(self, *exc: object) -> None:

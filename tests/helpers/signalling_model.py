@@ -116,3 +116,8 @@ class Constant(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.logits.expand(len(x), -1)
+
+
+def fixed_input(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
+    """A model written for 28×28 images only, whatever the data says."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, num_classes))

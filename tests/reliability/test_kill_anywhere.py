@@ -1,0 +1,56 @@
+"""SIGKILL at seeded points all over a run — start-up, mid-step, mid-evaluation, half-way
+through a checkpoint write — each followed by ``resume=auto``: no checkpoint may ever be
+unreadable, and the chain of resumed runs must end bit-identical to an uninterrupted run."""
+
+from __future__ import annotations
+
+import random
+import signal
+
+from harness import reference, report, run, same_ending, unreadable_checkpoints
+
+SEED = 2026
+
+
+def kill_plan(rng: random.Random) -> list[tuple[str, float]]:
+    plan = [("startup", round(rng.uniform(0.2, 2.5), 2)) for _ in range(5)]
+    plan += [("train_step", rng.randint(3, 70)) for _ in range(7)]
+    plan += [("eval_batch", rng.randint(1, 2)) for _ in range(3)]
+    plan += [("checkpoint_write", rng.randint(1, 2)) for _ in range(5)]
+    rng.shuffle(plan)
+    return plan
+
+
+def test_sigkill_anywhere_then_resume_ends_as_an_uninterrupted_run(tmp_path, reference):
+    plan = kill_plan(random.Random(SEED))
+    chains, endings, resumed, corrupt = 0, [], 0, 0
+
+    def finish_chain() -> None:
+        nonlocal chains
+        endings.append(same_ending(tmp_path / "checkpoints" / f"chain{chains}" / "last.pt",
+                                   reference))  # fmt: skip
+        chains += 1
+
+    for kind, value in plan:
+        while True:  # a run that finishes before its kill point ends its chain; a new one starts
+            name = f"run_name=chain{chains}"
+            if kind == "startup":
+                code, out, _ = run(tmp_path, name, "resume=auto",
+                                   signal_after=(signal.SIGKILL, value))  # fmt: skip
+            else:
+                code, out, _ = run(tmp_path, name, "resume=auto",
+                                   env={"KILL_AT": f"{kind}:{value}"})  # fmt: skip
+            assert code in (0, -signal.SIGKILL), f"{kind}:{value} exited {code}"
+            resumed += "resumed from" in out
+            corrupt += len(unreadable_checkpoints(tmp_path / "checkpoints" / f"chain{chains}"))
+            if code == -signal.SIGKILL:
+                break
+            finish_chain()
+    code, out, err = run(tmp_path, f"run_name=chain{chains}", "resume=auto")
+    assert code == 0, err[-3000:]
+    finish_chain()
+    report("sigkill", kills=len(plan), resumed_runs=resumed, corrupt_files=corrupt,
+           chains=chains, equal_endings=f"{sum(endings)}/{len(endings)}")  # fmt: skip
+    assert len(plan) >= 20
+    assert corrupt == 0
+    assert all(endings)
