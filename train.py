@@ -89,8 +89,7 @@ def train_one_epoch(
             with precision.autocast():
                 loss = F.cross_entropy(model(images), labels)
             precision.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
-        watch.observe(loss)  # a NaN/Inf is recorded on the device; read at the next sync
-        loss = torch.nan_to_num(loss.detach(), nan=0.0, posinf=0.0, neginf=0.0)
+        loss = watch.observe(loss)  # a NaN/Inf is recorded on the device, read at the next sync
         state["epoch_loss"] += loss
         state["window_loss"] += loss
         state["window_batches"] += 1

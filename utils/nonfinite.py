@@ -41,9 +41,12 @@ class NonFiniteWatch:
         self.consecutive = 0
         self.saved = "no checkpoint was written yet"  # what the last checkpoint holds
 
-    def observe(self, loss: torch.Tensor) -> None:
-        """Called for every micro-batch's loss; no host sync."""
-        self.step_bad |= ~torch.isfinite(loss.detach())
+    def observe(self, loss: torch.Tensor) -> torch.Tensor:
+        """Called for every micro-batch's loss; no host sync. Returns the detached loss for the
+        running sums, a non-finite one counted as 0 so a skipped step does not poison them."""
+        loss = loss.detach()
+        self.step_bad |= ~torch.isfinite(loss)
+        return torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
 
     def step_allowed(self, step: int, optimizer) -> bool:
         """At the end of a step's micro-batches: whether the optimizer may step. Under
