@@ -147,3 +147,12 @@ def test_a_grid_of_training_samples_and_per_layer_grad_norms_reach_tensorboard(t
     logged = scalars(tmp_path / "runs" / "seen")
     assert {"grad_norm/1.weight", "grad_norm/4.bias"} <= set(logged)
     assert len(logged["grad_norm/1.weight"]) == 19 // 5
+
+
+def test_the_sample_grid_is_torchvisions_make_grid_without_torchvision():
+    from torchvision.utils import make_grid
+
+    from utils.report import image_grid
+
+    for images in (torch.rand(16, 3, 8, 8), torch.rand(13, 1, 5, 7)):
+        assert torch.equal(image_grid(images, columns=8), make_grid(images, nrow=8, pad_value=1.0))

@@ -81,15 +81,26 @@ def per_layer_grad_norms(model: nn.Module) -> dict[str, float]:
     return {name: norm for (name, _), norm in zip(named, norms, strict=True)}
 
 
+def image_grid(images: torch.Tensor, columns: int, padding: int = 2) -> torch.Tensor:
+    """Images [N, C, H, W] in [0, 1] tiled row by row on white, as one RGB image [3, H', W']
+    (torchvision's ``make_grid``, without importing torchvision for it at start-up)."""
+    n, _, height, width = images.shape
+    rows = math.ceil(n / columns)
+    grid = torch.ones(3, padding + rows * (height + padding), padding + columns * (width + padding))
+    for index, image in enumerate(images.expand(-1, 3, -1, -1) if images.shape[1] == 1 else images):
+        top = padding + (index // columns) * (height + padding)
+        left = padding + (index % columns) * (width + padding)
+        grid[:, top : top + height, left : left + width] = image
+    return grid
+
+
 def log_sample_grid(writer, images: torch.Tensor, labels: torch.Tensor, data, count: int = 16):
     """The first training samples as the model sees them (augmented, then shown un-normalised)
     with their labels, in TensorBoard: a label that does not match its image shows at once."""
-    from torchvision.utils import make_grid
-
     images, labels = images[:count].float().cpu(), labels[:count].cpu()
     mean = torch.tensor(data.mean).view(1, -1, 1, 1)
     std = torch.tensor(data.std).view(1, -1, 1, 1)
     shown = (images * std + mean).clamp(0, 1)
-    writer.add_image("train/samples", make_grid(shown, nrow=8, pad_value=1.0), 0)
+    writer.add_image("train/samples", image_grid(shown, columns=8), 0)
     rows = [" ".join(f"{label:>3}" for label in labels[i : i + 8].tolist()) for i in (0, 8)]
     writer.add_text("train/sample_labels", "row by row: " + " / ".join(rows), 0)
