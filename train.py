@@ -57,7 +57,8 @@ from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate
 from utils.finders import tune
 from utils.guards import run_guards
-from utils.memory import out_of_memory
+from utils.loss_sums import LossSums
+from utils.memory import collect_cycles, cycle_collection_by_the_loop, out_of_memory
 from utils.model_check import check_forward
 from utils.nonfinite import NonFiniteWatch
 from utils.optim import build_optimizer
@@ -69,7 +70,18 @@ log = logging.getLogger("torchloom")
 
 
 def train_one_epoch(
-    model, batches, optimizer, schedule, precision, trainer, state, writer, progress, stop, watch
+    model,
+    batches,
+    optimizer,
+    schedule,
+    precision,
+    trainer,
+    state,
+    losses,
+    writer,
+    progress,
+    stop,
+    watch,
 ) -> bool:
     """Train from the data position in ``state`` to the end of its epoch. Returns False when a
     stop was requested first; ``state`` then holds the position to resume from.
@@ -82,6 +94,7 @@ def train_one_epoch(
     micro_batches = (len(batches) // accumulate) * accumulate
     start = state["batch_in_epoch"]
     timed_batches, window_start = 0, time.perf_counter()
+    several_processes = distributed.is_distributed()
     batches_left = itertools.islice(batches.epoch(state["epoch"], start), micro_batches - start)
     for index, (images, labels) in enumerate(progress.data_wait.timed(batches_left), start):
         # Under DDP, only the last micro-batch of a step all-reduces its gradients.
@@ -89,10 +102,7 @@ def train_one_epoch(
             with precision.autocast():
                 loss = F.cross_entropy(model(images), labels)
             precision.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
-        loss = watch.observe(loss)  # a NaN/Inf is recorded on the device, read at the next sync
-        state["epoch_loss"] += loss
-        state["window_loss"] += loss
-        state["window_batches"] += 1
+        losses.add(watch.observe(loss))  # summed, and checked for NaN/Inf, at the next sync
         timed_batches += 1
         state["batch_in_epoch"] = index + 1
         if (index + 1) % accumulate:
@@ -116,21 +126,20 @@ def train_one_epoch(
 
         if log_due:
             step, seconds = state["global_step"], time.perf_counter() - window_start
-            window_loss = distributed.all_mean(state["window_loss"] / state["window_batches"])
-            mean_loss = window_loss.item()  # the one sync
-            watch.check(model, optimizer, precision.scaler)
+            mean_loss = distributed.all_mean(losses.window_mean(step)).item()  # the one sync
+            watch.check(step, model, optimizer, precision.scaler)
             samples_per_second = timed_batches * len(labels) / seconds
             writer.add_scalar("train/loss", mean_loss, step)
             writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], step)
             writer.add_scalar("train/grad_norm", grad_norm.item(), step)
             writer.add_scalar("train/skipped_steps", watch.skipped, step)
             progress.update(state["epoch"], step, mean_loss, samples_per_second)
-            state["window_loss"].zero_()
-            state["window_batches"], timed_batches, window_start = 0, 0, time.perf_counter()
+            collect_cycles()  # here, not at a random step (utils/memory.py)
+            timed_batches, window_start = 0, time.perf_counter()
         else:
             progress.update(state["epoch"], state["global_step"])
         # Several processes must stop at the same step: they agree when they sync anyway.
-        stop_check_due = log_due or not distributed.is_distributed()
+        stop_check_due = log_due or not several_processes
         if (
             stop_check_due
             and distributed.agree(stop.requested, labels.device)
@@ -164,7 +173,7 @@ def main(cfg: DictConfig) -> float:
 def train(cfg: DictConfig, stop: StopRequest) -> float:
     started = time.perf_counter()
     check_config(cfg)
-    trainer = cfg.trainer
+    trainer = OmegaConf.to_object(cfg.trainer)  # a plain dataclass: the loop reads it every step
     processes = distributed.processes_from_env()  # under torchrun: this rank; rank 0 alone reports
     console = Console(quiet=not processes.is_main)
     if not processes.is_main:
@@ -202,7 +211,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
             f"trainer.monitor={trainer.monitor!r} is not measured; use one of {monitors}"
         )
     model = build(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes)
-    channels_last = wants_channels_last(model, device)
+    channels_last = wants_channels_last(model, device, trainer.channels_last)
     model = model.to(device, memory_format=torch.channels_last if channels_last else None)
     check_forward(model, data.input_shape, data.num_classes, device)
     report.print_model_summary(console, model, data.input_shape, data.num_classes)
@@ -246,10 +255,11 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
                     run_dir, console)  # fmt: skip
 
     # --- Training state: fresh, or exactly where a checkpoint left off -------------------
-    state = fresh_state(device)
-    watch = NonFiniteWatch(trainer.nonfinite, trainer.max_consecutive_skips, device)
+    state = fresh_state()
+    losses = LossSums(device, trainer.accumulate_grad_batches)
+    watch = NonFiniteWatch(trainer.nonfinite, trainer.max_consecutive_skips, losses)
     if resumed:
-        restore(resumed[1], model, optimizer, schedule, precision.scaler, state)
+        restore(resumed[1], model, optimizer, schedule, precision.scaler, state, losses)
         state["batch_in_epoch"] = distributed.rescale_position(
             state["batch_in_epoch"], resumed[1].get("world_size", 1), processes.world_size,
             trainer.accumulate_grad_batches,
@@ -280,41 +290,42 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     def save(path: Path) -> None:
         if processes.is_main and trainer.write_outputs:  # one process writes the weights
             save_atomic(training_checkpoint(model, optimizer, schedule, precision.scaler, state,
-                                            trainer.monitor, config, overrides,
+                                            losses, trainer.monitor, config, overrides,
                                             processes.world_size), path)  # fmt: skip
 
     # --- Train -----------------------------------------------------------------------------
     train_seconds, trained_steps = 0.0, 0
     stopped = distributed.agree(stop.requested, device)  # a signal during start-up
-    with TrainingProgress(console, total_steps, trainer.max_epochs) as progress:
+    progress = TrainingProgress(console, total_steps, trainer.max_epochs)
+    with progress, cycle_collection_by_the_loop():
         while state["epoch"] < trainer.max_epochs and not stopped:
             epoch_start, step_before = time.perf_counter(), state["global_step"]
             wait_before = progress.data_wait.seconds
             try:
                 finished = train_one_epoch(step_model, train_batches, optimizer, schedule,
-                                           precision, trainer, state, writer, progress, stop,
-                                           watch)  # fmt: skip
+                                           precision, trainer, state, losses, writer, progress,
+                                           stop, watch)  # fmt: skip
             except torch.OutOfMemoryError:
                 accumulate = trainer.accumulate_grad_batches
                 raise out_of_memory(device, data.batch_size, accumulate, watch.saved) from None
             except RuntimeError as error:  # debug=anomaly names the op that made a NaN
                 raise (debug.anomaly_error(error) or error) from None
-            train_seconds += time.perf_counter() - epoch_start
+            if finished:  # reading the loss waits for the device, so the clock below is true
+                micro_batches = steps_per_epoch * trainer.accumulate_grad_batches
+                epoch_loss = losses.epoch_mean(state["global_step"], micro_batches)
+                final["train/loss"] = distributed.all_mean(epoch_loss).item()
+            seconds = time.perf_counter() - epoch_start
+            train_seconds += seconds
             trained_steps += state["global_step"] - step_before
             if not finished:
                 stopped = True
                 break
-            micro_batches = steps_per_epoch * trainer.accumulate_grad_batches
             samples = (state["global_step"] - step_before) * trainer.accumulate_grad_batches
-            samples_per_second = samples * data.batch_size / (time.perf_counter() - epoch_start)
-            writer.add_scalar("train/samples_per_second", samples_per_second, state["global_step"])
-            waited = (progress.data_wait.seconds - wait_before) / (
-                time.perf_counter() - epoch_start
-            )
+            writer.add_scalar("train/samples_per_second", samples * data.batch_size / seconds,
+                              state["global_step"])  # fmt: skip
+            waited = (progress.data_wait.seconds - wait_before) / seconds
             writer.add_scalar("train/data_wait_fraction", waited, state["global_step"])
-            final["train/loss"] = distributed.all_mean(state["epoch_loss"] / micro_batches).item()
             state.update(epoch=state["epoch"] + 1, batch_in_epoch=0)
-            state["epoch_loss"].zero_()
             improved, keep, dropped = False, False, []
             if (
                 state["epoch"] % trainer.val_every_n_epochs == 0
@@ -336,7 +347,8 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
                 keep, dropped = rank_top_k(
                     state["top_k"], trainer.keep_top_k, top_k_file, value, sign
                 )
-            watch.check(model, optimizer, precision.scaler, weights=True)  # never save NaNs
+            # Never a checkpoint from NaN weights.
+            watch.check(state["global_step"], model, optimizer, precision.scaler, weights=True)
             save(checkpoint_dir / "last.pt")
             watch.saved = f"{checkpoint_dir / 'last.pt'} (epoch {state['epoch']}) is intact"
             if processes.is_main and trainer.write_outputs:  # best.pt, top-k: copies of last.pt
@@ -355,7 +367,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
 
     if stopped:  # a signal: save the exact position, flush, say how to continue
         if state["batch_in_epoch"] or not (checkpoint_dir / "last.pt").exists():
-            watch.check(model, optimizer, precision.scaler, weights=True)
+            watch.check(state["global_step"], model, optimizer, precision.scaler, weights=True)
             save(checkpoint_dir / "last.pt")
         writer.close()
         if processes.is_main:

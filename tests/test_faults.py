@@ -10,6 +10,7 @@ import torch
 from conftest import read_metrics, run_train
 
 from utils.checkpoint import load_checkpoint
+from utils.loss_sums import LossSums
 from utils.nonfinite import MIN_LOSS_SCALE, NonFinite, NonFiniteWatch
 
 FAULTY = ("model._target_=signalling_model.faulty_mlp", "trainer.max_epochs=3")
@@ -50,11 +51,10 @@ def test_a_collapsed_fp16_loss_scale_is_an_error_not_a_stall():
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=MIN_LOSS_SCALE / 2)
-    watch = NonFiniteWatch("stop", 10, torch.device("cpu"))
+    losses = LossSums(torch.device("cpu"), accumulate=1)
     with pytest.raises(NonFinite, match="fp16 loss scale collapsed"):
-        watch.check(model, optimizer, scaler)
-    NonFiniteWatch("stop", 10, torch.device("cpu")).check(model, optimizer,
-                                                         torch.amp.GradScaler("cpu"))  # fmt: skip
+        NonFiniteWatch("stop", 10, losses).check(0, model, optimizer, scaler)
+    NonFiniteWatch("stop", 10, losses).check(0, model, optimizer, torch.amp.GradScaler("cpu"))
 
 
 def test_out_of_memory_names_the_batch_and_the_remedies_and_keeps_last_pt(tmp_path):
@@ -66,3 +66,21 @@ def test_out_of_memory_names_the_batch_and_the_remedies_and_keeps_last_pt(tmp_pa
     assert "data.batch_size=32 with trainer.accumulate_grad_batches=2" in error
     assert "precision=bf16" in error and "tune=batch_size" in error
     assert load_checkpoint(tmp_path / "checkpoints" / "oom" / "last.pt")["epoch"] == 1
+
+
+def test_loss_sums_name_the_first_nonfinite_step_summed_or_pending():
+    """Micro-batch losses, 2 per optimizer step: the NaN in the 6th is in step 3, whether the
+    loop has summed it (a logging step) or not yet (a checkpoint between logging steps)."""
+    losses = LossSums(torch.device("cpu"), accumulate=2)
+    for value in [1.0, 2.0, 3.0, 4.0, 5.0, math.nan, 7.0, 8.0]:
+        losses.add(torch.tensor(value))
+    assert losses.first_nonfinite_step(step=4) == 3  # pending
+    losses.window_mean(step=4)
+    losses.add(torch.tensor(math.inf))
+    losses.add(torch.tensor(1.0))
+    assert losses.first_nonfinite_step(step=5) == 3  # summed; the first one is kept
+    clean = LossSums(torch.device("cpu"), accumulate=2)
+    clean.add(torch.tensor(1.0))
+    clean.add(torch.tensor(2.0))
+    assert clean.first_nonfinite_step(step=1) == -1
+    assert clean.window_mean(step=1).item() == 1.5

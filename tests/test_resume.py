@@ -181,12 +181,33 @@ def test_sigterm_from_outside_mid_epoch_resumes_bit_identically(tmp_path):
         env={**os.environ, "PYTHONPATH": str(HELPERS), "PYTHONUNBUFFERED": "1"},
     )
     for line in process.stdout:
-        if "step 20/" in line:
+        if "  step " in line:  # the first progress line: training is under way
+            step = int(line.split("  step ")[1].split("/")[0])
             process.send_signal(signal.SIGTERM)
             break
     process.stdout.read()
     assert process.wait(timeout=120) == EXIT_INTERRUPTED
-    assert checkpoint(tmp_path, "cut")["global_step"] >= 20
+    stopped_at = checkpoint(tmp_path, "cut")["global_step"]
+    assert step <= stopped_at < 300  # mid-run: 2400 samples / batch 8 = 300 steps
     run_train(tmp_path, *run, "run_name=cut", "resume=auto")
     a, b = checkpoint(tmp_path, "straight"), checkpoint(tmp_path, "cut")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_a_checkpoint_of_the_first_format_still_resumes(tmp_path):
+    """Format 1 kept the loss sums as three top-level entries; such a last.pt, written by an
+    earlier torchloom, resumes to the same weights as a run that never stopped."""
+    run = [*TENSOR_RUN[:-1], "scheduler=none"]  # a constant LR: max_epochs changes nothing
+    run_train(tmp_path, *run, "trainer.max_epochs=2", "run_name=straight")
+    run_train(tmp_path, *run, "trainer.max_epochs=1", "run_name=old")
+    path = tmp_path / "checkpoints" / "old" / "last.pt"
+    saved = checkpoint(tmp_path, "old")
+    losses = saved.pop("losses")
+    assert len(losses["pending"]) == 0
+    saved.update(format_version=1, epoch_loss=losses["epoch"], window_loss=losses["window"],
+                 window_batches=losses["window_batches"])  # fmt: skip
+    torch.save(saved, path)
+    run_train(tmp_path, *run, "trainer.max_epochs=2", "run_name=old", f"resume={path}")
+    a, b = checkpoint(tmp_path, "straight"), checkpoint(tmp_path, "old")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert read_metrics(tmp_path / "runs" / "old")["epochs"] == 2

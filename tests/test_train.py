@@ -24,9 +24,7 @@ CHECKPOINT_KEYS = {
     "top_k",
     "monitor",
     "metrics",
-    "epoch_loss",
-    "window_loss",
-    "window_batches",
+    "losses",
     "config",
     "overrides",
     "rng",
@@ -285,3 +283,29 @@ def test_a_data_bound_run_measures_its_waiting_and_says_what_to_change(tmp_path)
     fraction = read_metrics(tmp_path / "runs" / "waiting")["train/data_wait_fraction"]
     assert 0.2 < fraction <= 1.0  # decoding PNGs in the main process dwarfs a tiny MLP
     assert result.stdout.count("waiting for batches: raise data.num_workers (now 0)") == 1
+
+
+def test_progress_is_rate_limited_by_time_and_ends_on_the_last_step(caplog):
+    """A thousand fast steps: one plain log line (CI logs), two bar redraws (a terminal), and
+    the bar shows where the run ended, not where the last timed redraw left it."""
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from utils.progress import TrainingProgress
+
+    plain = TrainingProgress(Console(file=io.StringIO()), 1000, 1, line_seconds=60)
+    with caplog.at_level(logging.INFO, logger="torchloom"), plain:
+        for step in range(1, 1001):
+            plain.update(0, step, loss=1.0, samples_per_second=10.0)
+    assert sum("  step " in record.getMessage() for record in caplog.records) == 1
+
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=200)
+    bar = TrainingProgress(terminal, 1000, 1, refresh_seconds=60)
+    redraws = []
+    bar.bar.refresh = lambda: redraws.append(bar.bar.tasks[0].completed)
+    with bar:
+        for step in range(1, 1001):
+            bar.update(0, step, loss=1.0)
+    assert redraws == [1, 1000]

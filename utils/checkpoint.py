@@ -32,7 +32,7 @@ from torch import nn
 
 from utils.errors import UserError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: loss sums under "losses", with the losses not yet summed
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
 log = logging.getLogger("torchloom")
 
@@ -288,11 +288,12 @@ def check_resumable(
 
 
 def training_checkpoint(
-    model: nn.Module, optimizer, schedule, scaler, state: dict[str, Any], monitor: str,
+    model: nn.Module, optimizer, schedule, scaler, state: dict[str, Any], losses, monitor: str,
     config: dict, overrides: list[str], world_size: int,
 ) -> dict[str, Any]:  # fmt: skip
     """Everything that rebuilds and resumes a run, as a plain dict: the unwrapped model's
-    weights, optimizer, schedule, loss scaler, the training state, the config, and the RNG."""
+    weights, optimizer, schedule, loss scaler, the training state and loss sums, the config,
+    and the RNG."""
     from utils.seeding import rng_state
 
     return {
@@ -302,6 +303,7 @@ def training_checkpoint(
         "scheduler": schedule.state_dict(),
         "scaler": scaler.state_dict(),
         **state,
+        "losses": losses.state_dict(),
         "monitor": monitor,
         "config": config,
         "overrides": overrides,
@@ -310,10 +312,9 @@ def training_checkpoint(
     }
 
 
-def fresh_state(device: torch.device) -> dict[str, Any]:
+def fresh_state() -> dict[str, Any]:
     """The training state of a run that has not started: counters, data position, best
-    metric, top-k list, and loss accumulators that stay on the device."""
-    zero = torch.zeros((), device=device)
+    metric, top-k list."""
     return {
         "epoch": 0,
         "batch_in_epoch": 0,
@@ -322,9 +323,16 @@ def fresh_state(device: torch.device) -> dict[str, Any]:
         "best_epoch": None,
         "top_k": [],
         "metrics": {},
-        "epoch_loss": zero.clone(),
-        "window_loss": zero.clone(),
-        "window_batches": 0,
+    }
+
+
+def legacy_loss_sums(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The loss sums of a format-1 checkpoint, which kept them as running totals."""
+    return {
+        "epoch": checkpoint["epoch_loss"],
+        "window": checkpoint["window_loss"],
+        "window_batches": checkpoint["window_batches"],
+        "pending": torch.zeros(0),
     }
 
 
@@ -340,18 +348,18 @@ def keep_copies(folder: Path, best: bool, top_k_file: str | bool, dropped: list[
 
 
 def restore(
-    checkpoint: dict[str, Any], model: nn.Module, optimizer, schedule, scaler, state: dict[str, Any]
-) -> None:
+    checkpoint: dict[str, Any], model: nn.Module, optimizer, schedule, scaler,
+    state: dict[str, Any], losses,
+) -> None:  # fmt: skip
     """Put every piece of a training checkpoint back: weights, optimizer, schedule, loss
-    scaler, the counters and data position in ``state``, and — last, because building the
-    model drew from it — the RNG."""
+    scaler, the counters and data position in ``state``, the loss sums, and — last, because
+    building the model drew from it — the RNG."""
     from utils.seeding import set_rng_state
 
     load_weights(model, checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     schedule.load_state_dict(checkpoint["scheduler"])
     scaler.load_state_dict(checkpoint["scaler"])
-    for key, value in state.items():
-        restored = checkpoint[key]
-        state[key] = restored.to(value.device) if isinstance(value, torch.Tensor) else restored
+    state.update({key: checkpoint[key] for key in state})
+    losses.load_state_dict(checkpoint.get("losses") or legacy_loss_sums(checkpoint))
     set_rng_state(checkpoint["rng"])

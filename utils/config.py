@@ -33,6 +33,7 @@ class TrainerConfig:
     device: str = MISSING
     compile: bool = MISSING
     compile_mode: str = MISSING
+    channels_last: bool | None = MISSING
     deterministic: bool = MISSING
     log_every_n_steps: int = MISSING
     val_every_n_epochs: int = MISSING

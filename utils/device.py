@@ -45,9 +45,12 @@ def configure_device(device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
-def wants_channels_last(model: nn.Module, device: torch.device) -> bool:
-    """Conv nets on CUDA run faster with NHWC tensors (cuDNN's native layout for tensor
-    cores); on the CPU and for MLPs the default layout is as fast or faster."""
+def wants_channels_last(model: nn.Module, device: torch.device, setting: bool | None) -> bool:
+    """``trainer.channels_last``; null: conv nets on CUDA run faster with NHWC tensors
+    (cuDNN's native layout for tensor cores), while on the CPU and for MLPs the default layout
+    is as fast or faster."""
+    if setting is not None:
+        return setting
     return device.type == "cuda" and any(isinstance(m, nn.Conv2d) for m in model.modules())
 
 

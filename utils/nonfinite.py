@@ -1,8 +1,8 @@
 """``trainer.nonfinite``: what a NaN or Inf loss does to a run.
 
-``stop`` (default) records, on the device and without a host sync, the first optimizer step
-whose loss was not finite; the loop reads it when it syncs anyway (logging steps, the end of
-an epoch) and before every checkpoint, and ends the run naming the step, the LR, the loss
+``stop`` (default) adds no work to a step: where the loop syncs anyway (logging steps, the end
+of an epoch) and before every checkpoint, it asks the loss sums (:mod:`utils.loss_sums`) for
+the first step whose loss was not finite, and ends the run naming the step, the LR, the loss
 scale and the first parameter with non-finite gradients or values. No checkpoint is ever
 written from non-finite weights. ``skip`` reads one flag per optimizer step, skips the steps
 with a non-finite loss, counts them, and stops after ``max_consecutive_skips`` in a row. An
@@ -17,6 +17,7 @@ from torch import nn
 
 from utils import distributed
 from utils.errors import UserError
+from utils.loss_sums import LossSums
 
 MIN_LOSS_SCALE = 2.0**-14  # GradScaler starts at 2**16 and halves on each overflowing step
 REMEDIES = (
@@ -30,21 +31,25 @@ class NonFinite(UserError):
 
 
 class NonFiniteWatch:
-    def __init__(self, policy: str, max_consecutive_skips: int, device: torch.device) -> None:
+    def __init__(self, policy: str, max_consecutive_skips: int, losses: LossSums) -> None:
         if policy not in ("stop", "skip"):
             raise UserError(f"trainer.nonfinite={policy!r} must be stop or skip")
         self.policy = policy
         self.max_consecutive_skips = max_consecutive_skips
-        self.first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
-        self.step_bad = torch.zeros((), dtype=torch.bool, device=device)
+        self.losses = losses
+        self.device = losses.device
+        self.step_bad = torch.zeros((), dtype=torch.bool, device=self.device)  # skip
         self.skipped = 0
         self.consecutive = 0
         self.saved = "no checkpoint was written yet"  # what the last checkpoint holds
 
     def observe(self, loss: torch.Tensor) -> torch.Tensor:
         """Called for every micro-batch's loss; no host sync. Returns the detached loss for the
-        running sums, a non-finite one counted as 0 so a skipped step does not poison them."""
+        running sums; under ``skip`` a non-finite one counts as 0, so a skipped step does not
+        poison them."""
         loss = loss.detach()
+        if self.policy == "stop":
+            return loss  # the run ends at the next sync; the sums need no cleaning
         self.step_bad |= ~torch.isfinite(loss)
         return torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
 
@@ -52,9 +57,6 @@ class NonFiniteWatch:
         """At the end of a step's micro-batches: whether the optimizer may step. Under
         ``skip`` this reads one flag from the device (agreed by all processes)."""
         if self.policy == "stop":
-            bad = self.step_bad & (self.first_bad_step < 0)
-            self.first_bad_step = torch.where(bad, step, self.first_bad_step)
-            self.step_bad.zero_()
             return True
         bad = distributed.agree(bool(self.step_bad.item()), self.step_bad.device)
         self.step_bad.zero_()
@@ -73,14 +75,14 @@ class NonFiniteWatch:
             )
         return False
 
-    def check(self, model: nn.Module, optimizer, scaler, weights: bool = False) -> None:
-        """Where the loop syncs anyway: end the run if a step went non-finite (or, with
-        ``weights``, before a checkpoint, if any weight is), or if the fp16 loss scale
-        collapsed."""
+    def check(self, step: int, model: nn.Module, optimizer, scaler, weights: bool = False) -> None:
+        """Where the loop syncs anyway, after optimizer step ``step``: end the run if a step
+        went non-finite (or, with ``weights``, before a checkpoint, if any weight is), or if
+        the fp16 loss scale collapsed."""
         saved = self.saved
-        bad_step = int(self.first_bad_step.item())
+        bad_step = self.losses.first_nonfinite_step(step) if self.policy == "stop" else -1
         weights_bad = weights and not self.weights_finite(model)
-        if distributed.agree(bad_step >= 0 or weights_bad, self.first_bad_step.device):
+        if distributed.agree(bad_step >= 0 or weights_bad, self.device):
             what = (
                 f"non-finite loss at optimizer step {bad_step}"
                 if bad_step >= 0

@@ -42,13 +42,20 @@ class DataWait:
 
 class TrainingProgress:
     def __init__(
-        self, console: Console, total_steps: int, max_epochs: int, refresh_seconds: float = 0.25
+        self,
+        console: Console,
+        total_steps: int,
+        max_epochs: int,
+        refresh_seconds: float = 0.5,
+        line_seconds: float = 5.0,
     ) -> None:
         self.total_steps = total_steps
         self.max_epochs = max_epochs
         self.refresh_seconds = refresh_seconds
+        self.line_seconds = line_seconds
+        self.epoch, self.step = 0, 0
         self.live = console.is_terminal
-        self.last_refresh = 0.0
+        self.last_refresh = -float("inf")
         self.fields = {"epoch": 0, "loss": float("nan"), "samples_per_second": 0.0}
         self.bar = None
         self.data_wait = DataWait()
@@ -75,6 +82,7 @@ class TrainingProgress:
 
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
+            self.redraw()  # where the run ended, not where the last timed redraw left it
             self.bar.stop()
 
     def update(
@@ -84,21 +92,20 @@ class TrainingProgress:
         loss: float | None = None,
         samples_per_second: float | None = None,
     ) -> None:
-        """Called every optimizer step; does work at most every ``refresh_seconds``, and
-        whenever a new loss arrives (which only happens on logging steps)."""
-        now = time.monotonic()
-        if loss is None and now - self.last_refresh < self.refresh_seconds:
-            return
-        self.last_refresh = now
-        self.fields["epoch"] = epoch + 1
+        """Called every optimizer step, with the loss and speed on logging steps. Redraws the
+        bar at most every ``refresh_seconds`` (a redraw costs about a millisecond, as much as a
+        small model's step) and writes a plain line at most every ``line_seconds``."""
+        self.epoch, self.step = epoch, step
         if loss is not None:
             self.fields["loss"] = loss
         if samples_per_second is not None:
             self.fields["samples_per_second"] = samples_per_second
-        if self.bar is not None:
-            self.bar.update(self.task, completed=step, **self.fields)
-            self.bar.refresh()
-        elif loss is not None:
+        now = time.monotonic()
+        if self.bar is not None and now - self.last_refresh >= self.refresh_seconds:
+            self.last_refresh = now
+            self.redraw()
+        elif self.bar is None and loss is not None and now - self.last_refresh >= self.line_seconds:
+            self.last_refresh = now
             log.info(
                 "epoch %d/%d  step %d/%d  loss %.4f  %s samples/s",
                 epoch + 1,
@@ -108,6 +115,11 @@ class TrainingProgress:
                 loss,
                 f"{self.fields['samples_per_second']:,.0f}",
             )
+
+    def redraw(self) -> None:
+        self.fields["epoch"] = self.epoch + 1
+        self.bar.update(self.task, completed=self.step, **self.fields)
+        self.bar.refresh()
 
 
 def data_wait_advice(fraction: float, data) -> str:
