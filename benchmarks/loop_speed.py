@@ -13,8 +13,8 @@ every method alike):
                  progress bar live (TTY_COMPATIBLE=1) and TensorBoard logging on;
 4. lightning   — only if it is installed (it is never a dependency).
 
-Each method trains ``--epochs`` epochs per round; the first epoch of each is warm-up and is not
-counted. Throughput is training samples per second per epoch, the optimizer step included and
+Each method trains ``--epochs`` epochs per round (by default about a second's worth: see
+``EPOCHS``); the first epoch of each is warm-up and is not counted. Throughput is training samples per second per epoch, the optimizer step included and
 evaluation excluded (for torchloom, its own ``train/samples_per_second``). Each round runs the
 floor before and after the others; a method's ratio is the median over rounds of its median
 epoch against that round's floor, which keeps drift in the machine's speed out of the ratio.
@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # train.py's own modules, also from a checkout not pip-installed
 
 CASES = {
     # 784-256-10 MLP on 20,000 MNIST-shaped samples, batch 128, AdamW.
@@ -56,6 +57,9 @@ CASES = {
     "digits": [],
 }  # fmt: skip
 COMMON = ["optim=adamw", "scheduler=none", "precision=fp32", "trainer.device=cpu"]
+# Epochs per round: enough that each method trains for about a second a round, so one slow
+# epoch (the machine's speed drifts) moves the median little. A digits epoch is 19 steps.
+EPOCHS = {"mlp": 6, "cnn": 3, "digits": 30}
 
 
 def compose(overrides: list[str]):
@@ -240,28 +244,41 @@ def bench_case(name: str, rounds: int, epochs: int) -> dict:
 
 
 def startup(repeats: int) -> dict:
-    """Wall time of ``python train.py trainer.max_epochs=0`` against ``python -c 'import torch'``."""
+    """Wall time of ``python train.py trainer.max_epochs=0`` against ``import torch`` alone and
+    against the start of a hand-written script (import torch, build a model and an AdamW):
+    the first use of any ``torch.optim`` optimizer imports ``torch._dynamo``, in every
+    program."""
 
     def wall(command: list[str], cwd: str) -> float:
         start = time.perf_counter()
         subprocess.run(command, cwd=cwd, check=True, capture_output=True)
         return time.perf_counter() - start
 
-    with tempfile.TemporaryDirectory() as tmp:
-        torch_only = [wall([sys.executable, "-c", "import torch"], tmp) for _ in range(repeats)]
-        train = [wall([sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=0"], tmp)
-                 for _ in range(repeats)]  # fmt: skip
-    result = {
-        "case": "startup",
-        "import_torch_seconds": round(statistics.median(torch_only), 3),
-        "train_max_epochs_0_seconds": round(statistics.median(train), 3),
-    }
-    result["ratio"] = round(
-        result["train_max_epochs_0_seconds"] / result["import_torch_seconds"], 2
+    hand_written = (
+        "import torch; model = torch.nn.Linear(64, 10); "
+        "torch.optim.AdamW(model.parameters()).zero_grad()"
     )
-    print(f"\nstart-up: import torch {result['import_torch_seconds']:.2f}s, "
-          f"python train.py trainer.max_epochs=0 {result['train_max_epochs_0_seconds']:.2f}s "
-          f"({result['ratio']:.2f}×)")  # fmt: skip
+    commands = {
+        "import_torch": [sys.executable, "-c", "import torch"],
+        "hand_written_start": [sys.executable, "-c", hand_written],
+        "train_max_epochs_0": [sys.executable, str(ROOT / "train.py"), "trainer.max_epochs=0"],
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in commands}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeats):  # interleaved, like the training cases
+            for name, command in commands.items():
+                seconds[name].append(wall(command, tmp))
+    result = {"case": "startup"}
+    result.update(
+        {f"{name}_seconds": round(statistics.median(s), 3) for name, s in seconds.items()}
+    )
+    train = result["train_max_epochs_0_seconds"]
+    result["ratio"] = round(train / result["import_torch_seconds"], 2)
+    result["ratio_to_hand_written"] = round(train / result["hand_written_start_seconds"], 2)
+    print(f"\nstart-up: import torch {result['import_torch_seconds']:.2f}s, a hand-written "
+          f"script's start (import torch, build an AdamW) {result['hand_written_start_seconds']:.2f}s, "
+          f"python train.py trainer.max_epochs=0 {train:.2f}s ({result['ratio']:.2f}× import torch, "
+          f"{result['ratio_to_hand_written']:.2f}× the hand-written start)")  # fmt: skip
     print(json.dumps(result))
     return result
 
@@ -271,14 +288,15 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=[*CASES, "startup"],
                         choices=[*CASES, "startup"])  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per case")
-    parser.add_argument("--epochs", type=int, default=4, help="epochs per round (1 is warm-up)")
+    parser.add_argument("--epochs", type=int, help="epochs per round (1 is warm-up); "
+                        f"default per case: {EPOCHS}")  # fmt: skip
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
     for case in args.cases:
         if case == "startup":
             startup(repeats=args.rounds)
         else:
-            bench_case(case, args.rounds, args.epochs)
+            bench_case(case, args.rounds, args.epochs or EPOCHS[case])
 
 
 if __name__ == "__main__":

@@ -23,3 +23,20 @@ def test_benchmark_reports_floor_dataloader_and_torchloom(tmp_path):
         assert report[method] > 0
     assert 0 < report["torchloom_ratio"] < 10
     assert "lightning" in result.stdout  # reported as run or as not installed
+
+
+def test_gpu_benchmark_runs_every_comparison_at_smoke_size_on_the_cpu(tmp_path):
+    """The GPU script is run for real only where a GPU is lent; here it proves it runs."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_speed.py"), "--smoke", "--device", "cpu"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = {
+        report["case"]: report
+        for report in map(json.loads, result.stdout.strip().splitlines()[-3:])
+    }
+    assert {"resnet18_fp32", "resnet18_fp32_channels_last", "mnist_mlp_data_path"} <= set(reports)
+    for report in reports.values():
+        assert report["hand_written_ratio"] == 1.0 and report["torchloom_images_per_second"] > 0
+    assert reports["mnist_mlp_data_path"]["dataloader_images_per_second"] > 0

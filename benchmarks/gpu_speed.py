@@ -1,0 +1,206 @@
+"""Training speed on one CUDA GPU, torchloom against a hand-written loop of the same
+configuration, in one process and on the same data, model, optimizer, batch size and seed.
+
+    python benchmarks/gpu_speed.py               # a few minutes on one GPU
+    python benchmarks/gpu_speed.py --smoke       # tiny sizes, any device: checks the script runs
+
+1. ResNet-18 on CIFAR-shaped (3×32×32) synthetic data, batch 256: fp32, fp16 and bf16, each
+   with and without ``channels_last``; ``torch.compile`` on top for the fastest precision
+   (compiling is the slow part of the script: one compile per run). The hand-written loop holds
+   the data on the GPU, slices a permutation, and uses one autocast and one GradScaler.
+2. The data path on MNIST-sized data (60,000 × 1×28×28, the 784-256-10 MLP, batch 128): the
+   whole-tensor, GPU-resident path against ``DataLoader(TensorDataset)`` with pinned memory,
+   each in a hand-written loop, and torchloom.
+3. The fp16 GradScaler path end to end: ``python train.py precision=fp16`` as a user runs it,
+   with its exit code, test accuracy, skipped steps and final loss scale.
+
+The first epoch of every run is warm-up (cuDNN autotuning, compiling) and is not counted;
+images/s is the median of the other epochs, each timed after a device sync. For torchloom it is
+the run's own ``train/samples_per_second``. One JSON line per case ends the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loop_speed import ROOT, build_case, normalised_train_split, torchloom_run
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+COMMON = ["optim=adamw", "scheduler=none", "trainer.val_every_n_epochs=1000"]
+
+
+def resnet_overrides(samples: int, batch: int = 256) -> list[str]:
+    return ["data=synthetic", f"data.num_samples={samples}", "data.shape=[3,32,32]",
+            f"data.val_size={batch}", f"data.test_size={batch}", f"data.batch_size={batch}",
+            "model=resnet18", *COMMON]  # fmt: skip
+
+
+def mnist_overrides(samples: int) -> list[str]:
+    return ["data=synthetic", f"data.num_samples={samples}", "data.shape=[1,28,28]",
+            "data.val_size=256", "data.test_size=256", "data.batch_size=128", "model=mlp",
+            "model.hidden_sizes=[256]", "model.dropout=0.0", *COMMON]  # fmt: skip
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def hand_written(data, model_and_optimizer, device, precision: str, channels_last: bool,
+                 compile_model: bool, epochs: int, seed: int, loader: bool = False) -> list[float]:  # fmt: skip
+    """The loop a careful user writes by hand: one autocast, one GradScaler (enabled for fp16
+    only), the data either whole on the device or from a pinned-memory DataLoader."""
+    inputs, labels = normalised_train_split(data)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    model, optimizer = model_and_optimizer()
+    model = model.to(device, memory_format=memory_format)  # moves the optimizer's parameters too
+    step_model = torch.compile(model) if compile_model else model
+    dtype = DTYPES[precision]
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    batch, n = data.batch_size, len(labels)
+    if loader:
+        batches_of = DataLoader(TensorDataset(inputs, labels), batch_size=batch, shuffle=True,
+                                drop_last=True, pin_memory=device.type == "cuda", num_workers=2,
+                                persistent_workers=True,
+                                generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    else:
+        inputs = inputs.to(device).contiguous(memory_format=memory_format)
+        labels = labels.to(device)
+    generator = torch.Generator().manual_seed(seed)
+    rates = []
+    for _ in range(epochs):
+        sync(device)
+        start = time.perf_counter()
+        model.train()
+        if loader:
+            epoch = ((x.to(device, non_blocking=True).contiguous(memory_format=memory_format),
+                      y.to(device, non_blocking=True)) for x, y in batches_of)  # fmt: skip
+        else:
+            order = torch.randperm(n, generator=generator).to(device)
+            epoch = ((inputs[order[i * batch:(i + 1) * batch]],
+                      labels[order[i * batch:(i + 1) * batch]]) for i in range(n // batch))  # fmt: skip
+        for images, targets in epoch:
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = F.cross_entropy(step_model(images), targets)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        loss.item()  # waits for the device
+        rates.append((n // batch) * batch / (time.perf_counter() - start))
+    return rates[1:]
+
+
+def compare(name: str, overrides: list[str], device, precision: str, channels_last: bool,
+            compile_model: bool, epochs: int, workdir: Path, loader_too: bool = False) -> dict:  # fmt: skip
+    config = [*overrides, f"precision={precision}", f"trainer.device={device}",
+              f"trainer.channels_last={str(channels_last).lower()}",
+              f"trainer.compile={str(compile_model).lower()}"]  # fmt: skip
+    cfg, data, model_and_optimizer = build_case(config)
+    rates = {
+        "hand_written": hand_written(data, model_and_optimizer, device, precision,
+                                     channels_last, compile_model, epochs, cfg.seed),
+    }  # fmt: skip
+    if loader_too:
+        rates["dataloader"] = hand_written(data, model_and_optimizer, device, precision,
+                                           channels_last, compile_model, epochs, cfg.seed,
+                                           loader=True)  # fmt: skip
+    rates["torchloom"] = torchloom_run(config, epochs, workdir, name)
+    floor = statistics.median(rates["hand_written"])
+    result = {"case": name, "precision": precision, "channels_last": channels_last,
+              "compile": compile_model, "batch": data.batch_size}  # fmt: skip
+    for method, values in rates.items():
+        result[f"{method}_images_per_second"] = round(statistics.median(values), 1)
+        result[f"{method}_ratio"] = round(statistics.median(values) / floor, 3)
+    shown = "  ".join(
+        f"{method} {result[f'{method}_images_per_second']:>9,.0f}/s ({result[f'{method}_ratio']:.2f}×)"
+        for method in rates
+    )
+    print(f"{name:<34} {shown}", flush=True)
+    return result
+
+
+def fp16_end_to_end(device: torch.device, overrides: list[str], workdir: Path) -> dict:
+    """``python train.py precision=fp16`` in a subprocess, exactly as a user starts it."""
+    command = [sys.executable, str(ROOT / "train.py"), *overrides,
+               "precision=fp16", f"trainer.device={device}", "trainer.max_epochs=3",
+               "run_name=fp16", f"paths.runs={workdir / 'runs'}",
+               f"paths.checkpoints={workdir / 'checkpoints'}"]  # fmt: skip
+    started = time.perf_counter()
+    finished = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
+    result = {"case": "fp16_end_to_end", "exit_code": finished.returncode,
+              "wall_seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+    if finished.returncode != 0:
+        result["error"] = (finished.stderr.strip().splitlines() or ["(no output)"])[-1]
+    else:
+        metrics = json.loads((workdir / "runs" / "fp16" / "metrics.json").read_text())
+        last = torch.load(workdir / "checkpoints" / "fp16" / "last.pt", weights_only=True,
+                          map_location="cpu")  # fmt: skip
+        result.update({
+            "images_per_second": round(metrics["train/samples_per_second"], 1),
+            "test_acc": metrics["test/acc"], "train_loss": metrics["train/loss"],
+            "skipped_steps": metrics["train/skipped_steps"],
+            "loss_scale": last["scaler"].get("scale"),
+        })  # fmt: skip
+    print(f"fp16 end to end through train.py: {result}", flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, no compile, fp32 only: proves the script runs")  # fmt: skip
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--epochs", type=int, default=4, help="per run; the first is warm-up")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("error: no CUDA GPU here; this benchmark needs one (or --smoke --device cpu)")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"torch {torch.__version__}, {name}", flush=True)
+    if args.smoke:  # 2 ResNet steps of 32 per epoch: seconds on a CPU
+        precisions, compiled, epochs = ["fp32"], [], 2
+        resnet_samples, resnet_batch, mnist_samples = 64, 32, 1024
+    else:
+        precisions = ["fp32", "fp16"]
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            precisions.append("bf16")
+        compiled, epochs = [precisions[-1]], args.epochs
+        resnet_samples, resnet_batch, mnist_samples = 10240, 256, 60000
+    resnet = resnet_overrides(resnet_samples, resnet_batch)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        print(f"\nResNet-18, 3×32×32, batch {resnet_batch}", flush=True)
+        for precision in precisions:
+            for channels_last in (False, True):
+                for compile_model in (False, True) if precision in compiled else (False,):
+                    name = (f"resnet18 {precision}{' channels_last' if channels_last else ''}"
+                            f"{' compile' if compile_model else ''}")  # fmt: skip
+                    results.append(compare(name.replace(" ", "_"), resnet, device, precision,
+                                           channels_last, compile_model, epochs,
+                                           workdir))  # fmt: skip
+        print("\nData path: MNIST-sized, MLP 784-256-10, batch 128, fp32", flush=True)
+        results.append(compare("mnist_mlp_data_path", mnist_overrides(mnist_samples), device,
+                               "fp32", False, False, epochs, workdir, loader_too=True))  # fmt: skip
+        if not args.smoke:
+            print(flush=True)
+            results.append(fp16_end_to_end(device, resnet, workdir))
+    for result in results:
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
