@@ -354,6 +354,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
             if processes.is_main and trainer.write_outputs:  # best.pt, top-k: copies of last.pt
                 keep_copies(checkpoint_dir, best=improved, top_k_file=keep and top_k_file,
                             dropped=dropped)  # fmt: skip
+            collect_cycles()  # also once an epoch, however long the logging window
             log.info(
                 "epoch %d/%d  train/loss %.4f  %s",
                 state["epoch"],

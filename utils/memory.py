@@ -41,7 +41,7 @@ def free_memory() -> None:
 @contextlib.contextmanager
 def cycle_collection_by_the_loop() -> Iterator[None]:
     """Python's automatic cycle collection off while training; the loop calls
-    :func:`collect_cycles` at its logging steps instead. With torch, Hydra and TensorBoard
+    :func:`collect_cycles` at its logging steps and epoch ends instead. With torch, Hydra and TensorBoard
     loaded the collector tracks some 400,000 objects, and its automatic passes fall on random
     steps: a full pass took 80 ms on a 2-core CPU, as long as 40 steps of the default job.
     Only cycles wait for the next logging step; everything else is freed at once as usual."""
