@@ -70,19 +70,9 @@ log = logging.getLogger("torchloom")
 
 
 def train_one_epoch(
-    model,
-    batches,
-    optimizer,
-    schedule,
-    precision,
-    trainer,
-    state,
-    losses,
-    writer,
-    progress,
-    stop,
-    watch,
-) -> bool:
+    model, batches, optimizer, schedule, precision, trainer, state, losses, writer, progress,
+    stop, watch,
+) -> bool:  # fmt: skip
     """Train from the data position in ``state`` to the end of its epoch. Returns False when a
     stop was requested first; ``state`` then holds the position to resume from.
 
