@@ -37,8 +37,7 @@ class NonFiniteWatch:
         self.policy = policy
         self.max_consecutive_skips = max_consecutive_skips
         self.losses = losses
-        self.device = losses.device
-        self.step_bad = torch.zeros((), dtype=torch.bool, device=self.device)  # skip
+        self.step_bad = torch.zeros((), dtype=torch.bool, device=losses.device)  # skip
         self.skipped = 0
         self.consecutive = 0
         self.saved = "no checkpoint was written yet"  # what the last checkpoint holds
@@ -82,7 +81,7 @@ class NonFiniteWatch:
         saved = self.saved
         bad_step = self.losses.first_nonfinite_step(step) if self.policy == "stop" else -1
         weights_bad = weights and not self.weights_finite(model)
-        if distributed.agree(bad_step >= 0 or weights_bad, self.device):
+        if distributed.agree(bad_step >= 0 or weights_bad, self.losses.device):
             what = (
                 f"non-finite loss at optimizer step {bad_step}"
                 if bad_step >= 0

@@ -54,12 +54,11 @@ class TrainingProgress:
         self.refresh_seconds = refresh_seconds
         self.line_seconds = line_seconds
         self.epoch, self.step = 0, 0
-        self.live = console.is_terminal
         self.last_refresh = -float("inf")
         self.fields = {"epoch": 0, "loss": float("nan"), "samples_per_second": 0.0}
         self.bar = None
         self.data_wait = DataWait()
-        if self.live:
+        if console.is_terminal:
             self.bar = Progress(
                 TextColumn("epoch {task.fields[epoch]}/" + str(max_epochs)),
                 BarColumn(),
