@@ -116,7 +116,7 @@ def train_one_epoch(
 
         if log_due:
             step, seconds = state["global_step"], time.perf_counter() - window_start
-            mean_loss = distributed.all_mean(losses.window_mean(step)).item()  # the one sync
+            mean_loss = distributed.all_mean(losses.window_mean(step), labels.device)  # the sync
             watch.check(step, model, optimizer, precision.scaler)
             samples_per_second = timed_batches * len(labels) / seconds
             writer.add_scalar("train/loss", mean_loss, step)
@@ -303,7 +303,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
             if finished:  # reading the loss waits for the device, so the clock below is true
                 micro_batches = steps_per_epoch * trainer.accumulate_grad_batches
                 epoch_loss = losses.epoch_mean(state["global_step"], micro_batches)
-                final["train/loss"] = distributed.all_mean(epoch_loss).item()
+                final["train/loss"] = distributed.all_mean(epoch_loss, device)
             seconds = time.perf_counter() - epoch_start
             train_seconds += seconds
             trained_steps += state["global_step"] - step_before

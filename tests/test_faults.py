@@ -83,4 +83,9 @@ def test_loss_sums_name_the_first_nonfinite_step_summed_or_pending():
     clean.add(torch.tensor(1.0))
     clean.add(torch.tensor(2.0))
     assert clean.first_nonfinite_step(step=1) == -1
-    assert clean.window_mean(step=1).item() == 1.5
+    assert clean.window_mean(step=1) == 1.5
+    assert clean.epoch_mean(step=1, micro_batches=2) == 1.5
+    opposite = LossSums(torch.device("cpu"), accumulate=1)  # inf + -inf sums to NaN
+    for value in [1.0, math.inf, -math.inf]:
+        opposite.add(torch.tensor(value))
+    assert math.isnan(opposite.window_mean(step=3)) and opposite.first_nonfinite_step(3) == 2

@@ -110,8 +110,12 @@ def all_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def all_mean(tensor: torch.Tensor) -> torch.Tensor:
-    return all_sum(tensor) / (dist.get_world_size() if dist.is_initialized() else 1)
+def all_mean(value: float, device: torch.device) -> float:
+    """The mean of ``value`` over all processes (``value`` itself for one process)."""
+    if not dist.is_initialized():
+        return value
+    total = all_sum(torch.tensor(value, dtype=torch.float64, device=device))
+    return total.item() / dist.get_world_size()
 
 
 def agree(flag: bool, device: torch.device) -> bool:
