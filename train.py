@@ -102,8 +102,12 @@ def train_one_epoch(
         grad_norm = None
         if trainer.gradient_clip_val is not None or log_due:
             precision.scaler.unscale_(optimizer)  # clip and measure true gradients, not scaled
-            max_norm = trainer.gradient_clip_val or math.inf
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            if trainer.gradient_clip_val is not None:
+                max_norm = trainer.gradient_clip_val
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            else:  # measured only: no pass over every gradient to scale it by 1
+                grads = [p.grad for p in model.parameters() if p.grad is not None]
+                grad_norm = torch.nn.utils.get_total_norm(grads)
             if log_due and trainer.log_grad_norms == "per_layer":
                 for name, norm in report.per_layer_grad_norms(model).items():
                     writer.add_scalar(f"grad_norm/{name}", norm, state["global_step"] + 1)
