@@ -14,10 +14,11 @@ every method alike):
 4. lightning   — only if it is installed (it is never a dependency).
 
 Each method trains ``--epochs`` epochs per round (by default about a second's worth: see
-``EPOCHS``); the first epoch of each is warm-up and is not counted. Throughput is training samples per second per epoch, the optimizer step included and
-evaluation excluded (for torchloom, its own ``train/samples_per_second``). Each round runs the
-floor before and after the others; a method's ratio is the median over rounds of its median
-epoch against that round's floor, which keeps drift in the machine's speed out of the ratio.
+``EPOCHS``); the first epoch of each is warm-up and is not counted. Throughput is training
+samples per second per epoch, the optimizer step included and evaluation excluded (for
+torchloom, its own ``train/samples_per_second``). In a round the floor runs first, then after
+each method; a method's ratio is the median over rounds of its median epoch against the floor
+runs just before and after it, which keeps drift in the machine's speed out of the ratio.
 The last line of each case is machine-readable JSON.
 """
 
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -211,21 +213,28 @@ def bench_case(name: str, rounds: int, epochs: int) -> dict:
     ratios: dict[str, list[float]] = {method: [] for method in samples}
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(rounds):
-            # Each round is bracketed by two floor runs; its ratios use their median, so a
-            # machine that speeds up or slows down during the round does not bias them.
-            floor = floor_loop(data, model_and_optimizer, epochs, cfg.seed)
-            measured = {
-                "dataloader": dataloader_loop(data, model_and_optimizer, epochs, cfg.seed),
-                "torchloom": torchloom_run(overrides, epochs, Path(tmp), f"{name}-{round_index}"),
-                "lightning": lightning_run(data, model_and_optimizer, epochs) or [],
+            # Floor, method, floor, method, ..., floor: each method is compared with the floor
+            # runs just before and just after it, so a machine that speeds up or slows down
+            # during the round does not bias its ratio.
+            run_name = f"{name}-{round_index}"
+            methods = {
+                "torchloom": partial(torchloom_run, overrides, epochs, Path(tmp), run_name),
+                "dataloader": partial(dataloader_loop, data, model_and_optimizer, epochs, cfg.seed),
+                "lightning": partial(lightning_run, data, model_and_optimizer, epochs),
             }
-            floor += floor_loop(data, model_and_optimizer, epochs, cfg.seed)
-            samples["floor"] += floor
+            before = floor_loop(data, model_and_optimizer, epochs, cfg.seed)
+            samples["floor"] += before
             ratios["floor"].append(1.0)
-            for method, rates in measured.items():
-                if rates:
-                    samples[method] += rates
-                    ratios[method].append(statistics.median(rates) / statistics.median(floor))
+            for method, run in methods.items():
+                rates = run() or []
+                if not rates:
+                    continue
+                after = floor_loop(data, model_and_optimizer, epochs, cfg.seed)
+                samples["floor"] += after
+                samples[method] += rates
+                floor = statistics.median(before + after)
+                ratios[method].append(statistics.median(rates) / floor)
+                before = after
     result = {"case": name, "threads": torch.get_num_threads(), "rounds": rounds}
     print(f"\n{name}: {data.sizes()['train']} training samples, batch {data.batch_size}")
     for method, rates in samples.items():
