@@ -117,7 +117,7 @@ def compare(name: str, overrides: list[str], device, precision: str, channels_la
         rates["dataloader"] = hand_written(data, model_and_optimizer, device, precision,
                                            channels_last, compile_model, epochs, cfg.seed,
                                            loader=True)  # fmt: skip
-    rates["torchloom"] = torchloom_run(config, epochs, workdir, name)
+    rates["torchloom"] = torchloom_run(config, epochs, workdir, name)[0][1:]
     floor = statistics.median(rates["hand_written"])
     result = {"case": name, "precision": precision, "channels_last": channels_last,
               "compile": compile_model, "batch": data.batch_size}  # fmt: skip

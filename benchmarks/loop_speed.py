@@ -4,8 +4,7 @@ model, optimizer, batch size and seed; and train.py's start-up time against ``im
     python benchmarks/loop_speed.py                      # every case
     python benchmarks/loop_speed.py --cases mlp --rounds 5
 
-For each case it times, round after round (interleaved, so drift in the machine's speed hits
-every method alike):
+For each case it times, in one process:
 
 1. floor       — a hand-written loop slicing whole tensors held in memory;
 2. dataloader  — the same loop over ``DataLoader(TensorDataset)``, the usual way;
@@ -13,12 +12,15 @@ every method alike):
                  progress bar live (TTY_COMPATIBLE=1) and TensorBoard logging on;
 4. lightning   — only if it is installed (it is never a dependency).
 
-Each method trains ``--epochs`` epochs per round (by default about a second's worth: see
-``EPOCHS``); the first epoch of each is warm-up and is not counted. Throughput is training
-samples per second per epoch, the optimizer step included and evaluation excluded (for
-torchloom, its own ``train/samples_per_second``). In a round the floor runs first, then after
-each method; a method's ratio is the median over rounds of its median epoch against the floor
-runs just before and after it, which keeps drift in the machine's speed out of the ratio.
+Throughput is training samples per second per epoch, the optimizer step included and
+evaluation excluded (for torchloom, its own ``train/samples_per_second``). The floor's epochs
+alternate with every other method's: floor, method, floor, method, ..., floor (for torchloom a
+floor epoch runs where validation runs, outside its timed epochs). Each of a method's epochs is
+compared with the mean of the floor epochs just before and just after it, so drift in the
+machine's speed, which on a shared machine moves from second to second, is kept out of the
+ratio; the ratio reported is the median over epochs, with the middle half of them beside it.
+Each method's first epoch per round is warm-up and is not counted; ``--rounds`` repeats each
+method's run (``--epochs`` epochs, by default about a second's worth: see ``EPOCHS``).
 The last line of each case is machine-readable JSON.
 """
 
@@ -34,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -59,9 +62,9 @@ CASES = {
     "digits": [],
 }  # fmt: skip
 COMMON = ["optim=adamw", "scheduler=none", "precision=fp32", "trainer.device=cpu"]
-# Epochs per round: enough that each method trains for about a second a round, so one slow
-# epoch (the machine's speed drifts) moves the median little. A digits epoch is 19 steps.
-EPOCHS = {"mlp": 6, "cnn": 3, "digits": 30}
+# Epochs per run: each method trains for a few seconds (a cnn epoch takes about 2 s on 2 cores,
+# an MLP epoch 0.3 s, a digits epoch of 19 steps 30 ms).
+EPOCHS = {"mlp": 10, "cnn": 8, "digits": 40}
 
 
 def compose(overrides: list[str]):
@@ -100,13 +103,13 @@ def normalised_train_split(data) -> tuple[torch.Tensor, torch.Tensor]:
     return (split.inputs.float() / 255 - mean) / std, split.labels
 
 
-def floor_loop(data, model_and_optimizer, epochs: int, seed: int) -> list[float]:
+def floor_epochs(data, model_and_optimizer, seed: int) -> Iterator[float]:
+    """The floor: one epoch per ``next``, its training samples per second."""
     inputs, labels = normalised_train_split(data)
     model, optimizer = model_and_optimizer()
     batch, n = data.batch_size, len(labels)
     generator = torch.Generator().manual_seed(seed)
-    rates = []
-    for _ in range(epochs):
+    while True:
         start = time.perf_counter()
         model.train()
         order = torch.randperm(n, generator=generator)
@@ -116,19 +119,18 @@ def floor_loop(data, model_and_optimizer, epochs: int, seed: int) -> list[float]
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        rates.append((n // batch) * batch / (time.perf_counter() - start))
-    return rates[1:]
+        yield (n // batch) * batch / (time.perf_counter() - start)
 
 
-def dataloader_loop(data, model_and_optimizer, epochs: int, seed: int) -> list[float]:
+def dataloader_epochs(data, model_and_optimizer, seed: int) -> Iterator[float]:
+    """The same loop over ``DataLoader(TensorDataset)``: one epoch per ``next``."""
     inputs, labels = normalised_train_split(data)
     model, optimizer = model_and_optimizer()
     loader = DataLoader(
         TensorDataset(inputs, labels), batch_size=data.batch_size, shuffle=True, drop_last=True,
         generator=torch.Generator().manual_seed(seed),
     )  # fmt: skip
-    rates = []
-    for _ in range(epochs):
+    while True:
         start = time.perf_counter()
         model.train()
         for images, targets in loader:
@@ -136,36 +138,63 @@ def dataloader_loop(data, model_and_optimizer, epochs: int, seed: int) -> list[f
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        rates.append(len(loader) * data.batch_size / (time.perf_counter() - start))
-    return rates[1:]
+        yield len(loader) * data.batch_size / (time.perf_counter() - start)
 
 
-def torchloom_run(overrides: list[str], epochs: int, workdir: Path, name: str) -> list[float]:
-    """``python train.py OVERRIDES``, run in this process: the script runs as ``__main__``."""
+def alternate(method: Iterator[float], floor: Iterator[float], epochs: int):
+    """Floor, method, floor, ..., method, floor: one epoch each."""
+    rates, floors = [], [next(floor)]
+    for _ in range(epochs):
+        rates.append(next(method))
+        floors.append(next(floor))
+    return rates, floors
+
+
+def torchloom_run(overrides, epochs: int, workdir: Path, name: str,
+                  floor: Iterator[float] | None = None):  # fmt: skip
+    """``python train.py OVERRIDES``, run in this process: the script runs as ``__main__``.
+    Returns its epochs' samples/s. With ``floor``, one floor epoch runs before it and one at
+    each evaluation, outside torchloom's timed epochs (validation runs after every epoch by
+    default, and the test at the end); their samples/s are returned too."""
     import runpy
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import utils.evaluation
 
     argv = [
         str(ROOT / "train.py"), *overrides, f"trainer.max_epochs={epochs}", f"run_name={name}",
         f"paths.runs={workdir / 'runs'}", f"paths.checkpoints={workdir / 'checkpoints'}",
     ]  # fmt: skip
+    floors = [next(floor)] if floor else []
+    evaluate = utils.evaluation.evaluate
+
+    def floor_epoch_then_evaluate(*args, **kwargs):
+        if floor:
+            floors.append(next(floor))
+        return evaluate(*args, **kwargs)
+
     saved_argv, saved_env = sys.argv, dict(os.environ)
     sys.argv = argv
     os.environ["TTY_COMPATIBLE"] = "1"  # the live rich bar, as on a terminal
+    utils.evaluation.evaluate = floor_epoch_then_evaluate  # train.py imports it as it starts
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
     finally:
+        utils.evaluation.evaluate = evaluate
         sys.argv = saved_argv
         os.environ.clear()
         os.environ.update(saved_env)
     events = EventAccumulator(str(workdir / "runs" / name))
     events.Reload()
-    return [event.value for event in events.Scalars("train/samples_per_second")][1:]
+    rates = [event.value for event in events.Scalars("train/samples_per_second")]
+    return rates, floors[: len(rates) + 1]
 
 
-def lightning_run(data, model_and_optimizer, epochs: int) -> list[float] | None:
+def lightning_run(data, model_and_optimizer, epochs: int, floor: Iterator[float]):
+    """Lightning's Trainer on the DataLoader, if installed; a floor epoch runs at each epoch
+    end, outside its timed epochs."""
     try:
         import lightning as L
     except ImportError:
@@ -173,6 +202,7 @@ def lightning_run(data, model_and_optimizer, epochs: int) -> list[float] | None:
     inputs, labels = normalised_train_split(data)
     model, optimizer = model_and_optimizer()
     rates: list[float] = []
+    floors = [next(floor)]
 
     class Module(L.LightningModule):
         def __init__(self):
@@ -192,51 +222,48 @@ def lightning_run(data, model_and_optimizer, epochs: int) -> list[float] | None:
         def on_train_epoch_end(self):
             steps = len(labels) // data.batch_size
             rates.append(steps * data.batch_size / (time.perf_counter() - self.started))
+            floors.append(next(floor))
 
     loader = DataLoader(TensorDataset(inputs, labels), batch_size=data.batch_size, shuffle=True,
                         drop_last=True)  # fmt: skip
     trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_model_summary=False)  # fmt: skip
     trainer.fit(Module(), loader)
-    return rates[1:]
+    return rates, floors
 
 
 def bench_case(name: str, rounds: int, epochs: int) -> dict:
     overrides = [*CASES[name], *COMMON]
     cfg, data, model_and_optimizer = build_case(overrides)
-    samples: dict[str, list[float]] = {
-        "floor": [],
-        "dataloader": [],
-        "torchloom": [],
-        "lightning": [],
-    }
+    floor = floor_epochs(data, model_and_optimizer, cfg.seed)
+    next(floor)  # warm-up
+    samples: dict[str, list[float]] = {"floor": [], "dataloader": [], "torchloom": [],
+                                       "lightning": []}  # fmt: skip
     ratios: dict[str, list[float]] = {method: [] for method in samples}
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(rounds):
-            # Floor, method, floor, method, ..., floor: each method is compared with the floor
-            # runs just before and just after it, so a machine that speeds up or slows down
-            # during the round does not bias its ratio.
             run_name = f"{name}-{round_index}"
             methods = {
-                "torchloom": partial(torchloom_run, overrides, epochs, Path(tmp), run_name),
-                "dataloader": partial(dataloader_loop, data, model_and_optimizer, epochs, cfg.seed),
-                "lightning": partial(lightning_run, data, model_and_optimizer, epochs),
+                "torchloom": partial(torchloom_run, overrides, epochs, Path(tmp), run_name, floor),
+                "dataloader": partial(
+                    alternate, dataloader_epochs(data, model_and_optimizer, cfg.seed), floor, epochs
+                ),
+                "lightning": partial(lightning_run, data, model_and_optimizer, epochs, floor),
             }
-            before = floor_loop(data, model_and_optimizer, epochs, cfg.seed)
-            samples["floor"] += before
-            ratios["floor"].append(1.0)
             for method, run in methods.items():
-                rates = run() or []
-                if not rates:
+                measured = run()
+                if measured is None:
                     continue
-                after = floor_loop(data, model_and_optimizer, epochs, cfg.seed)
-                samples["floor"] += after
-                samples[method] += rates
-                floor = statistics.median(before + after)
-                ratios[method].append(statistics.median(rates) / floor)
-                before = after
+                rates, floors = measured
+                # Epoch k is compared with the floor epochs just before and just after it; the
+                # method's first epoch is its warm-up.
+                for k in range(1, len(rates)):
+                    ratios[method].append(rates[k] / statistics.mean(floors[k : k + 2]))
+                samples[method] += rates[1:]
+                samples["floor"] += floors[1:]
     result = {"case": name, "threads": torch.get_num_threads(), "rounds": rounds}
     print(f"\n{name}: {data.sizes()['train']} training samples, batch {data.batch_size}")
+    ratios["floor"] = [1.0]
     for method, rates in samples.items():
         if not rates:
             print(f"  {method:<11} not installed, skipped")
@@ -244,10 +271,13 @@ def bench_case(name: str, rounds: int, epochs: int) -> dict:
         median, ratio = statistics.median(rates), statistics.median(ratios[method])
         result[method] = round(median, 1)
         result[f"{method}_ratio"] = round(ratio, 3)
-        spread = f"{min(ratios[method]):.2f}–{max(ratios[method]):.2f}"
-        print(
-            f"  {method:<11} {median:>10,.0f} samples/s   {ratio:5.2f}× floor  (rounds: {spread})"
-        )
+        if method == "floor":
+            print(f"  {method:<11} {median:>10,.0f} samples/s   1.00× floor")
+            continue
+        low, _, high = statistics.quantiles(ratios[method] * 2, n=4)  # (×2: one epoch works)
+        result[f"{method}_pairs"] = len(ratios[method])
+        print(f"  {method:<11} {median:>10,.0f} samples/s   {ratio:5.2f}× floor  (middle half of "
+              f"{len(ratios[method])} epochs: {low:.2f}–{high:.2f})")  # fmt: skip
     print(json.dumps(result))
     return result
 
@@ -296,7 +326,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", nargs="+", default=[*CASES, "startup"],
                         choices=[*CASES, "startup"])  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per case")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each method per case")
     parser.add_argument("--epochs", type=int, help="epochs per round (1 is warm-up); "
                         f"default per case: {EPOCHS}")  # fmt: skip
     args = parser.parse_args()
