@@ -64,7 +64,7 @@ CASES = {
 COMMON = ["optim=adamw", "scheduler=none", "precision=fp32", "trainer.device=cpu"]
 # Epochs per run: each method trains for a few seconds (a cnn epoch takes about 2 s on 2 cores,
 # an MLP epoch 0.3 s, a digits epoch of 19 steps 30 ms).
-EPOCHS = {"mlp": 10, "cnn": 8, "digits": 40}
+EPOCHS = {"mlp": 16, "cnn": 8, "digits": 40}
 
 
 def compose(overrides: list[str]):
