@@ -20,7 +20,7 @@ compared with the mean of the floor epochs just before and just after it, so dri
 machine's speed, which on a shared machine moves from second to second, is kept out of the
 ratio; the ratio reported is the median over epochs, with the middle half of them beside it.
 Each method's first epoch per round is warm-up and is not counted; ``--rounds`` repeats each
-method's run (``--epochs`` epochs, by default about a second's worth: see ``EPOCHS``).
+method's run (``--epochs`` epochs, by default a few seconds' worth: see ``EPOCHS``).
 The last line of each case is machine-readable JSON.
 """
 

@@ -307,5 +307,8 @@ def test_progress_is_rate_limited_by_time_and_ends_on_the_last_step(caplog):
     bar.bar.refresh = lambda: redraws.append(bar.bar.tasks[0].completed)
     with bar:
         for step in range(1, 1001):
-            bar.update(0, step, loss=1.0)
+            bar.update(0, step, loss=1.0, samples_per_second=2500.0)
     assert redraws == [1, 1000]
+    shown = bar.bar.tasks[0]
+    assert shown.description == "epoch 1/1"
+    assert shown.fields["status"].startswith("1000/1000  loss 1.0000  2,500 samples/s  0:00:00 < ")

@@ -52,8 +52,8 @@ class TrainingProgress:
         self.bar = None
         self.data_wait = DataWait()
         if console.is_terminal:
-            # Two texts formatted here around one bar: a third of the cost of a redraw with a
-            # rich column per field.
+            # Two texts formatted here around one bar: half the cost of a redraw with a rich
+            # column per field.
             self.bar = Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -84,8 +84,8 @@ class TrainingProgress:
         samples_per_second: float | None = None,
     ) -> None:
         """Called every optimizer step, with the loss and speed on logging steps. Redraws the
-        bar at most every ``refresh_seconds`` (a redraw costs about a millisecond, as much as a
-        small model's step) and writes a plain line at most every ``line_seconds``."""
+        bar at most every ``refresh_seconds`` (a redraw costs 0.5–1.5 ms, as much as a small
+        model's step) and writes a plain line at most every ``line_seconds``."""
         self.epoch, self.step = epoch, step
         if loss is not None:
             self.loss = loss
