@@ -9,8 +9,9 @@
     python evaluate.py ckpt=model.safetensors                          # and back
     torchrun --nproc_per_node=2 evaluate.py ckpt=best.pt               # each process a shard
 
-The stored config is data read from a file, so it is untrusted: only builders inside
-torchloom, torch.nn/optim and torchvision are instantiated from it.
+The stored config is data read from a file, so it is untrusted: it may hold no interpolation,
+and only the exact builders named in torchloom's own conf/ files are instantiated from it
+(utils/trust.py). It never downloads unless data.download=true is given here.
 Outputs in runs/eval/<timestamp>/: metrics.json, a confusion-matrix CSV per checkpoint, and
 TensorBoard images of the confusion matrices.
 """
@@ -30,13 +31,14 @@ from rich.console import Console
 from rich.table import Table
 
 from utils.checkpoint import load_checkpoint, load_weights
-from utils.config import build, check_targets, run_cli
+from utils.config import build, run_cli
 from utils.device import resolve_device
 from utils.distributed import NullWriter, close_processes, join, processes_from_env
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate, per_class_scores
 from utils.precision import Precision
 from utils.report import write_json
+from utils.trust import check_stored_config, require_keys
 
 console = Console()
 
@@ -69,10 +71,26 @@ def checkpoint_files(ckpt: Any) -> list[Path]:
 
 
 def read_checkpoint(path: Path, config_path: str | None) -> tuple[dict, dict]:
-    """(stored config, model weights) from a torchloom checkpoint or a .safetensors export."""
+    """(stored config, model weights) from a torchloom checkpoint or a .safetensors export. The
+    config is checked as untrusted data before anything is built from it."""
     if path.suffix != ".safetensors":
         checkpoint = load_checkpoint(path)
-        return checkpoint["config"], checkpoint["model"]
+        config, source = checkpoint.get("config"), path
+        weights = checkpoint["model"]
+    else:
+        weights, stored = read_safetensors(path)
+        if config_path:
+            config, source = read_yaml_config(Path(config_path)), Path(config_path)
+        elif stored is None:
+            raise UserError(f"{path} carries no config; pass config=<run dir>/.hydra/config.yaml")
+        else:
+            config, source = stored, path
+    require_keys(config, source, {"model": dict, "data": dict, "seed": int})
+    check_stored_config(config, source)
+    return config, weights
+
+
+def read_safetensors(path: Path) -> tuple[dict, Any]:
     try:
         from safetensors import safe_open
     except ImportError:
@@ -83,13 +101,17 @@ def read_checkpoint(path: Path, config_path: str | None) -> tuple[dict, dict]:
         with safe_open(str(path), framework="pt") as f:
             weights = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
             stored = (f.metadata() or {}).get("torchloom_config")
+        return weights, None if stored is None else json.loads(stored)
     except Exception:
         raise UserError(f"not a readable checkpoint: {path}") from None
-    if config_path:
-        return OmegaConf.to_container(OmegaConf.load(config_path), resolve=True), weights
-    if stored is None:
-        raise UserError(f"{path} carries no config; pass config=<run dir>/.hydra/config.yaml")
-    return json.loads(stored), weights
+
+
+def read_yaml_config(path: Path) -> Any:
+    """A run's ``.hydra/config.yaml`` as plain containers, parsed but never resolved."""
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception:
+        raise UserError(f"config={path}: not a readable YAML config") from None
 
 
 def export_safetensors(model: torch.nn.Module, config: dict, path: Path) -> None:
@@ -103,8 +125,12 @@ def export_safetensors(model: torch.nn.Module, config: dict, path: Path) -> None
 
 
 def data_config(stored: dict, overrides: DictConfig) -> DictConfig:
-    """The checkpoint's data config with the non-null ``data.*`` overrides applied."""
+    """The checkpoint's data config with the non-null ``data.*`` overrides applied. A stored
+    ``download: true`` is not followed: only ``data.download=true`` on this command line
+    downloads."""
     merged = dict(stored)
+    if "download" in merged:
+        merged["download"] = False
     for key, value in OmegaConf.to_container(overrides).items():
         if value is None:
             continue
@@ -195,8 +221,6 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     results: dict[str, dict] = {}
     for index, path in enumerate(files):
         config, weights = read_checkpoint(path, cfg.config)
-        check_targets(config.get("model"), "model")  # before anything is built from it
-        check_targets(config.get("data"), "data")
         data = build(data_config(config["data"], cfg.data))
         model = build(
             OmegaConf.create(config["model"]),

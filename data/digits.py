@@ -24,8 +24,12 @@ def read_digits_csv(path: Path) -> TensorSplit:
     try:
         with gzip.open(path, "rt") as f:
             table = np.loadtxt(f, delimiter=",", ndmin=2)
-    except (OSError, ValueError) as error:
-        raise UserError(f"cannot read digits file {path}: {error}") from None
+    except (OSError, ValueError, EOFError) as error:
+        # Say why without echoing the file's bytes: a stored config may point anywhere.
+        why = getattr(error, "strerror", None) or (
+            "not a gzip file" if isinstance(error, (OSError, EOFError)) else "not a CSV of numbers"
+        )
+        raise UserError(f"cannot read digits file {path}: {why}") from None
     if table.shape[1] != 65:
         raise UserError(
             f"{path}: expected 65 values a line (64 pixels, label), got {table.shape[1]}"
