@@ -51,6 +51,17 @@ def job_overrides() -> list[str]:
     return [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
 
 
+def job_monitor_mode(cfg: DictConfig) -> str:
+    """``min`` or ``max`` for the job's monitor; ``max`` when the config cannot say (a failed
+    job's worst value must still be written)."""
+    from utils.monitor import monitor_mode
+
+    try:
+        return monitor_mode(cfg.trainer.monitor, cfg.trainer.monitor_mode)
+    except Exception:
+        return "max"
+
+
 def worst_value(monitor_mode: str) -> float:
     """What a failed job returns: the worst possible value for the monitored direction."""
     return math.inf if monitor_mode == "min" else -math.inf
@@ -256,7 +267,7 @@ class SweepSummary(Callback):
         trainer = config.trainer
         # A log file or pipe gets the whole table rather than 80 folded columns.
         console = Console(width=None if sys.stdout.isatty() else 200)
-        rows = summarize(sweep_dir, trainer.monitor, trainer.monitor_mode, console)
+        rows = summarize(sweep_dir, trainer.monitor, job_monitor_mode(config), console)
         failed = [row for row in rows if row["status"] != "completed"]
         if failed:
             print(f"error: {len(failed)} of {len(rows)} jobs did not complete "

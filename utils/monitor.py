@@ -1,0 +1,51 @@
+"""Which way is better for the monitored metric: ``trainer.monitor_mode`` follows the metric.
+
+Losses and errors are better lower, accuracies and scores higher. ``auto`` (the default) takes
+the direction from the metric's name; an explicit ``min`` or ``max`` that contradicts the name
+is refused, since best.pt would then hold the worst epoch.
+"""
+
+from __future__ import annotations
+
+from utils.errors import UserError
+
+# Words of a metric's name (after the split prefix, split at "_") that say its direction.
+LOWER_IS_BETTER = ("loss", "error", "err", "mae", "mse", "rmse", "nll", "perplexity")
+HIGHER_IS_BETTER = ("acc", "accuracy", "f1", "precision", "recall", "auc", "map", "r2")
+MODES = ("auto", "min", "max")
+
+
+def natural_mode(monitor: str) -> str | None:
+    """``min`` or ``max`` from the metric's name (``val/loss`` → min), None when it says neither."""
+    words = str(monitor).rsplit("/", 1)[-1].lower().split("_")
+    if any(word in LOWER_IS_BETTER for word in words):
+        return "min"
+    if any(word in HIGHER_IS_BETTER for word in words):
+        return "max"
+    return None
+
+
+def monitor_mode(monitor: str, mode: str) -> str:
+    """The direction in which ``monitor`` improves: ``min`` or ``max``."""
+    if mode not in MODES:
+        raise UserError(f"trainer.monitor_mode={mode!r} must be auto, min or max")
+    natural = natural_mode(monitor)
+    if mode == "auto":
+        if natural is None:
+            raise UserError(
+                f"trainer.monitor={monitor!r}: cannot tell whether higher or lower is better; "
+                "set trainer.monitor_mode=min or max"
+            )
+        return natural
+    if natural is not None and natural != mode:
+        raise UserError(
+            f"trainer.monitor={monitor} with trainer.monitor_mode={mode} would keep the worst "
+            f"epoch as best.pt ({monitor} is better {'lower' if natural == 'min' else 'higher'}); "
+            f"use trainer.monitor_mode={natural} or auto"
+        )
+    return mode
+
+
+def sign(mode: str) -> int:
+    """+1 when higher is better, -1 when lower is: ``sign * (new - old) > 0`` is an improvement."""
+    return 1 if mode == "max" else -1
