@@ -51,6 +51,11 @@ def read_batch(path: Path) -> TensorSplit:
         images = np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32)
     except (OSError, pickle.UnpicklingError, ValueError, AttributeError, EOFError) as error:
         raise UserError(f"not a CIFAR-10 batch file: {path} ({error})") from None
+    if labels is None or len(labels) != len(images):
+        count = "no" if labels is None else len(labels)
+        raise UserError(
+            f"not a CIFAR-10 batch file: {path} has {len(images)} images but {count} labels"
+        )
     return TensorSplit(torch.from_numpy(images.copy()), torch.as_tensor(labels, dtype=torch.long))
 
 

@@ -10,6 +10,7 @@ python train.py data=imagefolder data.root=/data/flowers data.image_size=[64,64]
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from data.batches import Data
+from utils.arguments import check_values, one_of, pair_of_positive_ints
 from utils.errors import UserError
 
 EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
@@ -69,19 +71,31 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
-        try:
+        return decode(path, self.image_size, self.channels), label
+
+
+def decode(path: str, image_size: Sequence[int], channels: int) -> torch.Tensor:
+    """One image file as uint8 [C, H, W], resized to ``image_size``. A file PIL cannot read —
+    not an image, empty, truncated, or a decompression bomb (more pixels than PIL's
+    ``Image.MAX_IMAGE_PIXELS``) — is one line naming it."""
+    height, width = image_size
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
-                image = image.convert("RGB" if self.channels == 3 else "L")
-                height, width = self.image_size
+                image = image.convert("RGB" if channels == 3 else "L")
                 if image.size != (width, height):
                     image = image.resize((width, height), Image.Resampling.BILINEAR)
                 pixels = torch.from_numpy(np.array(image, dtype=np.uint8))
-        except (OSError, ValueError) as error:  # PIL's UnidentifiedImageError is an OSError
-            reason = str(error).split(":")[0]
-            raise UserError(
-                f"cannot decode image {path} ({reason}); remove or replace it"
-            ) from None
-        return pixels.view(height, width, -1).permute(2, 0, 1).contiguous(), label
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise UserError(
+            f"refusing image {path}: more pixels than Image.MAX_IMAGE_PIXELS "
+            f"({Image.MAX_IMAGE_PIXELS}), a possible decompression bomb; remove or shrink it"
+        ) from None
+    except Exception as error:  # any decoder failure on a hostile file is bad input
+        reason = str(error).split(":")[0] or type(error).__name__
+        raise UserError(f"cannot decode image {path} ({reason}); remove or replace it") from None
+    return pixels.view(height, width, -1).permute(2, 0, 1).contiguous()
 
 
 def load_imagefolder(
@@ -92,8 +106,8 @@ def load_imagefolder(
     **batching,
 ) -> Data:
     """``num_workers``: decoding processes; null means one per core, at most 8."""
-    if channels not in (1, 3):
-        raise UserError(f"data.channels={channels} must be 1 (grey) or 3 (RGB)")
+    check_values("data", {"image_size": image_size, "channels": channels},
+                 {"image_size": pair_of_positive_ints(), "channels": one_of(1, 3)})  # fmt: skip
     base = Path(root)
     if not base.is_dir():
         raise UserError(

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from models.init import initialize
+from models.init import SCHEME_NAMES, initialize
+from utils.arguments import DROPOUT, POSITIVE_INTS, checked, one_of
 
 
 def conv_bn_relu(in_channels: int, out_channels: int) -> list[nn.Module]:
@@ -23,6 +24,7 @@ def conv_bn_relu(in_channels: int, out_channels: int) -> list[nn.Module]:
     ]
 
 
+@checked("model", channels=POSITIVE_INTS, dropout=DROPOUT, init=one_of(*SCHEME_NAMES))
 def cnn(
     input_shape: Sequence[int],
     num_classes: int,

@@ -14,6 +14,7 @@ SCHEMES = {
     "kaiming": lambda weight: nn.init.kaiming_normal_(weight, nonlinearity="relu"),
     "orthogonal": nn.init.orthogonal_,
 }
+SCHEME_NAMES = ("default", *SCHEMES)
 
 
 def initialize(model: nn.Module, scheme: str) -> nn.Module:

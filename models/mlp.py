@@ -10,9 +10,11 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from models.init import initialize
+from models.init import SCHEME_NAMES, initialize
+from utils.arguments import DROPOUT, POSITIVE_INTS, checked, one_of
 
 
+@checked("model", hidden_sizes=POSITIVE_INTS, dropout=DROPOUT, init=one_of(*SCHEME_NAMES))
 def mlp(
     input_shape: Sequence[int],
     num_classes: int,

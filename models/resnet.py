@@ -13,9 +13,11 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from models.init import initialize
+from models.init import SCHEME_NAMES, initialize
+from utils.arguments import checked, one_of
 
 
+@checked("model", small_input_stem=one_of(True, False), init=one_of(*SCHEME_NAMES))
 def resnet18(
     input_shape: Sequence[int], num_classes: int, small_input_stem: bool, init: str
 ) -> nn.Module:

@@ -8,7 +8,14 @@ from torch import nn
 
 from utils.config import build
 
-NORM_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+NORM_LAYERS = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.RMSNorm,
+    nn.LocalResponseNorm,
+)
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -38,3 +45,8 @@ def build_optimizer(model: nn.Module, optim_cfg: DictConfig) -> torch.optim.Opti
     else:
         params = parameter_groups(model, kwargs["weight_decay"])
     return build(kwargs)(params)
+
+
+def hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Each param group's settings (LR, weight decay, betas, ...) without its parameters."""
+    return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]

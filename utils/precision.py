@@ -43,6 +43,13 @@ class Precision:
                 ) from None
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
 
+    def discard_step(self) -> None:
+        """An optimizer step that is skipped (``trainer.nonfinite=skip``): the scaler forgets
+        this step's unscaling, as ``update()`` does after a step, and keeps its scale. Without
+        this the next ``unscale_`` raises "unscale_() has already been called"."""
+        if self.scaler.is_enabled():
+            self.scaler.update(self.scaler.get_scale())
+
     @property
     def name(self) -> str:
         return str(self.dtype).removeprefix("torch.")

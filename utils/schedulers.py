@@ -14,6 +14,17 @@ from collections.abc import Callable
 import torch
 from torch.optim.lr_scheduler import LambdaLR, OneCycleLR, ReduceLROnPlateau
 
+from utils.arguments import (
+    BELOW_ONE,
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    POSITIVE,
+    POSITIVE_INT,
+    UNIT_INTERVAL,
+    checked,
+    one_of,
+)
+
 
 class Schedule:
     def __init__(
@@ -52,6 +63,53 @@ class Schedule:
         if self.plateau is not None:
             self.plateau.load_state_dict(state["plateau"])
 
+    def continue_changed(self, state: dict, optimizer, built: list[dict]) -> None:
+        """Resume a run whose optimizer, schedule or length changed (instead of
+        :meth:`load_state_dict`, after the optimizer's state was loaded).
+
+        The rule: from the step the checkpoint reached on, the run follows the new config as
+        if it had been the config from the start. ``built`` holds the optimizer's param group
+        hyperparameters as the new config built them (``optim.lr``, ``weight_decay``, betas,
+        the schedule's ``initial_lr``/``max_lr``): they replace the checkpoint's, and the LR is
+        this schedule's at the saved step — a longer cosine run is the longer curve at that
+        step. A plateau schedule keeps the reductions it made so far, scaled to the new LR.
+        """
+        groups = optimizer.param_groups
+        saved_lrs = [group["lr"] for group in groups]
+        saved_peaks = [group.get("initial_lr", group["lr"]) for group in groups]
+        for group, new in zip(groups, built, strict=True):
+            group.update({key: value for key, value in new.items() if key != "lr"})
+        if self.per_step is None:
+            for group, new in zip(groups, built, strict=True):
+                group["lr"] = new["lr"]
+            return
+        saved = state["per_step"]
+        self.per_step.last_epoch, self.per_step._step_count = (
+            saved["last_epoch"],
+            saved["_step_count"],
+        )
+        if self.plateau is not None:
+            tuned = {k: getattr(self.plateau, k) for k in ("factor", "patience", "min_lrs")}
+            self.plateau.load_state_dict(state["plateau"])
+            self.plateau.__dict__.update(tuned)
+        past_warmup = self.per_step.last_epoch >= self.warmup_steps
+        if self.plateau is not None and past_warmup:
+            peaks = [group.get("initial_lr", group["lr"]) for group in groups]
+            lrs = [
+                lr * new / old for lr, new, old in zip(saved_lrs, peaks, saved_peaks, strict=True)
+            ]
+        elif self.per_step.last_epoch >= getattr(self.per_step, "total_steps", math.inf):
+            lrs = saved_lrs  # a shortened one-cycle run past its end: nothing left to schedule
+        else:
+            self.per_step._get_lr_called_within_step = True  # get_lr at the saved step
+            try:
+                lrs = list(self.per_step.get_lr())
+            finally:
+                self.per_step._get_lr_called_within_step = False
+        for group, lr in zip(groups, lrs, strict=True):
+            group["lr"] = lr
+        self.per_step._last_lr = lrs
+
 
 def _with_warmup(warmup_steps: int, after: Callable[[int], float]) -> Callable[[int], float]:
     """Linear warmup from 1/(warmup_steps+1) of the LR to the full LR, then ``after``."""
@@ -64,6 +122,7 @@ def _with_warmup(warmup_steps: int, after: Callable[[int], float]) -> Callable[[
     return factor
 
 
+@checked("scheduler", warmup_steps=NON_NEGATIVE_INT)
 def none(optimizer, total_steps: int, steps_per_epoch: int, warmup_steps: int) -> Schedule:
     """The LR as configured; with no warmup there is nothing to step at all."""
     if warmup_steps == 0:
@@ -71,6 +130,7 @@ def none(optimizer, total_steps: int, steps_per_epoch: int, warmup_steps: int) -
     return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, lambda step: 1.0)))
 
 
+@checked("scheduler", warmup_steps=NON_NEGATIVE_INT, step_size=POSITIVE_INT, gamma=POSITIVE)
 def step(
     optimizer,
     total_steps: int,
@@ -87,6 +147,7 @@ def step(
     return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, decay)))
 
 
+@checked("scheduler", warmup_steps=NON_NEGATIVE_INT, min_lr_ratio=UNIT_INTERVAL)
 def cosine(
     optimizer, total_steps: int, steps_per_epoch: int, warmup_steps: int, min_lr_ratio: float
 ) -> Schedule:
@@ -100,6 +161,13 @@ def cosine(
     return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, decay)))
 
 
+@checked(
+    "scheduler",
+    warmup_steps=NON_NEGATIVE_INT,
+    div_factor=POSITIVE,
+    final_div_factor=POSITIVE,
+    anneal_strategy=one_of("cos", "linear"),
+)
 def onecycle(
     optimizer,
     total_steps: int,
@@ -127,6 +195,14 @@ def onecycle(
     )
 
 
+@checked(
+    "scheduler",
+    warmup_steps=NON_NEGATIVE_INT,
+    mode=one_of("min", "max"),
+    factor=BELOW_ONE,
+    patience=NON_NEGATIVE_INT,
+    min_lr=NON_NEGATIVE,
+)
 def plateau(
     optimizer,
     total_steps: int,
