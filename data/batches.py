@@ -17,7 +17,9 @@ the batches before it.
 
 from __future__ import annotations
 
+import atexit
 import math
+import multiprocessing
 import signal
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from utils.errors import UserError
+from utils.seeding import mix_seed
 from utils.signals import STOP_SIGNALS
 
 
@@ -56,11 +59,6 @@ def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
             f"{where}: label {int(labels[index])} at index {index} is outside [0, {num_classes}); "
             f"fix the labels or set the number of classes"
         )
-
-
-def mix_seed(*values: int) -> int:
-    """One 63-bit seed from several integers (hash of a tuple of ints is stable across runs)."""
-    return hash(tuple(values)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -231,6 +229,29 @@ def _worker_ignores_signals(worker_id: int) -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
+def _kill_workers() -> None:
+    """At exit, end decoding workers that are still alive. They ignore SIGTERM (above), which
+    is what multiprocessing's own exit handler sends before it waits for them: without this, a
+    run that ends on an error while a worker still lives would wait for ever."""
+    workers = [child for child in multiprocessing.active_children() if child.daemon]
+    if workers:  # torch's SIGCHLD handler would report each killed worker as a failure
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for worker in workers:
+        worker.kill()
+        worker.join(timeout=5)
+
+
+# Registered after multiprocessing's exit handler, so it runs before it.
+atexit.register(_kill_workers)
+
+
+def worker_error(error: Exception) -> UserError:
+    """A :class:`UserError` raised in a DataLoader worker reaches the main process as a new
+    exception whose message is the worker's whole traceback: keep its last line's message."""
+    last = str(error).strip().splitlines()[-1] if str(error).strip() else ""
+    return UserError(last.split(": ", 1)[1] if "Error: " in last else last or str(error))
+
+
 class LoaderBatches:
     """Batches decoded lazily by DataLoader workers, for data that does not fit in memory."""
 
@@ -266,7 +287,7 @@ class LoaderBatches:
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.sampler.epoch, self.sampler.start = epoch, start
         device = self.transform.device
-        for index, (images, labels) in enumerate(self.loader, start):
+        for index, (images, labels) in enumerate(_reraised(self.loader), start):
             images = self.transform.normalize(images.to(device, non_blocking=True))
             labels = labels.to(device, non_blocking=True)
             if self.train:
@@ -274,6 +295,16 @@ class LoaderBatches:
                 batch_seed = mix_seed(self.seed, epoch, index * sampler.world_size + sampler.rank)
                 images = self.transform.augment(images, batch_seed)
             yield images, labels
+
+
+def _reraised(loader: DataLoader) -> Iterator:
+    """The loader's batches; bad input found by a worker is one line, as with no workers."""
+    try:
+        yield from loader
+    except UserError as error:
+        if "DataLoader worker" not in str(error):
+            raise
+        raise worker_error(error) from None
 
 
 class Data:

@@ -8,6 +8,7 @@ Ctrl-C exits at once. Under SLURM's submitit launcher, whose handler for the tim
 
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 from types import FrameType
@@ -17,6 +18,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 
 
 _early: list[int] = []  # stop signals that arrived before a StopRequest was entered
+_before_early: dict[int, object] = {}  # the handlers catch_early_signals replaced
 
 
 def catch_early_signals() -> None:
@@ -25,7 +27,11 @@ def catch_early_signals() -> None:
     code 3, as at any other moment. Ctrl-C keeps interrupting start-up at once."""
     for signum in STOP_SIGNALS:
         if signum != signal.SIGINT:
-            signal.signal(signum, lambda signum, frame: _early.append(signum))
+            _before_early[signum] = signal.signal(signum, _hold)
+
+
+def _hold(signum: int, frame: FrameType | None) -> None:
+    _early.append(signum)
 
 
 class StopRequest:
@@ -60,7 +66,10 @@ class StopRequest:
 
     def __enter__(self) -> StopRequest:
         for signum in STOP_SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._handle)
+            previous = signal.signal(signum, self._handle)
+            # Once training is over, a signal acts as it did before start-up (by default it
+            # ends the process), not held for a loop that no longer reads it.
+            self._previous[signum] = _before_early.get(signum) if previous is _hold else previous
         if _early:
             self.signal = _early[0]
         return self
@@ -75,4 +84,5 @@ def continue_command(overrides: list[str], checkpoint: object, processes) -> str
     launcher = "python"
     if processes.enabled:
         launcher = f"torchrun --nproc_per_node={processes.local_world_size}"
-    return " ".join([launcher, "train.py", *overrides, f"resume={checkpoint}"])
+    command = [*shlex.split(launcher), "train.py", *overrides, f"resume={checkpoint}"]
+    return shlex.join(command)  # pasted into a shell, each override stays one word
