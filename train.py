@@ -36,13 +36,17 @@ from rich.console import Console
 
 from utils import debug, distributed, report, sweep
 from utils.checkpoint import (
+    check_new_run,
     check_resumable,
+    checked_top_k,
     fresh_state,
     keep_copies,
     load_checkpoint,
     load_weights,
     prepare_dir,
+    prune_top_k,
     rank_top_k,
+    remove_files,
     remove_stale_temporary_files,
     restore,
     resume_point,
@@ -60,10 +64,11 @@ from utils.guards import run_guards
 from utils.loss_sums import LossSums
 from utils.memory import collect_cycles, cycle_collection_by_the_loop, out_of_memory
 from utils.model_check import check_forward
+from utils.monitor import monitor_mode
 from utils.nonfinite import NonFiniteWatch
-from utils.optim import build_optimizer
+from utils.optim import build_optimizer, hyperparameters
 from utils.progress import TrainingProgress, data_wait_advice
-from utils.seeding import configure_determinism, seed_everything
+from utils.seeding import all_rng_states, configure_determinism, seed_everything, seed_rank_stream
 from utils.signals import EXIT_INTERRUPTED, StopRequest, continue_command
 
 log = logging.getLogger("torchloom")
@@ -114,8 +119,10 @@ def train_one_epoch(
         if watch.step_allowed(state["global_step"] + 1, optimizer):
             precision.scaler.step(optimizer)
             precision.scaler.update()
+            schedule.after_optimizer_step()  # the LR schedule counts the steps taken
+        else:
+            precision.discard_step()
         optimizer.zero_grad(set_to_none=True)
-        schedule.after_optimizer_step()
         state["global_step"] += 1
 
         if log_due:
@@ -161,7 +168,7 @@ def main(cfg: DictConfig) -> float:
         log.exception("job failed")
         failure = error
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    return sweep.record_failure(run_dir, failure, OmegaConf.select(cfg, "trainer.monitor_mode"))
+    return sweep.record_failure(run_dir, failure, sweep.job_monitor_mode(cfg))
 
 
 def train(cfg: DictConfig, stop: StopRequest) -> float:
@@ -182,9 +189,14 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     previous, resume = sweep.job_start(run_dir, cfg.resume, overrides)
     if previous is not None:  # a re-run sweep skips the jobs it finished
         return previous
+    replaced = []  # an earlier run of this name, with overwrite=true: removed once set up
+    if resume is None and not trainer.shapes_only:  # never silently over an earlier run
+        replaced = check_new_run(run_dir, checkpoint_dir, cfg.overwrite)
     resumed = resume_point(resume, checkpoint_dir)
     if resumed:
-        check_resumable(*resumed, config, allow=cfg.resume_allow_changes, overrides=overrides)
+        changes = check_resumable(*resumed, config, cfg.resume_allow_changes, overrides)
+        for line in changes.applied + changes.need_allow:
+            log.info("resume: applying the changed %s", line)
     console.print(report.config_tree(config))
     log.info("run dir: %s\ncheckpoints: %s", run_dir, checkpoint_dir)
 
@@ -253,7 +265,15 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     losses = LossSums(device, trainer.accumulate_grad_batches)
     watch = NonFiniteWatch(trainer.nonfinite, trainer.max_consecutive_skips, losses)
     if resumed:
-        restore(resumed[1], model, optimizer, schedule, precision.scaler, state, losses)
+        built = hyperparameters(optimizer)  # as the new config builds them
+        restored_schedule = None if changes.reschedule else schedule
+        restore(resumed[1], model, optimizer, restored_schedule, precision.scaler, state, losses)
+        if changes.reschedule:
+            schedule.continue_changed(resumed[1]["scheduler"], optimizer, built)
+        state["top_k"] = checked_top_k(state["top_k"], checkpoint_dir)
+        if processes.is_main and trainer.write_outputs:
+            prune_top_k(checkpoint_dir, state["top_k"], trainer.keep_top_k, state["epoch"])
+        watch.skipped = state["skipped_steps"]
         state["batch_in_epoch"] = distributed.rescale_position(
             state["batch_in_epoch"], resumed[1].get("world_size", 1), processes.world_size,
             trainer.accumulate_grad_batches,
@@ -261,11 +281,16 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         watch.saved = f"{resumed[0]} is intact"
         log.info("resumed from %s: epoch %d, batch %d, step %d", resumed[0], state["epoch"] + 1,
                  state["batch_in_epoch"], state["global_step"])  # fmt: skip
-    elif cfg.init_from:
+    else:  # the model is built alike everywhere; what the forward pass draws differs by rank
+        seed_rank_stream(cfg.seed, processes.rank)
+    if cfg.init_from and not resumed:
         load_weights(model, load_checkpoint(cfg.init_from)["model"])
         log.info("weights from %s; optimizer, schedule and counters start fresh", cfg.init_from)
 
     from torch.utils.tensorboard import SummaryWriter  # slow import; only once we train
+
+    if processes.is_main:
+        remove_files(replaced)
 
     # Resuming: points logged after the checkpoint by the interrupted run are dropped.
     writer = (
@@ -278,14 +303,16 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     profiler = debug.start_profiler(trainer.profile_steps, run_dir)  # debug=profile
     if profiler:
         train_batches = debug.Profiled(train_batches, profiler)
-    sign = 1 if trainer.monitor_mode == "max" else -1
+    sign = 1 if monitor_mode(trainer.monitor, trainer.monitor_mode) == "max" else -1
     final = state["metrics"]
 
     def save(path: Path) -> None:
+        rng = all_rng_states()  # every process takes part: each saves its own dropout stream
+        state["skipped_steps"] = watch.skipped
         if processes.is_main and trainer.write_outputs:  # one process writes the weights
             save_atomic(training_checkpoint(model, optimizer, schedule, precision.scaler, state,
-                                            losses, trainer.monitor, config, overrides,
-                                            processes.world_size), path)  # fmt: skip
+                                            losses, trainer.monitor, config, overrides, rng),
+                        path)  # fmt: skip
 
     # --- Train -----------------------------------------------------------------------------
     train_seconds, trained_steps = 0.0, 0
@@ -361,7 +388,8 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
                 break
 
     if stopped:  # a signal: save the exact position, flush, say how to continue
-        if state["batch_in_epoch"] or not (checkpoint_dir / "last.pt").exists():
+        unsaved = state["batch_in_epoch"] or not (checkpoint_dir / "last.pt").exists()
+        if distributed.agree(bool(unsaved), device):  # saving is collective: all or none
             watch.check(state["global_step"], model, optimizer, precision.scaler, weights=True)
             save(checkpoint_dir / "last.pt")
         writer.close()

@@ -7,8 +7,12 @@ data position, the best metric so far, the resolved config and every RNG state.
 
 Files are written atomically: to a temporary file in the same folder, flushed and fsynced, then
 renamed over the old one, so a crash mid-write leaves the previous checkpoint intact. Temporary
-files start with a dot; discovery ignores them and :func:`remove_stale_temporary_files` deletes
-those a killed run left behind.
+files start with a dot and name their writer's host and process; discovery ignores them and
+:func:`remove_stale_temporary_files` deletes those whose writer is gone. The final file gets
+the mode a plain ``open()`` would give (0644 under umask 022), so teammates can read it.
+
+Every file a resume would delete is checked first: only top-k names torchloom writes
+(``epoch=NNN-<monitor>=<value>.pt``), inside the run's own checkpoint folder.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import pickle
 import pickletools
 import re
 import shutil
+import socket
 import tempfile
+import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +39,11 @@ from torch import nn
 from utils.errors import UserError
 
 FORMAT_VERSION = 2  # 2: loss sums under "losses", with the losses not yet summed
+# What resuming needs besides the weights (format 1 kept its loss sums under other names).
+TRAINING_KEYS = ("optimizer", "scheduler", "scaler", "epoch", "batch_in_epoch", "global_step",
+                 "best_metric", "best_epoch", "top_k", "metrics", "config", "rng")  # fmt: skip
+TOP_K_NAME = re.compile(r"epoch=(\d{3,})-[A-Za-z0-9_.+-]+=-?(\d+\.\d{4}|inf|nan)\.pt")
+STALE_AFTER_SECONDS = 3600  # a temporary file of another machine's writer, untouched this long
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
 log = logging.getLogger("torchloom")
 
@@ -64,11 +75,24 @@ def copy_atomic(source: Path, path: Path) -> None:
         _write_atomic(path, lambda out: shutil.copyfileobj(f, out))
 
 
+def _temporary_prefix(path: Path) -> str:
+    """``.<name>.<host>-<pid>.``: whoever cleans up can tell whether the writer still lives."""
+    return f".{path.name}.{socket.gethostname()}-{os.getpid()}."
+
+
+def _default_mode() -> int:
+    """The mode ``open()`` gives a new file under this process's umask."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def _write_atomic(path: Path, write: Any) -> None:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, _default_mode())  # mkstemp makes it 0600
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -91,9 +115,33 @@ def _write_atomic(path: Path, write: Any) -> None:
 
 
 def remove_stale_temporary_files(folder: Path) -> None:
-    """Delete temporary files left by a save that was killed before its rename."""
+    """Delete temporary files left by a save that was killed before its rename: those of a dead
+    process of this machine, and others untouched for an hour. A writer still at work, this
+    machine's or another's (a shared folder), keeps its file."""
+    host = socket.gethostname()
     for leftover in folder.glob(".*.pt.*.tmp"):
-        leftover.unlink(missing_ok=True)
+        match = re.fullmatch(r"\..+\.pt\.(.+)-(\d+)\.[^.]+\.tmp", leftover.name)
+        try:
+            if match and match.group(1) == host:
+                stale = not _process_alive(int(match.group(2)))
+            else:  # another machine's writer, or the unnamed files of older versions
+                stale = time.time() - leftover.stat().st_mtime > STALE_AFTER_SECONDS
+            if stale:
+                leftover.unlink(missing_ok=True)
+        except OSError:
+            continue
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process has no save in flight while it cleans up
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def prepare_dir(path: Path, what: str) -> Path:
@@ -152,9 +200,25 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(f"not a readable checkpoint: {path}") from None
     except Exception:
         raise UserError(f"not a readable checkpoint: {path}") from None
-    if not isinstance(state, dict) or "model" not in state:
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise UserError(f"not a readable checkpoint: {path} (no model weights in it)")
+    version = state.get("format_version", 1)
+    if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise UserError(
+            f"{path} has checkpoint format {version!r}; this torchloom reads formats 1 to "
+            f"{FORMAT_VERSION}: update torchloom to read it"
+        )
     return state
+
+
+def check_training_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:
+    """``checkpoint`` holds everything a resume restores, not only weights."""
+    missing = [key for key in TRAINING_KEYS if key not in checkpoint]
+    if missing:
+        raise UserError(
+            f"cannot resume from {path}: it holds no {', '.join(missing)} (weights only?); "
+            f"use init_from={path} to start from its weights"
+        )
 
 
 def find_checkpoints(folder: Path) -> list[Path]:
@@ -169,12 +233,21 @@ def find_checkpoints(folder: Path) -> list[Path]:
 
 
 def load_latest(folder: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest readable checkpoint in ``folder``, warning about each unreadable one."""
-    for candidate in find_checkpoints(folder):
+    """The newest readable checkpoint in ``folder``, warning about each unreadable one; None
+    when there is no checkpoint at all. When there are some but none is readable, that is an
+    error naming them: starting fresh would overwrite them."""
+    candidates = find_checkpoints(folder)
+    for candidate in candidates:
         try:
             return candidate, load_checkpoint(candidate)
         except UserError as error:
             log.warning("warning: %s; trying the previous checkpoint", error)
+    if candidates:
+        names = ", ".join(str(p) for p in candidates)
+        raise UserError(
+            f"no readable checkpoint in {folder} ({names} are not readable); move them away "
+            "to start this run afresh, or resume from a good copy with resume=<file>"
+        )
     return None
 
 
@@ -250,8 +323,86 @@ def resume_point(resume: str | None, checkpoint_dir: Path) -> tuple[Path, dict[s
     return path, load_checkpoint(path)
 
 
+# What an earlier run of the same name leaves that is worth keeping: its checkpoints and its
+# final metrics. Its TensorBoard events alone (a run that ended before its first checkpoint)
+# are removed, so two attempts never mix in one TensorBoard run.
+SAVED_FILES = (("checkpoints", "last.pt"), ("checkpoints", "best.pt"),
+               ("checkpoints", "epoch=*.pt"), ("run", "metrics.json"))  # fmt: skip
+EVENT_FILES = "events.out.tfevents.*"
+
+
+def check_new_run(run_dir: Path, checkpoint_dir: Path, overwrite: bool) -> list[Path]:
+    """A run that does not resume starts in folders without another run: an earlier run of
+    the same name is refused (it would lose its best.pt and mix two runs' TensorBoard
+    events). Returns the files to remove (with ``overwrite``, the earlier run's) once the new
+    run is set up, so a new run that fails at start-up loses nothing."""
+    folders = {"run": run_dir, "checkpoints": checkpoint_dir}
+    saved = [p for where, pattern in SAVED_FILES for p in sorted(folders[where].glob(pattern))]
+    if saved and not overwrite:
+        raise UserError(
+            f"{_shown_path(run_dir)} already holds a run ({_shown_path(saved[0])}); continue "
+            "it with resume=auto, choose a new run_name=..., or pass overwrite=true to replace it"
+        )
+    return saved + sorted(run_dir.glob(EVENT_FILES))
+
+
+def remove_files(paths: list[Path]) -> None:
+    if paths:
+        log.info("removing %d files of an earlier run of this name: %s", len(paths),
+                 ", ".join(p.name for p in paths))  # fmt: skip
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def _shown_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def top_k_name(epoch: int, monitor: str, value: float) -> str:
     return f"epoch={epoch:03d}-{monitor.replace('/', '_')}={value:.4f}.pt"
+
+
+def own_top_k_file(folder: Path, name: Any) -> Path | None:
+    """``folder / name`` when ``name`` is a top-k file name torchloom writes and the path lies
+    directly inside ``folder``; None for anything else (a stored list is untrusted input)."""
+    if not isinstance(name, str) or not TOP_K_NAME.fullmatch(name):
+        return None
+    path = folder / name
+    if path.resolve().parent != folder.resolve():
+        return None
+    return path
+
+
+def checked_top_k(ranked: Any, folder: Path) -> list:
+    """The ``top_k`` list of a checkpoint, without entries that are not torchloom's own top-k
+    files in ``folder`` (each dropped with a warning)."""
+    kept = []
+    for entry in ranked if isinstance(ranked, list) else []:
+        ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int | float)
+        if ok and own_top_k_file(folder, entry[1]) is not None:
+            kept.append(entry)
+        else:
+            log.warning("warning: ignoring top-k entry %r of the checkpoint: not a top-k file "
+                        "torchloom writes in %s", entry, folder)  # fmt: skip
+    return kept
+
+
+def prune_top_k(folder: Path, ranked: list, k: int, epoch: int) -> None:
+    """After a resume: trim ``ranked`` to ``k`` (``keep_top_k`` may have been lowered), and
+    delete the top-k files the run no longer tracks: the trimmed ones, and those of epochs
+    after the resume point (left by the run's own later epochs, which it now trains again)."""
+    dropped = [name for _, name in ranked[k:]]
+    del ranked[k:]
+    tracked = {name for _, name in ranked}
+    for path in sorted(folder.glob("epoch=*.pt")):
+        match = TOP_K_NAME.fullmatch(path.name)
+        later = match is not None and int(match.group(1)) > epoch and path.name not in tracked
+        if path.name in dropped or later:
+            log.info("removing %s: no longer among the top %d from this resume point", path, k)
+            path.unlink(missing_ok=True)
 
 
 def rank_top_k(ranked: list, k: int, name: str, value: float, sign: int) -> tuple[bool, list[str]]:
@@ -270,32 +421,40 @@ def rank_top_k(ranked: list, k: int, name: str, value: float, sign: int) -> tupl
 
 def check_resumable(
     path: Path, checkpoint: dict[str, Any], config: dict, allow: bool, overrides: list[str]
-) -> None:
-    """Refuse to continue a run whose model, data or batch size the new config changes, and,
-    in a sweep, a checkpoint of another job."""
+):
+    """How the new config differs from the checkpoint's (:class:`utils.config.ResumeChanges`).
+    Refused: a change the saved state cannot carry (the optimizer or schedule type, the
+    monitor); one of the model, data, batch size or seed unless ``allow``; in a sweep, a
+    checkpoint of another job."""
     from utils.config import config_changes
     from utils.sweep import check_same_job, in_sweep
 
+    check_training_checkpoint(path, checkpoint)
     if in_sweep():
-        check_same_job(path, checkpoint["overrides"], overrides)
+        check_same_job(path, checkpoint.get("overrides", []), overrides)
 
     changes = config_changes(checkpoint["config"], config)
-    if changes and not allow:
+    if changes.never:
         raise UserError(
-            f"refusing to resume {path}: the config changed ({'; '.join(changes)}); "
+            f"refusing to resume {path}: {'; '.join(changes.never)} cannot change on resume "
+            f"(the saved optimizer, schedule and best-so-far state depend on it); start a new "
+            f"run from its weights with init_from={path}"
+        )
+    if changes.need_allow and not allow:
+        raise UserError(
+            f"refusing to resume {path}: the config changed ({'; '.join(changes.need_allow)}); "
             "pass resume_allow_changes=true to resume anyway"
         )
+    return changes
 
 
 def training_checkpoint(
     model: nn.Module, optimizer, schedule, scaler, state: dict[str, Any], losses, monitor: str,
-    config: dict, overrides: list[str], world_size: int,
+    config: dict, overrides: list[str], rng: list[dict],
 ) -> dict[str, Any]:  # fmt: skip
     """Everything that rebuilds and resumes a run, as a plain dict: the unwrapped model's
     weights, optimizer, schedule, loss scaler, the training state and loss sums, the config,
-    and the RNG."""
-    from utils.seeding import rng_state
-
+    and the RNG of every process (``rng``, one per rank)."""
     return {
         "format_version": FORMAT_VERSION,
         "model": unwrap(model).state_dict(),
@@ -307,8 +466,9 @@ def training_checkpoint(
         "monitor": monitor,
         "config": config,
         "overrides": overrides,
-        "rng": rng_state(),
-        "world_size": world_size,
+        "rng": rng[0],
+        "rng_per_rank": rng,
+        "world_size": len(rng),
     }
 
 
@@ -323,6 +483,7 @@ def fresh_state() -> dict[str, Any]:
         "best_epoch": None,
         "top_k": [],
         "metrics": {},
+        "skipped_steps": 0,
     }
 
 
@@ -338,13 +499,18 @@ def legacy_loss_sums(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 def keep_copies(folder: Path, best: bool, top_k_file: str | bool, dropped: list[str]) -> None:
     """Copy the just-written ``last.pt`` to ``best.pt`` and to its top-k name, then delete the
-    top-k files that fell out: new files are complete before old ones go."""
+    top-k files that fell out: new files are complete before old ones go. Only torchloom's own
+    top-k files in ``folder`` are ever deleted."""
     if best:
         copy_atomic(folder / "last.pt", folder / "best.pt")
     if top_k_file:
         copy_atomic(folder / "last.pt", folder / top_k_file)
         for name in dropped:
-            (folder / name).unlink(missing_ok=True)
+            path = own_top_k_file(folder, name)
+            if path is None:
+                log.warning("warning: not deleting %r: not a top-k file of %s", name, folder)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def restore(
@@ -353,13 +519,24 @@ def restore(
 ) -> None:  # fmt: skip
     """Put every piece of a training checkpoint back: weights, optimizer, schedule, loss
     scaler, the counters and data position in ``state``, the loss sums, and — last, because
-    building the model drew from it — the RNG."""
-    from utils.seeding import set_rng_state
+    building the model drew from it — this process's RNG. A loss scaler that the checkpoint's
+    precision did not use starts fresh."""
+    from utils.seeding import restore_rng
 
     load_weights(model, checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    schedule.load_state_dict(checkpoint["scheduler"])
-    scaler.load_state_dict(checkpoint["scaler"])
-    state.update({key: checkpoint[key] for key in state})
+    try:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    except (ValueError, KeyError) as error:
+        raise UserError(
+            f"the checkpoint's optimizer state does not fit this model's parameters ({error}); "
+            "start from its weights with init_from=... instead"
+        ) from None
+    if schedule is not None:  # None: the caller continues a changed schedule itself
+        schedule.load_state_dict(checkpoint["scheduler"])
+    if scaler.is_enabled() and not checkpoint["scaler"]:
+        log.info("precision changed to float16: loss scaling starts at %g", scaler.get_scale())
+    else:
+        scaler.load_state_dict(checkpoint["scaler"])
+    state.update({key: checkpoint.get(key, value) for key, value in state.items()})
     losses.load_state_dict(checkpoint.get("losses") or legacy_loss_sums(checkpoint))
-    set_rng_state(checkpoint["rng"])
+    restore_rng(checkpoint)

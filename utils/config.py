@@ -7,6 +7,7 @@ this module registers the schema as ``train_schema`` in Hydra's ConfigStore.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from utils.errors import EXIT_USER_ERROR, UserError
+from utils.monitor import monitor_mode
 
 
 @dataclass
@@ -77,6 +79,7 @@ class TrainConfig:
     run_name: str = MISSING
     resume: str | None = MISSING
     resume_allow_changes: bool = MISSING
+    overwrite: bool = MISSING
     init_from: str | None = MISSING
     tune: str | None = MISSING
 
@@ -200,13 +203,99 @@ def check_config(cfg: DictConfig) -> None:
         )
     if cfg.tune not in (None, "lr", "batch_size"):
         raise UserError(f"tune={cfg.tune!r} is unknown; use tune=lr or tune=batch_size")
-    if cfg.trainer.monitor_mode not in ("min", "max"):
-        raise UserError(f"trainer.monitor_mode={cfg.trainer.monitor_mode!r} must be min or max")
+    monitor_mode(cfg.trainer.monitor, cfg.trainer.monitor_mode)
     clip = cfg.trainer.gradient_clip_val
     if clip is not None and clip <= 0:
         raise UserError(
             f"trainer.gradient_clip_val={clip} must be greater than 0, or null for no clipping"
         )
+    check_run_name(cfg.run_name)
+    check_groups(cfg)
+
+
+# Arguments train.py passes to each group's builder itself (the rest come from the YAML).
+SUPPLIED = {
+    "model": ("input_shape", "num_classes"),
+    "data": (),
+    "optim": ("params",),
+    "scheduler": ("optimizer", "total_steps", "steps_per_epoch"),
+    "precision": ("device",),
+}
+OPTIM_KEYS_OF_OURS = ("decay_bias_and_norm",)  # read by utils/optim.py, not the optimizer
+
+
+def check_groups(cfg: DictConfig) -> None:
+    """Bind each group node to its builder's signature and run the builder's own argument
+    checks; build the optimizer and schedule on a stand-in parameter, so torch's own checks
+    (``Invalid beta parameter``) fail now, naming the key, not after the data is loaded."""
+    from hydra._internal.utils import _locate
+
+    from utils.arguments import check_node
+
+    for group, supplied in SUPPLIED.items():
+        node = OmegaConf.to_container(cfg[group], resolve=True)
+        try:
+            target = _locate(node["_target_"])
+        except Exception:
+            raise UserError(
+                f"{group}._target_={node.get('_target_')!r} cannot be imported; check its module "
+                "and name"
+            ) from None
+        if group == "optim":
+            node = {k: v for k, v in node.items() if k not in OPTIM_KEYS_OF_OURS}
+        check_node(group, node, target, supplied)
+    _try_optimizer_and_schedule(cfg)
+
+
+def _try_optimizer_and_schedule(cfg: DictConfig) -> None:
+    import torch
+
+    from utils.optim import build_optimizer
+
+    stand_in = torch.nn.Linear(1, 1)
+    try:
+        optimizer = build_optimizer(stand_in, cfg.optim)
+    except (ValueError, TypeError) as error:
+        raise UserError(f"{_key_named(cfg.optim, str(error), 'optim')}: {error}") from None
+    build(cfg.scheduler)(optimizer, total_steps=100, steps_per_epoch=10)
+
+
+# Words torch's optimizer messages use for a key ("Invalid learning rate: -1").
+OPTIMIZER_WORDS = {"lr": "learning rate", "eps": "epsilon", "betas": "beta"}
+
+
+def _key_named(node: DictConfig, message: str, group: str) -> str:
+    """The ``group.key=value`` a torch error message is about, else the group itself."""
+    lowered = message.lower()
+    for key in node:
+        if str(key).startswith("_"):
+            continue
+        word = OPTIMIZER_WORDS.get(str(key), str(key).replace("_", " "))
+        if word in lowered or str(key) in lowered:
+            return f"{group}.{key}={OmegaConf.select(node, str(key))}"
+    return f"{group} ({node.get('_target_')})"
+
+
+def check_run_name(name: str) -> str:
+    """A run name is a relative path of plain segments (``exp1``, ``grid/3``): the run dir and
+    the checkpoint folder stay inside ``paths.runs`` and ``paths.checkpoints``."""
+    segments = str(name).split("/")
+    if (
+        not str(name)
+        or any(segment in ("", ".", "..") for segment in segments)
+        or any(bad in str(name) for bad in ("\\", "\0"))
+    ):
+        raise UserError(
+            f"run_name={name!r} must be a relative path of plain names (like exp1 or grid/3), "
+            "with no '..', '.', empty or absolute part; choose another run_name"
+        )
+    return str(name)
+
+
+OmegaConf.register_new_resolver("checked_run_name", check_run_name, replace=True)
+OmegaConf.register_new_resolver(
+    "monitor_mode", lambda monitor, mode: monitor_mode(monitor, mode), replace=True
+)
 
 
 def to_plain(cfg: DictConfig) -> dict:
@@ -228,17 +317,21 @@ class CheckOutputDir(Callback):
     ``paths.runs`` is one line naming the path, not a traceback."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._check(config.hydra.run.dir)
+        self._check(config, "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._check(config.hydra.sweep.dir)
+        self._check(config, "hydra.sweep.dir")
 
     @staticmethod
-    def _check(directory: str) -> None:
+    def _check(config: DictConfig, key: str) -> None:
         try:
+            directory = OmegaConf.select(config, key)  # resolving it checks run_name
             check_writable(Path(directory), "the run")
-        except UserError as error:
-            print(f"error: {error}", file=sys.stderr)
+        except Exception as error:
+            cause = _user_error_in(error)
+            if cause is None:
+                raise
+            print(f"error: {cause}", file=sys.stderr)
             sys.exit(EXIT_USER_ERROR)
 
 
@@ -248,7 +341,8 @@ def output_dirs(cfg: DictConfig, run_dir: Path) -> tuple[Path, Path]:
     try:
         relative = run_dir.resolve().relative_to(Path(cfg.paths.runs).resolve())
     except ValueError:  # hydra.run.dir was pointed outside paths.runs
-        relative = Path(cfg.run_name)
+        relative = Path(check_run_name(cfg.run_name))
+    check_run_name(relative.as_posix())
     return run_dir, Path(cfg.paths.checkpoints) / relative
 
 
@@ -278,72 +372,72 @@ def build(node: Any, **kwargs: Any) -> Any:
         raise
 
 
-# Where a `_target_` read from a file (a checkpoint's stored config) may point. Everything
-# else — os.system, builtins.eval, subprocess.run, or torch.hub.load, which runs downloaded
-# code — is refused before anything is imported or built.
-TRUSTED_TARGETS = (
-    "models.",
-    "data.",
-    "utils.precision.",
-    "utils.schedulers.",
-    "torch.nn.",
-    "torch.optim.",
-    "torchvision.models.",
-    "torchvision.transforms.",
-)
-
-
-def check_targets(config: Any, where: str = "") -> None:
-    """Refuse any ``_target_`` outside :data:`TRUSTED_TARGETS`, naming its key."""
-    if isinstance(config, dict):
-        for key, value in config.items():
-            path = f"{where}.{key}" if where else str(key)
-            if key == "_target_" and not _trusted(value):
-                raise UserError(
-                    f"refusing the stored config: {path}={value!r} is not a torchloom, torch or "
-                    f"torchvision builder; the file may be hostile, so nothing was built"
-                )
-            check_targets(value, path)
-    elif isinstance(config, list):
-        for index, value in enumerate(config):
-            check_targets(value, f"{where}[{index}]")
-
-
-def _trusted(target: Any) -> bool:
-    if not isinstance(target, str) or not target.startswith(TRUSTED_TARGETS):
-        return False
-    if any(not part.isidentifier() or part.startswith("__") for part in target.split(".")):
-        return False
-    from hydra._internal.utils import _locate
-
-    try:  # safe to import now: the module lies inside a trusted package
-        located = _locate(target)
-    except Exception:
-        return False
-    # An alias such as torch.nn.functional.os.system resolves outside the trusted packages.
-    module = getattr(located, "__module__", None) or getattr(located, "__name__", "")
-    return f"{module}.".startswith(TRUSTED_TARGETS)
-
-
-# Keys whose change makes a checkpoint's weights or data position mean something else.
-RESUME_KEYS = ("model", "data", "trainer.accumulate_grad_batches")
-# Data keys that only say where the same data lives or how fast it is read.
+# What a resume may change. Every key of the new config that differs from the checkpoint's
+# is one of these (the README's "Resuming" lists them):
+# refused unless resume_allow_changes=true: the weights or the data order would mean another run;
+CHANGES_NEED_ALLOW = ("model", "data", "trainer.accumulate_grad_batches", "seed")
+# refused always: the saved optimizer, schedule or best-so-far state cannot carry over;
+CHANGES_NEVER = (
+    "optim._target_", "optim.decay_bias_and_norm", "scheduler._target_", "trainer.monitor",
+    "trainer.monitor_mode",
+)  # fmt: skip
+# data keys that only say where the same data lives or how fast it is read;
 DATA_KEYS_FREE_TO_CHANGE = ("root", "download", "num_workers", "eval_batch_size", "path")
+# everything else is applied exactly from the resume point on and reported. Of those, these
+# rebuild the optimizer's hyperparameters and the LR schedule at the current step.
+CHANGES_RESCHEDULE = ("optim", "scheduler", "trainer.max_epochs", "data.batch_size")
+# Keys that say how to start this invocation, not what the run is.
+INVOCATION_KEYS = ("resume", "resume_allow_changes", "overwrite", "init_from", "tune", "run_name")
 
 
-def config_changes(stored: dict, current: dict) -> list[str]:
-    """Keys under :data:`RESUME_KEYS` that differ, as ``key: stored -> current`` lines."""
-    stored_flat, current_flat = flatten(stored), flatten(current)
-    changes = []
+@dataclass
+class ResumeChanges:
+    """How the new config differs from a checkpoint's, as ``key: stored -> current`` lines."""
+
+    never: list[str] = field(default_factory=list)
+    need_allow: list[str] = field(default_factory=list)
+    applied: list[str] = field(default_factory=list)
+
+    @property
+    def reschedule(self) -> bool:
+        return any(line.startswith(CHANGES_RESCHEDULE) for line in self.applied + self.need_allow)
+
+
+def config_changes(stored: dict, current: dict) -> ResumeChanges:
+    stored_flat, current_flat = _comparable(stored), _comparable(current)
+    changes = ResumeChanges()
     for key in sorted(set(stored_flat) | set(current_flat)):
-        if not key.startswith(RESUME_KEYS):
-            continue
-        if key.startswith("data.") and key.split(".")[1] in DATA_KEYS_FREE_TO_CHANGE:
+        if key.split(".")[0] in INVOCATION_KEYS:
             continue
         before, after = stored_flat.get(key, "<absent>"), current_flat.get(key, "<absent>")
-        if before != after:
-            changes.append(f"{key}: {before} -> {after}")
+        if before == after:
+            continue
+        line = f"{key}: {before} -> {after}"
+        free_data = key.startswith("data.") and key.split(".")[1] in DATA_KEYS_FREE_TO_CHANGE
+        if key in CHANGES_NEVER:
+            changes.never.append(line)
+        elif _under(key, CHANGES_NEED_ALLOW) and not free_data:
+            changes.need_allow.append(line)
+        else:
+            changes.applied.append(line)
     return changes
+
+
+def _under(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == prefix or key.startswith(f"{prefix}.") for prefix in prefixes)
+
+
+def _comparable(config: dict) -> dict[str, Any]:
+    """Flattened, with the monitor's direction resolved (``auto`` and ``max`` for an accuracy
+    are the same setting)."""
+    from utils.monitor import monitor_mode
+
+    flat = flatten(config)
+    monitor, mode = flat.get("trainer.monitor"), flat.get("trainer.monitor_mode")
+    if monitor is not None and mode is not None:
+        with contextlib.suppress(UserError):  # a stored contradiction compares as written
+            flat["trainer.monitor_mode"] = monitor_mode(monitor, mode)
+    return flat
 
 
 def flatten(config: Mapping, prefix: str = "") -> dict[str, Any]:
@@ -378,10 +472,23 @@ def run_cli(main: Any, config_name: str) -> None:
     try:
         main()
     except (HydraException, OmegaConfBaseException, ValueError) as error:
+        cause = _user_error_in(error)
+        if cause is not None:  # a resolver refused a value (run_name, monitor_mode)
+            print(f"error: {cause}", file=sys.stderr)
+            sys.exit(EXIT_USER_ERROR)
         if isinstance(error, InstantiationException) or not _raised_by_hydra(error):
             raise
         print(f"error: {command_line_error(error, config_name)}", file=sys.stderr)
         sys.exit(1)
+
+
+def _user_error_in(error: BaseException | None) -> UserError | None:
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, UserError):
+            return error
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
 
 
 def _raised_by_hydra(error: BaseException) -> bool:
