@@ -31,6 +31,9 @@ def test_a_failed_run_leaves_earlier_checkpoints_untouched(tmp_path):
     run_train(tmp_path, "run_name=keep", "trainer.max_epochs=1")
     saved = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints" / "keep").iterdir()}
     result = run_train(tmp_path, "run_name=keep", "data.path=missing.csv.gz", ok=False)
+    assert "already holds a run" in error_line(result)  # a new run never replaces it silently
+    result = run_train(tmp_path, "run_name=keep", "data.path=missing.csv.gz", "overwrite=true",
+                       ok=False)  # fmt: skip
     assert "cannot read digits file missing.csv.gz" in error_line(result)
     assert {p.name: p.read_bytes() for p in (tmp_path / "checkpoints" / "keep").iterdir()} == saved
 

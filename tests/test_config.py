@@ -180,5 +180,5 @@ def test_the_default_config_is_valid_and_resolves():
     cfg = make_config()
     check_config(cfg)
     assert cfg.data._target_ == "data.digits.load_digits" and cfg.model._target_ == "models.mlp.mlp"
-    assert cfg.trainer.monitor == "val/acc" and cfg.trainer.monitor_mode == "max"
+    assert cfg.trainer.monitor == "val/acc" and cfg.trainer.monitor_mode == "auto"
     assert not math.isnan(cfg.optim.lr)

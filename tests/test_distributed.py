@@ -174,3 +174,18 @@ def test_evaluate_under_two_processes_matches_one(tmp_path):
     assert sharded["confusion"] == single["confusion"]
     assert sharded["test/acc"] == single["test/acc"]
     assert sharded["test/loss"] == pytest.approx(single["test/loss"], rel=1e-5)
+
+
+def test_ranks_draw_their_own_dropout_masks_and_save_each_stream(tmp_path):
+    probe = ("model._target_=signalling_model.dropout_probe", "model.hidden_sizes=[16]",
+             "trainer.max_epochs=1", "data.batch_size=16")  # fmt: skip
+    torchrun(tmp_path, *probe, "run_name=ddp")
+    first, second = (torch.load(tmp_path / f"mask-rank{r}.pt") for r in (0, 1))
+    assert not torch.equal(first, second)  # each rank its own stream for what forward draws
+    (tmp_path / "mask-rank0.pt").rename(tmp_path / "ddp-rank0.pt")
+    run_train(tmp_path, *probe, "run_name=single")
+    # Rank 0 keeps the stream of the seed: a one-process run draws what rank 0 drew.
+    assert torch.equal(torch.load(tmp_path / "mask-rank0.pt"), first)
+    saved = load_checkpoint(tmp_path / "checkpoints/ddp/last.pt")
+    streams = [state["torch"] for state in saved["rng_per_rank"]]
+    assert len(streams) == 2 and not torch.equal(*streams)

@@ -12,6 +12,8 @@ from omegaconf import OmegaConf
 
 CHECKPOINT_KEYS = {
     "format_version",
+    "rng_per_rank",
+    "skipped_steps",
     "model",
     "optimizer",
     "scheduler",

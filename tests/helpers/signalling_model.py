@@ -121,3 +121,24 @@ class Constant(nn.Module):
 def fixed_input(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
     """A model written for 28×28 images only, whatever the data says."""
     return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, num_classes))
+
+
+class DropoutProbe(nn.Module):
+    """Saves the first dropout mask its training forward draws (from the global RNG, as every
+    dropout layer does) to ``mask-rank<RANK>.pt`` in the working directory."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.saved = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and not self.saved:
+            mask = nn.functional.dropout(torch.ones(256), 0.5, training=True)
+            torch.save(mask, f"mask-rank{os.environ.get('RANK', '0')}.pt")
+            self.saved = True
+        return self.inner(x)
+
+
+def dropout_probe(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
+    return DropoutProbe(plain_mlp(input_shape, num_classes, hidden_sizes, dropout, init))

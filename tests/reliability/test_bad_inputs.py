@@ -8,8 +8,11 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import shutil
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -51,6 +54,9 @@ def workspace(tmp_path_factory) -> Path:
     state = load_checkpoint(cwd / "checkpoints/base/best.pt")
     state["config"]["model"] = {"_target_": "posix.system", "_args_": ["touch pwned"]}
     torch.save(state, cwd / "command.pt")
+    hostile_configs(cwd, load_checkpoint(cwd / "checkpoints/base/best.pt"))
+    (cwd / "checkpoints/unreadable").mkdir(parents=True)
+    (cwd / "checkpoints/unreadable/last.pt").write_bytes(b"\0" * 64)
     (cwd / "a_file").write_text("")
     images = cwd / "images"
     for split in ("train", "val"):
@@ -58,6 +64,10 @@ def workspace(tmp_path_factory) -> Path:
             (images / split / label).mkdir(parents=True)
             Image.new("RGB", (8, 8)).save(images / split / label / "0.png")
     (images / "train" / "cat" / "broken.png").write_bytes(b"not a png")
+    for name, content in (("zero_images", b""), ("bomb_images", png_bomb())):
+        shutil.copytree(images / "train", cwd / name / "train", ignore=ignore_broken)
+        shutil.copytree(images / "val", cwd / name / "val")
+        (cwd / name / "val" / "dog" / "bad.png").write_bytes(content)
     (images / "empty_class" / "train" / "cat").mkdir(parents=True)
     (images / "empty_class" / "val" / "cat").mkdir(parents=True)
     rows = [",".join(["0"] * 64 + [str(i % 10)]) for i in range(200)]
@@ -67,11 +77,41 @@ def workspace(tmp_path_factory) -> Path:
     return cwd
 
 
+def ignore_broken(folder: str, names: list[str]) -> list[str]:
+    return [name for name in names if name == "broken.png"]
+
+
+def hostile_configs(cwd: Path, state: dict) -> None:
+    """Checkpoints whose stored config would run code, and files that are not whole ones."""
+    config = state["config"]
+    evil = "${oc.create:{_target_: pathlib.Path.write_text, _args_: [{_target_: pathlib.Path, "
+    evil += "_args_: [pwned]}, 'import os']}}"
+    for name, key, value in (("interpolated", "dropout", evil),
+                             ("prefix", "_target_", "torch.nn.attention._fa4._fa4_import_module")):  # fmt: skip
+        torch.save({**state, "config": {**config, "model": {**config["model"], key: value}}},
+                   cwd / f"{name}.pt")  # fmt: skip
+    torch.save({"model": state["model"]}, cwd / "weights.pt")
+    torch.save({**state, "format_version": 99}, cwd / "future.pt")
+
+
+def png_bomb(side: int = 40_000) -> bytes:
+    """A valid PNG header claiming side × side pixels: PIL refuses it as a decompression bomb."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + body
+
+
 def python(cwd: Path, script: Path | str, *args: str, check: bool = True, env=None):
     command = [sys.executable, *(["-m", script] if isinstance(script, str) else [str(script)])]
     env = {**os.environ, "PYTHONPATH": str(HELPERS), **(env or {})}
     result = subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True,
-                            timeout=300, env=env)  # fmt: skip
+                            timeout=180, env=env)  # fmt: skip
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -135,6 +175,44 @@ ROWS = [
     ("unwritable checkpoints folder", TRAIN, ["paths.checkpoints=a_file/ck"], "a_file/ck"),
     ("sweep with one bad job", TRAIN, ["-m", *TINY, "run_name=sweep", "optim.lr=0.01,-1"],
      "1 of 2 jobs did not complete"),
+    # A stored config is data; a file that is not a training checkpoint says what it lacks.
+    ("evaluate: interpolation in the stored config", EVALUATE, ["ckpt=interpolated.pt"],
+     "model.dropout=\"${oc.create"),
+    ("evaluate: a target under a trusted prefix", EVALUATE, ["ckpt=prefix.pt"],
+     "not one of torchloom's builders"),
+    ("evaluate: weights only", EVALUATE, ["ckpt=weights.pt"], "holds no torchloom config"),
+    ("resume: weights only", TRAIN, ["resume=weights.pt"], "use init_from=weights.pt"),
+    ("resume: a newer format", TRAIN, ["resume=future.pt"], "format 99"),
+    ("resume: optimizer switched", TRAIN, [*TINY, "run_name=base", "resume=auto", "optim=sgd"],
+     "optim._target_: torch.optim.AdamW -> torch.optim.SGD"),
+    ("resume: seed changed", TRAIN, [*TINY, "run_name=base", "resume=auto", "seed=5"],
+     "seed: 0 -> 5"),
+    ("resume=auto: no checkpoint readable", TRAIN, [*TINY, "run_name=unreadable", "resume=auto"],
+     "no readable checkpoint in checkpoints/unreadable"),
+    ("reused run name", TRAIN, [*TINY, "run_name=base"], "already holds a run"),
+    ("run name escaping runs/", TRAIN, ["run_name=../../outside"], "run_name='../../outside'"),
+    ("absolute run name", TRAIN, ["run_name=/tmp/elsewhere"], "run_name='/tmp/elsewhere'"),
+    # Every value is checked against its builder before any data is loaded.
+    ("betas out of range", TRAIN, ["optim.betas=[1.5,0.999]"], "optim.betas=[1.5, 0.999]"),
+    ("negative momentum", TRAIN, ["optim=sgd", "optim.momentum=-1"], "optim.momentum=-1"),
+    ("an optimizer key it does not take", TRAIN, ["+optim.foo=1"], "optim.foo is not a parameter"),
+    ("step_size 0", TRAIN, ["scheduler=step", "scheduler.step_size=0"], "scheduler.step_size=0"),
+    ("plateau factor above 1", TRAIN, ["scheduler=plateau", "scheduler.factor=2"],
+     "scheduler.factor=2"),
+    ("negative warmup", TRAIN, ["scheduler.warmup_steps=-5"], "scheduler.warmup_steps=-5"),
+    ("negative hidden size", TRAIN, ["model.hidden_sizes=[-1]"], "model.hidden_sizes=[-1]"),
+    ("monitor and mode contradict", TRAIN, ["trainer.monitor=val/loss", "trainer.monitor_mode=max"],
+     "would keep the worst epoch"),
+    ("image size of one value", TRAIN, ["data=imagefolder", "data.root=images",
+                                        "data.image_size=[8]"], "data.image_size=[8]"),
+    # A bad image ends the run in one line whatever the number of decoding workers.
+    ("corrupt image, 2 workers", TRAIN, ["data=imagefolder", "data.root=images",
+                                         "data.batch_size=1", "data.num_workers=2"], "broken.png"),
+    ("empty image, 2 workers", TRAIN, ["data=imagefolder", "data.root=zero_images",
+                                       "data.batch_size=1", "data.num_workers=2"], "bad.png"),
+    ("decompression bomb, 2 workers", TRAIN, ["data=imagefolder", "data.root=bomb_images",
+                                              "data.batch_size=1", "data.num_workers=2"],
+     "a possible decompression bomb"),
 ]
 # fmt: on
 if not torch.cuda.is_available():
