@@ -73,6 +73,8 @@ HOSTILE_CONFIGS = [
      r"data._args_\[0\]._target_"),
     ("alias through a trusted module", {"model": {"_target_": "models.mlp.math.prod"}},
      "models.mlp.math.prod"),
+    ("a target that is not a string", {"model": {"_target_": {"_target_": "os.system"}}},
+     "model._target_="),
 ]  # fmt: skip
 
 
@@ -430,3 +432,27 @@ def test_a_cifar_batch_with_fewer_labels_than_images_is_refused(tmp_path):
         pickle.dump(batch, f, protocol=2)
     with pytest.raises(UserError, match="has 20 images but 19 labels"):
         read_batch(folder / "data_batch_1")
+
+
+def test_a_plateau_schedule_keeps_its_reductions_scaled_to_a_new_lr_on_resume():
+    from utils.optim import hyperparameters
+    from utils.schedulers import plateau
+
+    def build(lr: float, factor: float):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+        schedule = plateau(optimizer, 100, 10, warmup_steps=0, monitor="val/acc", mode="max",
+                           factor=factor, patience=0, min_lr=0.0)  # fmt: skip
+        return optimizer, schedule
+
+    optimizer, schedule = build(0.1, 0.5)
+    for acc in (0.5, 0.4):  # no improvement at the second validation: one reduction
+        schedule.after_optimizer_step()
+        schedule.after_validation({"val/acc": acc})
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+    saved = (optimizer.state_dict(), schedule.state_dict())
+    resumed, continued = build(0.2, 0.1)
+    built = hyperparameters(resumed)
+    resumed.load_state_dict(saved[0])
+    continued.continue_changed(saved[1], resumed, built)
+    assert resumed.param_groups[0]["lr"] == pytest.approx(0.1)  # 0.05 × 0.2 / 0.1
+    assert continued.plateau.factor == 0.1 and continued.plateau.best == 0.5

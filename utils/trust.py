@@ -64,7 +64,8 @@ def check_stored_config(config: Any, source: Path | str) -> None:
                 f"refusing the config stored in {source}: {key}={value!r} is an interpolation, "
                 "and a stored config is data; the file may be hostile, so nothing was built"
             )
-        if key.rsplit(".", 1)[-1] == "_target_" and value not in allowed_builders():
+        is_target = key.rsplit(".", 1)[-1] == "_target_"
+        if is_target and not (isinstance(value, str) and value in allowed_builders()):
             raise UserError(
                 f"refusing the config stored in {source}: {key}={value!r} is not one of "
                 "torchloom's builders (the _target_s in conf/); the file may be hostile, so "
