@@ -456,3 +456,15 @@ def test_a_plateau_schedule_keeps_its_reductions_scaled_to_a_new_lr_on_resume():
     continued.continue_changed(saved[1], resumed, built)
     assert resumed.param_groups[0]["lr"] == pytest.approx(0.1)  # 0.05 × 0.2 / 0.1
     assert continued.plateau.factor == 0.1 and continued.plateau.best == 0.5
+
+
+@pytest.mark.parametrize(("key", "value"), [("config", "x"), ("epoch", "3"), ("top_k", {}),
+                                            ("global_step", True), ("rng", None)])  # fmt: skip
+def test_an_edited_training_checkpoint_is_refused_naming_the_key(base, key, value):
+    from utils.checkpoint import check_training_checkpoint
+
+    state = load_checkpoint(base / "checkpoints/base/last.pt")
+    check_training_checkpoint(Path("last.pt"), state)
+    state[key] = value
+    with pytest.raises(UserError, match=f"its '{key}' is a"):
+        check_training_checkpoint(Path("last.pt"), state)

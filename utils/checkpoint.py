@@ -40,8 +40,12 @@ from utils.errors import UserError
 
 FORMAT_VERSION = 2  # 2: loss sums under "losses", with the losses not yet summed
 # What resuming needs besides the weights (format 1 kept its loss sums under other names).
-TRAINING_KEYS = ("optimizer", "scheduler", "scaler", "epoch", "batch_in_epoch", "global_step",
-                 "best_metric", "best_epoch", "top_k", "metrics", "config", "rng")  # fmt: skip
+NUMBER = (int, float, type(None))
+TRAINING_KEYS = {
+    "optimizer": dict, "scheduler": dict, "scaler": dict, "epoch": int, "batch_in_epoch": int,
+    "global_step": int, "best_metric": NUMBER, "best_epoch": (int, type(None)), "top_k": list,
+    "metrics": dict, "config": dict, "rng": dict,
+}  # fmt: skip
 TOP_K_NAME = re.compile(r"epoch=(\d{3,})-[A-Za-z0-9_.+-]+=-?(\d+\.\d{4}|inf|nan)\.pt")
 STALE_AFTER_SECONDS = 3600  # a temporary file of another machine's writer, untouched this long
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
@@ -219,6 +223,13 @@ def check_training_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:
             f"cannot resume from {path}: it holds no {', '.join(missing)} (weights only?); "
             f"use init_from={path} to start from its weights"
         )
+    for key, kind in TRAINING_KEYS.items():
+        value = checkpoint[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise UserError(
+                f"cannot resume from {path}: its {key!r} is a {type(value).__name__}, not what "
+                f"torchloom writes (was it edited?); use init_from={path} for its weights"
+            )
 
 
 def find_checkpoints(folder: Path) -> list[Path]:
