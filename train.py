@@ -22,14 +22,12 @@ catch_early_signals()  # first: a SIGTERM while torch is still importing is acte
 
 import itertools
 import logging
-import math
 import sys
 import time
 from pathlib import Path
 
 import hydra
 import torch
-import torch.nn.functional as F
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
@@ -38,22 +36,14 @@ from utils import debug, distributed, report, sweep
 from utils.checkpoint import (
     check_new_run,
     check_resumable,
-    checked_top_k,
-    fresh_state,
-    keep_copies,
     load_checkpoint,
     load_weights,
     prepare_dir,
-    prune_top_k,
-    rank_top_k,
     remove_files,
     remove_stale_temporary_files,
-    restore,
     resume_point,
-    save_atomic,
-    top_k_name,
-    training_checkpoint,
 )
+from utils.checkpointer import Checkpointer, Parts, RunRecord
 from utils.compilation import compile_or_eager
 from utils.config import build, check_config, output_dirs, run_cli, to_plain
 from utils.device import configure_device, configure_threads, resolve_device, wants_channels_last
@@ -61,93 +51,19 @@ from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate
 from utils.finders import tune
 from utils.guards import run_guards
+from utils.loop import Loop
 from utils.loss_sums import LossSums
-from utils.memory import collect_cycles, cycle_collection_by_the_loop, out_of_memory
+from utils.memory import collect_cycles, cycle_collection_by_the_loop
 from utils.model_check import check_forward
-from utils.monitor import monitor_mode
+from utils.monitor import Monitor
 from utils.nonfinite import NonFiniteWatch
-from utils.optim import build_optimizer, hyperparameters
+from utils.optim import build_optimizer
 from utils.progress import TrainingProgress, data_wait_advice
-from utils.seeding import all_rng_states, configure_determinism, seed_everything, seed_rank_stream
-from utils.signals import EXIT_INTERRUPTED, StopRequest, continue_command
+from utils.seeding import configure_determinism, seed_everything
+from utils.signals import EXIT_INTERRUPTED, Interrupted, StopRequest, continue_command
+from utils.state import TrainState
 
 log = logging.getLogger("torchloom")
-
-
-def train_one_epoch(
-    model, batches, optimizer, schedule, precision, trainer, state, losses, writer, progress,
-    stop, watch,
-) -> bool:  # fmt: skip
-    """Train from the data position in ``state`` to the end of its epoch. Returns False when a
-    stop was requested first; ``state`` then holds the position to resume from.
-
-    The loss stays on the device; the host waits for it only on logging steps.
-    """
-    model.train()
-    accumulate = trainer.accumulate_grad_batches
-    # Every optimizer step sees exactly `accumulate` micro-batches; a remainder is dropped.
-    micro_batches = (len(batches) // accumulate) * accumulate
-    start = state["batch_in_epoch"]
-    timed_batches, window_start = 0, time.perf_counter()
-    several_processes = distributed.is_distributed()
-    batches_left = itertools.islice(batches.epoch(state["epoch"], start), micro_batches - start)
-    for index, (images, labels) in enumerate(progress.data_wait.timed(batches_left), start):
-        # Under DDP, only the last micro-batch of a step all-reduces its gradients.
-        with distributed.gradient_sync(model, sync=(index + 1) % accumulate == 0):
-            with precision.autocast():
-                loss = F.cross_entropy(model(images), labels)
-            precision.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
-        losses.add(watch.observe(loss))  # summed, and checked for NaN/Inf, at the next sync
-        timed_batches += 1
-        state["batch_in_epoch"] = index + 1
-        if (index + 1) % accumulate:
-            continue
-
-        log_due = (state["global_step"] + 1) % trainer.log_every_n_steps == 0
-        grad_norm = None
-        if trainer.gradient_clip_val is not None or log_due:
-            precision.scaler.unscale_(optimizer)  # clip and measure true gradients, not scaled
-            if trainer.gradient_clip_val is not None:
-                max_norm = trainer.gradient_clip_val
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-            else:  # measured only: no pass over every gradient to scale it by 1
-                grads = [p.grad for p in model.parameters() if p.grad is not None]
-                grad_norm = torch.nn.utils.get_total_norm(grads)
-            if log_due and trainer.log_grad_norms == "per_layer":
-                for name, norm in report.per_layer_grad_norms(model).items():
-                    writer.add_scalar(f"grad_norm/{name}", norm, state["global_step"] + 1)
-        if watch.step_allowed(state["global_step"] + 1, optimizer):
-            precision.scaler.step(optimizer)
-            precision.scaler.update()
-            schedule.after_optimizer_step()  # the LR schedule counts the steps taken
-        else:
-            precision.discard_step()
-        optimizer.zero_grad(set_to_none=True)
-        state["global_step"] += 1
-
-        if log_due:
-            step, seconds = state["global_step"], time.perf_counter() - window_start
-            mean_loss = distributed.all_mean(losses.window_mean(step), labels.device)  # the sync
-            watch.check(step, model, optimizer, precision.scaler)
-            samples_per_second = timed_batches * len(labels) / seconds
-            writer.add_scalar("train/loss", mean_loss, step)
-            writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], step)
-            writer.add_scalar("train/grad_norm", grad_norm.item(), step)
-            writer.add_scalar("train/skipped_steps", watch.skipped, step)
-            progress.update(state["epoch"], step, mean_loss, samples_per_second)
-            collect_cycles()  # here, not at a random step (utils/memory.py)
-            timed_batches, window_start = 0, time.perf_counter()
-        else:
-            progress.update(state["epoch"], state["global_step"])
-        # Several processes must stop at the same step: they agree when they sync anyway.
-        stop_check_due = log_due or not several_processes
-        if (
-            stop_check_due
-            and distributed.agree(stop.requested, labels.device)
-            and index + 1 < micro_batches
-        ):
-            return False
-    return True
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -156,7 +72,11 @@ def main(cfg: DictConfig) -> float:
     sweep (-m) a failed job is recorded and returns the worst value; the sweep goes on."""
     try:
         with StopRequest() as stop:
-            return train(cfg, stop)
+            try:
+                return train(cfg, stop)
+            except Interrupted:  # last.pt holds the exact position
+                stop.hand_on()  # a job scheduler's requeue, now that the checkpoint is safe
+                sys.exit(EXIT_INTERRUPTED)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         if not sweep.in_sweep() or isinstance(error, sweep.ForeignJob):
@@ -175,6 +95,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     started = time.perf_counter()
     check_config(cfg)
     trainer = OmegaConf.to_object(cfg.trainer)  # a plain dataclass: the loop reads it every step
+    monitor = Monitor.from_config(trainer.monitor, trainer.monitor_mode)
     processes = distributed.processes_from_env()  # under torchrun: this rank; rank 0 alone reports
     console = Console(quiet=not processes.is_main)
     if not processes.is_main:
@@ -192,7 +113,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     replaced = []  # an earlier run of this name, with overwrite=true: removed once set up
     if resume is None and not trainer.shapes_only:  # never silently over an earlier run
         replaced = check_new_run(run_dir, checkpoint_dir, cfg.overwrite)
-    resumed = resume_point(resume, checkpoint_dir)
+    resumed, changes = resume_point(resume, checkpoint_dir), None
     if resumed:
         changes = check_resumable(*resumed, config, cfg.resume_allow_changes, overrides)
         for line in changes.applied + changes.need_allow:
@@ -261,28 +182,13 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
                     run_dir, console)  # fmt: skip
 
     # --- Training state: fresh, or exactly where a checkpoint left off -------------------
-    state = fresh_state()
+    state = TrainState()
     losses = LossSums(device, trainer.accumulate_grad_batches)
     watch = NonFiniteWatch(trainer.nonfinite, trainer.max_consecutive_skips, losses)
-    if resumed:
-        built = hyperparameters(optimizer)  # as the new config builds them
-        restored_schedule = None if changes.reschedule else schedule
-        restore(resumed[1], model, optimizer, restored_schedule, precision.scaler, state, losses)
-        if changes.reschedule:
-            schedule.continue_changed(resumed[1]["scheduler"], optimizer, built)
-        state["top_k"] = checked_top_k(state["top_k"], checkpoint_dir)
-        if processes.is_main and trainer.write_outputs:
-            prune_top_k(checkpoint_dir, state["top_k"], trainer.keep_top_k, state["epoch"])
-        watch.skipped = state["skipped_steps"]
-        state["batch_in_epoch"] = distributed.rescale_position(
-            state["batch_in_epoch"], resumed[1].get("world_size", 1), processes.world_size,
-            trainer.accumulate_grad_batches,
-        )  # fmt: skip
-        watch.saved = f"{resumed[0]} is intact"
-        log.info("resumed from %s: epoch %d, batch %d, step %d", resumed[0], state["epoch"] + 1,
-                 state["batch_in_epoch"], state["global_step"])  # fmt: skip
-    else:  # the model is built alike everywhere; what the forward pass draws differs by rank
-        seed_rank_stream(cfg.seed, processes.rank)
+    parts = Parts(step_model, optimizer, schedule, precision, watch)
+    checkpointer = Checkpointer(checkpoint_dir, parts, state, monitor, RunRecord(config, overrides),
+                                writes=processes.is_main and trainer.write_outputs)  # fmt: skip
+    checkpointer.resume(resumed, changes, cfg.seed)
     if cfg.init_from and not resumed:
         load_weights(model, load_checkpoint(cfg.init_from)["model"])
         log.info("weights from %s; optimizer, schedule and counters start fresh", cfg.init_from)
@@ -294,7 +200,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
 
     # Resuming: points logged after the checkpoint by the interrupted run are dropped.
     writer = (
-        SummaryWriter(run_dir, purge_step=state["global_step"] + 1 if resumed else None)
+        SummaryWriter(run_dir, purge_step=state.global_step + 1 if resumed else None)
         if processes.is_main and trainer.write_outputs
         else distributed.NullWriter()
     )
@@ -303,121 +209,63 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     profiler = debug.start_profiler(trainer.profile_steps, run_dir)  # debug=profile
     if profiler:
         train_batches = debug.Profiled(train_batches, profiler)
-    sign = 1 if monitor_mode(trainer.monitor, trainer.monitor_mode) == "max" else -1
-    final = state["metrics"]
-
-    def save(path: Path) -> None:
-        rng = all_rng_states()  # every process takes part: each saves its own dropout stream
-        state["skipped_steps"] = watch.skipped
-        if processes.is_main and trainer.write_outputs:  # one process writes the weights
-            save_atomic(training_checkpoint(model, optimizer, schedule, precision.scaler, state,
-                                            losses, trainer.monitor, config, overrides, rng),
-                        path)  # fmt: skip
+    final = state.metrics
 
     # --- Train -----------------------------------------------------------------------------
-    train_seconds, trained_steps = 0.0, 0
-    stopped = distributed.agree(stop.requested, device)  # a signal during start-up
     progress = TrainingProgress(console, total_steps, trainer.max_epochs)
+    loop = Loop(parts, trainer, state, stop, writer, progress)
+    stopped = distributed.agree(stop.requested, device)  # a signal during start-up
     with progress, cycle_collection_by_the_loop():
-        while state["epoch"] < trainer.max_epochs and not stopped:
-            epoch_start, step_before = time.perf_counter(), state["global_step"]
-            wait_before = progress.data_wait.seconds
-            try:
-                finished = train_one_epoch(step_model, train_batches, optimizer, schedule,
-                                           precision, trainer, state, losses, writer, progress,
-                                           stop, watch)  # fmt: skip
-            except torch.OutOfMemoryError:
-                accumulate = trainer.accumulate_grad_batches
-                raise out_of_memory(device, data.batch_size, accumulate, watch.saved) from None
-            except RuntimeError as error:  # debug=anomaly names the op that made a NaN
-                raise (debug.anomaly_error(error) or error) from None
-            if finished:  # reading the loss waits for the device, so the clock below is true
-                micro_batches = steps_per_epoch * trainer.accumulate_grad_batches
-                epoch_loss = losses.epoch_mean(state["global_step"], micro_batches)
-                final["train/loss"] = distributed.all_mean(epoch_loss, device)
-            seconds = time.perf_counter() - epoch_start
-            train_seconds += seconds
-            trained_steps += state["global_step"] - step_before
-            if not finished:
+        while state.epoch < trainer.max_epochs and not stopped:
+            if not loop.epoch(train_batches, data.batch_size):
                 stopped = True
                 break
-            samples = (state["global_step"] - step_before) * trainer.accumulate_grad_batches
-            writer.add_scalar("train/samples_per_second", samples * data.batch_size / seconds,
-                              state["global_step"])  # fmt: skip
-            waited = (progress.data_wait.seconds - wait_before) / seconds
-            writer.add_scalar("train/data_wait_fraction", waited, state["global_step"])
-            state.update(epoch=state["epoch"] + 1, batch_in_epoch=0)
-            improved, keep, dropped = False, False, []
-            if (
-                state["epoch"] % trainer.val_every_n_epochs == 0
-                or state["epoch"] == trainer.max_epochs
-            ):
+            state.next_epoch()
+            value = None  # the monitored metric, when this epoch is validated
+            if state.epoch % trainer.val_every_n_epochs == 0 or state.epoch == trainer.max_epochs:
                 val = evaluate(eval_model, val_batches.epoch(0), precision, data.num_classes)
-                final.update({f"val/{name}": value for name, value in val.items()})
-                for name, value in val.items():
-                    writer.add_scalar(f"val/{name}", value, state["global_step"])
+                final.update({f"val/{name}": metric for name, metric in val.items()})
+                for name, metric in val.items():
+                    writer.add_scalar(f"val/{name}", metric, state.global_step)
                 schedule.after_validation(final)
-                value = final[trainer.monitor]
-                # Ties go to the later epoch: trained longer, usually at a lower LR.
-                improved = (
-                    state["best_metric"] is None or sign * (value - state["best_metric"]) >= 0
-                )
-                if improved:
-                    state["best_metric"], state["best_epoch"] = value, state["epoch"]
-                top_k_file = top_k_name(state["epoch"], trainer.monitor, value)
-                keep, dropped = rank_top_k(
-                    state["top_k"], trainer.keep_top_k, top_k_file, value, sign
-                )
-            # Never a checkpoint from NaN weights.
-            watch.check(state["global_step"], model, optimizer, precision.scaler, weights=True)
-            save(checkpoint_dir / "last.pt")
-            watch.saved = f"{checkpoint_dir / 'last.pt'} (epoch {state['epoch']}) is intact"
-            if processes.is_main and trainer.write_outputs:  # best.pt, top-k: copies of last.pt
-                keep_copies(checkpoint_dir, best=improved, top_k_file=keep and top_k_file,
-                            dropped=dropped)  # fmt: skip
+                value = final[monitor.name]
+            checkpointer.save_epoch(value)
             collect_cycles()  # also once an epoch, however long the logging window
             log.info(
                 "epoch %d/%d  train/loss %.4f  %s",
-                state["epoch"],
+                state.epoch,
                 trainer.max_epochs,
                 final["train/loss"],
                 "  ".join(f"{k} {v:.4f}" for k, v in final.items() if k.startswith("val/")),
             )
             stopped = distributed.agree(stop.requested, device)
-            if stopped:
-                break
 
     if stopped:  # a signal: save the exact position, flush, say how to continue
-        unsaved = state["batch_in_epoch"] or not (checkpoint_dir / "last.pt").exists()
-        if distributed.agree(bool(unsaved), device):  # saving is collective: all or none
-            watch.check(state["global_step"], model, optimizer, precision.scaler, weights=True)
-            save(checkpoint_dir / "last.pt")
+        checkpointer.save_on_stop(device)
         writer.close()
         if processes.is_main:
-            command = continue_command(overrides, checkpoint_dir / "last.pt", processes)
+            command = continue_command(overrides, checkpointer.last, processes)
             print(f"stopped by {stop.name or 'a signal to another process'} at epoch "
-                  f"{state['epoch'] + 1}, batch {state['batch_in_epoch']}; continue with:\n  {command}")  # fmt: skip
+                  f"{state.epoch + 1}, batch {state.batch_in_epoch}; continue with:\n  {command}")  # fmt: skip
         distributed.barrier()  # no process leaves before last.pt is written: torchrun would kill the rest
         distributed.close_processes()
-        stop.hand_on()
-        sys.exit(EXIT_INTERRUPTED)
+        raise Interrupted
 
     if profiler:
         console.print(debug.profile_table(profiler))
 
     # --- Test the best checkpoint (val when the dataset has no test split) ----------------
     test_split = "test" if data.splits["test"] is not None else "val"
-    distributed.barrier()  # best.pt is complete before any process reads it
-    if (checkpoint_dir / "best.pt").exists():
-        load_weights(model, load_checkpoint(checkpoint_dir / "best.pt")["model"])
+    checkpointer.load_best()
     test_batches = data.batches(test_split, device, cfg.seed, channels_last, train=False, **shard)
     test_batches = debug.limited(test_batches, trainer.limit_eval_batches, "limit_eval_batches")
     test = evaluate(eval_model, test_batches.epoch(0), precision, data.num_classes)
     for name, value in test.items():
         final[f"test/{name}"] = value
-        writer.add_scalar(f"test/{name}", value, state["global_step"])
+        writer.add_scalar(f"test/{name}", value, state.global_step)
 
-    trained_samples = trained_steps * data.batch_size * trainer.accumulate_grad_batches
+    train_seconds = loop.train_seconds
+    trained_samples = loop.trained_steps * data.batch_size * trainer.accumulate_grad_batches
     data_wait_fraction = progress.data_wait.seconds / train_seconds if train_seconds else 0.0
     if data_wait_fraction > 0.2:
         log.warning("warning: %s", data_wait_advice(data_wait_fraction, data))
@@ -429,10 +277,10 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         "train/skipped_steps": watch.skipped,
         "test_split": test_split,
         "monitor": trainer.monitor,
-        "best_metric": state["best_metric"],
-        "best_epoch": state["best_epoch"],
-        "epochs": state["epoch"],
-        "global_step": state["global_step"],
+        "best_metric": state.best_metric,
+        "best_epoch": state.best_epoch,
+        "epochs": state.epoch,
+        "global_step": state.global_step,
         "wall_time_seconds": time.perf_counter() - started,
         "best_checkpoint": str(checkpoint_dir / "best.pt"),
         "overrides": overrides,
@@ -447,10 +295,9 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     log.info("run dir: %s\ncheckpoints: %s", run_dir, checkpoint_dir)
     if trainer.overfit_batches:
         debug.check_overfit(
-            final["train/loss"], trainer.overfit_loss, len(train_batches), state["epoch"]
+            final["train/loss"], trainer.overfit_loss, len(train_batches), state.epoch
         )
-    best = state["best_metric"]
-    return best if best is not None else -sign * math.inf
+    return state.best_metric if state.best_metric is not None else monitor.worst
 
 
 if __name__ == "__main__":

@@ -459,45 +459,6 @@ def check_resumable(
     return changes
 
 
-def training_checkpoint(
-    model: nn.Module, optimizer, schedule, scaler, state: dict[str, Any], losses, monitor: str,
-    config: dict, overrides: list[str], rng: list[dict],
-) -> dict[str, Any]:  # fmt: skip
-    """Everything that rebuilds and resumes a run, as a plain dict: the unwrapped model's
-    weights, optimizer, schedule, loss scaler, the training state and loss sums, the config,
-    and the RNG of every process (``rng``, one per rank)."""
-    return {
-        "format_version": FORMAT_VERSION,
-        "model": unwrap(model).state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": schedule.state_dict(),
-        "scaler": scaler.state_dict(),
-        **state,
-        "losses": losses.state_dict(),
-        "monitor": monitor,
-        "config": config,
-        "overrides": overrides,
-        "rng": rng[0],
-        "rng_per_rank": rng,
-        "world_size": len(rng),
-    }
-
-
-def fresh_state() -> dict[str, Any]:
-    """The training state of a run that has not started: counters, data position, best
-    metric, top-k list."""
-    return {
-        "epoch": 0,
-        "batch_in_epoch": 0,
-        "global_step": 0,
-        "best_metric": None,
-        "best_epoch": None,
-        "top_k": [],
-        "metrics": {},
-        "skipped_steps": 0,
-    }
-
-
 def legacy_loss_sums(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """The loss sums of a format-1 checkpoint, which kept them as running totals."""
     return {
@@ -522,32 +483,3 @@ def keep_copies(folder: Path, best: bool, top_k_file: str | bool, dropped: list[
                 log.warning("warning: not deleting %r: not a top-k file of %s", name, folder)
             else:
                 path.unlink(missing_ok=True)
-
-
-def restore(
-    checkpoint: dict[str, Any], model: nn.Module, optimizer, schedule, scaler,
-    state: dict[str, Any], losses,
-) -> None:  # fmt: skip
-    """Put every piece of a training checkpoint back: weights, optimizer, schedule, loss
-    scaler, the counters and data position in ``state``, the loss sums, and — last, because
-    building the model drew from it — this process's RNG. A loss scaler that the checkpoint's
-    precision did not use starts fresh."""
-    from utils.seeding import restore_rng
-
-    load_weights(model, checkpoint["model"])
-    try:
-        optimizer.load_state_dict(checkpoint["optimizer"])
-    except (ValueError, KeyError) as error:
-        raise UserError(
-            f"the checkpoint's optimizer state does not fit this model's parameters ({error}); "
-            "start from its weights with init_from=... instead"
-        ) from None
-    if schedule is not None:  # None: the caller continues a changed schedule itself
-        schedule.load_state_dict(checkpoint["scheduler"])
-    if scaler.is_enabled() and not checkpoint["scaler"]:
-        log.info("precision changed to float16: loss scaling starts at %g", scaler.get_scale())
-    else:
-        scaler.load_state_dict(checkpoint["scaler"])
-    state.update({key: checkpoint.get(key, value) for key, value in state.items()})
-    losses.load_state_dict(checkpoint.get("losses") or legacy_loss_sums(checkpoint))
-    restore_rng(checkpoint)

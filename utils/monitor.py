@@ -7,6 +7,9 @@ is refused, since best.pt would then hold the worst epoch.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from utils.errors import UserError
 
 # Words of a metric's name (after the split prefix, split at "_") that say its direction.
@@ -49,3 +52,32 @@ def monitor_mode(monitor: str, mode: str) -> str:
 def sign(mode: str) -> int:
     """+1 when higher is better, -1 when lower is: ``sign * (new - old) > 0`` is an improvement."""
     return 1 if mode == "max" else -1
+
+
+@dataclass(frozen=True)
+class Monitor:
+    """The metric that picks best.pt, ranks top-k files, drives early decisions and sorts a
+    sweep's jobs, with its direction."""
+
+    name: str
+    mode: str  # min | max
+
+    @classmethod
+    def from_config(cls, monitor: str, mode: str) -> Monitor:
+        return cls(monitor, monitor_mode(monitor, mode))
+
+    @property
+    def sign(self) -> int:
+        return sign(self.mode)
+
+    @property
+    def worst(self) -> float:
+        """What a failed job reports: worse than any value."""
+        return -self.sign * math.inf
+
+    def at_least_as_good(self, value: float, than: float | None) -> bool:
+        """Ties count: a later epoch with the same value has trained longer."""
+        return than is None or self.sign * (value - than) >= 0
+
+    def better(self, value: float, than: float) -> bool:
+        return self.sign * (value - than) > 0

@@ -34,6 +34,11 @@ def _hold(signum: int, frame: FrameType | None) -> None:
     _early.append(signum)
 
 
+class Interrupted(Exception):
+    """Raised by ``train()`` once a stop signal's ``last.pt`` is written; ``main()`` exits with
+    :data:`EXIT_INTERRUPTED`."""
+
+
 class StopRequest:
     def __init__(self) -> None:
         self.signal: int | None = None

@@ -1,0 +1,83 @@
+"""The objects train.py is a recipe over: the training state round-trips through a checkpoint
+(older checkpoints included), the monitor ranks in its direction, and the checkpointer keeps
+last, best and the top k on disk as the state says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from utils.checkpoint import load_checkpoint
+from utils.checkpointer import Checkpointer, Parts, RunRecord
+from utils.loss_sums import LossSums
+from utils.monitor import Monitor
+from utils.nonfinite import NonFiniteWatch
+from utils.precision import Precision
+from utils.schedulers import none
+from utils.state import TrainState
+
+# The top-level keys every checkpoint so far has held for the training state.
+STATE_KEYS = {"epoch", "batch_in_epoch", "global_step", "best_metric", "best_epoch", "top_k",
+              "metrics"}  # fmt: skip
+
+
+def test_train_state_round_trips_and_reads_older_checkpoints():
+    state = TrainState(epoch=3, batch_in_epoch=5, global_step=40, best_metric=0.9, best_epoch=2,
+                       top_k=[[0.9, "epoch=002-val_acc=0.9000.pt"]], metrics={"val/acc": 0.9},
+                       skipped_steps=1)  # fmt: skip
+    saved = state.state_dict()
+    assert set(saved) == STATE_KEYS | {"skipped_steps"}
+    again = TrainState()
+    again.load_state_dict({**saved, "model": {}, "optimizer": {}})
+    assert again == state
+    older = TrainState()
+    older.load_state_dict({key: saved[key] for key in STATE_KEYS})  # before skipped_steps
+    assert older.skipped_steps == 0 and older.global_step == 40
+    older.next_epoch()
+    assert (older.epoch, older.batch_in_epoch) == (4, 0)
+
+
+def test_the_monitor_ranks_in_its_direction():
+    accuracy, loss = Monitor.from_config("val/acc", "auto"), Monitor.from_config("val/loss", "auto")
+    assert accuracy.mode == "max" and loss.mode == "min"
+    assert accuracy.at_least_as_good(0.5, None) and accuracy.at_least_as_good(0.5, 0.5)
+    assert accuracy.better(0.6, 0.5) and not accuracy.better(0.5, 0.5)
+    assert loss.better(0.1, 0.2) and not loss.at_least_as_good(0.3, 0.2)
+    assert accuracy.worst == -float("inf") and loss.worst == float("inf")
+
+
+def checkpointer(folder, monitor: str, keep_top_k: int) -> tuple[Checkpointer, TrainState]:
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    cpu = torch.device("cpu")
+    watch = NonFiniteWatch("stop", 0, LossSums(cpu, 1))
+    parts = Parts(model, optimizer, none(optimizer, 10, 1, 0), Precision("float32", cpu), watch)
+    record = RunRecord({"trainer": {"keep_top_k": keep_top_k, "accumulate_grad_batches": 1},
+                        "seed": 0}, [])  # fmt: skip
+    state = TrainState()
+    monitor_ = Monitor.from_config(monitor, "auto")
+    return Checkpointer(folder, parts, state, monitor_, record, writes=True), state
+
+
+@pytest.mark.parametrize(
+    ("monitor", "values", "best_epoch", "kept"),
+    [
+        ("val/acc", [0.5, 0.7, 0.6, 0.7], 4, ["epoch=002-val_acc=0.7000.pt",
+                                             "epoch=004-val_acc=0.7000.pt"]),
+        ("val/loss", [0.9, 0.4, 0.5, None, 0.3], 5, ["epoch=002-val_loss=0.4000.pt",
+                                                    "epoch=005-val_loss=0.3000.pt"]),
+    ],
+)  # fmt: skip
+def test_the_checkpointer_keeps_last_best_and_the_top_k(
+    tmp_path, monitor, values, best_epoch, kept
+):
+    saver, state = checkpointer(tmp_path, monitor, keep_top_k=2)
+    for value in values:  # None: an epoch without validation
+        state.next_epoch()
+        saver.save_epoch(value)
+    assert sorted(p.name for p in tmp_path.glob("epoch=*.pt")) == kept
+    assert sorted(name for _, name in state.top_k) == kept
+    assert load_checkpoint(tmp_path / "best.pt")["epoch"] == best_epoch == state.best_epoch
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert last["epoch"] == len(values) and last["monitor"] == monitor
+    assert "is intact" in saver.parts.watch.saved

@@ -1,0 +1,198 @@
+"""What a run saves, when and where, and how it continues from a checkpoint: one owner,
+registered once with the parts it saves (timm's ``CheckpointSaver``, torchtitan's
+``CheckpointManager``); train.py then calls ``resume``, ``save_epoch``, ``save_on_stop`` and
+``load_best``. The mechanisms (atomic writes, safe loading, top-k names) are in
+:mod:`utils.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from utils import distributed
+from utils.checkpoint import (
+    FORMAT_VERSION,
+    checked_top_k,
+    keep_copies,
+    legacy_loss_sums,
+    load_checkpoint,
+    load_weights,
+    prune_top_k,
+    rank_top_k,
+    save_atomic,
+    top_k_name,
+    unwrap,
+)
+from utils.errors import UserError
+from utils.monitor import Monitor
+from utils.nonfinite import NonFiniteWatch
+from utils.optim import hyperparameters
+from utils.precision import Precision
+from utils.schedulers import Schedule
+from utils.seeding import all_rng_states, restore_rng, seed_rank_stream
+from utils.state import TrainState
+
+log = logging.getLogger("torchloom")
+
+
+@dataclass
+class Parts:
+    """What a training step changes and a checkpoint saves. ``model`` is the module as the
+    step calls it (DDP or torch.compile wrappers allowed: checkpoints hold the unwrapped one)."""
+
+    model: nn.Module
+    optimizer: Any
+    schedule: Schedule
+    precision: Precision
+    watch: NonFiniteWatch  # its loss sums are saved too
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a checkpoint records besides the state: the resolved config and the command
+    line's overrides."""
+
+    config: dict
+    overrides: list[str]
+
+    @property
+    def keep_top_k(self) -> int:
+        return self.config["trainer"]["keep_top_k"]
+
+
+class Checkpointer:
+    def __init__(
+        self, folder: Path, parts: Parts, state: TrainState, monitor: Monitor, record: RunRecord,
+        writes: bool,
+    ) -> None:  # fmt: skip
+        self.folder, self.parts, self.state = folder, parts, state
+        self.monitor, self.record = monitor, record
+        self.writes = writes  # rank 0 of a run that writes outputs (not debug=fast_dev_run)
+
+    @property
+    def last(self) -> Path:
+        return self.folder / "last.pt"
+
+    # --- Continuing ------------------------------------------------------------------------
+
+    def resume(self, resumed: tuple[Path, dict] | None, changes, seed: int) -> None:
+        """Put the checkpoint ``resumed`` back into the parts and the state, with the config
+        ``changes`` applied; without one, give this process its own forward-pass RNG stream."""
+        if resumed is None:
+            seed_rank_stream(seed, distributed.rank())
+            return
+        path, checkpoint = resumed
+        parts, state = self.parts, self.state
+        built = hyperparameters(parts.optimizer)  # as the new config builds them
+        self._restore(checkpoint, reschedule=changes.reschedule)
+        if changes.reschedule:
+            parts.schedule.continue_changed(checkpoint["scheduler"], parts.optimizer, built)
+        state.top_k = checked_top_k(state.top_k, self.folder)
+        if self.writes:
+            prune_top_k(self.folder, state.top_k, self.record.keep_top_k, state.epoch)
+        parts.watch.skipped = state.skipped_steps
+        accumulate = self.record.config["trainer"]["accumulate_grad_batches"]
+        state.batch_in_epoch = distributed.rescale_position(
+            state.batch_in_epoch, checkpoint.get("world_size", 1), distributed.world_size(),
+            accumulate,
+        )  # fmt: skip
+        parts.watch.saved = f"{path} is intact"
+        log.info("resumed from %s: epoch %d, batch %d, step %d", path, state.epoch + 1,
+                 state.batch_in_epoch, state.global_step)  # fmt: skip
+
+    def _restore(self, checkpoint: dict[str, Any], reschedule: bool) -> None:
+        """Put every piece of a training checkpoint back: weights, optimizer, schedule (unless
+        the caller continues a changed one), loss scaler, the state, the loss sums, and — last,
+        because building the model drew from it — this process's RNG. A loss scaler that the
+        checkpoint's precision did not use starts fresh."""
+        parts, scaler = self.parts, self.parts.precision.scaler
+        load_weights(parts.model, checkpoint["model"])
+        try:
+            parts.optimizer.load_state_dict(checkpoint["optimizer"])
+        except (ValueError, KeyError) as error:
+            raise UserError(
+                f"the checkpoint's optimizer state does not fit this model's parameters "
+                f"({error}); start from its weights with init_from=... instead"
+            ) from None
+        if not reschedule:
+            parts.schedule.load_state_dict(checkpoint["scheduler"])
+        if scaler.is_enabled() and not checkpoint["scaler"]:
+            log.info("precision changed to float16: loss scaling starts at %g", scaler.get_scale())
+        else:
+            scaler.load_state_dict(checkpoint["scaler"])
+        self.state.load_state_dict(checkpoint)
+        parts.watch.losses.load_state_dict(checkpoint.get("losses") or legacy_loss_sums(checkpoint))
+        restore_rng(checkpoint)
+
+    # --- Saving ----------------------------------------------------------------------------
+
+    def contents(self, rng: list[dict]) -> dict[str, Any]:
+        """Everything that rebuilds and resumes the run, as a plain dict: the unwrapped model's
+        weights, optimizer, schedule, loss scaler, the state and loss sums, the config, and the
+        RNG of every process (``rng``, one per rank)."""
+        parts = self.parts
+        return {
+            "format_version": FORMAT_VERSION,
+            "model": unwrap(parts.model).state_dict(),
+            "optimizer": parts.optimizer.state_dict(),
+            "scheduler": parts.schedule.state_dict(),
+            "scaler": parts.precision.scaler.state_dict(),
+            **self.state.state_dict(),
+            "losses": parts.watch.losses.state_dict(),
+            "monitor": self.monitor.name,
+            "config": self.record.config,
+            "overrides": self.record.overrides,
+            "rng": rng[0],
+            "rng_per_rank": rng,
+            "world_size": len(rng),
+        }
+
+    def save(self) -> None:
+        """Write ``last.pt`` (collective: every process's RNG stream goes in). Never from
+        non-finite weights."""
+        parts, state = self.parts, self.state
+        scaler = parts.precision.scaler
+        parts.watch.check(state.global_step, parts.model, parts.optimizer, scaler, weights=True)
+        rng = all_rng_states()
+        state.skipped_steps = parts.watch.skipped
+        if self.writes:  # one process writes the weights
+            save_atomic(self.contents(rng), self.last)
+
+    def save_epoch(self, value: float | None) -> None:
+        """At the end of an epoch: ``last.pt``, and when the epoch was validated (``value``
+        is the monitored metric) ``best.pt`` if it is at least as good as the best so far and
+        its top-k copy if it ranks. Copies are made after last.pt is complete, and top-k files
+        that fall out are deleted last."""
+        state, improved, top_k_file, dropped = self.state, False, "", []
+        if value is not None:
+            improved = self.monitor.at_least_as_good(value, state.best_metric)
+            if improved:
+                state.best_metric, state.best_epoch = value, state.epoch
+            name = top_k_name(state.epoch, self.monitor.name, value)
+            keep, dropped = rank_top_k(
+                state.top_k, self.record.keep_top_k, name, value, self.monitor.sign
+            )
+            top_k_file = name if keep else ""
+        self.save()
+        self.parts.watch.saved = f"{self.last} (epoch {state.epoch}) is intact"
+        if self.writes:  # best.pt, top-k: copies of last.pt
+            keep_copies(self.folder, best=improved, top_k_file=top_k_file, dropped=dropped)
+
+    def save_on_stop(self, device) -> None:
+        """A stop: the exact position, unless last.pt already holds it (all processes agree)."""
+        unsaved = self.state.batch_in_epoch or not self.last.exists()
+        if distributed.agree(bool(unsaved), device):  # saving is collective: all or none
+            self.save()
+
+    def load_best(self) -> None:
+        """The best epoch's weights into the model, for the final test (once every process
+        can read a complete best.pt)."""
+        distributed.barrier()
+        best = self.folder / "best.pt"
+        if best.exists():
+            load_weights(self.parts.model, load_checkpoint(best)["model"])

@@ -1,0 +1,134 @@
+"""The training step, and what an epoch of steps keeps count of: the loss sums and the NaN
+watch, timing and data wait, and when the processes stop together.
+
+The step body is :meth:`Loop.epoch`'s loop, in one place. Its order of operations is what
+bit-identical resume relies on: forward and backward per micro-batch, then (every
+``accumulate_grad_batches``) unscale, clip or measure, step, zero, schedule, count.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from utils import debug, distributed, report
+from utils.checkpointer import Parts
+from utils.memory import collect_cycles, out_of_memory
+from utils.state import TrainState
+
+
+class Loop:
+    def __init__(
+        self, parts: Parts, trainer: Any, state: TrainState, stop: Any, writer: Any, progress: Any
+    ) -> None:
+        self.parts, self.trainer, self.state = parts, trainer, state
+        self.stop, self.writer, self.progress = stop, writer, progress
+        self.train_seconds = 0.0  # inside epochs, evaluation excluded
+        self.trained_steps = 0  # by this invocation (a resumed run counts from its resume)
+
+    def epoch(self, batches: Any, batch_size: int) -> bool:
+        """Train from the state's data position to the end of its epoch, then log its loss,
+        speed and data wait. Returns False when a stop was requested first; the state then
+        holds the position to resume from."""
+        state, progress, writer = self.state, self.progress, self.writer
+        accumulate = self.trainer.accumulate_grad_batches
+        epoch_start, step_before = time.perf_counter(), state.global_step
+        wait_before = progress.data_wait.seconds
+        try:
+            finished = self._steps(batches)
+        except torch.OutOfMemoryError:
+            device = self.parts.watch.losses.device
+            raise out_of_memory(device, batch_size, accumulate, self.parts.watch.saved) from None
+        except RuntimeError as error:  # debug=anomaly names the op that made a NaN
+            raise (debug.anomaly_error(error) or error) from None
+        if finished:  # reading the loss waits for the device, so the clock below is true
+            micro_batches = len(batches) // accumulate * accumulate
+            losses = self.parts.watch.losses
+            epoch_loss = losses.epoch_mean(state.global_step, micro_batches)
+            state.metrics["train/loss"] = distributed.all_mean(epoch_loss, losses.device)
+        seconds = time.perf_counter() - epoch_start
+        self.train_seconds += seconds
+        self.trained_steps += state.global_step - step_before
+        if finished:
+            samples = (state.global_step - step_before) * accumulate * batch_size
+            writer.add_scalar("train/samples_per_second", samples / seconds, state.global_step)
+            waited = (progress.data_wait.seconds - wait_before) / seconds
+            writer.add_scalar("train/data_wait_fraction", waited, state.global_step)
+        return finished
+
+    def _steps(self, batches: Any) -> bool:
+        """The step, from the data position in the state to the end of its epoch. The loss
+        stays on the device; the host waits for it only on logging steps."""
+        model, optimizer = self.parts.model, self.parts.optimizer
+        schedule, precision, watch = self.parts.schedule, self.parts.precision, self.parts.watch
+        trainer, state, writer, progress = self.trainer, self.state, self.writer, self.progress
+        losses = watch.losses
+        model.train()
+        accumulate = trainer.accumulate_grad_batches
+        # Every optimizer step sees exactly `accumulate` micro-batches; a remainder is dropped.
+        micro_batches = (len(batches) // accumulate) * accumulate
+        start = state.batch_in_epoch
+        timed_batches, window_start = 0, time.perf_counter()
+        several_processes = distributed.is_distributed()
+        batches_left = itertools.islice(batches.epoch(state.epoch, start), micro_batches - start)
+        for index, (images, labels) in enumerate(progress.data_wait.timed(batches_left), start):
+            # Under DDP, only the last micro-batch of a step all-reduces its gradients.
+            with distributed.gradient_sync(model, sync=(index + 1) % accumulate == 0):
+                with precision.autocast():
+                    loss = F.cross_entropy(model(images), labels)
+                precision.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
+            losses.add(watch.observe(loss))  # summed, and checked for NaN/Inf, at the next sync
+            timed_batches += 1
+            state.batch_in_epoch = index + 1
+            if (index + 1) % accumulate:
+                continue
+
+            log_due = (state.global_step + 1) % trainer.log_every_n_steps == 0
+            grad_norm = None
+            if trainer.gradient_clip_val is not None or log_due:
+                precision.scaler.unscale_(optimizer)  # clip and measure true gradients
+                if trainer.gradient_clip_val is not None:
+                    max_norm = trainer.gradient_clip_val
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+                else:  # measured only: no pass over every gradient to scale it by 1
+                    grads = [p.grad for p in model.parameters() if p.grad is not None]
+                    grad_norm = torch.nn.utils.get_total_norm(grads)
+                if log_due and trainer.log_grad_norms == "per_layer":
+                    for name, norm in report.per_layer_grad_norms(model).items():
+                        writer.add_scalar(f"grad_norm/{name}", norm, state.global_step + 1)
+            if watch.step_allowed(state.global_step + 1, optimizer):
+                precision.scaler.step(optimizer)
+                precision.scaler.update()
+                schedule.after_optimizer_step()  # the LR schedule counts the steps taken
+            else:
+                precision.discard_step()
+            optimizer.zero_grad(set_to_none=True)
+            state.global_step += 1
+
+            if log_due:
+                step, seconds = state.global_step, time.perf_counter() - window_start
+                mean_loss = distributed.all_mean(losses.window_mean(step), labels.device)  # sync
+                watch.check(step, model, optimizer, precision.scaler)
+                samples_per_second = timed_batches * len(labels) / seconds
+                writer.add_scalar("train/loss", mean_loss, step)
+                writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], step)
+                writer.add_scalar("train/grad_norm", grad_norm.item(), step)
+                writer.add_scalar("train/skipped_steps", watch.skipped, step)
+                progress.update(state.epoch, step, mean_loss, samples_per_second)
+                collect_cycles()  # here, not at a random step (utils/memory.py)
+                timed_batches, window_start = 0, time.perf_counter()
+            else:
+                progress.update(state.epoch, state.global_step)
+            # Several processes must stop at the same step: they agree when they sync anyway.
+            stop_check_due = log_due or not several_processes
+            if (
+                stop_check_due
+                and distributed.agree(self.stop.requested, labels.device)
+                and index + 1 < micro_batches
+            ):
+                return False
+        return True

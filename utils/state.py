@@ -1,0 +1,36 @@
+"""Where a run stands: its counters, data position, best metric and top-k list.
+
+A typed object instead of a dict of string keys (torchtitan's ``TrainState``). Its
+:meth:`TrainState.state_dict` gives the checkpoint's top-level keys of these fields, as every
+checkpoint so far has held them, so older checkpoints still resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0  # epochs finished
+    batch_in_epoch: int = 0  # micro-batches of the current epoch consumed
+    global_step: int = 0  # optimizer steps taken or skipped
+    best_metric: float | None = None
+    best_epoch: int | None = None
+    top_k: list = field(default_factory=list)  # [[value, file name], ...], best first
+    metrics: dict = field(default_factory=dict)  # the latest train/ and val/ values
+    skipped_steps: int = 0  # steps skipped for a non-finite loss (trainer.nonfinite=skip)
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        """Take each field from ``checkpoint`` (keys absent from older formats keep their
+        fresh value)."""
+        for name in (f.name for f in fields(self)):
+            if name in checkpoint:
+                setattr(self, name, checkpoint[name])
+
+    def next_epoch(self) -> None:
+        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
