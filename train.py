@@ -34,18 +34,13 @@ from rich.console import Console
 
 from utils import debug, distributed, report, sweep
 from utils.checkpoint import (
-    check_new_run,
-    check_resumable,
     load_checkpoint,
     load_weights,
-    prepare_dir,
     remove_files,
-    remove_stale_temporary_files,
-    resume_point,
 )
-from utils.checkpointer import Checkpointer, Parts, RunRecord
+from utils.checkpointer import Checkpointer, Parts
 from utils.compilation import compile_or_eager
-from utils.config import build, check_config, output_dirs, run_cli, to_plain
+from utils.config import build, check_config, run_cli
 from utils.device import configure_device, configure_threads, resolve_device, wants_channels_last
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate
@@ -59,6 +54,7 @@ from utils.monitor import Monitor
 from utils.nonfinite import NonFiniteWatch
 from utils.optim import build_optimizer
 from utils.progress import TrainingProgress, data_wait_advice
+from utils.run import start_run
 from utils.seeding import configure_determinism, seed_everything
 from utils.signals import EXIT_INTERRUPTED, Interrupted, StopRequest, continue_command
 from utils.state import TrainState
@@ -96,28 +92,12 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     check_config(cfg)
     trainer = OmegaConf.to_object(cfg.trainer)  # a plain dataclass: the loop reads it every step
     monitor = Monitor.from_config(trainer.monitor, trainer.monitor_mode)
-    processes = distributed.processes_from_env()  # under torchrun: this rank; rank 0 alone reports
+    run = start_run(cfg, trainer)
+    if run.finished is not None:  # a re-run sweep skips the jobs it finished
+        return run.finished
+    processes, run_dir, checkpoint_dir = run.processes, run.run_dir, run.checkpoint_dir
+    config, overrides = run.record.resolved, run.record.overrides
     console = Console(quiet=not processes.is_main)
-    if not processes.is_main:
-        log.setLevel(logging.WARNING)
-    run_dir, checkpoint_dir = output_dirs(cfg, Path(HydraConfig.get().runtime.output_dir))
-    prepare_dir(run_dir, "the run")
-    if trainer.write_outputs:  # debug=fast_dev_run writes no checkpoints or TensorBoard
-        prepare_dir(checkpoint_dir, "checkpoints")
-        if processes.is_main:
-            remove_stale_temporary_files(checkpoint_dir)
-    config, overrides = to_plain(cfg), sweep.job_overrides()
-    previous, resume = sweep.job_start(run_dir, cfg.resume, overrides)
-    if previous is not None:  # a re-run sweep skips the jobs it finished
-        return previous
-    replaced = []  # an earlier run of this name, with overwrite=true: removed once set up
-    if resume is None and not trainer.shapes_only:  # never silently over an earlier run
-        replaced = check_new_run(run_dir, checkpoint_dir, cfg.overwrite)
-    resumed, changes = resume_point(resume, checkpoint_dir), None
-    if resumed:
-        changes = check_resumable(*resumed, config, cfg.resume_allow_changes, overrides)
-        for line in changes.applied + changes.need_allow:
-            log.info("resume: applying the changed %s", line)
     console.print(report.config_tree(config))
     log.info("run dir: %s\ncheckpoints: %s", run_dir, checkpoint_dir)
 
@@ -186,21 +166,21 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     losses = LossSums(device, trainer.accumulate_grad_batches)
     watch = NonFiniteWatch(trainer.nonfinite, trainer.max_consecutive_skips, losses)
     parts = Parts(step_model, optimizer, schedule, precision, watch)
-    checkpointer = Checkpointer(checkpoint_dir, parts, state, monitor, RunRecord(config, overrides),
+    checkpointer = Checkpointer(checkpoint_dir, parts, state, monitor, run.record,
                                 writes=processes.is_main and trainer.write_outputs)  # fmt: skip
-    checkpointer.resume(resumed, changes, cfg.seed)
-    if cfg.init_from and not resumed:
+    checkpointer.resume(run.resumed, run.changes, cfg.seed)
+    if cfg.init_from and not run.resumed:
         load_weights(model, load_checkpoint(cfg.init_from)["model"])
         log.info("weights from %s; optimizer, schedule and counters start fresh", cfg.init_from)
 
     from torch.utils.tensorboard import SummaryWriter  # slow import; only once we train
 
     if processes.is_main:
-        remove_files(replaced)
+        remove_files(run.replaced)
 
     # Resuming: points logged after the checkpoint by the interrupted run are dropped.
     writer = (
-        SummaryWriter(run_dir, purge_step=state.global_step + 1 if resumed else None)
+        SummaryWriter(run_dir, purge_step=state.global_step + 1 if run.resumed else None)
         if processes.is_main and trainer.write_outputs
         else distributed.NullWriter()
     )
@@ -264,17 +244,13 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         final[f"test/{name}"] = value
         writer.add_scalar(f"test/{name}", value, state.global_step)
 
-    train_seconds = loop.train_seconds
-    trained_samples = loop.trained_steps * data.batch_size * trainer.accumulate_grad_batches
-    data_wait_fraction = progress.data_wait.seconds / train_seconds if train_seconds else 0.0
-    if data_wait_fraction > 0.2:
-        log.warning("warning: %s", data_wait_advice(data_wait_fraction, data))
+    summary = loop.summary(data.batch_size)
+    if summary["train/data_wait_fraction"] > 0.2:
+        log.warning("warning: %s", data_wait_advice(summary["train/data_wait_fraction"], data))
     metrics = {
         "status": "completed",
         **final,
-        "train/samples_per_second": trained_samples / train_seconds if train_seconds else 0.0,
-        "train/data_wait_fraction": data_wait_fraction,
-        "train/skipped_steps": watch.skipped,
+        **summary,
         "test_split": test_split,
         "monitor": trainer.monitor,
         "best_metric": state.best_metric,

@@ -57,12 +57,15 @@ class RunRecord:
     """What a checkpoint records besides the state: the resolved config and the command
     line's overrides."""
 
-    config: dict
+    # Not named `config`: the joblib launcher sends train.py's functions with cloudpickle,
+    # which takes `torch.distributed.config` for a submodule train() uses when `distributed`
+    # and `config` are both among its names, and cannot pickle it.
+    resolved: dict
     overrides: list[str]
 
     @property
     def keep_top_k(self) -> int:
-        return self.config["trainer"]["keep_top_k"]
+        return self.resolved["trainer"]["keep_top_k"]
 
 
 class Checkpointer:
@@ -96,7 +99,7 @@ class Checkpointer:
         if self.writes:
             prune_top_k(self.folder, state.top_k, self.record.keep_top_k, state.epoch)
         parts.watch.skipped = state.skipped_steps
-        accumulate = self.record.config["trainer"]["accumulate_grad_batches"]
+        accumulate = self.record.resolved["trainer"]["accumulate_grad_batches"]
         state.batch_in_epoch = distributed.rescale_position(
             state.batch_in_epoch, checkpoint.get("world_size", 1), distributed.world_size(),
             accumulate,
@@ -145,7 +148,7 @@ class Checkpointer:
             **self.state.state_dict(),
             "losses": parts.watch.losses.state_dict(),
             "monitor": self.monitor.name,
-            "config": self.record.config,
+            "config": self.record.resolved,
             "overrides": self.record.overrides,
             "rng": rng[0],
             "rng_per_rank": rng,

@@ -430,8 +430,6 @@ def _under(key: str, prefixes: tuple[str, ...]) -> bool:
 def _comparable(config: dict) -> dict[str, Any]:
     """Flattened, with the monitor's direction resolved (``auto`` and ``max`` for an accuracy
     are the same setting)."""
-    from utils.monitor import monitor_mode
-
     flat = flatten(config)
     monitor, mode = flat.get("trainer.monitor"), flat.get("trainer.monitor_mode")
     if monitor is not None and mode is not None:

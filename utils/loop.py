@@ -60,6 +60,18 @@ class Loop:
             writer.add_scalar("train/data_wait_fraction", waited, state.global_step)
         return finished
 
+    def summary(self, batch_size: int) -> dict[str, float]:
+        """Throughput, data wait and skipped steps over this invocation's training epochs."""
+        seconds = self.train_seconds
+        samples = self.trained_steps * self.trainer.accumulate_grad_batches * batch_size
+        return {
+            "train/samples_per_second": samples / seconds if seconds else 0.0,
+            "train/data_wait_fraction": self.progress.data_wait.seconds / seconds
+            if seconds
+            else 0.0,
+            "train/skipped_steps": self.parts.watch.skipped,
+        }
+
     def _steps(self, batches: Any) -> bool:
         """The step, from the data position in the state to the end of its epoch. The loss
         stays on the device; the host waits for it only on logging steps."""
