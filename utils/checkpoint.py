@@ -143,8 +143,8 @@ def _process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
 
 
@@ -416,15 +416,15 @@ def prune_top_k(folder: Path, ranked: list, k: int, epoch: int) -> None:
             path.unlink(missing_ok=True)
 
 
-def rank_top_k(ranked: list, k: int, name: str, value: float, sign: int) -> tuple[bool, list[str]]:
+def rank_top_k(ranked: list, k: int, name: str, value: float, monitor) -> tuple[bool, list[str]]:
     """Enter ``name`` (scored ``value``) into ``ranked``, the ``[[value, file name], ...]`` list
     kept in the training state, best first. Returns whether the file should be written and
     which files fell out; the caller writes the new file before deleting those, so a crash
     never leaves fewer than before."""
-    if k == 0 or (len(ranked) >= k and sign * (value - ranked[-1][0]) <= 0):
+    if k == 0 or (len(ranked) >= k and not monitor.better(value, ranked[-1][0])):
         return False, []
     ranked.append([value, name])
-    ranked.sort(key=lambda entry: -sign * entry[0])
+    ranked.sort(key=lambda entry: -monitor.sign * entry[0])
     dropped = [dropped_name for _, dropped_name in ranked[k:]]
     del ranked[k:]
     return True, dropped

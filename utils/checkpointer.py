@@ -178,7 +178,7 @@ class Checkpointer:
                 state.best_metric, state.best_epoch = value, state.epoch
             name = top_k_name(state.epoch, self.monitor.name, value)
             keep, dropped = rank_top_k(
-                state.top_k, self.record.keep_top_k, name, value, self.monitor.sign
+                state.top_k, self.record.keep_top_k, name, value, self.monitor
             )
             top_k_file = name if keep else ""
         self.save()

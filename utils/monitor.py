@@ -49,11 +49,6 @@ def monitor_mode(monitor: str, mode: str) -> str:
     return mode
 
 
-def sign(mode: str) -> int:
-    """+1 when higher is better, -1 when lower is: ``sign * (new - old) > 0`` is an improvement."""
-    return 1 if mode == "max" else -1
-
-
 @dataclass(frozen=True)
 class Monitor:
     """The metric that picks best.pt, ranks top-k files, drives early decisions and sorts a
@@ -68,7 +63,8 @@ class Monitor:
 
     @property
     def sign(self) -> int:
-        return sign(self.mode)
+        """+1 when higher is better, -1 when lower is: ``sign * (new - old) > 0`` improves."""
+        return 1 if self.mode == "max" else -1
 
     @property
     def worst(self) -> float:

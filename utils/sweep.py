@@ -34,6 +34,7 @@ from rich.table import Table
 
 from utils.config import RUN_TIMESTAMP_ENV
 from utils.errors import UserError
+from utils.monitor import Monitor, monitor_mode
 from utils.report import write_json
 
 log = logging.getLogger("torchloom")
@@ -54,8 +55,6 @@ def job_overrides() -> list[str]:
 def job_monitor_mode(cfg: DictConfig) -> str:
     """``min`` or ``max`` for the job's monitor; ``max`` when the config cannot say (a failed
     job's worst value must still be written)."""
-    from utils.monitor import monitor_mode
-
     try:
         return monitor_mode(cfg.trainer.monitor, cfg.trainer.monitor_mode)
     except Exception:
@@ -64,7 +63,7 @@ def job_monitor_mode(cfg: DictConfig) -> str:
 
 def worst_value(monitor_mode: str) -> float:
     """What a failed job returns: the worst possible value for the monitored direction."""
-    return math.inf if monitor_mode == "min" else -math.inf
+    return Monitor("", monitor_mode).worst
 
 
 def finished_value(run_dir: Path, overrides: list[str]) -> float | None:
@@ -144,7 +143,7 @@ def _read_overrides(path: Path) -> list[str]:
 
 def sort_jobs(rows: list[dict[str, Any]], monitor: str, mode: str) -> list[dict[str, Any]]:
     """Completed jobs best first by the monitored metric, then the others in job order."""
-    sign = -1 if mode == "max" else 1
+    sign = -Monitor(monitor, mode).sign  # best first
 
     def key(row: dict[str, Any]) -> tuple:
         value = row.get(monitor)
