@@ -23,19 +23,30 @@ CONF = ROOT / "conf"
 
 
 def run_python(
-    cwd: Path, *args: str, ok: bool = True, timeout: float = 600, env: dict | None = None
+    cwd: Path,
+    *args: str,
+    ok: bool = True,
+    timeout: float = 600,
+    env: dict | None = None,
+    process: bool = False,
 ):
-    """Run ``python ARGS`` in ``cwd``; ``env`` adds environment variables; tests/helpers is
-    importable for test-only models. With ``ok``, a non-zero exit fails the test with the
-    output."""
-    result = subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(HELPERS), **(env or {})},
-    )
+    """Run ``python ARGS`` in ``cwd``; tests/helpers is importable for test-only models. With
+    ``ok``, a non-zero exit fails the test with the output.
+
+    ``train.py`` and ``evaluate.py`` run in this process (:func:`run_in_process`) unless the
+    process boundary is what is tested: ``process=True``, or an ``env`` (the fault and signal
+    helpers read it, and a signal they send must reach the run, not pytest)."""
+    if not process and env is None and args and args[0] in (str(TRAIN), str(EVALUATE)):
+        result = run_in_process(cwd, Path(args[0]), *args[1:])
+    else:
+        result = subprocess.run(
+            [sys.executable, *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "PYTHONPATH": str(HELPERS), **(env or {})},
+        )
     if ok:
         assert result.returncode == 0, (
             f"{args[:3]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
@@ -43,11 +54,80 @@ def run_python(
     return result
 
 
-def run_train(
-    cwd: Path, *overrides: str, ok: bool = True, timeout: float = 600, env: dict | None = None
-):
-    """Run ``python train.py OVERRIDES`` in ``cwd`` (outputs land in cwd/runs, cwd/checkpoints)."""
-    return run_python(cwd, str(TRAIN), *overrides, ok=ok, timeout=timeout, env=env)
+def run_train(cwd: Path, *overrides: str, ok: bool = True, **how):
+    """``python train.py OVERRIDES`` in ``cwd`` (outputs land in cwd/runs, cwd/checkpoints);
+    ``how``: ``timeout``, ``env``, ``process`` as for :func:`run_python`."""
+    return run_python(cwd, str(TRAIN), *overrides, ok=ok, **how)
+
+
+def run_in_process(cwd: Path, script: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run an entry point as ``python SCRIPT ARGS`` would, in this process: its ``__main__``
+    block (Hydra's command line, ``run_cli``'s one-line errors, ``main()``'s exit codes) runs
+    through ``runpy``, with stdout, stderr and warnings captured. What a run changes in the
+    process — working directory, argv, environment, signal handlers, logging, warning filters,
+    deterministic mode — is put back afterwards, so the next run starts as a fresh process
+    would. Saves the seconds of starting Python and importing torch per run."""
+    import contextlib
+    import io
+    import logging
+    import runpy
+    import signal
+    import traceback
+    import warnings
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from utils.signals import STOP_SIGNALS
+
+    saved = (os.getcwd(), sys.argv, dict(os.environ), list(sys.path))
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    root = logging.getLogger()
+    logging_before = (root.handlers[:], root.level)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    out, err = io.StringIO(), io.StringIO()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        err.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    code = 0
+    os.chdir(cwd)
+    sys.argv = [str(script), *args]
+    sys.path[:0] = [str(script.parent), str(HELPERS)]
+    GlobalHydra.instance().clear()
+    try:
+        with (
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+            warnings.catch_warnings(),
+        ):
+            warnings.simplefilter("default")
+            warnings.showwarning = show
+            try:
+                runpy.run_path(str(script), run_name="__main__")
+            except SystemExit as exit_:
+                if isinstance(exit_.code, int) or exit_.code is None:
+                    code = exit_.code or 0
+                else:
+                    print(exit_.code, file=sys.stderr)
+                    code = 1
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+    finally:
+        GlobalHydra.instance().clear()
+        os.chdir(saved[0])
+        sys.argv, sys.path[:] = saved[1], saved[3]
+        os.environ.clear()
+        os.environ.update(saved[2])
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        for handler in root.handlers:
+            if handler not in logging_before[0]:
+                handler.close()
+        root.handlers[:] = logging_before[0]
+        root.setLevel(logging_before[1])
+        torch.use_deterministic_algorithms(deterministic)
+    return subprocess.CompletedProcess([str(script), *args], code, out.getvalue(), err.getvalue())
 
 
 def read_events(run_dir: Path):
