@@ -27,30 +27,29 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
-from rich.table import Table
 
-from utils.checkpoint import load_checkpoint, load_weights
+from utils import eval_tables as tables
+from utils.checkpoint import TO_EVALUATE, find_checkpoints, load_checkpoint, load_weights
 from utils.config import build, run_cli
-from utils.device import resolve_device
-from utils.distributed import NullWriter, close_processes, join, processes_from_env
+from utils.distributed import processes_from_env
 from utils.errors import EXIT_USER_ERROR, UserError
-from utils.evaluation import evaluate, per_class_scores
+from utils.evaluation import evaluate
+from utils.modules import Modules
+from utils.outputs import Outputs
 from utils.precision import Precision
-from utils.report import write_json
+from utils.run import RunContext
 from utils.trust import check_stored_config, require_keys
-
-console = Console()
 
 
 def run_checkpoint(folder: Path) -> Path | None:
-    """A run's checkpoint to evaluate: its best.pt, else its last.pt."""
-    return next((folder / n for n in ("best.pt", "last.pt") if (folder / n).is_file()), None)
+    """A run's checkpoint to evaluate, by the rule resume also follows (utils/checkpoint.py)
+    but preferring the best weights: best.pt, else last.pt, else the newest top-k copy."""
+    return next(iter(find_checkpoints(folder, prefer=TO_EVALUATE)), None)
 
 
 def checkpoint_files(ckpt: Any) -> list[Path]:
-    """Files named by ``ckpt``: files as given; a run's folder → its best.pt (else last.pt);
-    a sweep's folder → that of each job folder inside it."""
+    """Files named by ``ckpt``: files as given; a run's folder → its best.pt (else last.pt,
+    else its newest checkpoint); a sweep's folder → that of each job folder inside it."""
     entries = list(ckpt) if isinstance(ckpt, (list, tuple)) or OmegaConf.is_list(ckpt) else [ckpt]
     files: list[Path] = []
     for entry in (Path(str(e)) for e in entries):
@@ -65,7 +64,7 @@ def checkpoint_files(ckpt: Any) -> list[Path]:
         )
         jobs = [job for job in jobs if job]
         if not jobs:
-            raise UserError(f"ckpt={entry}: no best.pt or last.pt in that folder or the ones in it")
+            raise UserError(f"ckpt={entry}: no checkpoint in that folder or the ones in it")
         files += jobs
     return files
 
@@ -121,7 +120,6 @@ def export_safetensors(model: torch.nn.Module, config: dict, path: Path) -> None
         raise UserError('export needs the extra: pip install -e ".[export]"') from None
     weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(weights, str(path), metadata={"torchloom_config": json.dumps(config)})
-    console.print(f"exported weights to {path}")
 
 
 def data_config(stored: dict, overrides: DictConfig) -> DictConfig:
@@ -142,56 +140,6 @@ def data_config(stored: dict, overrides: DictConfig) -> DictConfig:
     return OmegaConf.create(merged)
 
 
-def confusion_image(confusion: torch.Tensor, cell: int = 12) -> torch.Tensor:
-    """Rows normalised to [0, 1], dark = many: a [1, H, W] image for TensorBoard."""
-    rows = confusion.double() / confusion.sum(dim=1, keepdim=True).clamp(min=1)
-    image = (1 - rows).float().repeat_interleave(cell, 0).repeat_interleave(cell, 1)
-    return image.unsqueeze(0)
-
-
-def report(name: str, metrics: dict, split: str) -> dict[str, Any]:
-    """Print one checkpoint's tables; return its JSON-ready metrics."""
-    confusion = metrics.pop("confusion")
-    scores = per_class_scores(confusion)
-    support = confusion.sum(dim=1).tolist()
-    classes = len(support)
-    summary = {f"{split}/{k}": v for k, v in metrics.items()}
-    for score in ("precision", "recall", "f1"):
-        summary[f"{split}/macro_{score}"] = sum(scores[score]) / classes
-    overview = Table(title=f"{name} — {split}")
-    overview.add_column("metric")
-    overview.add_column("value", justify="right")
-    for key in ("loss", "acc", "acc_top5"):
-        if f"{split}/{key}" in summary:
-            overview.add_row(f"{split}/{key}", f"{summary[f'{split}/{key}']:.4f}")
-    console.print(overview)
-    table = Table(title="per class")
-    for column in ("class", "precision", "recall", "F1", "support"):
-        table.add_column(column, justify="right")
-    for index in range(classes):
-        table.add_row(
-            str(index),
-            *(f"{scores[s][index]:.4f}" for s in ("precision", "recall", "f1")),
-            str(support[index]),
-        )
-    table.add_row(
-        "macro",
-        *(f"{summary[f'{split}/macro_{s}']:.4f}" for s in ("precision", "recall", "f1")),
-        str(sum(support)),
-        style="bold",
-    )
-    console.print(table)
-    if classes <= 20:
-        matrix = Table(title="confusion (rows: true class, columns: predicted)")
-        matrix.add_column("")
-        for index in range(classes):
-            matrix.add_column(str(index), justify="right")
-        for index, row in enumerate(confusion.tolist()):
-            matrix.add_row(str(index), *map(str, row))
-        console.print(matrix)
-    return {**summary, "per_class": scores, "support": support, "confusion": confusion.tolist()}
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     try:
@@ -207,58 +155,38 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     if cfg.split not in ("train", "val", "test"):
         raise UserError(f"split={cfg.split!r} must be train, val or test")
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    processes = processes_from_env()
-    console.quiet = not processes.is_main  # every process evaluates its shard; rank 0 reports
-    device = join(processes, resolve_device(cfg.device))
-    precision = Precision(cfg.precision, device)
+    context = RunContext.open(processes_from_env(), cfg.device)  # each process takes a shard
+    out = Outputs(run_dir, context.is_main, events=True)  # rank 0 reports
+    precision = Precision(cfg.precision, context.device)
     files = checkpoint_files(cfg.ckpt)
     if cfg.export and len(files) != 1:
         raise UserError(f"export takes one checkpoint; ckpt names {len(files)}")
-
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(run_dir) if processes.is_main else NullWriter()
+    out.open_events()
     results: dict[str, dict] = {}
     for index, path in enumerate(files):
         config, weights = read_checkpoint(path, cfg.config)
         data = build(data_config(config["data"], cfg.data))
-        model = build(
-            OmegaConf.create(config["model"]),
-            input_shape=data.input_shape,
-            num_classes=data.num_classes,
-        )
-        load_weights(model, weights)
-        model.to(device)
-        batches = data.batches(
-            cfg.split, device, seed=config["seed"], train=False, rank=processes.rank,
-            world_size=processes.world_size,
-        )  # fmt: skip
-        metrics = evaluate(model, batches.epoch(0), precision, data.num_classes, confusion=True)
+        model_node = OmegaConf.create(config["model"])
+        modules = Modules.build(model_node, data, context.device, channels_last=None)
+        load_weights(modules.model, weights)
+        placement = context.placement(modules.channels_last)
+        batches = data.batches(cfg.split, placement, seed=config["seed"], train=False)
+        metrics = evaluate(modules.model, batches.epoch(0), precision, data.num_classes,
+                           confusion=True)  # fmt: skip
         confusion = metrics["confusion"]
-        results[str(path)] = report(str(path), metrics, cfg.split)
-        writer.add_image(f"confusion/{index}", confusion_image(confusion), 0)
+        results[str(path)] = tables.checkpoint_tables(out, str(path), metrics, cfg.split)
+        out.writer.add_image(f"confusion/{index}", tables.confusion_image(confusion), 0)
         csv_name = "confusion.csv" if len(files) == 1 else f"confusion-{index}.csv"
-        rows = [",".join(["true\\predicted", *map(str, range(data.num_classes))])]
-        rows += [",".join([str(i), *map(str, row)]) for i, row in enumerate(confusion.tolist())]
-        if processes.is_main:
-            (run_dir / csv_name).write_text("\n".join(rows) + "\n")
-        if cfg.export and processes.is_main:
-            export_safetensors(model, config, Path(cfg.export))
-    writer.close()
-
+        out.write_text(csv_name, tables.confusion_csv(confusion))
+        if cfg.export and context.is_main:
+            export_safetensors(modules.model, config, Path(cfg.export))
+            out.print(f"exported weights to {cfg.export}")
+    out.close()
     if len(results) > 1:
-        table = Table(title=f"comparison — {cfg.split}")
-        keys = [k for k in next(iter(results.values())) if k.startswith(f"{cfg.split}/")]
-        table.add_column("checkpoint", overflow="fold")
-        for key in keys:
-            table.add_column(key.split("/")[1].replace("macro_", "macro "), justify="right")
-        for name, result in results.items():
-            table.add_row(name, *(f"{result.get(k, float('nan')):.4f}" for k in keys))
-        console.print(table)
-    if processes.is_main:
-        write_json(results, run_dir / "metrics.json")
-    console.print(f"evaluation run dir: {run_dir}")
-    close_processes()
+        out.print(tables.comparison(results, cfg.split))
+    out.write_json("metrics.json", results)
+    out.print(f"evaluation run dir: {run_dir}")
+    context.close()
 
 
 if __name__ == "__main__":

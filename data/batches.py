@@ -21,7 +21,7 @@ import atexit
 import math
 import multiprocessing
 import signal
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +59,30 @@ def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
             f"{where}: label {int(labels[index])} at index {index} is outside [0, {num_classes}); "
             f"fix the labels or set the number of classes"
         )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where batches go: the device, its memory layout, and this process's share (rank of
+    world_size processes). One value for every split of a run, in train.py and evaluate.py."""
+
+    device: torch.device
+    channels_last: bool = False
+    rank: int = 0
+    world_size: int = 1
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one split is cut into batches: their size; for training (shuffled by ``seed``,
+    augmented, the last partial batch dropped) or evaluation (in order, every sample once);
+    and this process's share."""
+
+    batch_size: int
+    train: bool
+    seed: int
+    rank: int = 0
+    world_size: int = 1
 
 
 def permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -131,27 +155,18 @@ class TensorBatches:
     splits are cut into contiguous shards, one per process, with nothing padded or repeated.
     """
 
-    def __init__(
-        self,
-        split: TensorSplit,
-        batch_size: int,
-        transform: BatchTransform,
-        train: bool,
-        seed: int,
-        rank: int = 0,
-        world_size: int = 1,
-    ) -> None:
-        if not train:
-            split = shard(split, rank, world_size)
+    def __init__(self, split: TensorSplit, plan: BatchPlan, transform: BatchTransform) -> None:
+        if not plan.train:
+            split = shard(split, plan.rank, plan.world_size)
         # Normalised once, up front: each batch is then a gather, as in a hand-written loop
         # (4 bytes a pixel instead of 1; datasets on this path fit in memory by definition).
         self.inputs = transform.normalize(split.inputs)
         self.labels = split.labels.to(transform.device)
-        self.batch_size = batch_size
+        self.batch_size = plan.batch_size
         self.transform = transform
-        self.train = train  # shuffle, augment, drop the last partial batch
-        self.seed = seed
-        self.rank, self.world_size = rank, world_size
+        self.train = plan.train  # shuffle, augment, drop the last partial batch
+        self.seed = plan.seed
+        self.rank, self.world_size = plan.rank, plan.world_size
 
     def __len__(self) -> int:
         n = len(self.labels)
@@ -198,11 +213,11 @@ class EpochBatchSampler(Sampler[list[int]]):
     :meth:`TensorBatches.epoch`, sharded across processes the same way (unlike
     ``DistributedSampler``, it can start mid-epoch, which exact resume needs)."""
 
-    def __init__(
-        self, size: int, batch_size: int, train: bool, seed: int, rank: int = 0, world_size: int = 1
-    ) -> None:
-        self.size, self.batch_size, self.train, self.seed = size, batch_size, train, seed
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, size: int, plan: BatchPlan) -> None:
+        self.size, self.batch_size, self.train, self.seed = (
+            size, plan.batch_size, plan.train, plan.seed,
+        )  # fmt: skip
+        self.rank, self.world_size = plan.rank, plan.world_size
         self.epoch, self.start = 0, 0
 
     def __len__(self) -> int:
@@ -256,17 +271,9 @@ class LoaderBatches:
     """Batches decoded lazily by DataLoader workers, for data that does not fit in memory."""
 
     def __init__(
-        self,
-        dataset: Dataset,
-        batch_size: int,
-        transform: BatchTransform,
-        train: bool,
-        seed: int,
-        num_workers: int,
-        rank: int = 0,
-        world_size: int = 1,
+        self, dataset: Dataset, plan: BatchPlan, transform: BatchTransform, num_workers: int
     ) -> None:
-        self.sampler = EpochBatchSampler(len(dataset), batch_size, train, seed, rank, world_size)
+        self.sampler = EpochBatchSampler(len(dataset), plan)
         self.loader = DataLoader(
             dataset,
             batch_sampler=self.sampler,
@@ -275,11 +282,11 @@ class LoaderBatches:
             persistent_workers=num_workers > 0,
             worker_init_fn=_worker_ignores_signals,
             # Worker seeds come from this generator, not from the global torch RNG.
-            generator=torch.Generator().manual_seed(seed),
+            generator=torch.Generator().manual_seed(plan.seed),
         )
         self.transform = transform
-        self.train = train
-        self.seed = seed
+        self.train = plan.train
+        self.seed = plan.seed
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -307,34 +314,40 @@ def _reraised(loader: DataLoader) -> Iterator:
         raise worker_error(error) from None
 
 
+@dataclass(frozen=True)
+class Splits:
+    """A dataset's splits: :class:`TensorSplit` (held in memory) or a map-style ``Dataset`` of
+    (uint8 image [C, H, W], label) pairs with an ``input_shape`` (read lazily)."""
+
+    train: TensorSplit | Dataset
+    val: TensorSplit | Dataset
+    test: TensorSplit | Dataset | None = None
+
+
+@dataclass(frozen=True)
+class Batching:
+    """The keys every ``conf/data/*.yaml`` shares: batch sizes (per process), normalisation
+    (``mean`` and ``std`` per channel, in units of the [0, 1] pixel range, or one value for
+    all), augmentation, and decoding workers for data read lazily."""
+
+    batch_size: int
+    eval_batch_size: int
+    mean: Sequence[float]
+    std: Sequence[float]
+    augment: Mapping
+    num_workers: int = 0
+
+
 class Data:
-    """A dataset's splits plus how to batch them; what every ``conf/data/*.yaml`` builds.
+    """A dataset's splits plus how to batch them; what every ``conf/data/*.yaml`` builds."""
 
-    Splits are :class:`TensorSplit` (held in memory) or a map-style ``Dataset`` of
-    (uint8 image [C, H, W], label) pairs with an ``input_shape`` (read lazily). ``mean`` and ``std`` are per channel, in
-    units of the [0, 1] pixel range.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        train: TensorSplit | Dataset,
-        val: TensorSplit | Dataset,
-        test: TensorSplit | Dataset | None,
-        num_classes: int,
-        mean: Sequence[float],
-        std: Sequence[float],
-        batch_size: int,
-        eval_batch_size: int,
-        augment: Mapping,
-        num_workers: int = 0,
-    ) -> None:
+    def __init__(self, name: str, splits: Splits, num_classes: int, batching: Batching) -> None:
         self.name = name
-        self.splits = {"train": train, "val": val, "test": test}
+        self.splits = {"train": splits.train, "val": splits.val, "test": splits.test}
         self.num_classes = num_classes
-        self.input_shape = train.input_shape  # (C, H, W)
+        self.input_shape = splits.train.input_shape  # (C, H, W)
         channels = self.input_shape[0]
-        mean, std = list(mean), list(std)
+        mean, std = list(batching.mean), list(batching.std)
         mean, std = (
             mean * channels if len(mean) == 1 else mean,
             std * channels if len(std) == 1 else std,
@@ -344,15 +357,15 @@ class Data:
                 f"data.mean and data.std need 1 or {channels} values (one per channel of {name})"
             )
         self.mean, self.std = mean, std
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size
-        self.crop_padding = int(augment["crop_padding"])
-        self.horizontal_flip = bool(augment["horizontal_flip"])
-        self.num_workers = num_workers
-        if len(train) < batch_size:
+        self.batch_size = batching.batch_size
+        self.eval_batch_size = batching.eval_batch_size
+        self.crop_padding = int(batching.augment["crop_padding"])
+        self.horizontal_flip = bool(batching.augment["horizontal_flip"])
+        self.num_workers = batching.num_workers
+        if len(splits.train) < self.batch_size:
             raise UserError(
-                f"{name}: the training split has {len(train)} samples, fewer than "
-                f"data.batch_size={batch_size}; lower data.batch_size"
+                f"{name}: the training split has {len(splits.train)} samples, fewer than "
+                f"data.batch_size={self.batch_size}; lower data.batch_size"
             )
         for split_name, split in self.splits.items():
             if isinstance(split, TensorSplit):
@@ -362,43 +375,55 @@ class Data:
     def in_memory(self) -> bool:
         return isinstance(self.splits["train"], TensorSplit)
 
+    @property
+    def test_split(self) -> str:
+        """The split a run is finally tested on: test, or val when the dataset has none."""
+        return "test" if self.splits["test"] is not None else "val"
+
     def sizes(self) -> dict[str, int]:
         return {name: len(split) for name, split in self.splits.items() if split is not None}
 
     def batches(
-        self,
-        split: str,
-        device: torch.device,
-        seed: int,
-        channels_last: bool = False,
-        train: bool | None = None,
-        rank: int = 0,
-        world_size: int = 1,
+        self, split: str, placement: Placement, seed: int, train: bool | None = None
     ) -> TensorBatches | LoaderBatches:
-        """Batches of ``split`` on ``device``. Training batches (by default those of the train
-        split) are shuffled and augmented, and the last partial one is dropped; evaluation
-        batches hold every sample once, in order. With ``world_size`` processes, this is the
-        share of process ``rank``."""
+        """Batches of ``split``, placed as ``placement`` says. Training batches (by default
+        those of the train split) are shuffled and augmented, and the last partial one is
+        dropped; evaluation batches hold every sample once, in order."""
         if self.splits[split] is None:
             raise UserError(f"{self.name} has no {split} split; choose another split")
         train = split == "train" if train is None else train
         transform = BatchTransform(
             self.mean,
             self.std,
-            device,
+            placement.device,
             crop_padding=self.crop_padding if train else 0,
             horizontal_flip=self.horizontal_flip and train,
-            channels_last=channels_last,
+            channels_last=placement.channels_last,
         )
         batch_size = self.batch_size if train else self.eval_batch_size
+        plan = BatchPlan(batch_size, train, seed, placement.rank, placement.world_size)
         if isinstance(self.splits[split], TensorSplit):
-            return TensorBatches(
-                self.splits[split], batch_size, transform, train, seed, rank, world_size
-            )
-        return LoaderBatches(
-            self.splits[split], batch_size, transform, train, seed, self.num_workers, rank,
-            world_size,
-        )  # fmt: skip
+            return TensorBatches(self.splits[split], plan, transform)
+        return LoaderBatches(self.splits[split], plan, transform, self.num_workers)
+
+    def batches_for(self, placement: Placement, seed: int) -> RunBatches:
+        """A training run's batches for this process: train and val now, the test split's
+        (:attr:`test_split`) when training is over."""
+        return RunBatches(
+            train=self.batches("train", placement, seed),
+            val=self.batches("val", placement, seed),
+            test=lambda: self.batches(self.test_split, placement, seed, train=False),
+        )
+
+
+@dataclass(frozen=True)
+class RunBatches:
+    """A run's batches: ``train`` and ``val``, and ``test()`` built once it is needed (after
+    training, so its tensors are not held on the device meanwhile)."""
+
+    train: TensorBatches | LoaderBatches
+    val: TensorBatches | LoaderBatches
+    test: Callable[[], TensorBatches | LoaderBatches]
 
 
 def holdout(split: TensorSplit, sizes: Sequence[int], seed: int) -> list[TensorSplit]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.batches import Data, TensorSplit, holdout
+from data.batches import Batching, Data, Splits, TensorSplit, holdout
 from utils.errors import UserError
 
 FOLDER = "cifar-10-batches-py"
@@ -91,4 +91,4 @@ def load_cifar10(root: str, download: bool, val_size: int, split_seed: int, **ba
         )
     train, val = holdout(read_files(folder, TRAIN_FILES), [val_size], split_seed)
     test = read_files(folder, TEST_FILES)
-    return Data("cifar10", train, val, test, num_classes=10, **batching)
+    return Data("cifar10", Splits(train, val, test), 10, Batching(**batching))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.batches import Data, TensorSplit, holdout
+from data.batches import Batching, Data, Splits, TensorSplit, holdout
 from utils.errors import UserError
 
 BUNDLED = Path(__file__).parent / "assets" / "digits.csv.gz"
@@ -51,4 +51,4 @@ def load_digits(
     :class:`data.batches.Data` (batch_size, eval_batch_size, augment, mean, std)."""
     samples = read_digits_csv(Path(path) if path else BUNDLED)
     train, val, test = holdout(samples, [val_size, test_size], split_seed)
-    return Data("digits", train, val, test, num_classes=10, **batching)
+    return Data("digits", Splits(train, val, test), 10, Batching(**batching))

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from data.batches import Data
+from data.batches import Batching, Data, Splits
 from utils.arguments import check_values, one_of, pair_of_positive_ints
 from utils.errors import UserError
 
@@ -121,12 +121,6 @@ def load_imagefolder(
     }
     if num_workers is None:
         num_workers = min(8, os.cpu_count() or 1)
-    return Data(
-        f"imagefolder {base}",
-        splits["train"],
-        splits["val"],
-        splits.get("test"),
-        num_classes=len(classes),
-        num_workers=num_workers,
-        **batching,
-    )
+    splits = Splits(splits["train"], splits["val"], splits.get("test"))
+    batching = Batching(**batching, num_workers=num_workers)
+    return Data(f"imagefolder {base}", splits, len(classes), batching)

@@ -13,7 +13,7 @@ import contextlib
 import io
 from pathlib import Path
 
-from data.batches import Data, TensorSplit, holdout
+from data.batches import Batching, Data, Splits, TensorSplit, holdout
 from utils.errors import UserError
 
 VARIANTS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}
@@ -50,4 +50,4 @@ def load_mnist(
         raise UserError(f"data.variant={variant!r} is unknown; use one of {list(VARIANTS)}")
     train, val = holdout(read_split(root, variant, True, download), [val_size], split_seed)
     test = read_split(root, variant, False, download)
-    return Data(variant, train, val, test, num_classes=10, **batching)
+    return Data(variant, Splits(train, val, test), 10, Batching(**batching))

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from data.batches import Data, TensorSplit, holdout
+from data.batches import Batching, Data, Splits, TensorSplit, holdout
 from utils.errors import UserError
 
 
@@ -44,4 +44,4 @@ def load_synthetic(
         raise UserError(f"data.num_classes={num_classes} must be 2 or more")
     samples = make_samples(num_samples + val_size + test_size, shape, num_classes, noise, seed)
     train, val, test = holdout(samples, [val_size, test_size], seed)
-    return Data("synthetic", train, val, test, num_classes=num_classes, **batching)
+    return Data("synthetic", Splits(train, val, test), num_classes, Batching(**batching))

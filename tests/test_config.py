@@ -13,6 +13,7 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf.errors import ValidationError
 
+from data.batches import Placement
 from utils.config import check_config
 from utils.errors import UserError
 from utils.model_check import check_forward
@@ -67,7 +68,7 @@ def test_every_dataset_builds(data, mnist_root, fashion_root, cifar_root, imagef
     cfg = make_config(f"data={data}", "data.batch_size=8", *extra)
     check_config(cfg)
     built = instantiate(cfg.data)
-    images, labels = next(built.batches("train", CPU, seed=0).epoch(0))
+    images, labels = next(built.batches("train", Placement(CPU), seed=0).epoch(0))
     assert images.shape == (8, *built.input_shape) and images.dtype == torch.float32
     assert labels.dtype == torch.long and int(labels.max()) < built.num_classes
 

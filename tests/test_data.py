@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import write_cifar10, write_imagefolder, write_mnist
 
-from data.batches import TensorSplit, random_crop
+from data.batches import Placement, TensorSplit, random_crop
 from data.cifar10 import load_cifar10
 from data.digits import load_digits
 from data.imagefolder import load_imagefolder
@@ -105,7 +105,7 @@ def test_imagefolder_reads_pngs_and_resizes(tmp_path):
     data = load_imagefolder(str(tmp_path), [16, 16], 3, 0, **RGB)
     assert data.num_classes == 3 and data.sizes() == {"train": 9, "val": 9, "test": 9}
     assert data.input_shape == (3, 16, 16)
-    images, labels = next(data.batches("train", CPU, seed=0).epoch(0))
+    images, labels = next(data.batches("train", Placement(CPU), seed=0).epoch(0))
     assert images.shape == (8, 3, 16, 16) and images.dtype == torch.float32
     assert labels.tolist() and max(labels.tolist()) < 3
 
@@ -143,7 +143,7 @@ def test_corrupt_image_names_the_file(tmp_path):
     (tmp_path / "val" / "cat" / "0.png").write_bytes(b"not a png")
     data = load_imagefolder(str(tmp_path), [8, 8], 3, 0, **RGB)
     with pytest.raises(UserError, match=r"cannot decode image .*cat/0.png"):
-        list(data.batches("val", CPU, seed=0).epoch(0))
+        list(data.batches("val", Placement(CPU), seed=0).epoch(0))
 
 
 @pytest.mark.parametrize(
@@ -175,7 +175,7 @@ def synthetic_data(**augment):
 
 def test_training_batches_cover_each_sample_once_per_epoch_in_a_new_order():
     data = synthetic_data()
-    batches = data.batches("train", CPU, seed=0)
+    batches = data.batches("train", Placement(CPU), seed=0)
     assert len(batches) == 100 // 8  # the last partial batch is dropped
     orders = []
     for epoch in (0, 1):
@@ -183,13 +183,13 @@ def test_training_batches_cover_each_sample_once_per_epoch_in_a_new_order():
         assert len(labels) == 96
         orders.append(labels)
     assert not torch.equal(orders[0], orders[1])
-    evaluation = data.batches("val", CPU, seed=0)
+    evaluation = data.batches("val", Placement(CPU), seed=0)
     assert sum(len(y) for _, y in evaluation.epoch(0)) == 10  # evaluation keeps every sample
 
 
 def test_an_epoch_can_start_at_any_batch_with_the_same_data():
     data = synthetic_data(crop_padding=1, horizontal_flip=True)
-    batches = data.batches("train", CPU, seed=3)
+    batches = data.batches("train", Placement(CPU), seed=3)
     full = list(batches.epoch(2))
     tail = list(batches.epoch(2, start=5))
     assert len(tail) == len(full) - 5
@@ -199,12 +199,12 @@ def test_an_epoch_can_start_at_any_batch_with_the_same_data():
 
 def test_augmentation_is_seeded_and_off_for_evaluation():
     data = synthetic_data(crop_padding=2, horizontal_flip=True)
-    x_train = next(data.batches("train", CPU, seed=0).epoch(0))[0]
-    x_plain = next(synthetic_data().batches("train", CPU, seed=0).epoch(0))[0]
+    x_train = next(data.batches("train", Placement(CPU), seed=0).epoch(0))[0]
+    x_plain = next(synthetic_data().batches("train", Placement(CPU), seed=0).epoch(0))[0]
     assert not torch.equal(x_train, x_plain)  # same samples, augmented
-    assert torch.equal(x_train, next(data.batches("train", CPU, seed=0).epoch(0))[0])
-    val_a = next(data.batches("val", CPU, seed=0).epoch(0))[0]
-    val_b = next(synthetic_data().batches("val", CPU, seed=0).epoch(0))[0]
+    assert torch.equal(x_train, next(data.batches("train", Placement(CPU), seed=0).epoch(0))[0])
+    val_a = next(data.batches("val", Placement(CPU), seed=0).epoch(0))[0]
+    val_b = next(synthetic_data().batches("val", Placement(CPU), seed=0).epoch(0))[0]
     assert torch.equal(val_a, val_b)
 
 
@@ -222,19 +222,9 @@ def test_normalisation_uses_the_configured_mean_and_std():
     split = TensorSplit(
         torch.full((8, 1, 2, 2), 255, dtype=torch.uint8), torch.zeros(8, dtype=torch.long)
     )
-    from data.batches import Data
+    from data.batches import Batching, Data, Splits
 
-    data = Data(
-        "white",
-        split,
-        split,
-        None,
-        2,
-        [0.5],
-        [0.25],
-        4,
-        4,
-        {"crop_padding": 0, "horizontal_flip": False},
-    )
-    images, _ = next(data.batches("val", CPU, seed=0).epoch(0))
+    augment = {"crop_padding": 0, "horizontal_flip": False}
+    data = Data("white", Splits(split, split), 2, Batching(4, 4, [0.5], [0.25], augment))
+    images, _ = next(data.batches("val", Placement(CPU), seed=0).epoch(0))
     assert torch.allclose(images, torch.full_like(images, 2.0))  # (1 - 0.5) / 0.25

@@ -8,10 +8,11 @@ import pytest
 import torch
 from conftest import read_events, read_metrics, run_train, scalars
 
+from data.batches import Placement
 from models.init import initialize
 from models.mlp import mlp
 from utils.errors import UserError
-from utils.finders import find_batch_size, lr_range_test
+from utils.finders import RangeTest, find_batch_size, lr_range_test
 from utils.precision import Precision
 
 FAULTY = "model._target_=signalling_model.faulty_mlp"
@@ -90,9 +91,9 @@ def test_lr_range_test_restores_weights_and_optimizer():
     model = mlp((1, 8, 8), 4, [16], 0.0, "default")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    batches = data.batches("train", torch.device("cpu"), seed=0)
-    lrs, losses, suggested = lr_range_test(model, optimizer, batches, Precision("float32",
-                                           torch.device("cpu")), steps=50)  # fmt: skip
+    batches = data.batches("train", Placement(torch.device("cpu")), seed=0)
+    precision = Precision("float32", torch.device("cpu"))
+    lrs, losses, suggested = lr_range_test(model, optimizer, batches, precision, RangeTest(50))
     assert len(lrs) == len(losses) > 10 and lrs == sorted(lrs)
     assert math.isfinite(suggested) and lrs[0] <= suggested <= lrs[-1]
     for name, value in model.state_dict().items():

@@ -269,7 +269,11 @@ def test_compile_trains_and_matches_eager_accuracy_closely(tmp_path):
 def test_compile_failure_falls_back_to_eager_with_one_warning(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))  # inductor's C++ compiler
     result = run_train(
-        tmp_path, "run_name=fallback", "trainer.compile=true", "trainer.max_epochs=1"
+        tmp_path,
+        "run_name=fallback",
+        "trainer.compile=true",
+        "trainer.max_epochs=1",
+        process=True,  # a fresh process: this one may hold compiled code from an earlier test
     )
     assert result.stdout.count("warning: torch.compile failed") == 1
     assert read_metrics(tmp_path / "runs" / "fallback")["epochs"] == 1

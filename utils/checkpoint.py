@@ -232,15 +232,21 @@ def check_training_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:
             )
 
 
-def find_checkpoints(folder: Path) -> list[Path]:
-    """Candidates to resume from, newest first: ``last.pt``, then the others by age."""
+TO_RESUME = ("last.pt",)  # the exact position of the run
+TO_EVALUATE = ("best.pt", "last.pt")  # the run's best weights
+
+
+def find_checkpoints(folder: Path, prefer: tuple[str, ...] = TO_RESUME) -> list[Path]:
+    """The one rule for "which file in a run's folder": the ``prefer`` names that exist, in
+    that order, then the folder's other checkpoints (top-k copies), newest first. Resume
+    prefers ``last.pt``; evaluation ``best.pt``, then ``last.pt``."""
+    preferred = [folder / name for name in prefer if (folder / name).is_file()]
     others = sorted(
-        (p for p in folder.glob("*.pt") if not p.name.startswith(".") and p.name != "last.pt"),
+        (p for p in folder.glob("*.pt") if not p.name.startswith(".") and p.name not in prefer),
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )
-    last = folder / "last.pt"
-    return ([last] if last.is_file() else []) + others
+    return preferred + others
 
 
 def load_latest(folder: Path) -> tuple[Path, dict[str, Any]] | None:

@@ -35,6 +35,7 @@ from utils.optim import hyperparameters
 from utils.precision import Precision
 from utils.schedulers import Schedule
 from utils.seeding import all_rng_states, restore_rng, seed_rank_stream
+from utils.signals import Interrupted, continue_command
 from utils.state import TrainState
 
 log = logging.getLogger("torchloom")
@@ -82,6 +83,14 @@ class Checkpointer:
         return self.folder / "last.pt"
 
     # --- Continuing ------------------------------------------------------------------------
+
+    def start(self, run: Any, seed: int, init_from: str | None) -> None:
+        """Continue the checkpoint ``run`` resumes with its config changes applied; or start
+        fresh, from the weights of ``init_from`` when given."""
+        self.resume(run.resumed, run.changes, seed)
+        if init_from and not run.resumed:
+            load_weights(unwrap(self.parts.model), load_checkpoint(init_from)["model"])
+            log.info("weights from %s; optimizer, schedule and counters start fresh", init_from)
 
     def resume(self, resumed: tuple[Path, dict] | None, changes, seed: int) -> None:
         """Put the checkpoint ``resumed`` back into the parts and the state, with the config
@@ -191,6 +200,20 @@ class Checkpointer:
         unsaved = self.state.batch_in_epoch or not self.last.exists()
         if distributed.agree(bool(unsaved), device):  # saving is collective: all or none
             self.save()
+
+    def stop_here(self, stop: Any, context: Any, out: Any) -> None:
+        """A stop every process agreed on: the exact position in last.pt, the outputs
+        flushed, the command that continues the run; then :class:`Interrupted`."""
+        self.save_on_stop(context.device)
+        out.close()
+        if context.is_main:
+            state = self.state
+            command = continue_command(self.record.overrides, self.last, context.processes)
+            print(f"stopped by {stop.name or 'a signal to another process'} at epoch "
+                  f"{state.epoch + 1}, batch {state.batch_in_epoch}; continue with:\n  {command}")  # fmt: skip
+        distributed.barrier()  # no process leaves before last.pt is written: torchrun would kill the rest
+        context.close()
+        raise Interrupted
 
     def load_best(self) -> None:
         """The best epoch's weights into the model, for the final test (once every process

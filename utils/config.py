@@ -174,8 +174,9 @@ def _number(cfg: DictConfig, key: str) -> float:
     return value
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Reject values that have the right type but make no sense, before any data is loaded."""
+def check_config(cfg: DictConfig) -> TrainerConfig:
+    """Reject values that have the right type but make no sense, before any data is loaded.
+    Returns ``cfg.trainer`` as a plain dataclass (the loop reads it every step)."""
     rules = [
         ("trainer.max_epochs", lambda v: v >= 0, "0 or more"),
         ("trainer.accumulate_grad_batches", lambda v: v >= 1, "1 or more"),
@@ -211,6 +212,7 @@ def check_config(cfg: DictConfig) -> None:
         )
     check_run_name(cfg.run_name)
     check_groups(cfg)
+    return OmegaConf.to_object(cfg.trainer)
 
 
 # Arguments train.py passes to each group's builder itself (the rest come from the YAML).

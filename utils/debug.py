@@ -21,6 +21,7 @@ import torch
 from rich.table import Table
 from torch import nn
 
+from data.batches import RunBatches
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
@@ -38,6 +39,20 @@ def batch_limit(limit: Any, available: int, key: str) -> int:
             raise UserError(f"{key}={limit} as a fraction must be at most 1.0; use an int count")
         return max(1, int(available * limit))
     return min(int(limit), available)
+
+
+def wrap_batches(batches: RunBatches, trainer: Any) -> RunBatches:
+    """A run's batches as the debug modes ask: ``debug=overfit`` trains on the same few
+    batches every epoch; ``debug=limit`` and ``fast_dev_run`` cut each epoch short."""
+    train = batches.train
+    if trainer.overfit_batches:
+        train = Fixed(train, trainer.overfit_batches)
+    key = "limit_eval_batches"
+    return RunBatches(
+        train=limited(train, trainer.limit_train_batches, "limit_train_batches"),
+        val=limited(batches.val, trainer.limit_eval_batches, key),
+        test=lambda: limited(batches.test(), trainer.limit_eval_batches, key),
+    )
 
 
 def limited(batches: Any, limit: Any, key: str) -> Any:
@@ -71,6 +86,12 @@ class Fixed:
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator:
         return iter(self.cached[start:])
+
+
+def after_fit(trainer: Any, train_loss: float, batches: Any, epochs: int) -> None:
+    """``debug=overfit``: fails unless the training loss fell below ``trainer.overfit_loss``."""
+    if trainer.overfit_batches:
+        check_overfit(train_loss, trainer.overfit_loss, len(batches), epochs)
 
 
 def check_overfit(train_loss: float, target: float, batches: int, epochs: int) -> None:
@@ -108,6 +129,28 @@ class Profiled:
         for batch in self.batches.epoch(epoch, start):
             self.profiler.step()
             yield batch
+
+
+class Debugging:
+    """``debug=anomaly`` and ``debug=profile`` around training: anomaly detection on, and a
+    profiler stepped by the training batches, its table shown when training ends."""
+
+    def __init__(self, trainer: Any, run_dir: Path) -> None:
+        set_anomaly_detection(trainer.detect_anomaly)
+        self.profiler = start_profiler(trainer.profile_steps, run_dir)
+
+    def batches(self, batches: Any) -> Any:
+        return Profiled(batches, self.profiler) if self.profiler else batches
+
+    def report(self, out: Any) -> None:
+        if self.profiler:
+            out.print(profile_table(self.profiler))
+
+
+def show_shapes(modules: Any, out: Any) -> float:
+    """``debug=shapes``: each layer's output shape and parameters; nothing is trained."""
+    out.print(shape_table(modules.model, modules.input_shape, modules.device))
+    return NO_RESULT
 
 
 def set_anomaly_detection(on: bool) -> None:

@@ -11,6 +11,14 @@ from torch import nn
 from utils.distributed import all_sum
 from utils.precision import Precision
 
+TOP5 = "acc_top5"
+
+
+def measured_metrics(num_classes: int) -> list[str]:
+    """What :func:`evaluate` measures for ``num_classes`` classes: top-5 accuracy only when
+    there are more than 5."""
+    return ["loss", "acc"] + ([TOP5] if num_classes > 5 else [])
+
 
 @torch.inference_mode()
 def evaluate(
@@ -30,7 +38,7 @@ def evaluate(
     was_training = model.training
     model.eval()
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    top_k = 5 if num_classes > 5 else 1
+    top_k = 5 if TOP5 in measured_metrics(num_classes) else 1
     sums, count = None, 0  # [loss, top-1 hits, top-k hits], summed on the device
     counts = None  # confusion counts, flattened
     for images, labels in batches:
@@ -61,7 +69,7 @@ def evaluate(
     loss, acc, acc_top_k = (all_sum(sums) / count).tolist()
     metrics = {"loss": loss, "acc": acc}
     if top_k == 5:
-        metrics["acc_top5"] = acc_top_k
+        metrics[TOP5] = acc_top_k
     if confusion:
         metrics["confusion"] = all_sum(counts).view(num_classes, num_classes).cpu()
     return metrics

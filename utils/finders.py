@@ -13,7 +13,9 @@ import itertools
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,13 +26,26 @@ from utils.memory import free_memory
 log = logging.getLogger("torchloom")
 
 
+@dataclass(frozen=True)
+class RangeTest:
+    """The LR range test's sweep: ``steps`` steps from ``start_lr`` to ``end_lr``, the loss
+    smoothed by an exponential average with factor ``smoothing``."""
+
+    steps: int = 200
+    start_lr: float = 1e-7
+    end_lr: float = 10.0
+    smoothing: float = 0.98
+
+
 def lr_range_test(
-    model: nn.Module, optimizer, batches, precision, steps: int = 200,
-    start_lr: float = 1e-7, end_lr: float = 10.0, smoothing: float = 0.98,
-) -> tuple[list[float], list[float], float]:  # fmt: skip
-    """Train ``steps`` steps with the LR rising exponentially from ``start_lr`` to ``end_lr``
-    (stopping early once the loss explodes). Returns the LRs, the smoothed losses and the
-    suggested LR: where the smoothed loss falls fastest. Model and optimizer are restored."""
+    model: nn.Module, optimizer, batches, precision, sweep: RangeTest = RangeTest()
+) -> tuple[list[float], list[float], float]:
+    """Train ``sweep.steps`` steps with the LR rising exponentially from ``sweep.start_lr`` to
+    ``sweep.end_lr`` (stopping early once the loss explodes). Returns the LRs, the smoothed
+    losses and the suggested LR: where the smoothed loss falls fastest. Model and optimizer
+    are restored."""
+    steps, start_lr, end_lr = sweep.steps, sweep.start_lr, sweep.end_lr
+    smoothing = sweep.smoothing
     saved_model = copy.deepcopy(model.state_dict())
     saved_optimizer = copy.deepcopy(optimizer.state_dict())
     lrs, losses, average, best = [], [], 0.0, math.inf
@@ -153,10 +168,11 @@ def batch_fits(model: nn.Module, optimizer, precision, input_shape, num_classes:
     return fits
 
 
-def tune(kind: str, model: nn.Module, optimizer, batches, precision, data, device, run_dir: Path,
-         console) -> float:  # fmt: skip
-    """Run the finder ``tune=`` names and report its answer; the model and optimizer are left
-    as they were."""
+def tune(kind: str, parts: Any, batches: Any, data: Any, out: Any) -> float:
+    """Run the finder ``tune=`` names on the step model, optimizer and precision of ``parts``
+    and report its answer through ``out``; the model and optimizer are left as they were."""
+    model, optimizer, precision = parts.model, parts.optimizer, parts.precision
+    device, run_dir, console = precision.device, out.run_dir, out.console
     if kind == "lr":
         lrs, losses, suggested = lr_range_test(model, optimizer, batches, precision)
         from torch.utils.tensorboard import SummaryWriter

@@ -11,8 +11,11 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -115,3 +118,34 @@ def run_guards(
         with torch.inference_mode():
             probability_outputs(model(inputs))
         model.train(was_training)
+
+
+@dataclass(frozen=True)
+class StartUp:
+    """What the start-up checks found: the first training batches (also shown in
+    TensorBoard) and how many optimizer steps an epoch and the run take."""
+
+    first_batches: list[tuple[torch.Tensor, torch.Tensor]]
+    steps_per_epoch: int
+    total_steps: int
+
+
+def check_start_up(
+    model: nn.Module, data: Any, batches: Any, trainer: Any, world_size: int
+) -> StartUp:
+    """The guards on the first two training batches, then the step counts: an epoch must
+    hold at least one optimizer step. Logs what one step trains on."""
+    first = list(itertools.islice(batches.epoch(0), 2))
+    run_guards(model, data.input_shape, data.batch_size, first, trainer.silence_guards)
+    accumulate = trainer.accumulate_grad_batches
+    steps_per_epoch = len(batches) // accumulate
+    if steps_per_epoch == 0:
+        raise UserError(
+            f"{len(batches)} training batches cannot fill one step of "
+            f"trainer.accumulate_grad_batches={accumulate}; lower it"
+        )
+    log.info("data %s: %s samples; %d per optimizer step (batch %d per process × %d "
+             "accumulated × %d processes)", data.name, data.sizes(),
+             data.batch_size * accumulate * world_size, data.batch_size, accumulate,
+             world_size)  # fmt: skip
+    return StartUp(first, steps_per_epoch, steps_per_epoch * trainer.max_epochs)

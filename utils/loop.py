@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 from utils import debug, distributed, report
 from utils.checkpointer import Parts
-from utils.memory import collect_cycles, out_of_memory
+from utils.memory import collect_cycles, cycle_collection_by_the_loop, out_of_memory
 from utils.state import TrainState
 
 
@@ -29,6 +30,24 @@ class Loop:
         self.stop, self.writer, self.progress = stop, writer, progress
         self.train_seconds = 0.0  # inside epochs, evaluation excluded
         self.trained_steps = 0  # by this invocation (a resumed run counts from its resume)
+        self.stopped = False  # every process agreed to stop before the last epoch ended
+
+    def epochs(self, batches: Any, batch_size: int) -> Iterator[int]:
+        """Train epoch after epoch up to ``trainer.max_epochs``, with the progress bar shown
+        and cycle collection by the loop; yields after each finished epoch (the caller then
+        validates and saves). Ends early when every process agrees on a stop, which sets
+        :attr:`stopped`: the state then holds the position to resume from."""
+        state, device = self.state, self.parts.watch.losses.device
+        self.stopped = distributed.agree(self.stop.requested, device)  # a signal at start-up
+        with self.progress, cycle_collection_by_the_loop():
+            while state.epoch < self.trainer.max_epochs and not self.stopped:
+                if not self.epoch(batches, batch_size):
+                    self.stopped = True
+                    break
+                state.next_epoch()
+                yield state.epoch
+                collect_cycles()  # also once an epoch, however long the logging window
+                self.stopped = distributed.agree(self.stop.requested, device)
 
     def epoch(self, batches: Any, batch_size: int) -> bool:
         """Train from the state's data position to the end of its epoch, then log its loss,

@@ -77,3 +77,12 @@ class Monitor:
 
     def better(self, value: float, than: float) -> bool:
         return self.sign * (value - than) > 0
+
+    def check_measured(self, measured: list[str]) -> None:
+        """Refuse a monitor that validation does not measure (``measured``: val/ names)."""
+        if self.name not in measured:
+            raise UserError(f"trainer.monitor={self.name!r} is not measured; use one of {measured}")
+
+    def best_or_worst(self, best: float | None) -> float:
+        """What a run reports to a sweeper: its best value, or the worst when it has none."""
+        return best if best is not None else self.worst

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 from torch import nn
@@ -30,12 +30,31 @@ def config_tree(config: Mapping, label: str = "config") -> Tree:
     return tree
 
 
-def print_model_summary(console: Console, model: nn.Module, input_shape, num_classes: int) -> None:
+def model_summary(model: nn.Module, input_shape, num_classes: int) -> str:
     total, trainable, size = parameter_counts(model)
-    console.print(
+    return (
         f"model [bold]{model.__class__.__name__}[/]: input {list(input_shape)} → {num_classes} "
         f"classes, {total:,} parameters ({trainable:,} trainable), {size / 2**20:.2f} MiB"
     )
+
+
+def final_metrics(state, summary: Mapping, test_split: str, checkpointer, started: float) -> dict:
+    """What metrics.json holds for a finished run: the final train/val/test metrics, the
+    run's throughput ``summary``, its best epoch and where best.pt is, and how it was run."""
+    return {
+        "status": "completed",
+        **state.metrics,
+        **summary,
+        "test_split": test_split,
+        "monitor": checkpointer.monitor.name,
+        "best_metric": state.best_metric,
+        "best_epoch": state.best_epoch,
+        "epochs": state.epoch,
+        "global_step": state.global_step,
+        "wall_time_seconds": time.perf_counter() - started,
+        "best_checkpoint": str(checkpointer.folder / "best.pt"),
+        "overrides": checkpointer.record.overrides,
+    }
 
 
 def metrics_table(metrics: Mapping[str, Any]) -> Table:

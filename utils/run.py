@@ -1,10 +1,12 @@
 """Where a run lives and how it starts: its folders, and whether it is a re-run sweep's finished
 job (skipped), continues a checkpoint (with which config changes), or starts afresh (never over
-an earlier run of the same name).
+an earlier run of the same name); then the process it runs in (:class:`RunContext`: rank,
+device, threads), shared by train.py and evaluate.py.
 
     run = start_run(cfg, trainer)
     if run.finished is not None:
         return run.finished
+    context = RunContext.for_training(run.processes, trainer, cfg.seed)
 """
 
 from __future__ import annotations
@@ -14,19 +16,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from data.batches import Placement
 from utils import distributed, sweep
 from utils.checkpoint import (
     check_new_run,
     check_resumable,
     prepare_dir,
+    remove_files,
     remove_stale_temporary_files,
     resume_point,
 )
 from utils.checkpointer import RunRecord
 from utils.config import ResumeChanges, output_dirs, to_plain
+from utils.device import configure_device, configure_threads, resolve_device
+from utils.seeding import configure_determinism, seed_everything
 
 log = logging.getLogger("torchloom")
 
@@ -41,6 +48,12 @@ class RunStart:
     changes: ResumeChanges | None = None  # how the config differs from the checkpoint's
     replaced: list[Path] = field(default_factory=list)  # overwrite=true: remove once set up
     finished: float | None = None  # a re-run sweep's finished job: its value; skip it
+
+    def remove_replaced(self) -> None:
+        """``overwrite=true``: remove the earlier run's files, once this run is set up (so a
+        run that fails at start-up loses nothing)."""
+        if self.processes.is_main:
+            remove_files(self.replaced)
 
 
 def start_run(cfg: DictConfig, trainer: Any) -> RunStart:
@@ -68,3 +81,44 @@ def start_run(cfg: DictConfig, trainer: Any) -> RunStart:
         for line in run.changes.applied + run.changes.need_allow:
             log.info("resume: applying the changed %s", line)
     return run
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The process a run computes in: its place among torchrun's processes (joined), its
+    device (with fast defaults), and its share of the CPU threads."""
+
+    processes: distributed.Processes
+    device: torch.device
+    threads: int
+
+    @classmethod
+    def open(
+        cls, processes: distributed.Processes, device: str, cpu_threads: int | None = None
+    ) -> RunContext:
+        joined = distributed.join(processes, resolve_device(device))
+        configure_device(joined)
+        threads = configure_threads(cpu_threads, sweep.parallel_jobs())
+        log.info("device: %s, %d CPU threads, %d process(es)", joined, threads,
+                 processes.world_size)  # fmt: skip
+        return cls(processes, joined, threads)
+
+    @classmethod
+    def for_training(cls, processes: distributed.Processes, trainer: Any, seed: int) -> RunContext:
+        """Seeded (the model's initial weights come from ``seed``), deterministic kernels if
+        asked, then opened."""
+        seed_everything(seed)
+        configure_determinism(trainer.deterministic)
+        return cls.open(processes, trainer.device, trainer.cpu_threads)
+
+    @property
+    def is_main(self) -> bool:
+        return self.processes.is_main
+
+    def placement(self, channels_last: bool = False) -> Placement:
+        """Where this process's batches go."""
+        processes = self.processes
+        return Placement(self.device, channels_last, processes.rank, processes.world_size)
+
+    def close(self) -> None:
+        distributed.close_processes()

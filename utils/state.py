@@ -34,3 +34,17 @@ class TrainState:
 
     def next_epoch(self) -> None:
         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+    def validation_due(self, every_n_epochs: int, max_epochs: int) -> bool:
+        """After the epoch just finished: every ``every_n_epochs`` epochs, and after the last."""
+        return self.epoch % every_n_epochs == 0 or self.epoch == max_epochs
+
+    def record(self, split: str, metrics: dict[str, float]) -> None:
+        """The latest ``split`` metrics, under their TensorBoard tags (``val/acc``)."""
+        self.metrics.update({f"{split}/{name}": value for name, value in metrics.items()})
+
+    def epoch_line(self, max_epochs: int) -> str:
+        """The log line of the epoch just finished: its training loss and the latest val/."""
+        metrics = self.metrics
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.startswith("val/"))
+        return f"epoch {self.epoch}/{max_epochs}  train/loss {metrics['train/loss']:.4f}  {shown}"

@@ -1,0 +1,53 @@
+"""Which module each phase calls: the model as built (checkpoints, summaries, loading weights),
+the model the training step calls (DDP and torch.compile around it), and the one evaluation
+calls (never DDP: evaluation shards need not have equal batch counts, so no collectives).
+
+    modules = Modules.build(cfg.model, data, context.device, trainer.channels_last)
+    modules.wrap_for_steps(context.processes, trainer)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from utils import distributed
+from utils.compilation import compile_or_eager
+from utils.config import build
+from utils.device import wants_channels_last
+from utils.model_check import check_forward
+
+
+@dataclass
+class Modules:
+    model: nn.Module
+    channels_last: bool  # the memory layout of the weights and of every batch
+    device: torch.device
+    input_shape: tuple[int, ...]
+    step_model: nn.Module
+    eval_model: nn.Module
+
+    @classmethod
+    def build(
+        cls, node: Any, data: Any, device: torch.device, channels_last: bool | None
+    ) -> Modules:
+        """The model of config ``node``, its shapes taken from ``data``, on ``device`` in the
+        layout ``channels_last`` asks for (null: the fast one), checked by one dummy forward."""
+        model = build(node, input_shape=data.input_shape, num_classes=data.num_classes)
+        layout = wants_channels_last(model, device, channels_last)
+        model = model.to(device, memory_format=torch.channels_last if layout else None)
+        check_forward(model, data.input_shape, data.num_classes, device)
+        return cls(model, layout, device, tuple(data.input_shape), model, model)
+
+    def wrap_for_steps(self, processes: distributed.Processes, trainer: Any) -> None:
+        """DDP around the model for several processes, then torch.compile if asked."""
+        step_model = distributed.wrap(self.model, processes, self.device, trainer.sync_batchnorm)
+        if trainer.compile:
+            step_model = compile_or_eager(
+                step_model, self.input_shape, self.device, trainer.compile_mode
+            )
+        self.step_model = step_model
+        self.eval_model = step_model if not processes.enabled else self.model
