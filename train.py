@@ -37,13 +37,11 @@ from utils.evaluation import evaluate, measured_metrics  # bound here: benchmark
 from utils.finders import tune
 from utils.guards import check_start_up
 from utils.loop import Loop
-from utils.loss_sums import LossSums
 from utils.modules import Modules
 from utils.monitor import Monitor
-from utils.nonfinite import NonFiniteWatch
 from utils.optim import build_optimizer
 from utils.outputs import Outputs
-from utils.progress import TrainingProgress, data_wait_advice
+from utils.progress import TrainingProgress
 from utils.run import RunContext, start_run
 from utils.signals import EXIT_INTERRUPTED, Interrupted, StopRequest
 from utils.state import TrainState
@@ -111,9 +109,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     schedule = build(cfg.scheduler)(
         optimizer, total_steps=start.total_steps, steps_per_epoch=start.steps_per_epoch
     )
-    losses = LossSums(context.device, trainer.accumulate_grad_batches)
-    watch = NonFiniteWatch(trainer.nonfinite, trainer.max_consecutive_skips, losses)
-    parts = Parts(modules.step_model, optimizer, schedule, precision, watch)
+    parts = Parts.assemble(modules.step_model, optimizer, schedule, precision, trainer)
     if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were
         return tune(cfg.tune, parts, batches.train, data, out)
     state = TrainState()
@@ -147,9 +143,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     test = evaluate(modules.eval_model, batches.test().epoch(0), precision, data.num_classes)
     state.record("test", test)
     out.scalars("test", test, state.global_step)
-    summary = loop.summary(data.batch_size)
-    if summary["train/data_wait_fraction"] > 0.2:
-        log.warning("warning: %s", data_wait_advice(summary["train/data_wait_fraction"], data))
+    summary = loop.summary(data)  # throughput and data wait, with advice when it waited
     out.finish(report.final_metrics(state, summary, data.test_split, checkpointer, started),
                run.record.resolved, state.metrics)  # fmt: skip
     context.close()

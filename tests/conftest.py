@@ -34,10 +34,11 @@ def run_python(
     ``ok``, a non-zero exit fails the test with the output.
 
     ``train.py`` and ``evaluate.py`` run in this process (:func:`run_in_process`) unless the
-    process boundary is what is tested: ``process=True``, or an ``env`` (the fault and signal
-    helpers read it, and a signal they send must reach the run, not pytest)."""
-    if not process and env is None and args and args[0] in (str(TRAIN), str(EVALUATE)):
-        result = run_in_process(cwd, Path(args[0]), *args[1:])
+    process boundary is what is tested: ``process=True``, or an ``env`` that makes a helper
+    model send a signal (``SIGNAL_*``: it must reach the run, not pytest)."""
+    signals = any(key.startswith("SIGNAL_") for key in env or {})
+    if not (process or signals) and args and args[0] in (str(TRAIN), str(EVALUATE)):
+        result = run_in_process(cwd, Path(args[0]), *args[1:], env=env)
     else:
         result = subprocess.run(
             [sys.executable, *args],
@@ -60,13 +61,16 @@ def run_train(cwd: Path, *overrides: str, ok: bool = True, **how):
     return run_python(cwd, str(TRAIN), *overrides, ok=ok, **how)
 
 
-def run_in_process(cwd: Path, script: Path, *args: str) -> subprocess.CompletedProcess:
+def run_in_process(
+    cwd: Path, script: Path, *args: str, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run an entry point as ``python SCRIPT ARGS`` would, in this process: its ``__main__``
     block (Hydra's command line, ``run_cli``'s one-line errors, ``main()``'s exit codes) runs
     through ``runpy``, with stdout, stderr and warnings captured. What a run changes in the
-    process — working directory, argv, environment, signal handlers, logging, warning filters,
-    deterministic mode — is put back afterwards, so the next run starts as a fresh process
-    would. Saves the seconds of starting Python and importing torch per run."""
+    process (working directory, argv, environment, signal handlers, logging, warning filters,
+    torch's deterministic and anomaly modes and threads) is put back afterwards, so the next
+    run starts as a fresh process would. ``env`` is added to the environment for the run.
+    Saves the seconds of starting Python and importing torch per run."""
     import contextlib
     import io
     import logging
@@ -83,13 +87,15 @@ def run_in_process(cwd: Path, script: Path, *args: str) -> subprocess.CompletedP
     handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     root = logging.getLogger()
     logging_before = (root.handlers[:], root.level)
-    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch_modes = (torch.are_deterministic_algorithms_enabled(), torch.is_anomaly_enabled(),
+                   torch.get_num_threads())  # fmt: skip
     out, err = io.StringIO(), io.StringIO()
 
     def show(message, category, filename, lineno, file=None, line=None):
         err.write(warnings.formatwarning(message, category, filename, lineno, line))
 
     code = 0
+    os.environ.update(env or {})
     os.chdir(cwd)
     sys.argv = [str(script), *args]
     sys.path[:0] = [str(script.parent), str(HELPERS)]
@@ -126,8 +132,49 @@ def run_in_process(cwd: Path, script: Path, *args: str) -> subprocess.CompletedP
                 handler.close()
         root.handlers[:] = logging_before[0]
         root.setLevel(logging_before[1])
-        torch.use_deterministic_algorithms(deterministic)
+        torch.use_deterministic_algorithms(torch_modes[0])
+        torch.autograd.set_detect_anomaly(torch_modes[1])
+        torch.set_num_threads(torch_modes[2])
     return subprocess.CompletedProcess([str(script), *args], code, out.getvalue(), err.getvalue())
+
+
+def compose_train(cwd: Path, *overrides: str) -> float:
+    """``train(cfg, stop)`` called directly, as lightning-hydra-template's tests do: the config
+    composed with Hydra's API, ``HydraConfig`` set as Hydra's own run sets it (the run dir
+    resolved, single-run mode), outputs under ``cwd``. Returns what train() returns; its
+    errors are raised, not turned into exit codes (that is main()'s job)."""
+    import contextlib
+    import signal
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf, open_dict
+
+    from utils.signals import STOP_SIGNALS, StopRequest
+
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    try:
+        import train as recipe  # its import holds early stop signals: put back below
+
+        with (
+            contextlib.chdir(cwd),
+            initialize_config_dir(str(CONF), version_base="1.3", job_name="train"),
+        ):
+            cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+            with open_dict(cfg):
+                cfg.hydra.runtime.output_dir = str(Path(cfg.hydra.run.dir).resolve())
+                cfg.hydra.mode = RunMode.RUN
+            HydraConfig.instance().set_config(cfg)
+            Path(cfg.hydra.runtime.output_dir).mkdir(parents=True, exist_ok=True)
+            job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+            with StopRequest() as stop:
+                return recipe.train(job, stop)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 def read_events(run_dir: Path):

@@ -1,19 +1,27 @@
 """The objects train.py is a recipe over: the training state round-trips through a checkpoint
 (older checkpoints included), the monitor ranks in its direction, and the checkpointer keeps
-last, best and the top k on disk as the state says."""
+last, best and the top k on disk as the state says; train() returns or raises in-process; who
+writes is decided once; one rule picks the file in a run's folder."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 import torch
+from conftest import compose_train, read_metrics
 
-from utils.checkpoint import load_checkpoint
+from utils.checkpoint import TO_EVALUATE, find_checkpoints, load_checkpoint
 from utils.checkpointer import Checkpointer, Parts, RunRecord
+from utils.errors import UserError
 from utils.loss_sums import LossSums
 from utils.monitor import Monitor
 from utils.nonfinite import NonFiniteWatch
+from utils.outputs import Outputs
 from utils.precision import Precision
 from utils.schedulers import none
+from utils.signals import _hold
 from utils.state import TrainState
 
 # The top-level keys every checkpoint so far has held for the training state.
@@ -81,3 +89,45 @@ def test_the_checkpointer_keeps_last_best_and_the_top_k(
     last = load_checkpoint(tmp_path / "last.pt")
     assert last["epoch"] == len(values) and last["monitor"] == monitor
     assert "is intact" in saver.parts.watch.saved
+
+
+def test_train_returns_its_best_value_and_raises_bad_input_in_process(tmp_path):
+    value = compose_train(tmp_path, "trainer.max_epochs=2", "model.hidden_sizes=[16]",
+                          "run_name=direct")  # fmt: skip
+    metrics = read_metrics(tmp_path / "runs" / "direct")
+    assert value == metrics["best_metric"] and metrics["epochs"] == 2
+    assert (tmp_path / "checkpoints" / "direct" / "best.pt").is_file()
+    with pytest.raises(UserError, match=r"trainer\.monitor='val/f1' is not measured"):
+        compose_train(tmp_path, "trainer.monitor=val/f1", "trainer.monitor_mode=max",
+                      "run_name=unmeasured")  # fmt: skip
+    assert signal.getsignal(signal.SIGTERM) is not _hold  # stop signals act as before
+
+
+@pytest.mark.parametrize("rank, write_outputs, prints, events", [
+    (0, True, True, True), (0, False, True, False), (1, True, False, False),
+])  # fmt: skip
+def test_outputs_decide_once_who_prints_and_who_writes_events(
+    tmp_path, rank, write_outputs, prints, events
+):
+    out = Outputs(tmp_path, is_main=rank == 0, events=write_outputs)
+    out.open_events()
+    out.scalars("val", {"acc": 0.5}, 1)
+    out.write_json("metrics.json", {"a": 1})
+    out.close()
+    assert (tmp_path / "metrics.json").exists() == prints
+    assert bool(list(tmp_path.glob("events.out.tfevents.*"))) == events
+    assert out.console.quiet == (not prints)
+
+
+def test_one_rule_picks_the_file_in_a_run_folder_for_resume_and_for_evaluation(tmp_path):
+    for index, name in enumerate(["epoch=001-val_acc=0.5000.pt", "best.pt", "last.pt",
+                                  "epoch=002-val_acc=0.6000.pt"]):  # fmt: skip
+        (tmp_path / name).write_bytes(b"")
+        os.utime(tmp_path / name, (1000 + index, 1000 + index))
+    names = [p.name for p in find_checkpoints(tmp_path)]
+    assert names == ["last.pt", "epoch=002-val_acc=0.6000.pt", "best.pt",
+                     "epoch=001-val_acc=0.5000.pt"]  # fmt: skip
+    assert find_checkpoints(tmp_path, prefer=TO_EVALUATE)[0].name == "best.pt"
+    (tmp_path / "best.pt").unlink()
+    (tmp_path / "last.pt").unlink()
+    assert find_checkpoints(tmp_path, prefer=TO_EVALUATE)[0].name == "epoch=002-val_acc=0.6000.pt"

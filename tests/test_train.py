@@ -147,7 +147,7 @@ def test_every_model_trains_one_epoch_on_each_dataset(
     dataset, tmp_path, mnist_root, fashion_root, cifar_root, imagefolder_root
 ):
     settings = {
-        "digits": ["data.batch_size=64"],
+        "digits": ["data.batch_size=64", "trainer.limit_train_batches=4"],  # resnet18: 4 steps
         "synthetic": [
             "data.shape=[3,32,32]",
             "data.num_samples=64",

@@ -7,13 +7,11 @@ import errno
 import json
 import shutil
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, read_metrics, run_train
+from conftest import ROOT, read_metrics, run_python, run_train
 
 from utils import checkpoint as checkpoint_module
 from utils.checkpoint import load_checkpoint, load_weights, save_atomic, strip_wrapper_prefixes
@@ -25,16 +23,7 @@ SHORT = ["trainer.max_epochs=3", "model.hidden_sizes=[64]"]
 
 
 def run_evaluate(cwd: Path, *overrides: str, ok: bool = True):
-    result = subprocess.run(
-        [sys.executable, str(EVALUATE), *overrides],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if ok:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return result
+    return run_python(cwd, str(EVALUATE), *overrides, ok=ok)
 
 
 def only_error_line(result) -> str:

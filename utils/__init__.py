@@ -1,1 +1,40 @@
-"""Mechanisms the training loop calls: checkpoints, precision, seeding, schedules, logging."""
+"""What each module of utils/ answers (no imports here: `python -m utils.doctor` must start on a
+broken install).
+
+Setting up a run
+    config       the schema, resolvers and every check that needs only the config; run_cli
+    arguments    builders' argument rules, bound to their signatures before anything is built
+    trust        what a stored config may build (exact _target_ allowlist)
+    run          where a run lives and how it starts; RunContext: rank, device, threads, seed
+    device       trainer.device, fast defaults, CPU threads per process
+    distributed  torchrun's processes, DDP, collectives
+    seeding      seeds, per-rank streams, RNG states in checkpoints
+    modules      the model as built, as the step calls it (DDP, compile), as evaluation calls it
+    compilation  torch.compile, or eager with one warning
+    optim        the optimizer's parameter groups (no decay on biases and norms)
+    schedulers   LR schedules (conf/scheduler)
+    precision    autocast and the loss scaler (conf/precision)
+    guards       start-up checks against classic pitfalls; step counts
+    model_check  the dummy forward; parameter counts
+Training
+    state        TrainState: counters, data position, best, top-k, metrics
+    monitor      which way is better for the monitored metric
+    loop         the step and its epochs: loss sums, NaN watch, timing, stop agreement
+    loss_sums    the loss summed on the device between syncs
+    nonfinite    what happens on a NaN or Inf loss
+    memory       cycle collection by the loop; the out-of-memory message
+    checkpointer what is saved, when and where; resume, stop, best
+    checkpoint   file level: atomic writes, safe loading, which file in a folder, top-k names
+    signals      stop requests and exit code 3
+    sweep        sweep jobs: skip finished, record failures, the summary table
+Showing and measuring
+    outputs      who prints and who writes (TensorBoard, metrics.json, hparams), decided once
+    report       what the config tree, model summary, final table and metrics.json hold
+    progress     the progress bar and plain progress lines
+    evaluation   loss and accuracy over a split; per-class scores
+    eval_tables  evaluate.py's tables, confusion CSV and image
+    debug        the debug modes (conf/debug)
+    finders      tune=lr and tune=batch_size
+    doctor       python -m utils.doctor: is this machine ready?
+    errors       UserError and the exit codes
+"""

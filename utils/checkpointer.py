@@ -29,6 +29,7 @@ from utils.checkpoint import (
     unwrap,
 )
 from utils.errors import UserError
+from utils.loss_sums import LossSums
 from utils.monitor import Monitor
 from utils.nonfinite import NonFiniteWatch
 from utils.optim import hyperparameters
@@ -51,6 +52,17 @@ class Parts:
     schedule: Schedule
     precision: Precision
     watch: NonFiniteWatch  # its loss sums are saved too
+
+    @classmethod
+    def assemble(
+        cls, model: nn.Module, optimizer: Any, schedule: Schedule, precision: Precision,
+        trainer: Any,
+    ) -> Parts:  # fmt: skip
+        """The parts, with fresh loss sums on the model's device and the NaN watch over them
+        (``trainer.nonfinite``, ``max_consecutive_skips``, ``accumulate_grad_batches``)."""
+        losses = LossSums(precision.device, trainer.accumulate_grad_batches)
+        watch = NonFiniteWatch(trainer.nonfinite, trainer.max_consecutive_skips, losses)
+        return cls(model, optimizer, schedule, precision, watch)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ bit-identical resume relies on: forward and backward per micro-batch, then (ever
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +20,11 @@ import torch.nn.functional as F
 from utils import debug, distributed, report
 from utils.checkpointer import Parts
 from utils.memory import collect_cycles, cycle_collection_by_the_loop, out_of_memory
+from utils.progress import data_wait_advice
 from utils.state import TrainState
+
+log = logging.getLogger("torchloom")
+DATA_WAIT_WARNING = 0.2  # the share of training time spent waiting for batches that warns
 
 
 class Loop:
@@ -79,15 +84,17 @@ class Loop:
             writer.add_scalar("train/data_wait_fraction", waited, state.global_step)
         return finished
 
-    def summary(self, batch_size: int) -> dict[str, float]:
-        """Throughput, data wait and skipped steps over this invocation's training epochs."""
+    def summary(self, data: Any) -> dict[str, float]:
+        """Throughput, data wait and skipped steps over this invocation's training epochs;
+        warns, saying what to change, when the loop waited for batches much of the time."""
         seconds = self.train_seconds
-        samples = self.trained_steps * self.trainer.accumulate_grad_batches * batch_size
+        samples = self.trained_steps * self.trainer.accumulate_grad_batches * data.batch_size
+        waited = self.progress.data_wait.seconds / seconds if seconds else 0.0
+        if waited > DATA_WAIT_WARNING:
+            log.warning("warning: %s", data_wait_advice(waited, data))
         return {
             "train/samples_per_second": samples / seconds if seconds else 0.0,
-            "train/data_wait_fraction": self.progress.data_wait.seconds / seconds
-            if seconds
-            else 0.0,
+            "train/data_wait_fraction": waited,
             "train/skipped_steps": self.parts.watch.skipped,
         }
 

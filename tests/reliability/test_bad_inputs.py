@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_python
 from harness import ROOT, TRAIN, report
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -108,13 +109,13 @@ def png_bomb(side: int = 40_000) -> bytes:
 
 
 def python(cwd: Path, script: Path | str, *args: str, check: bool = True, env=None):
-    command = [sys.executable, *(["-m", script] if isinstance(script, str) else [str(script)])]
-    env = {**os.environ, "PYTHONPATH": str(HELPERS), **(env or {})}
-    result = subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True,
-                            timeout=180, env=env)  # fmt: skip
-    if check:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return result
+    """``python SCRIPT ARGS`` (a str: ``python -m``). train.py and evaluate.py run in-process
+    (conftest.run_python), except with decoding workers: that a run with workers still exits
+    at once on bad input is a property of the process's exit, so those rows get a process."""
+    command = ["-m", script] if isinstance(script, str) else [str(script)]
+    workers = any(arg.startswith("data.num_workers=") and arg != "data.num_workers=0"
+                  for arg in args)  # fmt: skip
+    return run_python(cwd, *command, *args, ok=check, timeout=180, env=env, process=workers)
 
 
 def snapshot(cwd: Path) -> dict[str, str]:
