@@ -148,7 +148,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
                run.record.resolved, state.metrics)  # fmt: skip
     context.close()
     log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)
-    debug.after_fit(trainer, state.metrics["train/loss"], batches.train, state.epoch)
+    debug.after_fit(trainer, state, batches.train)  # debug=overfit: did the loss fall?
     return monitor.best_or_worst(state.best_metric)
 
 

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 import torch
-from conftest import compose_train, read_metrics
+from conftest import compose_train, read_metrics, run_train
 
 from utils.checkpoint import TO_EVALUATE, find_checkpoints, load_checkpoint
 from utils.checkpointer import Checkpointer, Parts, RunRecord
@@ -101,6 +101,14 @@ def test_train_returns_its_best_value_and_raises_bad_input_in_process(tmp_path):
         compose_train(tmp_path, "trainer.monitor=val/f1", "trainer.monitor_mode=max",
                       "run_name=unmeasured")  # fmt: skip
     assert signal.getsignal(signal.SIGTERM) is not _hold  # stop signals act as before
+
+
+def test_zero_epochs_sets_everything_up_and_tests_the_initial_weights(tmp_path):
+    # What benchmarks/loop_speed.py times as the start-up: every exit of the recipe must hold.
+    result = run_train(tmp_path, "trainer.max_epochs=0", "run_name=zero")
+    metrics = read_metrics(tmp_path / "runs" / "zero")
+    assert result.returncode == 0 and metrics["epochs"] == 0 and "test/acc" in metrics
+    assert "train/loss" not in metrics and metrics["best_metric"] is None
 
 
 @pytest.mark.parametrize("rank, write_outputs, prints, events", [

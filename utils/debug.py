@@ -88,10 +88,11 @@ class Fixed:
         return iter(self.cached[start:])
 
 
-def after_fit(trainer: Any, train_loss: float, batches: Any, epochs: int) -> None:
+def after_fit(trainer: Any, state: Any, batches: Any) -> None:
     """``debug=overfit``: fails unless the training loss fell below ``trainer.overfit_loss``."""
     if trainer.overfit_batches:
-        check_overfit(train_loss, trainer.overfit_loss, len(batches), epochs)
+        loss = state.metrics.get("train/loss", math.inf)  # inf: no epoch was trained
+        check_overfit(loss, trainer.overfit_loss, len(batches), state.epoch)
 
 
 def check_overfit(train_loss: float, target: float, batches: int, epochs: int) -> None:
