@@ -18,18 +18,16 @@ TensorBoard images of the confusion matrices.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from utils import eval_tables as tables
-from utils.checkpoint import TO_EVALUATE, find_checkpoints, load_checkpoint, load_weights
+from utils.checkpoint import TO_EVALUATE, find_checkpoints, load_weights
 from utils.config import build, run_cli
 from utils.distributed import processes_from_env
 from utils.errors import EXIT_USER_ERROR, UserError
@@ -38,7 +36,7 @@ from utils.modules import Modules
 from utils.outputs import Outputs
 from utils.precision import Precision
 from utils.run import RunContext
-from utils.trust import check_stored_config, require_keys
+from utils.stored import data_config, export_safetensors, read_checkpoint
 
 
 def run_checkpoint(folder: Path) -> Path | None:
@@ -67,77 +65,6 @@ def checkpoint_files(ckpt: Any) -> list[Path]:
             raise UserError(f"ckpt={entry}: no checkpoint in that folder or the ones in it")
         files += jobs
     return files
-
-
-def read_checkpoint(path: Path, config_path: str | None) -> tuple[dict, dict]:
-    """(stored config, model weights) from a torchloom checkpoint or a .safetensors export. The
-    config is checked as untrusted data before anything is built from it."""
-    if path.suffix != ".safetensors":
-        checkpoint = load_checkpoint(path)
-        config, source = checkpoint.get("config"), path
-        weights = checkpoint["model"]
-    else:
-        weights, stored = read_safetensors(path)
-        if config_path:
-            config, source = read_yaml_config(Path(config_path)), Path(config_path)
-        elif stored is None:
-            raise UserError(f"{path} carries no config; pass config=<run dir>/.hydra/config.yaml")
-        else:
-            config, source = stored, path
-    require_keys(config, source, {"model": dict, "data": dict, "seed": int})
-    check_stored_config(config, source)
-    return config, weights
-
-
-def read_safetensors(path: Path) -> tuple[dict, Any]:
-    try:
-        from safetensors import safe_open
-    except ImportError:
-        raise UserError(
-            'reading .safetensors needs the extra: pip install -e ".[export]"'
-        ) from None
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            weights = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
-            stored = (f.metadata() or {}).get("torchloom_config")
-        return weights, None if stored is None else json.loads(stored)
-    except Exception:
-        raise UserError(f"not a readable checkpoint: {path}") from None
-
-
-def read_yaml_config(path: Path) -> Any:
-    """A run's ``.hydra/config.yaml`` as plain containers, parsed but never resolved."""
-    try:
-        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    except Exception:
-        raise UserError(f"config={path}: not a readable YAML config") from None
-
-
-def export_safetensors(model: torch.nn.Module, config: dict, path: Path) -> None:
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        raise UserError('export needs the extra: pip install -e ".[export]"') from None
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(weights, str(path), metadata={"torchloom_config": json.dumps(config)})
-
-
-def data_config(stored: dict, overrides: DictConfig) -> DictConfig:
-    """The checkpoint's data config with the non-null ``data.*`` overrides applied. A stored
-    ``download: true`` is not followed: only ``data.download=true`` on this command line
-    downloads."""
-    merged = dict(stored)
-    if "download" in merged:
-        merged["download"] = False
-    for key, value in OmegaConf.to_container(overrides).items():
-        if value is None:
-            continue
-        if key == "batch_size":  # evaluation batches are the run's eval_batch_size
-            key = "eval_batch_size"
-        if key not in merged:
-            raise UserError(f"data.{key} does not apply to {stored['_target_']}")
-        merged[key] = value
-    return OmegaConf.create(merged)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")

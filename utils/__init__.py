@@ -5,6 +5,7 @@ Setting up a run
     config       the schema, resolvers and every check that needs only the config; run_cli
     arguments    builders' argument rules, bound to their signatures before anything is built
     trust        what a stored config may build (exact _target_ allowlist)
+    stored       what another run stored, read as untrusted data; the safetensors export
     run          where a run lives and how it starts; RunContext: rank, device, threads, seed
     device       trainer.device, fast defaults, CPU threads per process
     distributed  torchrun's processes, DDP, collectives
