@@ -106,9 +106,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
 
     # --- Optimizer, schedule and what a step changes; then fresh or where a checkpoint left off
     optimizer = build_optimizer(modules.model, cfg.optim)
-    schedule = build(cfg.scheduler)(
-        optimizer, total_steps=start.total_steps, steps_per_epoch=start.steps_per_epoch
-    )
+    schedule = build(cfg.scheduler)(optimizer, start.steps)
     parts = Parts.assemble(modules.step_model, optimizer, schedule, precision, trainer)
     if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were
         return tune(cfg.tune, parts, batches.train, data, out)
@@ -122,7 +120,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     debugging = debug.Debugging(trainer, run.run_dir)  # debug=anomaly, debug=profile
 
     # --- Train -----------------------------------------------------------------------------
-    progress = TrainingProgress(out.console, start.total_steps, trainer.max_epochs)
+    progress = TrainingProgress(out.console, start.steps.total, trainer.max_epochs)
     loop = Loop(parts, trainer, state, stop, out.writer, progress)
     for _ in loop.epochs(debugging.batches(batches.train), data.batch_size):
         value = None  # the monitored metric, when this epoch is validated

@@ -18,6 +18,7 @@ from utils.config import check_config
 from utils.errors import UserError
 from utils.model_check import check_forward
 from utils.optim import build_optimizer
+from utils.schedulers import StepCounts
 
 CPU = torch.device("cpu")
 
@@ -93,9 +94,7 @@ def lrs(scheduler: str, *overrides: str, steps: int = 100, steps_per_epoch: int 
     cfg = make_config(f"scheduler={scheduler}", "optim.lr=1.0", *overrides)
     net = torch.nn.Linear(2, 2)
     optimizer = build_optimizer(net, cfg.optim)
-    schedule = instantiate(cfg.scheduler)(
-        optimizer, total_steps=steps, steps_per_epoch=steps_per_epoch
-    )
+    schedule = instantiate(cfg.scheduler)(optimizer, StepCounts(steps_per_epoch, steps))
     seen = []
     for step in range(steps):
         seen.append(optimizer.param_groups[0]["lr"])

@@ -436,12 +436,13 @@ def test_a_cifar_batch_with_fewer_labels_than_images_is_refused(tmp_path):
 
 def test_a_plateau_schedule_keeps_its_reductions_scaled_to_a_new_lr_on_resume():
     from utils.optim import hyperparameters
-    from utils.schedulers import plateau
+    from utils.schedulers import StepCounts, plateau
 
     def build(lr: float, factor: float):
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
-        schedule = plateau(optimizer, 100, 10, warmup_steps=0, monitor="val/acc", mode="max",
-                           factor=factor, patience=0, min_lr=0.0)  # fmt: skip
+        start = plateau(warmup_steps=0, monitor="val/acc", mode="max", factor=factor,
+                        patience=0, min_lr=0.0)  # fmt: skip
+        schedule = start(optimizer, StepCounts(per_epoch=10, total=100))
         return optimizer, schedule
 
     optimizer, schedule = build(0.1, 0.5)

@@ -195,8 +195,9 @@ def test_sigterm_from_outside_mid_epoch_resumes_bit_identically(tmp_path):
 
 
 def test_a_checkpoint_of_the_first_format_still_resumes(tmp_path):
-    """Format 1 kept the loss sums as three top-level entries; such a last.pt, written by an
-    earlier torchloom, resumes to the same weights as a run that never stopped."""
+    """Format 1 kept the loss sums as three top-level entries, and the scheduler's config held
+    Hydra's ``_partial_: true``; such a last.pt, written by an earlier torchloom, resumes to
+    the same weights as a run that never stopped, with no config change reported."""
     run = [*TENSOR_RUN[:-1], "scheduler=none"]  # a constant LR: max_epochs changes nothing
     run_train(tmp_path, *run, "trainer.max_epochs=2", "run_name=straight")
     run_train(tmp_path, *run, "trainer.max_epochs=1", "run_name=old")
@@ -206,8 +207,10 @@ def test_a_checkpoint_of_the_first_format_still_resumes(tmp_path):
     assert len(losses["pending"]) == 0
     saved.update(format_version=1, epoch_loss=losses["epoch"], window_loss=losses["window"],
                  window_batches=losses["window_batches"])  # fmt: skip
+    saved["config"]["scheduler"]["_partial_"] = True
     torch.save(saved, path)
-    run_train(tmp_path, *run, "trainer.max_epochs=2", "run_name=old", f"resume={path}")
+    result = run_train(tmp_path, *run, "trainer.max_epochs=2", "run_name=old", f"resume={path}")
+    assert "scheduler._partial_" not in result.stdout + result.stderr
     a, b = checkpoint(tmp_path, "straight"), checkpoint(tmp_path, "old")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert read_metrics(tmp_path / "runs" / "old")["epochs"] == 2

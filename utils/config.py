@@ -220,7 +220,7 @@ SUPPLIED = {
     "model": ("input_shape", "num_classes"),
     "data": (),
     "optim": ("params",),
-    "scheduler": ("optimizer", "total_steps", "steps_per_epoch"),
+    "scheduler": (),  # finished with the optimizer and step counts by what it returns
     "precision": ("device",),
 }
 OPTIM_KEYS_OF_OURS = ("decay_bias_and_norm",)  # read by utils/optim.py, not the optimizer
@@ -259,7 +259,9 @@ def _try_optimizer_and_schedule(cfg: DictConfig) -> None:
         optimizer = build_optimizer(stand_in, cfg.optim)
     except (ValueError, TypeError) as error:
         raise UserError(f"{_key_named(cfg.optim, str(error), 'optim')}: {error}") from None
-    build(cfg.scheduler)(optimizer, total_steps=100, steps_per_epoch=10)
+    from utils.schedulers import StepCounts
+
+    build(cfg.scheduler)(optimizer, StepCounts(per_epoch=10, total=100))
 
 
 # Words torch's optimizer messages use for a key ("Invalid learning rate: -1").
@@ -431,8 +433,13 @@ def _under(key: str, prefixes: tuple[str, ...]) -> bool:
 
 def _comparable(config: dict) -> dict[str, Any]:
     """Flattened, with the monitor's direction resolved (``auto`` and ``max`` for an accuracy
-    are the same setting)."""
-    flat = flatten(config)
+    are the same setting). Hydra's own directives other than ``_target_`` say how a node is
+    instantiated, not what the run is (older checkpoints hold ``scheduler._partial_``)."""
+    flat = {
+        key: value
+        for key, value in flatten(config).items()
+        if not key.rsplit(".", 1)[-1].startswith("_") or key.endswith("._target_")
+    }
     monitor, mode = flat.get("trainer.monitor"), flat.get("trainer.monitor_mode")
     if monitor is not None and mode is not None:
         with contextlib.suppress(UserError):  # a stored contradiction compares as written

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from utils.errors import UserError
+from utils.schedulers import StepCounts
 
 GUARDS = (
     "unregistered_modules",
@@ -126,8 +127,7 @@ class StartUp:
     TensorBoard) and how many optimizer steps an epoch and the run take."""
 
     first_batches: list[tuple[torch.Tensor, torch.Tensor]]
-    steps_per_epoch: int
-    total_steps: int
+    steps: StepCounts
 
 
 def check_start_up(
@@ -148,4 +148,4 @@ def check_start_up(
              "accumulated × %d processes)", data.name, data.sizes(),
              data.batch_size * accumulate * world_size, data.batch_size, accumulate,
              world_size)  # fmt: skip
-    return StartUp(first, steps_per_epoch, steps_per_epoch * trainer.max_epochs)
+    return StartUp(first, StepCounts(steps_per_epoch, steps_per_epoch * trainer.max_epochs))

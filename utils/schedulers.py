@@ -4,12 +4,17 @@ Every schedule is a multiplier of ``optim.lr`` stepped after each optimizer step
 decay have step resolution whatever the epoch length), except ``plateau``, which reduces the LR
 after each validation when the monitored metric stops improving. ``Schedule`` hides that
 difference from the loop: it calls ``after_optimizer_step()`` and ``after_validation(metrics)``.
+
+Each ``conf/scheduler/*.yaml`` node maps to one builder below, its keys that builder's
+arguments; the builder returns the function train.py finishes the schedule with once the
+optimizer and the step counts exist: ``build(cfg.scheduler)(optimizer, steps)``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR, OneCycleLR, ReduceLROnPlateau
@@ -122,43 +127,59 @@ def _with_warmup(warmup_steps: int, after: Callable[[int], float]) -> Callable[[
     return factor
 
 
+@dataclass(frozen=True)
+class StepCounts:
+    """How many optimizer steps an epoch and the whole run take: what a schedule needs to
+    know besides its YAML keys, known only once the data is built."""
+
+    per_epoch: int
+    total: int
+
+
+# What each builder below returns: its YAML keys bound, finished in train.py with the
+# optimizer and the step counts (``build(cfg.scheduler)(optimizer, steps)``).
+ScheduleStart = Callable[[torch.optim.Optimizer, StepCounts], Schedule]
+
+
 @checked("scheduler", warmup_steps=NON_NEGATIVE_INT)
-def none(optimizer, total_steps: int, steps_per_epoch: int, warmup_steps: int) -> Schedule:
+def none(warmup_steps: int) -> ScheduleStart:
     """The LR as configured; with no warmup there is nothing to step at all."""
-    if warmup_steps == 0:
-        return Schedule(None)
-    return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, lambda step: 1.0)))
+
+    def start(optimizer, steps: StepCounts) -> Schedule:
+        if warmup_steps == 0:
+            return Schedule(None)
+        return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, lambda step: 1.0)))
+
+    return start
 
 
 @checked("scheduler", warmup_steps=NON_NEGATIVE_INT, step_size=POSITIVE_INT, gamma=POSITIVE)
-def step(
-    optimizer,
-    total_steps: int,
-    steps_per_epoch: int,
-    warmup_steps: int,
-    step_size: int,
-    gamma: float,
-) -> Schedule:
+def step(warmup_steps: int, step_size: int, gamma: float) -> ScheduleStart:
     """Multiply the LR by ``gamma`` every ``step_size`` epochs."""
 
-    def decay(step: int) -> float:
-        return gamma ** (step // (step_size * steps_per_epoch))
+    def start(optimizer, steps: StepCounts) -> Schedule:
+        def decay(step: int) -> float:
+            return gamma ** (step // (step_size * steps.per_epoch))
 
-    return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, decay)))
+        return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, decay)))
+
+    return start
 
 
 @checked("scheduler", warmup_steps=NON_NEGATIVE_INT, min_lr_ratio=UNIT_INTERVAL)
-def cosine(
-    optimizer, total_steps: int, steps_per_epoch: int, warmup_steps: int, min_lr_ratio: float
-) -> Schedule:
+def cosine(warmup_steps: int, min_lr_ratio: float) -> ScheduleStart:
     """Cosine decay from the LR to ``min_lr_ratio`` × LR over the steps after warmup."""
-    decay_steps = max(1, total_steps - warmup_steps)
 
-    def decay(step: int) -> float:
-        progress = min(1.0, (step - warmup_steps) / decay_steps)
-        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    def start(optimizer, steps: StepCounts) -> Schedule:
+        decay_steps = max(1, steps.total - warmup_steps)
 
-    return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, decay)))
+        def decay(step: int) -> float:
+            progress = min(1.0, (step - warmup_steps) / decay_steps)
+            return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, decay)))
+
+    return start
 
 
 @checked(
@@ -169,30 +190,28 @@ def cosine(
     anneal_strategy=one_of("cos", "linear"),
 )
 def onecycle(
-    optimizer,
-    total_steps: int,
-    steps_per_epoch: int,
-    warmup_steps: int,
-    div_factor: float,
-    final_div_factor: float,
-    anneal_strategy: str,
-) -> Schedule:
+    warmup_steps: int, div_factor: float, final_div_factor: float, anneal_strategy: str
+) -> ScheduleStart:
     """torch's OneCycleLR peaking at ``optim.lr``; its rising phase is the warmup."""
-    max_lrs = [group["lr"] for group in optimizer.param_groups]
-    total_steps = max(total_steps, 2)
-    pct_start = min((warmup_steps + 1) / total_steps, 0.99)  # peak LR at step `warmup_steps`
-    return Schedule(
-        OneCycleLR(
-            optimizer,
-            max_lr=max_lrs,
-            total_steps=total_steps,
-            pct_start=pct_start,
-            div_factor=div_factor,
-            final_div_factor=final_div_factor,
-            anneal_strategy=anneal_strategy,
-            cycle_momentum=False,
+
+    def start(optimizer, steps: StepCounts) -> Schedule:
+        max_lrs = [group["lr"] for group in optimizer.param_groups]
+        total_steps = max(steps.total, 2)
+        pct_start = min((warmup_steps + 1) / total_steps, 0.99)  # peak LR at step warmup_steps
+        return Schedule(
+            OneCycleLR(
+                optimizer,
+                max_lr=max_lrs,
+                total_steps=total_steps,
+                pct_start=pct_start,
+                div_factor=div_factor,
+                final_div_factor=final_div_factor,
+                anneal_strategy=anneal_strategy,
+                cycle_momentum=False,
+            )
         )
-    )
+
+    return start
 
 
 @checked(
@@ -204,20 +223,16 @@ def onecycle(
     min_lr=NON_NEGATIVE,
 )
 def plateau(
-    optimizer,
-    total_steps: int,
-    steps_per_epoch: int,
-    warmup_steps: int,
-    monitor: str,
-    mode: str,
-    factor: float,
-    patience: int,
-    min_lr: float,
-) -> Schedule:
+    warmup_steps: int, monitor: str, mode: str, factor: float, patience: int, min_lr: float
+) -> ScheduleStart:
     """Multiply the LR by ``factor`` when ``monitor`` has not improved for ``patience``
     validations."""
-    warmup = LambdaLR(optimizer, _with_warmup(warmup_steps, lambda step: 1.0))
-    reduce = ReduceLROnPlateau(
-        optimizer, mode=mode, factor=factor, patience=patience, min_lr=min_lr
-    )
-    return Schedule(warmup, plateau=reduce, monitor=monitor, warmup_steps=warmup_steps)
+
+    def start(optimizer, steps: StepCounts) -> Schedule:
+        warmup = LambdaLR(optimizer, _with_warmup(warmup_steps, lambda step: 1.0))
+        reduce = ReduceLROnPlateau(
+            optimizer, mode=mode, factor=factor, patience=patience, min_lr=min_lr
+        )
+        return Schedule(warmup, plateau=reduce, monitor=monitor, warmup_steps=warmup_steps)
+
+    return start
