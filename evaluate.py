@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from utils import eval_tables as tables
 from utils.checkpoint import TO_EVALUATE, find_checkpoints, load_weights
-from utils.config import build, run_cli
+from utils.cli import run_cli
+from utils.config import build
 from utils.distributed import processes_from_env
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate

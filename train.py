@@ -31,7 +31,8 @@ from omegaconf import DictConfig
 
 from utils import debug, report, sweep
 from utils.checkpointer import Checkpointer, Parts
-from utils.config import build, check_config, run_cli
+from utils.cli import run_cli
+from utils.config import build, check_config
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate, measured_metrics  # bound here: benchmarks patch evaluate
 from utils.finders import tune

@@ -20,7 +20,7 @@ from utils.monitor import Monitor
 from utils.nonfinite import NonFiniteWatch
 from utils.outputs import Outputs
 from utils.precision import Precision
-from utils.schedulers import none
+from utils.schedulers import StepCounts, none
 from utils.signals import _hold
 from utils.state import TrainState
 
@@ -59,7 +59,9 @@ def checkpointer(folder, monitor: str, keep_top_k: int) -> tuple[Checkpointer, T
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     cpu = torch.device("cpu")
     watch = NonFiniteWatch("stop", 0, LossSums(cpu, 1))
-    parts = Parts(model, optimizer, none(optimizer, 10, 1, 0), Precision("float32", cpu), watch)
+    parts = Parts(
+        model, optimizer, none(0)(optimizer, StepCounts(1, 10)), Precision("float32", cpu), watch
+    )
     record = RunRecord({"trainer": {"keep_top_k": keep_top_k, "accumulate_grad_batches": 1},
                         "seed": 0}, [])  # fmt: skip
     state = TrainState()

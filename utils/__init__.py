@@ -2,7 +2,9 @@
 broken install).
 
 Setting up a run
-    config       the schema, resolvers and every check that needs only the config; run_cli
+    config       the schema, resolvers and every check that needs only the config; build
+    cli          run_cli: a command line Hydra cannot compose ends in one line
+    resume_changes  what a resume may change, and how each difference is classified
     arguments    builders' argument rules, bound to their signatures before anything is built
     trust        what a stored config may build (exact _target_ allowlist)
     stored       what another run stored, read as untrusted data; the safetensors export

@@ -439,11 +439,11 @@ def rank_top_k(ranked: list, k: int, name: str, value: float, monitor) -> tuple[
 def check_resumable(
     path: Path, checkpoint: dict[str, Any], config: dict, allow: bool, overrides: list[str]
 ):
-    """How the new config differs from the checkpoint's (:class:`utils.config.ResumeChanges`).
+    """How the new config differs from the checkpoint's (:class:`utils.resume_changes.ResumeChanges`).
     Refused: a change the saved state cannot carry (the optimizer or schedule type, the
     monitor); one of the model, data, batch size or seed unless ``allow``; in a sweep, a
     checkpoint of another job."""
-    from utils.config import config_changes
+    from utils.resume_changes import config_changes
     from utils.sweep import check_same_job, in_sweep
 
     check_training_checkpoint(path, checkpoint)

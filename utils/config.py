@@ -7,7 +7,6 @@ this module registers the schema as ``train_schema`` in Hydra's ConfigStore.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from collections.abc import Mapping
@@ -23,7 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from utils.errors import EXIT_USER_ERROR, UserError
+from utils.errors import EXIT_USER_ERROR, UserError, user_error_in
 from utils.monitor import monitor_mode
 
 
@@ -332,7 +331,7 @@ class CheckOutputDir(Callback):
             directory = OmegaConf.select(config, key)  # resolving it checks run_name
             check_writable(Path(directory), "the run")
         except Exception as error:
-            cause = _user_error_in(error)
+            cause = user_error_in(error)
             if cause is None:
                 raise
             print(f"error: {cause}", file=sys.stderr)
@@ -376,77 +375,6 @@ def build(node: Any, **kwargs: Any) -> Any:
         raise
 
 
-# What a resume may change. Every key of the new config that differs from the checkpoint's
-# is one of these (the README's "Resuming" lists them):
-# refused unless resume_allow_changes=true: the weights or the data order would mean another run;
-CHANGES_NEED_ALLOW = ("model", "data", "trainer.accumulate_grad_batches", "seed")
-# refused always: the saved optimizer, schedule or best-so-far state cannot carry over;
-CHANGES_NEVER = (
-    "optim._target_", "optim.decay_bias_and_norm", "scheduler._target_", "trainer.monitor",
-    "trainer.monitor_mode",
-)  # fmt: skip
-# data keys that only say where the same data lives or how fast it is read;
-DATA_KEYS_FREE_TO_CHANGE = ("root", "download", "num_workers", "eval_batch_size", "path")
-# everything else is applied exactly from the resume point on and reported. Of those, these
-# rebuild the optimizer's hyperparameters and the LR schedule at the current step.
-CHANGES_RESCHEDULE = ("optim", "scheduler", "trainer.max_epochs", "data.batch_size")
-# Keys that say how to start this invocation, not what the run is.
-INVOCATION_KEYS = ("resume", "resume_allow_changes", "overwrite", "init_from", "tune", "run_name")
-
-
-@dataclass
-class ResumeChanges:
-    """How the new config differs from a checkpoint's, as ``key: stored -> current`` lines."""
-
-    never: list[str] = field(default_factory=list)
-    need_allow: list[str] = field(default_factory=list)
-    applied: list[str] = field(default_factory=list)
-
-    @property
-    def reschedule(self) -> bool:
-        return any(line.startswith(CHANGES_RESCHEDULE) for line in self.applied + self.need_allow)
-
-
-def config_changes(stored: dict, current: dict) -> ResumeChanges:
-    stored_flat, current_flat = _comparable(stored), _comparable(current)
-    changes = ResumeChanges()
-    for key in sorted(set(stored_flat) | set(current_flat)):
-        if key.split(".")[0] in INVOCATION_KEYS:
-            continue
-        before, after = stored_flat.get(key, "<absent>"), current_flat.get(key, "<absent>")
-        if before == after:
-            continue
-        line = f"{key}: {before} -> {after}"
-        free_data = key.startswith("data.") and key.split(".")[1] in DATA_KEYS_FREE_TO_CHANGE
-        if key in CHANGES_NEVER:
-            changes.never.append(line)
-        elif _under(key, CHANGES_NEED_ALLOW) and not free_data:
-            changes.need_allow.append(line)
-        else:
-            changes.applied.append(line)
-    return changes
-
-
-def _under(key: str, prefixes: tuple[str, ...]) -> bool:
-    return any(key == prefix or key.startswith(f"{prefix}.") for prefix in prefixes)
-
-
-def _comparable(config: dict) -> dict[str, Any]:
-    """Flattened, with the monitor's direction resolved (``auto`` and ``max`` for an accuracy
-    are the same setting). Hydra's own directives other than ``_target_`` say how a node is
-    instantiated, not what the run is (older checkpoints hold ``scheduler._partial_``)."""
-    flat = {
-        key: value
-        for key, value in flatten(config).items()
-        if not key.rsplit(".", 1)[-1].startswith("_") or key.endswith("._target_")
-    }
-    monitor, mode = flat.get("trainer.monitor"), flat.get("trainer.monitor_mode")
-    if monitor is not None and mode is not None:
-        with contextlib.suppress(UserError):  # a stored contradiction compares as written
-            flat["trainer.monitor_mode"] = monitor_mode(monitor, mode)
-    return flat
-
-
 def flatten(config: Mapping, prefix: str = "") -> dict[str, Any]:
     """``{"optim": {"lr": 0.1}}`` → ``{"optim.lr": 0.1}``; values other than numbers, strings
     and booleans become strings (what TensorBoard's hparams accept)."""
@@ -460,103 +388,3 @@ def flatten(config: Mapping, prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = str(value)
     return flat
-
-
-# --- Command-line errors ---------------------------------------------------------------------
-
-
-def run_cli(main: Any, config_name: str) -> None:
-    """Run a ``@hydra.main`` function, but a command line Hydra cannot compose (an unknown key
-    or group option, a value of the wrong type, an override it cannot parse) ends with one
-    line naming the key and the fix, and exit code 1, instead of Hydra's multi-line report."""
-    if os.environ.get("HYDRA_FULL_ERROR"):  # the user asked for Hydra's full report
-        main()
-        return
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing; we report
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        main()
-    except (HydraException, OmegaConfBaseException, ValueError) as error:
-        cause = _user_error_in(error)
-        if cause is not None:  # a resolver refused a value (run_name, monitor_mode)
-            print(f"error: {cause}", file=sys.stderr)
-            sys.exit(EXIT_USER_ERROR)
-        if isinstance(error, InstantiationException) or not _raised_by_hydra(error):
-            raise
-        print(f"error: {command_line_error(error, config_name)}", file=sys.stderr)
-        sys.exit(1)
-
-
-def _user_error_in(error: BaseException | None) -> UserError | None:
-    seen = 0
-    while error is not None and seen < 10:
-        if isinstance(error, UserError):
-            return error
-        error, seen = error.__cause__ or error.__context__, seen + 1
-    return None
-
-
-def _raised_by_hydra(error: BaseException) -> bool:
-    """Whether Hydra or OmegaConf raised ``error`` themselves (while composing the command
-    line), rather than our code."""
-    import traceback
-
-    frames = traceback.extract_tb(error.__traceback__)
-    innermost = frames[-1].filename if frames else ""
-    return any(f"{os.sep}{name}{os.sep}" in innermost for name in ("hydra", "omegaconf"))
-
-
-def command_line_error(error: Exception, config_name: str) -> str:
-    from hydra.errors import MissingConfigException, OverrideParseException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
-
-    cause = error.__cause__ or error.__context__ or error
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    if isinstance(error, MissingConfigException) and error.options is not None:
-        group, _, option = (error.missing_cfg_file or "").rpartition("/")
-        return (
-            f"{group}={option} is not an option; choose one of {', '.join(error.options)} "
-            f"(conf/{group}/)"
-        )
-    if isinstance(error, ValueError) and "Config group override" in str(error):
-        conf = Path(__file__).resolve().parents[1] / "conf"
-        for override in sys.argv[1:]:
-            key, _, value = override.lstrip("+~").partition("=")
-            if (conf / key).is_dir():
-                options = sorted(p.stem for p in (conf / key).glob("*.yaml"))
-                if value not in options:
-                    return f"{key}={value} is not an option; choose one of {', '.join(options)}"
-    if isinstance(error, OverrideParseException):
-        return f"cannot parse an override: {lines[0] if lines else error}; quote values with spaces or brackets"
-    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
-        key = cause.full_key
-        guess = _closest_key(key, config_name)
-        if guess == key:  # it exists, but not under the group option chosen on this line
-            return f"{key} is not a key of the {key.split('.')[0]} option chosen; see its YAML"
-        hint = f"did you mean {guess}? " if guess else ""
-        return f"unknown key {key}; {hint}(+{key}=... adds a new key)"
-    full_key = getattr(cause, "full_key", None)
-    if full_key:  # a value of the wrong type: OmegaConf's first line says which and why
-        reason = str(cause).strip().splitlines()[0]
-        return f"{full_key}: {reason}; pass a value of that type"
-    if not lines:
-        return type(error).__name__
-    return lines[0] + (f"; {lines[-1].lstrip('0123456789. ')}" if len(lines) > 1 else "")
-
-
-def _closest_key(key: str, config_name: str) -> str | None:
-    """The known key nearest to a mistyped one, from the config as composed without overrides."""
-    import difflib
-
-    from hydra import compose, initialize_config_dir
-
-    conf = Path(__file__).resolve().parents[1] / "conf"
-    try:
-        with initialize_config_dir(str(conf), version_base="1.3"):
-            known = list(flatten(OmegaConf.to_container(compose(config_name), resolve=False)))
-    except Exception:
-        return None
-    matches = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    return matches[0] if matches else None

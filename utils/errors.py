@@ -11,3 +11,14 @@ class UserError(Exception):
 
 
 EXIT_USER_ERROR = 2
+
+
+def user_error_in(error: BaseException | None) -> UserError | None:
+    """The UserError among the causes and contexts of ``error`` (a resolver's refusal that
+    Hydra wrapped), if any."""
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, UserError):
+            return error
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None

@@ -31,8 +31,9 @@ from utils.checkpoint import (
     resume_point,
 )
 from utils.checkpointer import RunRecord
-from utils.config import ResumeChanges, output_dirs, to_plain
+from utils.config import output_dirs, to_plain
 from utils.device import configure_device, configure_threads, resolve_device
+from utils.resume_changes import ResumeChanges
 from utils.seeding import configure_determinism, seed_everything
 
 log = logging.getLogger("torchloom")

@@ -283,7 +283,7 @@ def test_random_overrides_compose_or_fail_with_one_line(overrides):
     """Composition in-process: a config, or one of the messages the command line shows."""
     from hydra import compose, initialize_config_dir
 
-    from utils.config import command_line_error
+    from utils.cli import command_line_error
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         try:

@@ -1,0 +1,104 @@
+"""The command line's edge: ``run_cli`` runs a ``@hydra.main`` function so that a command line
+Hydra cannot compose ends in one line naming the key and the fix (exit code 1), and a resolver's
+refusal in its own one line (exit code 2), instead of Hydra's multi-line report."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.errors import InstantiationException
+from omegaconf import OmegaConf
+
+from utils.config import flatten
+from utils.errors import EXIT_USER_ERROR, user_error_in
+
+
+def run_cli(main: Any, config_name: str) -> None:
+    """Run a ``@hydra.main`` function, but a command line Hydra cannot compose (an unknown key
+    or group option, a value of the wrong type, an override it cannot parse) ends with one
+    line naming the key and the fix, and exit code 1, instead of Hydra's multi-line report."""
+    if os.environ.get("HYDRA_FULL_ERROR"):  # the user asked for Hydra's full report
+        main()
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing; we report
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException, ValueError) as error:
+        cause = user_error_in(error)
+        if cause is not None:  # a resolver refused a value (run_name, monitor_mode)
+            print(f"error: {cause}", file=sys.stderr)
+            sys.exit(EXIT_USER_ERROR)
+        if isinstance(error, InstantiationException) or not _raised_by_hydra(error):
+            raise
+        print(f"error: {command_line_error(error, config_name)}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _raised_by_hydra(error: BaseException) -> bool:
+    """Whether Hydra or OmegaConf raised ``error`` themselves (while composing the command
+    line), rather than our code."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    innermost = frames[-1].filename if frames else ""
+    return any(f"{os.sep}{name}{os.sep}" in innermost for name in ("hydra", "omegaconf"))
+
+
+def command_line_error(error: Exception, config_name: str) -> str:
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    cause = error.__cause__ or error.__context__ or error
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if isinstance(error, MissingConfigException) and error.options is not None:
+        group, _, option = (error.missing_cfg_file or "").rpartition("/")
+        return (
+            f"{group}={option} is not an option; choose one of {', '.join(error.options)} "
+            f"(conf/{group}/)"
+        )
+    if isinstance(error, ValueError) and "Config group override" in str(error):
+        conf = Path(__file__).resolve().parents[1] / "conf"
+        for override in sys.argv[1:]:
+            key, _, value = override.lstrip("+~").partition("=")
+            if (conf / key).is_dir():
+                options = sorted(p.stem for p in (conf / key).glob("*.yaml"))
+                if value not in options:
+                    return f"{key}={value} is not an option; choose one of {', '.join(options)}"
+    if isinstance(error, OverrideParseException):
+        return f"cannot parse an override: {lines[0] if lines else error}; quote values with spaces or brackets"
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
+        key = cause.full_key
+        guess = _closest_key(key, config_name)
+        if guess == key:  # it exists, but not under the group option chosen on this line
+            return f"{key} is not a key of the {key.split('.')[0]} option chosen; see its YAML"
+        hint = f"did you mean {guess}? " if guess else ""
+        return f"unknown key {key}; {hint}(+{key}=... adds a new key)"
+    full_key = getattr(cause, "full_key", None)
+    if full_key:  # a value of the wrong type: OmegaConf's first line says which and why
+        reason = str(cause).strip().splitlines()[0]
+        return f"{full_key}: {reason}; pass a value of that type"
+    if not lines:
+        return type(error).__name__
+    return lines[0] + (f"; {lines[-1].lstrip('0123456789. ')}" if len(lines) > 1 else "")
+
+
+def _closest_key(key: str, config_name: str) -> str | None:
+    """The known key nearest to a mistyped one, from the config as composed without overrides."""
+    import difflib
+
+    from hydra import compose, initialize_config_dir
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    try:
+        with initialize_config_dir(str(conf), version_base="1.3"):
+            known = list(flatten(OmegaConf.to_container(compose(config_name), resolve=False)))
+    except Exception:
+        return None
+    matches = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return matches[0] if matches else None
