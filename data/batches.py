@@ -24,6 +24,7 @@ import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -46,6 +47,22 @@ class TensorSplit:
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.inputs.shape[1:])
+
+
+@dataclass(frozen=True)
+class MappedSplit:
+    """A split cached on disk (data/image_cache.py): uint8 images [N, C, H, W] memory-mapped,
+    int64 labels [N] in memory."""
+
+    images: np.ndarray  # an np.memmap: pages are read as batches need them
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.images.shape[1:])
 
 
 def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
@@ -192,6 +209,41 @@ class TensorBatches:
             yield images, labels
 
 
+class MappedBatches:
+    """Batches read from a split memory-mapped on disk, in exactly the order and with exactly
+    the values :class:`TensorBatches` and :class:`LoaderBatches` give: each batch's rows are
+    gathered from the file, then normalised and augmented on the device."""
+
+    def __init__(self, split: MappedSplit, plan: BatchPlan, transform: BatchTransform) -> None:
+        lo, hi = (0, len(split)) if plan.train else shard_bounds(len(split), plan.rank,
+                                                                  plan.world_size)  # fmt: skip
+        self.images, self.labels = split.images[lo:hi], split.labels[lo:hi]
+        self.plan, self.transform = plan, transform
+
+    def __len__(self) -> int:
+        n, plan = len(self.labels), self.plan
+        if plan.train:
+            return n // (plan.batch_size * plan.world_size)
+        return math.ceil(n / plan.batch_size)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        plan, device = self.plan, self.transform.device
+        order = permutation(len(self.labels), plan.seed, epoch) if plan.train else None
+        rank, world = (plan.rank, plan.world_size) if plan.train else (0, 1)
+        for index in range(start, len(self)):
+            lo, hi = batch_bounds(index, plan.batch_size, rank, world)
+            rows = (
+                order[lo:hi] if order is not None else torch.arange(lo, min(hi, len(self.labels)))
+            )
+            pixels = torch.from_numpy(self.images[rows.numpy()])  # one gather from the file
+            images = self.transform.normalize(pixels.to(device, non_blocking=True))
+            labels = self.labels[rows].to(device, non_blocking=True)
+            if plan.train:
+                batch_seed = mix_seed(plan.seed, epoch, index * plan.world_size + plan.rank)
+                images = self.transform.augment(images, batch_seed)
+            yield images, labels
+
+
 def batch_bounds(index: int, batch_size: int, rank: int, world_size: int) -> tuple[int, int]:
     """Rows of this process's part of global batch ``index``."""
     lo = (index * world_size + rank) * batch_size
@@ -319,9 +371,9 @@ class Splits:
     """A dataset's splits: :class:`TensorSplit` (held in memory) or a map-style ``Dataset`` of
     (uint8 image [C, H, W], label) pairs with an ``input_shape`` (read lazily)."""
 
-    train: TensorSplit | Dataset
-    val: TensorSplit | Dataset
-    test: TensorSplit | Dataset | None = None
+    train: TensorSplit | MappedSplit | Dataset
+    val: TensorSplit | MappedSplit | Dataset
+    test: TensorSplit | MappedSplit | Dataset | None = None
 
 
 @dataclass(frozen=True)
@@ -376,6 +428,11 @@ class Data:
         return isinstance(self.splits["train"], TensorSplit)
 
     @property
+    def on_disk(self) -> bool:
+        """The training split is an image cache read from disk (``data.cache=disk``)."""
+        return isinstance(self.splits["train"], MappedSplit)
+
+    @property
     def test_split(self) -> str:
         """The split a run is finally tested on: test, or val when the dataset has none."""
         return "test" if self.splits["test"] is not None else "val"
@@ -404,6 +461,8 @@ class Data:
         plan = BatchPlan(batch_size, train, seed, placement.rank, placement.world_size)
         if isinstance(self.splits[split], TensorSplit):
             return TensorBatches(self.splits[split], plan, transform)
+        if isinstance(self.splits[split], MappedSplit):
+            return MappedBatches(self.splits[split], plan, transform)
         return LoaderBatches(self.splits[split], plan, transform, self.num_workers)
 
     def batches_for(self, placement: Placement, seed: int) -> RunBatches:

@@ -1,4 +1,5 @@
-"""Images in class folders, read lazily from disk through a DataLoader.
+"""Images in class folders: decoded once into a cache and batched by slicing (data.cache,
+data/image_cache.py), or read lazily through a DataLoader (data.cache=off).
 
 <root>/train/<class>/*.png|jpg|...
 <root>/val/<class>/...
@@ -20,7 +21,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from data.batches import Batching, Data, Splits
-from utils.arguments import check_values, one_of, pair_of_positive_ints
+from data.image_cache import MODES, ImageCache
+from utils.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
 from utils.errors import UserError
 
 EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
@@ -59,6 +61,7 @@ class ImageFiles(Dataset):
             if not files:
                 raise UserError(f"empty class folder: {folder} has no {'/'.join(EXTENSIONS)} files")
             self.samples += [(path, label) for path in files]
+        self.root = split_dir
         self.image_size = list(image_size)
         self.channels = channels
 
@@ -102,25 +105,36 @@ def load_imagefolder(
     root: str,
     image_size: Sequence[int],
     channels: int,
-    num_workers: int | None,
+    cache: str = "auto",
+    cache_max_gb: float | None = None,
+    cache_dir: str | None = None,
     **batching,
 ) -> Data:
-    """``num_workers``: decoding processes; null means one per core, at most 8."""
-    check_values("data", {"image_size": image_size, "channels": channels},
-                 {"image_size": pair_of_positive_ints(), "channels": one_of(1, 3)})  # fmt: skip
+    """``cache``: how the decoded images are held (data/image_cache.py): ``auto``, ``memory``,
+    ``disk`` or ``off``; ``cache_max_gb``: the memory ``auto`` may use (null: half of what is
+    available); ``cache_dir``: where cache files go (null: ``<root>/.torchloom-cache``).
+    ``batching`` holds the keys of :class:`data.batches.Batching`; ``num_workers``, the
+    decoding processes, is null for one per core, at most 8. Configs stored before the cache
+    existed get its defaults."""
+    check_values("data", {"image_size": image_size, "channels": channels, "cache": cache,
+                          "cache_max_gb": cache_max_gb},
+                 {"image_size": pair_of_positive_ints(), "channels": one_of(1, 3),
+                  "cache": one_of(*MODES), "cache_max_gb": POSITIVE_OR_NULL})  # fmt: skip
     base = Path(root)
     if not base.is_dir():
         raise UserError(
             f"image folder root not found: {base} (set data.root=<folder with train/ and val/>)"
         )
     classes = find_classes(base / "train")
-    splits = {
+    files = {
         name: ImageFiles(base / name, classes, image_size, channels)
         for name in ("train", "val", "test")
         if name != "test" or (base / "test").is_dir()
     }
-    if num_workers is None:
-        num_workers = min(8, os.cpu_count() or 1)
+    if batching.get("num_workers") is None:
+        batching["num_workers"] = min(8, os.cpu_count() or 1)
+    folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
+    held = ImageCache(cache, cache_max_gb, folder, batching["num_workers"])
+    splits = {name: held.hold(name, split) for name, split in files.items()}
     splits = Splits(splits["train"], splits["val"], splits.get("test"))
-    batching = Batching(**batching, num_workers=num_workers)
-    return Data(f"imagefolder {base}", splits, len(classes), batching)
+    return Data(f"imagefolder {base}", splits, len(classes), Batching(**batching))

@@ -40,3 +40,17 @@ def test_gpu_benchmark_runs_every_comparison_at_smoke_size_on_the_cpu(tmp_path):
     for report in reports.values():
         assert report["hand_written_ratio"] == 1.0 and report["torchloom_images_per_second"] > 0
     assert reports["mnist_mlp_data_path"]["dataloader_images_per_second"] > 0
+
+
+def test_image_folder_benchmark_compares_every_way_of_holding_the_images(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "image_folder_speed.py"), "--smoke",
+         "--cases", "grey_png"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["case"] == "grey_png" and report["build_seconds"] > 0
+    for mode in ("floor", "memory", "disk", "off"):
+        assert report[f"{mode}_samples_per_second"] > 0 and report[f"{mode}_peak_rss_mb"] > 0
+    assert report["memory_to_floor"] > 0 and report["disk_to_dataloader"] > 0

@@ -102,7 +102,7 @@ def test_missing_cifar10_without_download_lists_the_files(tmp_path):
 
 def test_imagefolder_reads_pngs_and_resizes(tmp_path):
     write_imagefolder(tmp_path, per_class=3, size=(12, 10))
-    data = load_imagefolder(str(tmp_path), [16, 16], 3, 0, **RGB)
+    data = load_imagefolder(str(tmp_path), [16, 16], 3, num_workers=0, **RGB)
     assert data.num_classes == 3 and data.sizes() == {"train": 9, "val": 9, "test": 9}
     assert data.input_shape == (3, 16, 16)
     images, labels = next(data.batches("train", Placement(CPU), seed=0).epoch(0))
@@ -112,7 +112,7 @@ def test_imagefolder_reads_pngs_and_resizes(tmp_path):
 
 def test_imagefolder_without_test_split_has_none(tmp_path):
     write_imagefolder(tmp_path, per_class=3, test=False)
-    assert load_imagefolder(str(tmp_path), [8, 8], 3, 0, **RGB).splits["test"] is None
+    assert load_imagefolder(str(tmp_path), [8, 8], 3, num_workers=0, **RGB).splits["test"] is None
 
 
 @pytest.mark.parametrize(
@@ -135,14 +135,16 @@ def test_imagefolder_problems_name_the_path(tmp_path, layout, message):
         for file in (root / "train" / "dog").iterdir():
             file.unlink()
     with pytest.raises(UserError, match=message):
-        load_imagefolder(str(root), [8, 8], 3, 0, **RGB)
+        load_imagefolder(str(root), [8, 8], 3, num_workers=0, **RGB)
 
 
-def test_corrupt_image_names_the_file(tmp_path):
+@pytest.mark.parametrize("cache", ["auto", "off"])
+def test_corrupt_image_names_the_file(tmp_path, cache):
     write_imagefolder(tmp_path, per_class=4, test=False)
     (tmp_path / "val" / "cat" / "0.png").write_bytes(b"not a png")
-    data = load_imagefolder(str(tmp_path), [8, 8], 3, 0, **RGB)
     with pytest.raises(UserError, match=r"cannot decode image .*cat/0.png"):
+        # With a cache, found while it is built; without, when the batch is read.
+        data = load_imagefolder(str(tmp_path), [8, 8], 3, cache=cache, num_workers=0, **RGB)
         list(data.batches("val", Placement(CPU), seed=0).epoch(0))
 
 

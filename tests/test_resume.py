@@ -138,8 +138,9 @@ def test_resuming_from_an_older_checkpoint_replaces_the_later_tensorboard_points
     assert logged["train/loss"] == scalars(tensor_runs / "runs" / "straight")["train/loss"]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_dataloader_path_resumes_bit_identically(tmp_path, workers):
+@pytest.mark.parametrize(("cache", "workers"), [("off", 0), ("off", 2), ("memory", 0),
+                                               ("disk", 0)])  # fmt: skip
+def test_image_folders_resume_bit_identically_cached_or_not(tmp_path, cache, workers):
     root = write_imagefolder(tmp_path / "images", per_class=16, size=(8, 8), test=False)
     run = [
         "model._target_=signalling_model.mlp",
@@ -150,6 +151,7 @@ def test_dataloader_path_resumes_bit_identically(tmp_path, workers):
         "data.image_size=[8,8]",
         "data.batch_size=8",
         f"data.num_workers={workers}",
+        f"data.cache={cache}",
         "trainer.accumulate_grad_batches=2",
         "trainer.log_every_n_steps=2",
         "trainer.max_epochs=2",

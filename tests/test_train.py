@@ -284,7 +284,8 @@ def test_a_data_bound_run_measures_its_waiting_and_says_what_to_change(tmp_path)
 
     root = write_imagefolder(tmp_path / "images", per_class=40, size=(96, 96), test=False)
     result = run_train(tmp_path, "run_name=waiting", "data=imagefolder", f"data.root={root}",
-                       "data.image_size=[96,96]", "data.num_workers=0", "data.batch_size=16",
+                       "data.image_size=[96,96]", "data.num_workers=0", "data.cache=off",
+                       "data.batch_size=16",
                        "model.hidden_sizes=[4]", "trainer.max_epochs=1")  # fmt: skip
     fraction = read_metrics(tmp_path / "runs" / "waiting")["train/data_wait_fraction"]
     assert 0.2 < fraction <= 1.0  # decoding PNGs in the main process dwarfs a tiny MLP

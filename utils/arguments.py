@@ -53,6 +53,7 @@ POSITIVE = Rule(lambda v: _number(v) and v > 0, "greater than 0")
 NON_NEGATIVE = Rule(lambda v: _number(v) and v >= 0, "0 or more")
 DROPOUT = Rule(lambda v: _number(v) and 0 <= v < 1, "at least 0 and below 1")
 UNIT_INTERVAL = Rule(lambda v: _number(v) and 0 <= v <= 1, "between 0 and 1")
+POSITIVE_OR_NULL = Rule(lambda v: v is None or (_number(v) and v > 0), "greater than 0, or null")
 BELOW_ONE = Rule(lambda v: _number(v) and 0 < v < 1, "greater than 0 and below 1")
 POSITIVE_INTS = Rule(
     lambda v: len(v) >= 1 and all(_whole(x) and x >= 1 for x in v),

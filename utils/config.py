@@ -95,6 +95,7 @@ class DataOverrides:
     download: bool | None = MISSING
     num_workers: int | None = MISSING
     batch_size: int | None = MISSING
+    cache: str | None = MISSING
 
 
 @dataclass

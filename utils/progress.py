@@ -134,11 +134,17 @@ def clock(seconds: float | None) -> str:
 def data_wait_advice(fraction: float, data) -> str:
     """What to change when the loop spent ``fraction`` of its time waiting for batches."""
     share = f"{fraction:.0%} of training time went to waiting for batches"
+    if data.on_disk:
+        return (
+            f"{share}: batches are read from the image cache on disk; hold it in memory with "
+            "data.cache=memory (or a larger data.cache_max_gb), or keep images small "
+            "(data.image_size)"
+        )
     if not data.in_memory:
         return (
             f"{share}: raise data.num_workers (now {data.num_workers}), keep images small "
-            "(data.image_size), or preprocess them into a dataset that fits in memory, which "
-            "torchloom holds as whole tensors on the device"
+            "(data.image_size), or cache the decoded images (data.cache=auto), which "
+            "torchloom then holds as whole tensors on the device"
         )
     return (
         f"{share}: batches come from memory, so the time goes to augmentation; lower "

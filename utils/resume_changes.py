@@ -22,7 +22,8 @@ CHANGES_NEVER = (
     "trainer.monitor_mode",
 )  # fmt: skip
 # data keys that only say where the same data lives or how fast it is read;
-DATA_KEYS_FREE_TO_CHANGE = ("root", "download", "num_workers", "eval_batch_size", "path")
+DATA_KEYS_FREE_TO_CHANGE = ("root", "download", "num_workers", "eval_batch_size", "path",
+                            "cache", "cache_max_gb", "cache_dir")  # fmt: skip
 # everything else is applied exactly from the resume point on and reported. Of those, these
 # rebuild the optimizer's hyperparameters and the LR schedule at the current step.
 CHANGES_RESCHEDULE = ("optim", "scheduler", "trainer.max_epochs", "data.batch_size")

@@ -73,10 +73,14 @@ def export_safetensors(model: torch.nn.Module, config: dict, path: Path) -> None
 def data_config(stored: dict, overrides: DictConfig) -> DictConfig:
     """The checkpoint's data config with the non-null ``data.*`` overrides applied. A stored
     ``download: true`` is not followed: only ``data.download=true`` on this command line
-    downloads."""
+    downloads. Nor is a stored image cache: evaluation reads each image once anyway, and
+    writes a cache (into ``<data.root>/.torchloom-cache``) only for ``data.cache=...`` given
+    here, never into a folder a stored ``cache_dir`` names."""
     merged = dict(stored)
     if "download" in merged:
         merged["download"] = False
+    if "cache" in merged:
+        merged["cache"], merged["cache_dir"] = "off", None
     for key, value in OmegaConf.to_container(overrides).items():
         if value is None:
             continue

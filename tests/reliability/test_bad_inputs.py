@@ -155,6 +155,13 @@ ROWS = [
      "images/empty_class/train/cat"),
     ("corrupt image", TRAIN, ["data=imagefolder", "data.root=images", "data.batch_size=1",
                               "data.num_workers=0"], "broken.png"),
+    ("corrupt image, no cache", TRAIN, ["data=imagefolder", "data.root=images",
+                                        "data.batch_size=1", "data.num_workers=0",
+                                        "data.cache=off"], "broken.png"),
+    ("unknown cache mode", TRAIN, ["data=imagefolder", "data.root=images", "data.cache=sometimes"],
+     "data.cache='sometimes'"),
+    ("negative cache budget", TRAIN, ["data=imagefolder", "data.root=images",
+                                      "data.cache_max_gb=-1"], "data.cache_max_gb=-1"),
     ("label out of range", TRAIN, ["data.path=labels.csv.gz", "data.val_size=20",
                                    "data.test_size=20"], "label 12"),
     ("input shape the model cannot take", TRAIN, ["model._target_=signalling_model.fixed_input"],
@@ -206,9 +213,13 @@ ROWS = [
      "would keep the worst epoch"),
     ("image size of one value", TRAIN, ["data=imagefolder", "data.root=images",
                                         "data.image_size=[8]"], "data.image_size=[8]"),
-    # A bad image ends the run in one line whatever the number of decoding workers.
+    # A bad image ends the run in one line whatever the number of decoding workers, while the
+    # cache is built (the default) or while training reads it (data.cache=off).
     ("corrupt image, 2 workers", TRAIN, ["data=imagefolder", "data.root=images",
                                          "data.batch_size=1", "data.num_workers=2"], "broken.png"),
+    ("corrupt image, 2 workers, no cache", TRAIN, ["data=imagefolder", "data.root=images",
+                                                   "data.batch_size=1", "data.num_workers=2",
+                                                   "data.cache=off"], "broken.png"),
     ("empty image, 2 workers", TRAIN, ["data=imagefolder", "data.root=zero_images",
                                        "data.batch_size=1", "data.num_workers=2"], "bad.png"),
     ("decompression bomb, 2 workers", TRAIN, ["data=imagefolder", "data.root=bomb_images",

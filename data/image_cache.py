@@ -1,0 +1,265 @@
+"""Image folders at in-memory speed: each image is decoded once, resized to ``data.image_size``,
+as uint8, into one cache file per split; from then on batches are slices, as for MNIST.
+
+``data.cache``:
+
+- ``memory``: the whole split as one uint8 tensor, on the whole-tensor path of MNIST and
+  CIFAR-10 (seeded permutation, slicing, augmentation as batched tensor ops on the device);
+- ``disk``: the cache file memory-mapped, read in slices of the same seeded order;
+- ``auto`` (the default): ``memory`` when the split fits in ``data.cache_max_gb``, else ``disk``;
+- ``off``: no cache, the DataLoader path (every epoch decodes every file in worker processes).
+
+The cache file is ``<data.cache_dir>/<split>-<C>x<H>x<W>-<key>.u8`` (``cache_dir`` defaults to
+``<data.root>/.torchloom-cache``). Its key covers the sorted file list with sizes and
+modification times, the labels, ``image_size``, channels and this module's format version, so
+a changed, added or removed file builds a new cache (and says so). A cache is built into a
+temporary file and renamed, so two jobs building at once end with one valid cache and never
+read a partial one. A short or corrupt cache file is rebuilt with a warning; a folder that
+cannot be written falls back to decoding into memory (or, when that does not fit, to the
+DataLoader path) with one warning; a full disk leaves no partial file and says so in one line.
+
+A cached image is exactly what the DataLoader path decodes (:func:`data.imagefolder.decode`),
+so a cached and an uncached run see bitwise the same batches in the same order.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from data.batches import MappedSplit, TensorSplit, _reraised, _worker_ignores_signals
+from utils.errors import UserError
+
+log = logging.getLogger("torchloom")
+
+FORMAT_VERSION = 1
+MAGIC = b"TLCACHE1"
+HEADER_BYTES = 4096  # magic, then the JSON header, padded; labels and pixels follow
+MODES = ("auto", "memory", "disk", "off")
+CACHE_NAME = re.compile(r"(train|val|test)-\d+x\d+x\d+-[0-9a-f]{20}\.u8")
+# data.cache_max_gb=null: this share of the memory available now (and, on a machine with a
+# GPU, of its free memory), for what the memory path holds: the uint8 split and its float32
+# normalised copy, 5 bytes a pixel.
+DEFAULT_MEMORY_SHARE = 0.5
+BYTES_HELD_PER_PIXEL = 5
+
+
+class ImageCache:
+    """How ``load_imagefolder`` holds each split: ``mode`` (one of :data:`MODES`), the memory
+    budget in GB (null: :data:`DEFAULT_MEMORY_SHARE` of what is available), the cache folder
+    and the decoding processes used to build it. Splits held in memory share the budget."""
+
+    def __init__(self, mode: str, max_gb: float | None, folder: Path, workers: int) -> None:
+        self.mode, self.folder, self.workers = mode, folder, workers
+        self.free = memory_budget(max_gb) if mode == "auto" else math.inf
+
+    def hold(self, name: str, files: Dataset) -> Dataset | TensorSplit | MappedSplit:
+        """Split ``name`` as the mode says."""
+        if self.mode == "off":
+            return files
+        needed = len(files) * math.prod(files.input_shape) * BYTES_HELD_PER_PIXEL
+        in_memory = self.mode == "memory" or (self.mode == "auto" and needed <= self.free)
+        shape = "x".join(map(str, files.input_shape))
+        path = self.folder / f"{name}-{shape}-{cache_key(files)}.u8"
+        try:
+            self._cached(name, files, path)
+        except Unwritable as error:
+            if not in_memory:
+                why = "data.cache=disk" if self.mode == "disk" else "over data.cache_max_gb"
+                log.warning("warning: %s (%s), and the %s split is not held in memory (%s); "
+                            "reading it with the DataLoader", error, self.folder, name,
+                            why)  # fmt: skip
+                return files
+            log.warning("warning: %s (%s); the %s split is decoded into memory without a "
+                        "cache file", error, self.folder, name)  # fmt: skip
+            return decode_all(files, self.workers, name)
+        if in_memory:
+            self.free -= needed
+            return read_whole(path, files)
+        return map_file(path, files)
+
+    def _cached(self, name: str, files: Dataset, path: Path) -> None:
+        """Make ``path`` the valid cache file of ``files``: built if missing, stale or broken.
+        Raises :class:`Unwritable` when it would be built but cannot be."""
+        if path.is_file():
+            problem = check_file(path, files)
+            if problem is None:
+                return
+            log.warning("warning: cache %s is %s; rebuilding it", path, problem)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            if not os.access(self.folder, os.W_OK):
+                raise PermissionError(errno.EACCES, "not writable")
+        except OSError as error:
+            raise Unwritable(
+                f"data.cache_dir cannot be written: {error.strerror or error}"
+            ) from None
+        prefix = path.name.rsplit("-", 1)[0]  # <split>-<shape>: other image sizes are kept
+        stale = [p for p in sorted(self.folder.glob(f"{prefix}-*.u8"))
+                 if p != path and CACHE_NAME.fullmatch(p.name) and not p.is_symlink()]  # fmt: skip
+        if stale:
+            log.info("%s: the image folder changed since %s was built; building a new cache",
+                     name, stale[-1].name)  # fmt: skip
+        build_file(path, files, self.workers, name)
+        for old in stale:
+            old.unlink(missing_ok=True)  # only our own <split>-<shape>-<key>.u8 files
+
+
+class Unwritable(Exception):
+    """The cache folder cannot be written (a read-only mount, a path through a file)."""
+
+
+def memory_budget(max_gb: float | None) -> float:
+    """Bytes the memory path may hold: ``data.cache_max_gb``, or by default
+    :data:`DEFAULT_MEMORY_SHARE` of the available memory (and of a GPU's free memory)."""
+    if max_gb is not None:
+        return max_gb * 2**30
+    available = _available_memory()
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        available = min(available, free)
+    return DEFAULT_MEMORY_SHARE * available
+
+
+def _available_memory() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def cache_key(files: Dataset) -> str:
+    """What the cache depends on: every file (path in its split, size, modification time) and
+    label, the image size, the channels and the format version."""
+    digest = hashlib.sha256()
+    settings = {"version": FORMAT_VERSION, "image_size": list(files.image_size),
+                "channels": files.channels}  # fmt: skip
+    digest.update(json.dumps(settings, sort_keys=True).encode())
+    for path, label in files.samples:
+        stat = os.stat(path)
+        relative = os.path.relpath(path, files.root)
+        digest.update(f"{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\0{label}\n".encode())
+    return digest.hexdigest()[:20]
+
+
+def _layout(files: Dataset) -> tuple[int, int, int]:
+    """(labels offset, images offset, file size) of the cache file of ``files``."""
+    count = len(files)
+    images_at = HEADER_BYTES + 8 * count
+    return HEADER_BYTES, images_at, images_at + count * math.prod(files.input_shape)
+
+
+def _header(files: Dataset) -> bytes:
+    header = {"version": FORMAT_VERSION, "count": len(files), "shape": list(files.input_shape)}
+    encoded = MAGIC + json.dumps(header).encode()
+    return encoded + b"\0" * (HEADER_BYTES - len(encoded))
+
+
+def check_file(path: Path, files: Dataset) -> str | None:
+    """Why the cache file at ``path`` cannot be used for ``files``, or None when it can."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+        size = path.stat().st_size
+    except OSError as error:
+        return f"unreadable ({error.strerror})"
+    if head != _header(files):
+        return "not a cache of these images (bad header)"
+    if size != _layout(files)[2]:
+        return f"short or overlong ({size} bytes, {_layout(files)[2]} expected)"
+    return None
+
+
+def decoded_batches(files: Dataset, workers: int, name: str) -> Iterator[torch.Tensor]:
+    """Every image of ``files`` in order, as uint8 batches decoded by ``workers`` processes,
+    with progress lines; a file that cannot be decoded is one line naming it."""
+    # Its own generator: iterating a DataLoader draws a seed, and the global RNG, seeded for
+    # the model's initial weights, must not move when a cache is built.
+    loader = DataLoader(files, batch_size=256, num_workers=workers,
+                        worker_init_fn=_worker_ignores_signals, generator=torch.Generator())  # fmt: skip
+    started = shown = time.perf_counter()
+    done = 0
+    log.info("%s: decoding %d images once into the cache (%d processes)", name, len(files),
+             max(workers, 1))  # fmt: skip
+    for images, _ in _reraised(loader):
+        yield images
+        done += len(images)
+        if time.perf_counter() - shown > 5:
+            shown = time.perf_counter()
+            log.info("%s: %d/%d images cached (%.0f/s)", name, done, len(files),
+                     done / (shown - started))  # fmt: skip
+    log.info("%s: %d images decoded in %.1f s", name, done, time.perf_counter() - started)
+
+
+def build_file(path: Path, files: Dataset, workers: int, name: str) -> None:
+    """Write the cache of ``files`` to ``path``: into a temporary file of this host and
+    process, renamed into place once complete, so a reader never sees a partial cache."""
+    temporary = path.with_name(f".{path.name}.{socket.gethostname()}-{os.getpid()}.tmp")
+    labels = np.asarray([label for _, label in files.samples], dtype=np.int64)
+    try:
+        with open(temporary, "wb") as f:
+            f.write(_header(files))
+            f.write(labels.tobytes())
+            for images in decoded_batches(files, workers, name):
+                f.write(images.numpy().tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        if error.errno == errno.ENOSPC:
+            raise UserError(
+                f"no space left in {path.parent} for the {name} split's image cache; free "
+                "space, point data.cache_dir=... elsewhere, or use data.cache=off"
+            ) from None
+        raise
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _labels(path: Path, files: Dataset) -> torch.Tensor:
+    labels_at, _, _ = _layout(files)
+    labels = np.fromfile(path, dtype=np.int64, count=len(files), offset=labels_at)
+    return torch.from_numpy(labels)
+
+
+def read_whole(path: Path, files: Dataset) -> TensorSplit:
+    """The cached split in memory, as the whole-tensor path holds MNIST."""
+    _, images_at, _ = _layout(files)
+    count = len(files) * math.prod(files.input_shape)
+    pixels = np.fromfile(path, dtype=np.uint8, count=count, offset=images_at)
+    images = torch.from_numpy(pixels).view(len(files), *files.input_shape)
+    return TensorSplit(images, _labels(path, files))
+
+
+def map_file(path: Path, files: Dataset) -> MappedSplit:
+    """The cached split memory-mapped: pages are read as batches need them."""
+    _, images_at, _ = _layout(files)
+    images = np.memmap(path, dtype=np.uint8, mode="r", offset=images_at,
+                       shape=(len(files), *files.input_shape))  # fmt: skip
+    return MappedSplit(images, _labels(path, files))
+
+
+def decode_all(files: Dataset, workers: int, name: str) -> TensorSplit:
+    """The split decoded into memory without a cache file (its folder cannot be written)."""
+    images = torch.cat(list(decoded_batches(files, workers, name)))
+    labels = torch.tensor([label for _, label in files.samples], dtype=torch.int64)
+    return TensorSplit(images, labels)

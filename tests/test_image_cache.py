@@ -1,0 +1,169 @@
+"""Image folders decoded once into a uint8 cache (data/image_cache.py): batches bitwise those of
+the DataLoader path in the same order, a cache rebuilt when the folder changes or the file is
+broken, concurrent builders, an unwritable folder, a full disk, and runs that are the same
+cached or not."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import ROOT, read_metrics, run_train, write_imagefolder
+
+import data.image_cache as image_cache
+from data.batches import LoaderBatches, MappedBatches, Placement, TensorBatches
+from data.imagefolder import load_imagefolder
+from utils.errors import UserError
+
+KEYS = {"batch_size": 4, "eval_batch_size": 5, "mean": [0.5] * 3, "std": [0.25] * 3,
+        "augment": {"crop_padding": 2, "horizontal_flip": True}, "num_workers": 0}  # fmt: skip
+CPU = torch.device("cpu")
+
+
+def load(root, cache: str, **keys):
+    return load_imagefolder(str(root), [8, 8], 3, cache=cache, **{**KEYS, **keys})
+
+
+def batches(data, split: str, epoch: int = 1, **placement):
+    return list(data.batches(split, Placement(CPU, **placement), seed=3).epoch(epoch))
+
+
+def cache_files(root) -> list[str]:
+    return sorted(os.listdir(root / ".torchloom-cache"))
+
+
+@pytest.mark.parametrize("cache", ["memory", "disk"])
+@pytest.mark.parametrize("shard", [{}, {"rank": 1, "world_size": 2}])
+def test_cached_batches_are_bitwise_the_decoded_ones_in_the_same_order(tmp_path, cache, shard):
+    root = write_imagefolder(tmp_path, per_class=5, size=(12, 10))  # resized to 8×8
+    uncached, cached = load(root, "off"), load(root, cache)
+    kind = TensorBatches if cache == "memory" else MappedBatches
+    assert isinstance(cached.batches("train", Placement(CPU), 0), kind)
+    assert isinstance(uncached.batches("train", Placement(CPU), 0), LoaderBatches)
+    for split in ("train", "val", "test"):
+        expected, got = batches(uncached, split, **shard), batches(cached, split, **shard)
+        assert len(got) == len(expected) > 0
+        for (x, y), (x2, y2) in zip(expected, got, strict=True):
+            assert torch.equal(x, x2) and torch.equal(y, y2), split
+
+
+def test_auto_holds_what_fits_in_memory_and_maps_the_rest(tmp_path):
+    root = write_imagefolder(tmp_path, per_class=5)
+    assert isinstance(load(root, "auto").splits["train"], image_cache.TensorSplit)
+    tiny = load(root, "auto", cache_max_gb=1e-6)  # 1 KiB: no split fits
+    assert isinstance(tiny.splits["train"], image_cache.MappedSplit)
+
+
+def test_a_touched_removed_or_added_file_rebuilds_the_cache(tmp_path, caplog):
+    root = write_imagefolder(tmp_path, per_class=4)  # 12 training images in 3 classes
+    caplog.set_level(logging.INFO, logger="torchloom")
+    load(root, "disk")
+    unchanged = [n for n in cache_files(root) if not n.startswith("train-")]
+    cat, dog = root / "train" / "cat", root / "train" / "dog"
+    later = time.time_ns() + 10**9
+    steps = [
+        (lambda: os.utime(cat / "0.png", ns=(later, later)), 12),  # touched
+        (lambda: (cat / "0.png").unlink(), 11),  # removed
+        (lambda: (dog / "9.png").write_bytes((dog / "1.png").read_bytes()), 12),  # added
+    ]
+    for change, count in steps:
+        before = [n for n in cache_files(root) if n.startswith("train-")]
+        change()
+        caplog.clear()
+        data = load(root, "disk")
+        assert "the image folder changed" in caplog.text
+        now = [n for n in cache_files(root) if n.startswith("train-")]
+        assert len(now) == 1 and now != before  # the stale cache is replaced, not kept
+        assert len(data.splits["train"]) == count
+        expected = batches(load(root, "off"), "train")
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                   for a, b in zip(expected, batches(data, "train"), strict=True))  # fmt: skip
+    assert [n for n in cache_files(root) if not n.startswith("train-")] == unchanged  # reused
+
+
+@pytest.mark.parametrize("damage", ["truncate", "header"])
+def test_a_short_or_corrupt_cache_file_is_rebuilt_with_a_warning(tmp_path, caplog, damage):
+    root = write_imagefolder(tmp_path, per_class=3)
+    expected = batches(load(root, "disk"), "val")
+    path = root / ".torchloom-cache" / next(n for n in cache_files(root) if n.startswith("val-"))
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) - 7] if damage == "truncate" else b"garbage!" + raw[8:])
+    caplog.set_level(logging.WARNING, logger="torchloom")
+    again = batches(load(root, "disk"), "val")
+    assert "rebuilding it" in caplog.text
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(expected, again, strict=True))
+    assert image_cache.check_file(path, load(root, "off").splits["val"]) is None
+
+
+def test_two_builders_at_once_end_with_one_valid_cache(tmp_path):
+    root = write_imagefolder(tmp_path, per_class=30, size=(32, 32))
+    build = ("import sys; sys.path.insert(0, sys.argv[1]); "
+             "from data.imagefolder import load_imagefolder; "
+             "load_imagefolder(sys.argv[2], [16, 16], 3, cache='disk', batch_size=4, "
+             "eval_batch_size=4, mean=[0.5], std=[0.5], num_workers=0, "
+             "augment={'crop_padding': 0, 'horizontal_flip': False})")  # fmt: skip
+    builders = [subprocess.Popen([sys.executable, "-c", build, str(ROOT), str(root)],
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    for builder in builders:
+        assert builder.wait(timeout=120) == 0, builder.stderr.read()
+    names = cache_files(root)
+    assert len(names) == 3 and all(not n.startswith(".") for n in names)  # no temporary left
+    files = load_imagefolder(str(root), [16, 16], 3, cache="off", **{**KEYS, "mean": [0.5],
+                                                                    "std": [0.5]})  # fmt: skip
+    for name in names:
+        split = files.splits[name.split("-")[0]]
+        assert image_cache.check_file(root / ".torchloom-cache" / name, split) is None
+
+
+def test_an_unwritable_cache_folder_falls_back_to_memory_with_one_warning(tmp_path, caplog):
+    root = write_imagefolder(tmp_path / "images", per_class=3)
+    (tmp_path / "a_file").write_text("")
+    caplog.set_level(logging.WARNING, logger="torchloom")
+    data = load(root, "auto", cache_dir=str(tmp_path / "a_file" / "cache"))
+    assert isinstance(data.splits["train"], image_cache.TensorSplit)
+    assert caplog.text.count("cannot be written") == 3  # one line per split
+    assert all(
+        torch.equal(a[0], b[0])
+        for a, b in zip(batches(data, "train"), batches(load(root, "off"), "train"), strict=True)
+    )
+    caplog.clear()
+    mapped = load(root, "disk", cache_dir=str(tmp_path / "a_file" / "cache"))
+    assert not isinstance(mapped.splits["train"], image_cache.MappedSplit)  # DataLoader path
+    assert "reading it with the DataLoader" in caplog.text
+
+
+def test_a_full_disk_while_building_leaves_no_partial_cache_and_says_so(tmp_path, monkeypatch):
+    root = write_imagefolder(tmp_path, per_class=3)
+    decoded = image_cache.decoded_batches
+
+    def disk_fills(*args):
+        yield next(decoded(*args))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(image_cache, "decoded_batches", disk_fills)
+    with pytest.raises(UserError, match=r"no space left in .*\.torchloom-cache for the train"):
+        load(root, "disk")
+    assert cache_files(root) == []
+
+
+def test_a_cached_run_trains_exactly_as_an_uncached_one(tmp_path):
+    root = write_imagefolder(tmp_path / "images", per_class=8, size=(8, 8), test=False)
+    run = ["data=imagefolder", f"data.root={root}", "data.image_size=[8,8]", "data.batch_size=4",
+           "data.num_workers=0", "model.hidden_sizes=[16]", "trainer.max_epochs=2"]  # fmt: skip
+    for cache in ("off", "memory", "disk"):
+        run_train(tmp_path, *run, f"data.cache={cache}", f"run_name={cache}")
+    final = {c: read_metrics(tmp_path / "runs" / c) for c in ("off", "memory", "disk")}
+    assert (
+        final["off"]["train/loss"] == final["memory"]["train/loss"] == final["disk"]["train/loss"]
+    )
+    weights = {c: torch.load(tmp_path / "checkpoints" / c / "last.pt", weights_only=True)["model"]
+               for c in final}  # fmt: skip
+    for name, tensor in weights["off"].items():
+        assert torch.equal(tensor, weights["memory"][name])
+        assert torch.equal(tensor, weights["disk"][name])
