@@ -24,6 +24,7 @@ so a cached and an uncached run see bitwise the same batches in the same order.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -38,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader, Dataset
 
 from data.batches import MappedSplit, TensorSplit, _reraised, _worker_ignores_signals
@@ -189,22 +192,29 @@ def check_file(path: Path, files: Dataset) -> str | None:
 
 def decoded_batches(files: Dataset, workers: int, name: str) -> Iterator[torch.Tensor]:
     """Every image of ``files`` in order, as uint8 batches decoded by ``workers`` processes,
-    with progress lines; a file that cannot be decoded is one line naming it."""
+    with a progress bar on a terminal (log lines every 5 s elsewhere); a file that cannot be
+    decoded is one line naming it."""
     # Its own generator: iterating a DataLoader draws a seed, and the global RNG, seeded for
     # the model's initial weights, must not move when a cache is built.
     loader = DataLoader(files, batch_size=256, num_workers=workers,
                         worker_init_fn=_worker_ignores_signals, generator=torch.Generator())  # fmt: skip
+    console = Console(quiet=os.environ.get("RANK", "0") != "0")
+    bar = Progress(TextColumn(f"caching {name}"), BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn(), console=console, transient=True)  # fmt: skip
+    task = bar.add_task("", total=len(files))
     started = shown = time.perf_counter()
     done = 0
     log.info("%s: decoding %d images once into the cache (%d processes)", name, len(files),
              max(workers, 1))  # fmt: skip
-    for images, _ in _reraised(loader):
-        yield images
-        done += len(images)
-        if time.perf_counter() - shown > 5:
-            shown = time.perf_counter()
-            log.info("%s: %d/%d images cached (%.0f/s)", name, done, len(files),
-                     done / (shown - started))  # fmt: skip
+    with bar if console.is_terminal else contextlib.nullcontext():
+        for images, _ in _reraised(loader):
+            yield images
+            done += len(images)
+            bar.update(task, completed=done)
+            if not console.is_terminal and time.perf_counter() - shown > 5:
+                shown = time.perf_counter()
+                log.info("%s: %d/%d images cached (%.0f/s)", name, done, len(files),
+                         done / (shown - started))  # fmt: skip
     log.info("%s: %d images decoded in %.1f s", name, done, time.perf_counter() - started)
 
 
