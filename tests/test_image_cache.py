@@ -1,20 +1,21 @@
 """Image folders decoded once into a uint8 cache (data/image_cache.py): batches bitwise those of
 the DataLoader path in the same order, a cache rebuilt when the folder changes or the file is
-broken, concurrent builders, an unwritable folder, a full disk, and runs that are the same
-cached or not."""
+broken, concurrent builders, an unwritable folder, a full disk, runs that are the same cached
+or not, and an evaluation that follows no stored cache folder."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 import torch
-from conftest import ROOT, read_metrics, run_train, write_imagefolder
+from conftest import EVALUATE, ROOT, read_metrics, run_python, run_train, write_imagefolder
 
 import data.image_cache as image_cache
 from data.batches import LoaderBatches, MappedBatches, Placement, TensorBatches
@@ -167,3 +168,19 @@ def test_a_cached_run_trains_exactly_as_an_uncached_one(tmp_path):
     for name, tensor in weights["off"].items():
         assert torch.equal(tensor, weights["memory"][name])
         assert torch.equal(tensor, weights["disk"][name])
+
+
+def test_evaluate_follows_no_stored_cache_folder(tmp_path):
+    root = write_imagefolder(tmp_path / "images", per_class=4, size=(8, 8), test=False)
+    stored_dir = tmp_path / "elsewhere"
+    run_train(tmp_path, "data=imagefolder", f"data.root={root}", "data.image_size=[8,8]",
+              "data.batch_size=4", "data.num_workers=0", "data.cache=disk",
+              f"data.cache_dir={stored_dir}", "model.hidden_sizes=[8]", "trainer.max_epochs=1",
+              "run_name=cached")  # fmt: skip
+    shutil.rmtree(stored_dir)
+    best = tmp_path / "checkpoints" / "cached" / "best.pt"
+    run_python(tmp_path, str(EVALUATE), f"ckpt={best}", "split=val")
+    assert not stored_dir.exists() and not (root / ".torchloom-cache").exists()  # cache off
+    run_python(tmp_path, str(EVALUATE), f"ckpt={best}", "split=val", "data.cache=memory")
+    assert not stored_dir.exists()  # asked for here: built under data.root, not where stored
+    assert [n.split("-")[0] for n in cache_files(root)] == ["train", "val"]  # every split
