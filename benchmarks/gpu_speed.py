@@ -170,9 +170,9 @@ def main() -> None:
         sys.exit("error: no CUDA GPU here; this benchmark needs one (or --smoke --device cpu)")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"torch {torch.__version__}, {name}", flush=True)
-    if args.smoke:  # 2 ResNet steps of 32 per epoch: seconds on a CPU
+    if args.smoke:  # 2 ResNet steps of 16 per epoch: seconds on a CPU
         precisions, compiled, epochs = ["fp32"], [], 2
-        resnet_samples, resnet_batch, mnist_samples = 64, 32, 1024
+        resnet_samples, resnet_batch, mnist_samples = 32, 16, 512
     else:
         precisions = ["fp32", "fp16"]
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
