@@ -33,6 +33,7 @@ from utils import debug, report, sweep
 from utils.checkpointer import Checkpointer, Parts
 from utils.cli import run_cli
 from utils.config import build, check_config
+from utils.early_stopping import EarlyStopping
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate, measured_metrics  # bound here: benchmarks patch evaluate
 from utils.finders import tune
@@ -115,6 +116,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     checkpointer = Checkpointer(run.checkpoint_dir, parts, state, monitor, run.record,
                                 writes=out.writes_events)  # fmt: skip
     checkpointer.start(run, cfg.seed, cfg.init_from)
+    early = EarlyStopping.of(trainer.early_stopping, monitor, state)  # its count is resumed too
     run.remove_replaced()  # overwrite=true: the earlier run's files, now that this one is set up
     out.open_events(purge_after=state.global_step if run.resumed else None)
     report.log_sample_grid(out.writer, *start.first_batches[0], data)  # what the model sees
@@ -123,7 +125,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     # --- Train -----------------------------------------------------------------------------
     progress = TrainingProgress(out.console, start.steps.total, trainer.max_epochs)
     loop = Loop(parts, trainer, state, stop, out.writer, progress)
-    for _ in loop.epochs(debugging.batches(batches.train), data.batch_size):
+    for _ in loop.epochs(debugging.batches(batches.train), data.batch_size, done=early.done):
         value = None  # the monitored metric, when this epoch is validated
         if state.validation_due(trainer.val_every_n_epochs, trainer.max_epochs):
             val = evaluate(modules.eval_model, batches.val.epoch(0), precision, data.num_classes)
@@ -131,8 +133,11 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
             out.scalars("val", val, state.global_step)
             schedule.after_validation(state.metrics)
             value = state.metrics[monitor.name]
+            state.early_stopping = early.update(value, state.epoch)  # saved with the epoch
         checkpointer.save_epoch(value)
         log.info(state.epoch_line(trainer.max_epochs))
+    if early.reason:
+        log.info("early stopping after epoch %d: %s", early.stopped_at, early.reason)
     if loop.stopped:  # a signal: save the exact position, flush, say how to continue
         checkpointer.stop_here(stop, context, out)
     debugging.report(out)
@@ -143,8 +148,8 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     state.record("test", test)
     out.scalars("test", test, state.global_step)
     summary = loop.summary(data)  # throughput and data wait, with advice when it waited
-    out.finish(report.final_metrics(state, summary, data.test_split, checkpointer, started),
-               run.record.resolved, state.metrics)  # fmt: skip
+    metrics = report.final_metrics(state, summary, data.test_split, checkpointer, started)
+    out.finish({**metrics, **early.summary()}, run.record.resolved, state.metrics)
     context.close()
     log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)
     debug.after_fit(trainer, state, batches.train)  # debug=overfit: did the loss fall?

@@ -34,7 +34,7 @@ def test_train_state_round_trips_and_reads_older_checkpoints():
                        top_k=[[0.9, "epoch=002-val_acc=0.9000.pt"]], metrics={"val/acc": 0.9},
                        skipped_steps=1)  # fmt: skip
     saved = state.state_dict()
-    assert set(saved) == STATE_KEYS | {"skipped_steps"}
+    assert set(saved) == STATE_KEYS | {"skipped_steps", "early_stopping"}
     again = TrainState()
     again.load_state_dict({**saved, "model": {}, "optimizer": {}})
     assert again == state

@@ -14,6 +14,7 @@ CHECKPOINT_KEYS = {
     "format_version",
     "rng_per_rank",
     "skipped_steps",
+    "early_stopping",
     "model",
     "optimizer",
     "scheduler",

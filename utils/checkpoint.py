@@ -46,6 +46,8 @@ TRAINING_KEYS = {
     "global_step": int, "best_metric": NUMBER, "best_epoch": (int, type(None)), "top_k": list,
     "metrics": dict, "config": dict, "rng": dict,
 }  # fmt: skip
+# Written by later versions; an older checkpoint without them resumes with their fresh value.
+OPTIONAL_TRAINING_KEYS = {"skipped_steps": int, "early_stopping": dict}
 TOP_K_NAME = re.compile(r"epoch=(\d{3,})-[A-Za-z0-9_.+-]+=-?(\d+\.\d{4}|inf|nan)\.pt")
 STALE_AFTER_SECONDS = 3600  # a temporary file of another machine's writer, untouched this long
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
@@ -223,7 +225,8 @@ def check_training_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:
             f"cannot resume from {path}: it holds no {', '.join(missing)} (weights only?); "
             f"use init_from={path} to start from its weights"
         )
-    for key, kind in TRAINING_KEYS.items():
+    optional = {key: kind for key, kind in OPTIONAL_TRAINING_KEYS.items() if key in checkpoint}
+    for key, kind in {**TRAINING_KEYS, **optional}.items():
         value = checkpoint[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise UserError(

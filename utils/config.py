@@ -27,6 +27,12 @@ from utils.monitor import monitor_mode
 
 
 @dataclass
+class EarlyStoppingConfig:
+    patience: int | None = MISSING
+    min_delta: float = MISSING
+
+
+@dataclass
 class TrainerConfig:
     max_epochs: int = MISSING
     accumulate_grad_batches: int = MISSING
@@ -55,6 +61,7 @@ class TrainerConfig:
     write_outputs: bool = MISSING
     max_consecutive_skips: int = MISSING
     silence_guards: list[str] = MISSING
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
 
 @dataclass
@@ -174,6 +181,9 @@ def _number(cfg: DictConfig, key: str) -> float:
     return value
 
 
+NULL_ALLOWED = ("trainer.cpu_threads", "trainer.early_stopping.patience")
+
+
 def check_config(cfg: DictConfig) -> TrainerConfig:
     """Reject values that have the right type but make no sense, before any data is loaded.
     Returns ``cfg.trainer`` as a plain dataclass (the loop reads it every step)."""
@@ -187,13 +197,15 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
         ("trainer.overfit_batches", lambda v: v >= 0, "0 or more"),
         ("trainer.profile_steps", lambda v: v >= 0, "0 or more"),
         ("trainer.cpu_threads", lambda v: v >= 1, "1 or more, or null for automatic"),
+        ("trainer.early_stopping.patience", lambda v: v >= 1, "1 or more, or null for off"),
+        ("trainer.early_stopping.min_delta", lambda v: v >= 0, "0 or more"),
         ("data.batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
         ("data.eval_batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
         ("optim.lr", lambda v: v > 0, "greater than 0"),
         ("optim.weight_decay", lambda v: v >= 0, "0 or more"),
     ]
     for key, ok, expected in rules:
-        if key == "trainer.cpu_threads" and cfg.trainer.cpu_threads is None:
+        if OmegaConf.select(cfg, key) is None and key in NULL_ALLOWED:
             continue
         value = _number(cfg, key)
         if not ok(value):

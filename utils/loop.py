@@ -37,15 +37,16 @@ class Loop:
         self.trained_steps = 0  # by this invocation (a resumed run counts from its resume)
         self.stopped = False  # every process agreed to stop before the last epoch ended
 
-    def epochs(self, batches: Any, batch_size: int) -> Iterator[int]:
-        """Train epoch after epoch up to ``trainer.max_epochs``, with the progress bar shown
-        and cycle collection by the loop; yields after each finished epoch (the caller then
-        validates and saves). Ends early when every process agrees on a stop, which sets
-        :attr:`stopped`: the state then holds the position to resume from."""
+    def epochs(self, batches: Any, batch_size: int, done: Any) -> Iterator[int]:
+        """Train epoch after epoch up to ``trainer.max_epochs`` or until ``done()`` (early
+        stopping), with the progress bar shown and cycle collection by the loop; yields after
+        each finished epoch (the caller then validates and saves). Ends early when every
+        process agrees on a stop, which sets :attr:`stopped`: the state then holds the
+        position to resume from."""
         state, device = self.state, self.parts.watch.losses.device
         self.stopped = distributed.agree(self.stop.requested, device)  # a signal at start-up
         with self.progress, cycle_collection_by_the_loop():
-            while state.epoch < self.trainer.max_epochs and not self.stopped:
+            while state.epoch < self.trainer.max_epochs and not self.stopped and not done():
                 if not self.epoch(batches, batch_size):
                     self.stopped = True
                     break

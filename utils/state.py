@@ -21,6 +21,7 @@ class TrainState:
     top_k: list = field(default_factory=list)  # [[value, file name], ...], best first
     metrics: dict = field(default_factory=dict)  # the latest train/ and val/ values
     skipped_steps: int = 0  # steps skipped for a non-finite loss (trainer.nonfinite=skip)
+    early_stopping: dict = field(default_factory=dict)  # utils/early_stopping.py's count
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -238,6 +238,8 @@ def summarize(sweep_dir: Path, monitor: str, mode: str, console: Console) -> lis
     present = {key for row in rows for key in row}
     metrics = [monitor] + [m for m in SHOWN_METRICS if m != monitor and m in present]
     columns = ["job", "overrides", *metrics, "status", "wall_time_seconds", "best_checkpoint"]
+    if any(row.get("stopped_early_at_epoch") for row in rows):  # trainer.early_stopping
+        columns.append("stopped_early_at_epoch")
     if any(row.get("error") for row in rows):
         columns.append("error")
     varies_seed = any(o.startswith("seed=") for row in rows for o in row["overrides"])
