@@ -101,6 +101,14 @@ class BatchPlan:
     rank: int = 0
     world_size: int = 1
 
+    def batch_count(self, samples: int) -> int:
+        """Batches of ``samples``: for training, whole global batches of every process (the
+        last partial one dropped); for evaluation, ``samples`` is this process's share and its
+        last batch may be partial."""
+        if self.train:
+            return samples // (self.batch_size * self.world_size)
+        return math.ceil(samples / self.batch_size)
+
 
 def permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(mix_seed(seed, epoch))
@@ -184,12 +192,10 @@ class TensorBatches:
         self.train = plan.train  # shuffle, augment, drop the last partial batch
         self.seed = plan.seed
         self.rank, self.world_size = plan.rank, plan.world_size
+        self.plan = plan
 
     def __len__(self) -> int:
-        n = len(self.labels)
-        if self.train:
-            return n // (self.batch_size * self.world_size)
-        return math.ceil(n / self.batch_size)
+        return self.plan.batch_count(len(self.labels))
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = None
@@ -221,10 +227,7 @@ class MappedBatches:
         self.plan, self.transform = plan, transform
 
     def __len__(self) -> int:
-        n, plan = len(self.labels), self.plan
-        if plan.train:
-            return n // (plan.batch_size * plan.world_size)
-        return math.ceil(n / plan.batch_size)
+        return self.plan.batch_count(len(self.labels))
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         plan, device = self.plan, self.transform.device
@@ -270,13 +273,14 @@ class EpochBatchSampler(Sampler[list[int]]):
             size, plan.batch_size, plan.train, plan.seed,
         )  # fmt: skip
         self.rank, self.world_size = plan.rank, plan.world_size
+        self.plan = plan
         self.epoch, self.start = 0, 0
 
     def __len__(self) -> int:
         if self.train:
-            return self.size // (self.batch_size * self.world_size)
+            return self.plan.batch_count(self.size)
         lo, hi = shard_bounds(self.size, self.rank, self.world_size)
-        return math.ceil((hi - lo) / self.batch_size)
+        return self.plan.batch_count(hi - lo)
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.train:

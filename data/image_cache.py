@@ -32,7 +32,6 @@ import logging
 import math
 import os
 import re
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +43,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.utils.data import DataLoader, Dataset
 
 from data.batches import MappedSplit, TensorSplit, _reraised, _worker_ignores_signals
+from utils.checkpoint import atomic_file
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
@@ -219,29 +219,21 @@ def decoded_batches(files: Dataset, workers: int, name: str) -> Iterator[torch.T
 
 
 def build_file(path: Path, files: Dataset, workers: int, name: str) -> None:
-    """Write the cache of ``files`` to ``path``: into a temporary file of this host and
-    process, renamed into place once complete, so a reader never sees a partial cache."""
-    temporary = path.with_name(f".{path.name}.{socket.gethostname()}-{os.getpid()}.tmp")
+    """Write the cache of ``files`` to ``path`` as checkpoints are written (a temporary file
+    renamed into place once complete), so a reader never sees a partial cache."""
     labels = np.asarray([label for _, label in files.samples], dtype=np.int64)
     try:
-        with open(temporary, "wb") as f:
+        with atomic_file(path) as f:
             f.write(_header(files))
             f.write(labels.tobytes())
             for images in decoded_batches(files, workers, name):
                 f.write(images.numpy().tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
     except OSError as error:
-        temporary.unlink(missing_ok=True)
         if error.errno == errno.ENOSPC:
             raise UserError(
                 f"no space left in {path.parent} for the {name} split's image cache; free "
                 "space, point data.cache_dir=... elsewhere, or use data.cache=off"
             ) from None
-        raise
-    except BaseException:
-        temporary.unlink(missing_ok=True)
         raise
 
 

@@ -17,6 +17,7 @@ Every file a resume would delete is checked first: only top-k names torchloom wr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -27,9 +28,9 @@ import socket
 import tempfile
 import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from rich.console import Console
@@ -93,14 +94,18 @@ def _default_mode() -> int:
     return 0o666 & ~umask
 
 
-def _write_atomic(path: Path, write: Any) -> None:
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A file that appears at ``path`` complete or not at all: written to a temporary file of
+    this host and process beside it, fsynced, renamed, the rename made durable. On any failure
+    the temporary file is removed and the error propagates; ``path`` is as it was."""
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
         os.fchmod(fd, _default_mode())  # mkstemp makes it 0600
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -110,14 +115,20 @@ def _write_atomic(path: Path, write: Any) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def _write_atomic(path: Path, write: Any) -> None:
+    try:
+        with atomic_file(path) as f:
+            write(f)
     except OSError as error:
         previous = "the previous checkpoint there is intact" if path.exists() else "nothing saved"
         raise UserError(
             f"could not write checkpoint {path}: {error.strerror or error}; {previous}"
         ) from None
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
 def remove_stale_temporary_files(folder: Path) -> None:
