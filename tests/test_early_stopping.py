@@ -71,7 +71,8 @@ def test_the_sweep_summary_shows_where_each_job_stopped(tmp_path):
     assert [row["stopped_early_at_epoch"] for row in rows] == ["3", "3"]
 
 
-@pytest.mark.parametrize("edit", [{"best": "0.9"}, {"bad_validations": None}, {"stopped_at": 2.5}])
+@pytest.mark.parametrize("edit", [{"best": "0.9"}, {"bad_validations": None}, {"stopped_at": 2.5},
+                                  {"stopped_at": True}, {"bad_validations": False}])  # fmt: skip
 def test_an_edited_early_stopping_state_is_refused_naming_the_key(edit):
     early = EarlyStopping(patience=2, min_delta=0.0, monitor=Monitor("val/acc", "max"))
     early.update(0.5, 1)

@@ -461,7 +461,8 @@ def test_a_plateau_schedule_keeps_its_reductions_scaled_to_a_new_lr_on_resume():
 
 @pytest.mark.parametrize(("key", "value"), [("config", "x"), ("epoch", "3"), ("top_k", {}),
                                             ("global_step", True), ("rng", None),
-                                            ("early_stopping", "x"), ("skipped_steps", 1.5)])  # fmt: skip
+                                            ("early_stopping", "x"), ("skipped_steps", 1.5),
+                                            ("best_epoch", True), ("best_metric", False)])  # fmt: skip
 def test_an_edited_training_checkpoint_is_refused_naming_the_key(base, key, value):
     from utils.checkpoint import check_training_checkpoint
 

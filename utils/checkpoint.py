@@ -239,7 +239,8 @@ def check_training_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:
     optional = {key: kind for key, kind in OPTIONAL_TRAINING_KEYS.items() if key in checkpoint}
     for key, kind in {**TRAINING_KEYS, **optional}.items():
         value = checkpoint[key]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             raise UserError(
                 f"cannot resume from {path}: its {key!r} is a {type(value).__name__}, not what "
                 f"torchloom writes (was it edited?); use init_from={path} for its weights"

@@ -73,7 +73,8 @@ class EarlyStopping:
         kinds = {"best": (float, int, type(None)), "best_epoch": (int, type(None)),
                  "bad_validations": (int,), "stopped_at": (int, type(None))}  # fmt: skip
         for key, kind in kinds.items():
-            if not isinstance(state.get(key, ...), kind):
+            value = state.get(key, ...)
+            if not isinstance(value, kind) or isinstance(value, bool):  # True is an int too
                 raise UserError(
                     f"the checkpoint's early_stopping.{key} is {state.get(key, 'missing')!r}, "
                     "not what torchloom writes (was it edited?); use init_from=... for its weights"
