@@ -5,6 +5,7 @@
     python evaluate.py ckpt=[a.pt,b.pt]                                # a comparison table
     python evaluate.py ckpt=checkpoints/<sweep_name>                   # every job of a sweep
     python evaluate.py ckpt=best.pt data.root=/mnt/datasets            # data moved elsewhere
+    python evaluate.py ckpt=best.pt weights=raw                        # not the EMA (trainer.ema)
     python evaluate.py ckpt=best.pt export=model.safetensors           # weights without pickle
     python evaluate.py ckpt=model.safetensors                          # and back
     torchrun --nproc_per_node=2 evaluate.py ckpt=best.pt               # each process a shard
@@ -92,7 +93,7 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     out.open_events()
     results: dict[str, dict] = {}
     for index, path in enumerate(files):
-        config, weights = read_checkpoint(path, cfg.config)
+        config, weights = read_checkpoint(path, cfg.config, cfg.weights)
         data = build(data_config(config["data"], cfg.data))
         model_node = OmegaConf.create(config["model"])
         modules = Modules.build(model_node, data, context.device, channels_last=None)

@@ -95,6 +95,9 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     # --- Data and model: shapes flow from the dataset to the model -----------------------
     data = build(cfg.data)
     monitor.check_measured([f"val/{name}" for name in measured_metrics(data.num_classes)])
+    loss = build(cfg.task).loss_for(data, context.device)  # task=classification: cross-entropy
+    if note := loss.training_note(data.mixing):  # train/loss and val/loss measure other things
+        log.info(note)
     modules = Modules.build(cfg.model, data, context.device, trainer.channels_last)
     out.print(report.model_summary(modules.model, data.input_shape, data.num_classes))
     if trainer.shapes_only:  # debug=shapes
@@ -109,7 +112,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     # --- Optimizer, schedule and what a step changes; then fresh or where a checkpoint left off
     optimizer = build_optimizer(modules.model, cfg.optim)
     schedule = build(cfg.scheduler)(optimizer, start.steps)
-    parts = Parts.assemble(modules.step_model, optimizer, schedule, precision, trainer)
+    parts = Parts.assemble(modules, optimizer, schedule, precision, loss, trainer)  # + EMA
     if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were
         return tune(cfg.tune, parts, batches.train, data, out)
     state = TrainState()
@@ -121,6 +124,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     out.open_events(purge_after=state.global_step if run.resumed else None)
     report.log_sample_grid(out.writer, *start.first_batches[0], data)  # what the model sees
     debugging = debug.Debugging(trainer, run.run_dir)  # debug=anomaly, debug=profile
+    judged = parts.judged(modules.eval_model, trainer.ema)  # the EMA's weights, when on
 
     # --- Train -----------------------------------------------------------------------------
     progress = TrainingProgress(out.console, start.steps.total, trainer.max_epochs)
@@ -128,7 +132,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     for _ in loop.epochs(debugging.batches(batches.train), data.batch_size, done=early.done):
         value = None  # the monitored metric, when this epoch is validated
         if state.validation_due(trainer.val_every_n_epochs, trainer.max_epochs):
-            val = evaluate(modules.eval_model, batches.val.epoch(0), precision, data.num_classes)
+            val = evaluate(judged, batches.val.epoch(0), precision, data.num_classes)
             state.record("val", val)
             out.scalars("val", val, state.global_step)
             schedule.after_validation(state.metrics)
@@ -144,7 +148,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
 
     # --- Test the best checkpoint (val when the dataset has no test split) ----------------
     checkpointer.load_best()
-    test = evaluate(modules.eval_model, batches.test().epoch(0), precision, data.num_classes)
+    test = evaluate(judged, batches.test().epoch(0), precision, data.num_classes)
     state.record("test", test)
     out.scalars("test", test, state.global_step)
     summary = loop.summary(data)  # throughput and data wait, with advice when it waited

@@ -3,6 +3,7 @@ model, optimizer, batch size and seed; and train.py's start-up time against ``im
 
     python benchmarks/loop_speed.py                      # every case
     python benchmarks/loop_speed.py --cases mlp --rounds 5
+    python benchmarks/loop_speed.py --cases mlp mlp_ema cnn cnn_mix   # the EMA's and mixing's cost
 
 For each case it times, in one process:
 
@@ -62,10 +63,18 @@ CASES = {
     # The default job: MLP on the bundled digits.
     "digits": [],
 }  # fmt: skip
+# The recipe's costs: a case with one feature on, against the same case without it, each
+# measured against the same hand-written floor in this process (cost = 1 - ratio / base ratio).
+FEATURE_CASES = {
+    "mlp_ema": ("mlp", ["trainer.ema.decay=0.999"]),
+    "cnn_mix": ("cnn", ["data.augment.mixup_alpha=0.2", "data.augment.cutmix_alpha=1.0"]),
+}
+for _case, (_base, _extra) in FEATURE_CASES.items():
+    CASES[_case] = [*CASES[_base], *_extra]
 COMMON = ["optim=adamw", "scheduler=none", "precision=fp32", "trainer.device=cpu"]
 # Epochs per run: each method trains for a few seconds or more (a cnn epoch takes about 1 s on
 # 2 cores, an MLP epoch 0.3 s, a digits epoch of 19 steps 35 ms).
-EPOCHS = {"mlp": 16, "cnn": 16, "digits": 40}
+EPOCHS = {"mlp": 16, "cnn": 16, "digits": 40, "mlp_ema": 16, "cnn_mix": 16}
 
 
 def compose(overrides: list[str]):
@@ -332,11 +341,21 @@ def main() -> None:
                         f"default per case: {EPOCHS}")  # fmt: skip
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
+    results = {}
     for case in args.cases:
         if case == "startup":
             startup(repeats=args.rounds)
         else:
-            bench_case(case, args.rounds, args.epochs or EPOCHS[case])
+            results[case] = bench_case(case, args.rounds, args.epochs or EPOCHS[case])
+    for case, (base, extra) in FEATURE_CASES.items():
+        if case in results and base in results:
+            ratio, base_ratio = results[case]["torchloom_ratio"], results[base]["torchloom_ratio"]
+            cost = 1 - ratio / base_ratio
+            print(
+                f"\n{case} ({' '.join(extra)}): {ratio:.3f}× floor against {base}'s "
+                f"{base_ratio:.3f}×: costs {cost:.1%} of torchloom's throughput"
+            )
+            print(json.dumps({"case": f"{case}_cost", "cost": round(cost, 4)}))
 
 
 if __name__ == "__main__":

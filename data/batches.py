@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from data.mixing import MixedBatches, Mixing
 from utils.errors import UserError
 from utils.seeding import mix_seed
 from utils.signals import STOP_SIGNALS
@@ -417,6 +418,13 @@ class Data:
         self.eval_batch_size = batching.eval_batch_size
         self.crop_padding = int(batching.augment["crop_padding"])
         self.horizontal_flip = bool(batching.augment["horizontal_flip"])
+        self.mixing = Mixing.from_augment(batching.augment)  # MixUp/CutMix; None when off
+        if self.mixing and self.mixing.cutmix_alpha > 0 and len(self.input_shape) != 3:
+            raise UserError(
+                f"data.augment.cutmix_alpha={self.mixing.cutmix_alpha}: CutMix pastes image "
+                f"boxes, and {name}'s inputs are {tuple(self.input_shape)}, not (C, H, W); "
+                "set it to 0 (MixUp works on any input)"
+            )
         self.num_workers = batching.num_workers
         if len(splits.train) < self.batch_size:
             raise UserError(
@@ -441,6 +449,13 @@ class Data:
         """The split a run is finally tested on: test, or val when the dataset has none."""
         return "test" if self.splits["test"] is not None else "val"
 
+    def train_labels(self) -> torch.Tensor:
+        """The train split's class indices (for class weights)."""
+        split = self.splits["train"]
+        if isinstance(split, TensorSplit | MappedSplit):
+            return split.labels
+        return torch.tensor([label for _, label in split.samples], dtype=torch.long)
+
     def sizes(self) -> dict[str, int]:
         return {name: len(split) for name, split in self.splits.items() if split is not None}
 
@@ -449,7 +464,8 @@ class Data:
     ) -> TensorBatches | LoaderBatches:
         """Batches of ``split``, placed as ``placement`` says. Training batches (by default
         those of the train split) are shuffled and augmented, and the last partial one is
-        dropped; evaluation batches hold every sample once, in order."""
+        dropped; evaluation batches hold every sample once, in order. Training batches are
+        mixed when ``data.augment`` asks for MixUp/CutMix (data/mixing.py)."""
         if self.splits[split] is None:
             raise UserError(f"{self.name} has no {split} split; choose another split")
         train = split == "train" if train is None else train
@@ -464,10 +480,14 @@ class Data:
         batch_size = self.batch_size if train else self.eval_batch_size
         plan = BatchPlan(batch_size, train, seed, placement.rank, placement.world_size)
         if isinstance(self.splits[split], TensorSplit):
-            return TensorBatches(self.splits[split], plan, transform)
-        if isinstance(self.splits[split], MappedSplit):
-            return MappedBatches(self.splits[split], plan, transform)
-        return LoaderBatches(self.splits[split], plan, transform, self.num_workers)
+            batches = TensorBatches(self.splits[split], plan, transform)
+        elif isinstance(self.splits[split], MappedSplit):
+            batches = MappedBatches(self.splits[split], plan, transform)
+        else:
+            batches = LoaderBatches(self.splits[split], plan, transform, self.num_workers)
+        if train and self.mixing:
+            return MixedBatches(batches, self.mixing, self.num_classes, plan)
+        return batches
 
     def batches_for(self, placement: Placement, seed: int) -> RunBatches:
         """A training run's batches for this process: train and val now, the test split's

@@ -10,6 +10,7 @@ import signal
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import compose_train, read_metrics, run_train
 
 from utils.checkpoint import TO_EVALUATE, find_checkpoints, load_checkpoint
@@ -59,9 +60,8 @@ def checkpointer(folder, monitor: str, keep_top_k: int) -> tuple[Checkpointer, T
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     cpu = torch.device("cpu")
     watch = NonFiniteWatch("stop", 0, LossSums(cpu, 1))
-    parts = Parts(
-        model, optimizer, none(0)(optimizer, StepCounts(1, 10)), Precision("float32", cpu), watch
-    )
+    schedule = none(0)(optimizer, StepCounts(1, 10))
+    parts = Parts(model, optimizer, schedule, Precision("float32", cpu), watch, F.cross_entropy)
     record = RunRecord({"trainer": {"keep_top_k": keep_top_k, "accumulate_grad_batches": 1},
                         "seed": 0}, [])  # fmt: skip
     state = TrainState()

@@ -15,6 +15,7 @@ CHECKPOINT_KEYS = {
     "rng_per_rank",
     "skipped_steps",
     "early_stopping",
+    "ema",
     "model",
     "optimizer",
     "scheduler",

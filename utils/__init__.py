@@ -17,12 +17,15 @@ Setting up a run
     optim        the optimizer's parameter groups (no decay on biases and norms)
     schedulers   LR schedules (conf/scheduler)
     precision    autocast and the loss scaler (conf/precision)
+    tasks        what is predicted, so the loss: cross-entropy, label smoothing, class weights
     guards       start-up checks against classic pitfalls; step counts
     model_check  the dummy forward; parameter counts
 Training
     state        TrainState: counters, data position, best, top-k, metrics
     monitor      which way is better for the monitored metric
     loop         the step and its epochs: loss sums, NaN watch, timing, stop agreement
+    ema          an exponential moving average of the weights (trainer.ema)
+    early_stopping  when the monitored metric stopped improving (trainer.early_stopping)
     loss_sums    the loss summed on the device between syncs
     nonfinite    what happens on a NaN or Inf loss
     memory       cycle collection by the loop; the out-of-memory message

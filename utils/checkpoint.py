@@ -48,7 +48,7 @@ TRAINING_KEYS = {
     "metrics": dict, "config": dict, "rng": dict,
 }  # fmt: skip
 # Written by later versions; an older checkpoint without them resumes with their fresh value.
-OPTIONAL_TRAINING_KEYS = {"skipped_steps": int, "early_stopping": dict}
+OPTIONAL_TRAINING_KEYS = {"skipped_steps": int, "early_stopping": dict, "ema": (dict, type(None))}
 TOP_K_NAME = re.compile(r"epoch=(\d{3,})-[A-Za-z0-9_.+-]+=-?(\d+\.\d{4}|inf|nan)\.pt")
 STALE_AFTER_SECONDS = 3600  # a temporary file of another machine's writer, untouched this long
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile

@@ -8,10 +8,12 @@ registered once with the parts it saves (timm's ``CheckpointSaver``, torchtitan'
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from utils import distributed
@@ -28,6 +30,7 @@ from utils.checkpoint import (
     top_k_name,
     unwrap,
 )
+from utils.ema import WeightAverage
 from utils.errors import UserError
 from utils.loss_sums import LossSums
 from utils.monitor import Monitor
@@ -52,17 +55,27 @@ class Parts:
     schedule: Schedule
     precision: Precision
     watch: NonFiniteWatch  # its loss sums are saved too
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # the task's (utils/tasks.py)
+    ema: WeightAverage | None = None  # trainer.ema: updated after each step, saved beside it
 
     @classmethod
     def assemble(
-        cls, model: nn.Module, optimizer: Any, schedule: Schedule, precision: Precision,
-        trainer: Any,
+        cls, modules: Any, optimizer: Any, schedule: Schedule, precision: Precision,
+        loss: Callable, trainer: Any,
     ) -> Parts:  # fmt: skip
-        """The parts, with fresh loss sums on the model's device and the NaN watch over them
-        (``trainer.nonfinite``, ``max_consecutive_skips``, ``accumulate_grad_batches``)."""
+        """The parts around ``modules.step_model``: fresh loss sums on the model's device,
+        the NaN watch over them (``trainer.nonfinite``, ``max_consecutive_skips``,
+        ``accumulate_grad_batches``), and the weight average ``trainer.ema`` asks for (of the
+        unwrapped model, so the same on every process)."""
         losses = LossSums(precision.device, trainer.accumulate_grad_batches)
         watch = NonFiniteWatch(trainer.nonfinite, trainer.max_consecutive_skips, losses)
-        return cls(model, optimizer, schedule, precision, watch)
+        ema = WeightAverage.of(trainer.ema, modules.model)
+        return cls(modules.step_model, optimizer, schedule, precision, watch, loss, ema)
+
+    def judged(self, eval_model: nn.Module, ema_config: Any) -> nn.Module:
+        """The module validation, best.pt and the test judge: the EMA's when it is on and
+        ``trainer.ema.evaluate`` says so, else ``eval_model``."""
+        return self.ema.module if self.ema and ema_config.evaluate else eval_model
 
 
 @dataclass(frozen=True)
@@ -102,6 +115,8 @@ class Checkpointer:
         self.resume(run.resumed, run.changes, seed)
         if init_from and not run.resumed:
             load_weights(unwrap(self.parts.model), load_checkpoint(init_from)["model"])
+            if self.parts.ema:
+                self.parts.ema.restart_from(self.parts.model)
             log.info("weights from %s; optimizer, schedule and counters start fresh", init_from)
 
     def resume(self, resumed: tuple[Path, dict] | None, changes, seed: int) -> None:
@@ -150,8 +165,21 @@ class Checkpointer:
         else:
             scaler.load_state_dict(checkpoint["scaler"])
         self.state.load_state_dict(checkpoint)
+        self._restore_ema(checkpoint)
         parts.watch.losses.load_state_dict(checkpoint.get("losses") or legacy_loss_sums(checkpoint))
         restore_rng(checkpoint)
+
+    def _restore_ema(self, checkpoint: dict[str, Any]) -> None:
+        """The weight average the checkpoint holds; one it lacks (trainer.ema turned on at a
+        resume) starts at the restored weights."""
+        ema = self.parts.ema
+        if ema is None:
+            return
+        if checkpoint.get("ema") is None:
+            ema.restart_from(self.parts.model)
+            log.info("trainer.ema: the checkpoint holds no EMA; it starts at the resumed weights")
+        else:
+            ema.load_state_dict(checkpoint["ema"], "the checkpoint")
 
     # --- Saving ----------------------------------------------------------------------------
 
@@ -168,6 +196,7 @@ class Checkpointer:
             "scaler": parts.precision.scaler.state_dict(),
             **self.state.state_dict(),
             "losses": parts.watch.losses.state_dict(),
+            "ema": parts.ema.state_dict() if parts.ema else None,
             "monitor": self.monitor.name,
             "config": self.record.resolved,
             "overrides": self.record.overrides,
@@ -228,9 +257,11 @@ class Checkpointer:
         raise Interrupted
 
     def load_best(self) -> None:
-        """The best epoch's weights into the model, for the final test (once every process
-        can read a complete best.pt)."""
+        """The best epoch's weights into the model (and its EMA), for the final test (once
+        every process can read a complete best.pt)."""
         distributed.barrier()
         best = self.folder / "best.pt"
         if best.exists():
-            load_weights(self.parts.model, load_checkpoint(best)["model"])
+            checkpoint = load_checkpoint(best)
+            load_weights(self.parts.model, checkpoint["model"])
+            self._restore_ema(checkpoint)

@@ -33,6 +33,13 @@ class EarlyStoppingConfig:
 
 
 @dataclass
+class EmaConfig:
+    decay: float | None = MISSING
+    warmup: bool = MISSING
+    evaluate: bool = MISSING
+
+
+@dataclass
 class TrainerConfig:
     max_epochs: int = MISSING
     accumulate_grad_batches: int = MISSING
@@ -62,6 +69,7 @@ class TrainerConfig:
     max_consecutive_skips: int = MISSING
     silence_guards: list[str] = MISSING
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    ema: EmaConfig = field(default_factory=EmaConfig)
 
 
 @dataclass
@@ -79,6 +87,7 @@ class TrainConfig:
     optim: Any = MISSING
     scheduler: Any = MISSING
     precision: Any = MISSING
+    task: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = MISSING
@@ -110,6 +119,7 @@ class EvaluateConfig:
     ckpt: Any = MISSING
     split: str = MISSING
     config: str | None = MISSING
+    weights: str = MISSING
     export: str | None = MISSING
     device: str = MISSING
     precision: str = MISSING
@@ -181,7 +191,7 @@ def _number(cfg: DictConfig, key: str) -> float:
     return value
 
 
-NULL_ALLOWED = ("trainer.cpu_threads", "trainer.early_stopping.patience")
+NULL_ALLOWED = ("trainer.cpu_threads", "trainer.early_stopping.patience", "trainer.ema.decay")
 
 
 def check_config(cfg: DictConfig) -> TrainerConfig:
@@ -199,6 +209,7 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
         ("trainer.cpu_threads", lambda v: v >= 1, "1 or more, or null for automatic"),
         ("trainer.early_stopping.patience", lambda v: v >= 1, "1 or more, or null for off"),
         ("trainer.early_stopping.min_delta", lambda v: v >= 0, "0 or more"),
+        ("trainer.ema.decay", lambda v: 0 < v < 1, "above 0 and below 1, or null for off"),
         ("data.batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
         ("data.eval_batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
         ("optim.lr", lambda v: v > 0, "greater than 0"),
@@ -224,6 +235,9 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
         )
     check_run_name(cfg.run_name)
     check_groups(cfg)
+    from data.mixing import Mixing
+
+    Mixing.from_augment(OmegaConf.to_container(cfg.data.get("augment") or {}, resolve=True))
     return OmegaConf.to_object(cfg.trainer)
 
 
@@ -234,6 +248,7 @@ SUPPLIED = {
     "optim": ("params",),
     "scheduler": (),  # finished with the optimizer and step counts by what it returns
     "precision": ("device",),
+    "task": (),  # finished with the data and device by Classification.loss_for
 }
 OPTIM_KEYS_OF_OURS = ("decay_bias_and_norm",)  # read by utils/optim.py, not the optimizer
 

@@ -3,7 +3,7 @@ watch, timing and data wait, and when the processes stop together.
 
 The step body is :meth:`Loop.epoch`'s loop, in one place. Its order of operations is what
 bit-identical resume relies on: forward and backward per micro-batch, then (every
-``accumulate_grad_batches``) unscale, clip or measure, step, zero, schedule, count.
+``accumulate_grad_batches``) unscale, clip or measure, step, schedule, EMA, zero, count.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from utils import debug, distributed, report
 from utils.checkpointer import Parts
@@ -102,8 +101,9 @@ class Loop:
     def _steps(self, batches: Any) -> bool:
         """The step, from the data position in the state to the end of its epoch. The loss
         stays on the device; the host waits for it only on logging steps."""
-        model, optimizer = self.parts.model, self.parts.optimizer
+        model, optimizer, loss_of = self.parts.model, self.parts.optimizer, self.parts.loss
         schedule, precision, watch = self.parts.schedule, self.parts.precision, self.parts.watch
+        ema = self.parts.ema
         trainer, state, writer, progress = self.trainer, self.state, self.writer, self.progress
         losses = watch.losses
         model.train()
@@ -118,7 +118,7 @@ class Loop:
             # Under DDP, only the last micro-batch of a step all-reduces its gradients.
             with distributed.gradient_sync(model, sync=(index + 1) % accumulate == 0):
                 with precision.autocast():
-                    loss = F.cross_entropy(model(images), labels)
+                    loss = loss_of(model(images), labels)
                 precision.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
             losses.add(watch.observe(loss))  # summed, and checked for NaN/Inf, at the next sync
             timed_batches += 1
@@ -143,6 +143,8 @@ class Loop:
                 precision.scaler.step(optimizer)
                 precision.scaler.update()
                 schedule.after_optimizer_step()  # the LR schedule counts the steps taken
+                if ema:
+                    ema.update()  # toward the weights just written (utils/ema.py)
             else:
                 precision.discard_step()
             optimizer.zero_grad(set_to_none=True)

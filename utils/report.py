@@ -117,6 +117,8 @@ def log_sample_grid(writer, images: torch.Tensor, labels: torch.Tensor, data, co
     """The first training samples as the model sees them (augmented, then shown un-normalised)
     with their labels, in TensorBoard: a label that does not match its image shows at once."""
     images, labels = images[:count].float().cpu(), labels[:count].cpu()
+    if labels.is_floating_point():  # MixUp/CutMix targets: the class of the larger share
+        labels = labels.argmax(dim=1)
     mean = torch.tensor(data.mean).view(1, -1, 1, 1)
     std = torch.tensor(data.std).view(1, -1, 1, 1)
     shown = (images * std + mean).clamp(0, 1)

@@ -44,8 +44,25 @@ class ResumeChanges:
         return any(line.startswith(CHANGES_RESCHEDULE) for line in self.applied + self.need_allow)
 
 
+def _added_later() -> dict[str, Any]:
+    """Keys later versions added, with the value that does what the versions before them did:
+    a checkpoint stored without them compares as holding these."""
+    from data.mixing import MIXING_OFF
+
+    return {
+        **{f"data.augment.{key}": off for key, off in MIXING_OFF.items()},
+        "task._target_": "utils.tasks.classification", "task.label_smoothing": 0.0,
+        "task.class_weights": None, "trainer.ema.decay": None, "trainer.ema.warmup": True,
+        "trainer.ema.evaluate": True, "trainer.early_stopping.patience": None,
+        "trainer.early_stopping.min_delta": 0.0,
+    }  # fmt: skip
+
+
 def config_changes(stored: dict, current: dict) -> ResumeChanges:
     stored_flat, current_flat = _comparable(stored), _comparable(current)
+    for key, before in _added_later().items():
+        if key in current_flat:  # compared as flatten shows it
+            stored_flat.setdefault(key, flatten({key: before})[key])
     changes = ResumeChanges()
     for key in sorted(set(stored_flat) | set(current_flat)):
         if key.split(".")[0] in INVOCATION_KEYS:

@@ -16,15 +16,23 @@ from utils.checkpoint import load_checkpoint
 from utils.errors import UserError
 from utils.trust import check_stored_config, require_keys
 
+WEIGHTS = ("auto", "ema", "raw")
 
-def read_checkpoint(path: Path, config_path: str | None) -> tuple[dict, dict]:
+
+def read_checkpoint(path: Path, config_path: str | None, which: str = "auto") -> tuple[dict, dict]:
     """(stored config, model weights) from a torchloom checkpoint or a .safetensors export. The
-    config is checked as untrusted data before anything is built from it."""
+    config is checked as untrusted data before anything is built from it. ``which`` weights of
+    a checkpoint: ``ema`` (trainer.ema's average), ``raw`` (the trained weights), or ``auto``
+    (the average when the checkpoint holds one)."""
+    if which not in WEIGHTS:
+        raise UserError(f"weights={which!r} must be auto, ema or raw")
     if path.suffix != ".safetensors":
         checkpoint = load_checkpoint(path)
         config, source = checkpoint.get("config"), path
-        weights = checkpoint["model"]
+        weights = chosen_weights(checkpoint, which, path)
     else:
+        if which == "ema":
+            raise UserError(f"{path} holds one set of weights (an export); drop weights=ema")
         weights, stored = read_safetensors(path)
         if config_path:
             config, source = read_yaml_config(Path(config_path)), Path(config_path)
@@ -35,6 +43,17 @@ def read_checkpoint(path: Path, config_path: str | None) -> tuple[dict, dict]:
     require_keys(config, source, {"model": dict, "data": dict, "seed": int})
     check_stored_config(config, source)
     return config, weights
+
+
+def chosen_weights(checkpoint: dict, which: str, path: Path) -> dict:
+    """The weights ``which`` names (see :func:`read_checkpoint`)."""
+    ema = checkpoint.get("ema")
+    if which == "raw" or (which == "auto" and ema is None):
+        return checkpoint["model"]
+    if not isinstance(ema, dict) or not isinstance(ema.get("model"), dict):
+        raise UserError(f"{path} holds no EMA weights (trained without trainer.ema); use "
+                        "weights=raw")  # fmt: skip
+    return ema["model"]
 
 
 def read_safetensors(path: Path) -> tuple[dict, Any]:
