@@ -38,7 +38,7 @@ from utils.modules import Modules
 from utils.outputs import Outputs
 from utils.precision import Precision
 from utils.run import RunContext
-from utils.stored import data_config, export_safetensors, read_checkpoint
+from utils.stored import data_config, export_safetensors, model_config, read_checkpoint
 
 
 def run_checkpoint(folder: Path) -> Path | None:
@@ -95,7 +95,7 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     for index, path in enumerate(files):
         config, weights = read_checkpoint(path, cfg.config, cfg.weights)
         data = build(data_config(config["data"], cfg.data))
-        model_node = OmegaConf.create(config["model"])
+        model_node = OmegaConf.create(model_config(config["model"]))
         modules = Modules.build(model_node, data, context.device, channels_last=None)
         load_weights(modules.model, weights)
         placement = context.placement(modules.channels_last)

@@ -129,10 +129,11 @@ class BatchTransform:
         horizontal_flip: bool = False,
         channels_last: bool = False,
     ) -> None:
-        # Fold the /255 into the affine map: x_float = x * scale + shift.
-        std_t = torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
-        mean_t = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
-        self.scale = 1.0 / (255.0 * std_t)
+        # Fold the /255 of uint8 pixels into the affine map: x_float = x * scale + shift (float
+        # inputs, such as a CSV's features, are in their own units: no /255).
+        std_t = torch.tensor(std, dtype=torch.float32, device=device)
+        mean_t = torch.tensor(mean, dtype=torch.float32, device=device)
+        self.scale = {True: 1.0 / (255.0 * std_t), False: 1.0 / std_t}  # by "is it uint8?"
         self.shift = -mean_t / std_t
         self.device = device
         self.crop_padding = crop_padding
@@ -140,9 +141,13 @@ class BatchTransform:
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 images on the device → normalised floats, without a second full-size copy."""
-        images = images.to(self.device).to(torch.float32, memory_format=self.memory_format)
-        return images.mul_(self.scale).add_(self.shift)
+        """uint8 images (or float inputs) on the device → normalised floats, per channel (per
+        feature for inputs of shape (F,)), without a second full-size copy."""
+        per_channel = (1, -1) + (1,) * (images.dim() - 2)
+        scale = self.scale[images.dtype == torch.uint8].view(per_channel)
+        layout = self.memory_format if images.dim() == 4 else torch.contiguous_format
+        images = images.to(self.device).to(torch.float32, memory_format=layout, copy=True)
+        return images.mul_(scale).add_(self.shift.view(per_channel))
 
     def augment(self, images: torch.Tensor, seed: int) -> torch.Tensor:
         """Random crops (padded with 0, the dataset mean) and flips, drawn from ``seed``."""
@@ -398,8 +403,12 @@ class Batching:
 class Data:
     """A dataset's splits plus how to batch them; what every ``conf/data/*.yaml`` builds."""
 
-    def __init__(self, name: str, splits: Splits, num_classes: int, batching: Batching) -> None:
+    def __init__(
+        self, name: str, splits: Splits, num_classes: int, batching: Batching,
+        classes: Sequence[str] | None = None,
+    ) -> None:  # fmt: skip
         self.name = name
+        self.classes = list(classes) if classes is not None else None  # names, when known
         self.splits = {"train": splits.train, "val": splits.val, "test": splits.test}
         self.num_classes = num_classes
         self.input_shape = splits.train.input_shape  # (C, H, W)
@@ -418,6 +427,11 @@ class Data:
         self.eval_batch_size = batching.eval_batch_size
         self.crop_padding = int(batching.augment["crop_padding"])
         self.horizontal_flip = bool(batching.augment["horizontal_flip"])
+        if (self.crop_padding or self.horizontal_flip) and len(self.input_shape) != 3:
+            raise UserError(
+                f"data.augment.crop_padding and horizontal_flip crop and flip images, and "
+                f"{name}'s inputs are {tuple(self.input_shape)}, not (C, H, W); turn them off"
+            )
         self.mixing = Mixing.from_augment(batching.augment)  # MixUp/CutMix; None when off
         if self.mixing and self.mixing.cutmix_alpha > 0 and len(self.input_shape) != 3:
             raise UserError(

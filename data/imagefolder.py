@@ -137,4 +137,4 @@ def load_imagefolder(
     held = ImageCache(cache, cache_max_gb, folder, batching["num_workers"])
     splits = {name: held.hold(name, split) for name, split in files.items()}
     splits = Splits(splits["train"], splits["val"], splits.get("test"))
-    return Data(f"imagefolder {base}", splits, len(classes), Batching(**batching))
+    return Data(f"imagefolder {base}", splits, len(classes), Batching(**batching), classes)

@@ -48,7 +48,7 @@ def test_a_shape_the_model_cannot_take_names_the_layer():
 
 def test_wrong_number_of_outputs_is_caught():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
-    with pytest.raises(UserError, match=r"outputs shape \[3\] per sample, expected \[10\]"):
+    with pytest.raises(UserError, match=r"outputs \[3\] per sample, expected \[10\] class scores"):
         check_forward(model, (1, 8, 8), 10, torch.device("cpu"))
 
 

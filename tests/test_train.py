@@ -16,6 +16,7 @@ CHECKPOINT_KEYS = {
     "skipped_steps",
     "early_stopping",
     "ema",
+    "classes",
     "model",
     "optimizer",
     "scheduler",

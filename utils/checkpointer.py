@@ -80,14 +80,18 @@ class Parts:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """What a checkpoint records besides the state: the resolved config and the command
-    line's overrides."""
+    """What a checkpoint records besides the state: the resolved config, the command line's
+    overrides and the class names."""
 
     # Not named `config`: the joblib launcher sends train.py's functions with cloudpickle,
     # which takes `torch.distributed.config` for a submodule train() uses when `distributed`
     # and `config` are both among its names, and cannot pickle it.
     resolved: dict
     overrides: list[str]
+    classes: list[str] | None = None  # the dataset's class names, when it has them
+
+    def with_classes(self, classes: list[str] | None) -> RunRecord:
+        return RunRecord(self.resolved, self.overrides, classes)
 
     @property
     def keep_top_k(self) -> int:
@@ -200,6 +204,7 @@ class Checkpointer:
             "monitor": self.monitor.name,
             "config": self.record.resolved,
             "overrides": self.record.overrides,
+            "classes": self.record.classes,
             "rng": rng[0],
             "rng_per_rank": rng,
             "world_size": len(rng),

@@ -191,6 +191,7 @@ def _number(cfg: DictConfig, key: str) -> float:
     return value
 
 
+OPTIONAL_KEYS = ("optim.weight_decay",)  # may be left out of a YAML (utils/optim.py)
 NULL_ALLOWED = ("trainer.cpu_threads", "trainer.early_stopping.patience", "trainer.ema.decay")
 
 
@@ -218,6 +219,8 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
     for key, ok, expected in rules:
         if OmegaConf.select(cfg, key) is None and key in NULL_ALLOWED:
             continue
+        if key in OPTIONAL_KEYS and OmegaConf.select(cfg, key, default=...) is ...:
+            continue  # left out: its documented default (utils/optim.py)
         value = _number(cfg, key)
         if not ok(value):
             raise UserError(f"{key}={value} is out of range: it must be {expected}")
@@ -250,7 +253,10 @@ SUPPLIED = {
     "precision": ("device",),
     "task": (),  # finished with the data and device by Classification.loss_for
 }
-OPTIM_KEYS_OF_OURS = ("decay_bias_and_norm",)  # read by utils/optim.py, not the optimizer
+OPTIM_KEYS_OF_OURS = (
+    "decay_bias_and_norm",
+    "backbone_lr_scale",
+)  # read by utils/optim.py, not the optimizer
 
 
 def check_groups(cfg: DictConfig) -> None:
@@ -281,7 +287,18 @@ def _try_optimizer_and_schedule(cfg: DictConfig) -> None:
 
     from utils.optim import build_optimizer
 
-    stand_in = torch.nn.Linear(1, 1)
+    class StandIn(torch.nn.Module):  # a backbone and a head, as optim.backbone_lr_scale needs
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone, self.head = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+
+        def head_parameters(self):
+            return self.head.parameters()
+
+        def backbone_parameters(self):
+            return self.backbone.parameters()
+
+    stand_in = StandIn()
     try:
         optimizer = build_optimizer(stand_in, cfg.optim)
     except (ValueError, TypeError) as error:

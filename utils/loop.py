@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from utils import debug, distributed, report
+from utils.checkpoint import unwrap
 from utils.checkpointer import Parts
 from utils.memory import collect_cycles, cycle_collection_by_the_loop, out_of_memory
 from utils.progress import data_wait_advice
@@ -62,6 +63,9 @@ class Loop:
         accumulate = self.trainer.accumulate_grad_batches
         epoch_start, step_before = time.perf_counter(), state.global_step
         wait_before = progress.data_wait.seconds
+        set_epoch = getattr(unwrap(self.parts.model), "set_epoch", None)
+        if set_epoch:  # a model that trains differently by epoch (model.freeze_backbone_epochs)
+            set_epoch(state.epoch)
         try:
             finished = self._steps(batches)
         except torch.OutOfMemoryError:

@@ -11,8 +11,9 @@ from utils.errors import UserError
 
 
 def check_forward(
-    model: nn.Module, input_shape: Sequence[int], num_classes: int, device: torch.device
-) -> None:
+    model: nn.Module, input_shape: Sequence[int], num_classes: int, device: torch.device,
+    builder: str = "the model",
+) -> None:  # fmt: skip
     """Run a 2-sample dummy batch through ``model`` so an input shape it cannot take fails now,
     naming the layer, instead of at the first training step."""
     entered: list[tuple[str, nn.Module]] = []
@@ -38,10 +39,12 @@ def check_forward(
         for hook in hooks:
             hook.remove()
         model.train(was_training)
-    if tuple(output.shape) != (2, num_classes):
+    if not isinstance(output, torch.Tensor) or tuple(output.shape) != (2, num_classes):
+        got = list(output.shape[1:]) if isinstance(output, torch.Tensor) else type(output).__name__
         raise UserError(
-            f"the model outputs shape {list(output.shape[1:])} per sample, expected "
-            f"[{num_classes}] class scores"
+            f"{builder} outputs {got} per sample, expected [{num_classes}] class scores (the "
+            f"dataset's classes): make its last layer give {num_classes} outputs, or take a "
+            "num_classes argument"
         )
 
 

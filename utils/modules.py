@@ -18,6 +18,7 @@ from utils import distributed
 from utils.compilation import compile_or_eager
 from utils.config import build
 from utils.device import wants_channels_last
+from utils.errors import UserError
 from utils.model_check import check_forward
 
 
@@ -36,14 +37,20 @@ class Modules:
     ) -> Modules:
         """The model of config ``node``, its shapes taken from ``data``, on ``device`` in the
         layout ``channels_last`` asks for (null: the fast one), checked by one dummy forward."""
-        model = build(node, input_shape=data.input_shape, num_classes=data.num_classes)
+        shapes = {"input_shape": tuple(data.input_shape), "num_classes": data.num_classes}
+        model = build(node, **accepted_by(node["_target_"], shapes))
         layout = wants_channels_last(model, device, channels_last)
         model = model.to(device, memory_format=torch.channels_last if layout else None)
-        check_forward(model, data.input_shape, data.num_classes, device)
+        check_forward(model, data.input_shape, data.num_classes, device, str(node["_target_"]))
         return cls(model, layout, device, tuple(data.input_shape), model, model)
 
     def wrap_for_steps(self, processes: distributed.Processes, trainer: Any) -> None:
         """DDP around the model for several processes, then torch.compile if asked."""
+        if processes.enabled and getattr(self.model, "freeze_backbone_epochs", 0):
+            raise UserError(
+                "model.freeze_backbone_epochs changes which parameters train mid-run, which DDP "
+                "cannot follow; set it to 0 under torchrun (optim.backbone_lr_scale works)"
+            )
         step_model = distributed.wrap(self.model, processes, self.device, trainer.sync_batchnorm)
         if trainer.compile:
             step_model = compile_or_eager(
@@ -51,3 +58,17 @@ class Modules:
             )
         self.step_model = step_model
         self.eval_model = step_model if not processes.enabled else self.model
+
+
+def accepted_by(target: str, supplied: dict[str, Any]) -> dict[str, Any]:
+    """The ``supplied`` arguments (the dataset's ``input_shape``, ``num_classes``) that the
+    builder ``target`` names takes: any ``nn.Module`` class or function works, whether its
+    signature asks for them or not (the dummy forward then checks its output instead)."""
+    import inspect
+
+    from hydra._internal.utils import _locate
+
+    parameters = inspect.signature(_locate(target)).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return supplied
+    return {name: value for name, value in supplied.items() if name in parameters}

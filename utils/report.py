@@ -119,9 +119,10 @@ def log_sample_grid(writer, images: torch.Tensor, labels: torch.Tensor, data, co
     images, labels = images[:count].float().cpu(), labels[:count].cpu()
     if labels.is_floating_point():  # MixUp/CutMix targets: the class of the larger share
         labels = labels.argmax(dim=1)
-    mean = torch.tensor(data.mean).view(1, -1, 1, 1)
-    std = torch.tensor(data.std).view(1, -1, 1, 1)
-    shown = (images * std + mean).clamp(0, 1)
-    writer.add_image("train/samples", image_grid(shown, columns=8), 0)
+    if images.dim() == 4:  # images (a table's rows have no picture)
+        mean = torch.tensor(data.mean).view(1, -1, 1, 1)
+        std = torch.tensor(data.std).view(1, -1, 1, 1)
+        shown = (images * std + mean).clamp(0, 1)
+        writer.add_image("train/samples", image_grid(shown, columns=8), 0)
     rows = [" ".join(f"{label:>3}" for label in labels[i : i + 8].tolist()) for i in (0, 8)]
     writer.add_text("train/sample_labels", "row by row: " + " / ".join(rows), 0)

@@ -45,6 +45,13 @@ def read_checkpoint(path: Path, config_path: str | None, which: str = "auto") ->
     return config, weights
 
 
+def model_config(stored: dict) -> dict:
+    """The stored model node to rebuild the model from, without the pretrained ``weights`` it
+    started from: the checkpoint's own weights replace them, and the stored path (or hub name)
+    is never read."""
+    return {**stored, "weights": None} if "weights" in stored else stored
+
+
 def chosen_weights(checkpoint: dict, which: str, path: Path) -> dict:
     """The weights ``which`` names (see :func:`read_checkpoint`)."""
     ema = checkpoint.get("ema")

@@ -1,0 +1,107 @@
+"""Inputs and labels already in arrays (``data=tensors``): ``x`` and ``y`` from a ``.npz`` or a
+``.pt`` file.
+
+    python train.py data=tensors data.path=features.npz model=mlp
+    python train.py data=tensors data.path=images.pt model=cnn
+
+``x`` is [N, C, H, W] uint8 images or [N, ...] numbers; ``y`` is [N] integer class indices.
+``x_val``/``y_val`` and ``x_test``/``y_test`` in the same file are the val and test splits;
+a split the file does not hold is held out of ``x`` by the seeded ``split``. A ``.pt`` file is
+read with ``torch.load(weights_only=True)`` and a ``.npz`` with ``allow_pickle=False``, so a
+file from elsewhere can hold arrays and nothing that runs. ``mean: null`` and ``std: null``
+standardise each channel (each feature of [N, F] inputs) with the train split's statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from data.batches import Batching, Data, Splits, TensorSplit, holdout
+from utils.errors import UserError
+
+SPLIT_KEYS = {"train": ("x", "y"), "val": ("x_val", "y_val"), "test": ("x_test", "y_test")}
+
+
+def read_arrays(path: Path) -> dict[str, torch.Tensor]:
+    """The arrays of a ``.npz`` or ``.pt`` file, by name, loaded so that nothing can run."""
+    if not path.is_file():
+        raise UserError(f"no tensors file at {path}; check data.path")
+    try:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as arrays:
+                loaded: Any = {key: torch.from_numpy(arrays[key].copy()) for key in arrays.files}
+        elif path.suffix == ".pt":
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            raise UserError(f"{path}: data=tensors reads .npz or .pt files")
+    except UserError:
+        raise
+    except Exception as error:
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else "unreadable"
+        raise UserError(f"cannot read {path} as arrays ({reason}); save x and y with numpy.savez "
+                        "or torch.save of a dict of tensors") from None  # fmt: skip
+    if not isinstance(loaded, Mapping) or not all(
+        isinstance(v, torch.Tensor) for v in loaded.values()
+    ):
+        raise UserError(f"{path} must hold a dict of arrays named x and y (and optionally "
+                        "x_val, y_val, x_test, y_test)")  # fmt: skip
+    return dict(loaded)
+
+
+def split_of(arrays: Mapping[str, torch.Tensor], name: str, path: Path) -> TensorSplit | None:
+    x_key, y_key = SPLIT_KEYS[name]
+    if x_key not in arrays and y_key not in arrays:
+        if name == "train":
+            raise UserError(f"{path} holds no x and y (it holds {', '.join(arrays)})")
+        return None
+    if x_key not in arrays or y_key not in arrays:
+        raise UserError(f"{path} holds {x_key if x_key in arrays else y_key} without its pair")
+    x, y = arrays[x_key], arrays[y_key]
+    if x.dim() < 2:
+        raise UserError(f"{path}: {x_key} must be [N, features] or [N, C, H, W], not "
+                        f"shape {list(x.shape)}")  # fmt: skip
+    if y.dim() != 1 or len(y) != len(x):
+        raise UserError(f"{path}: {y_key} must be [N] labels for {x_key}'s {len(x)} samples, "
+                        f"not shape {list(y.shape)}")  # fmt: skip
+    if x.dtype != torch.uint8:
+        x = x.float()
+        if not bool(torch.isfinite(x).all()):
+            raise UserError(f"{path}: {x_key} holds NaN or Inf values; clean them first")
+    return TensorSplit(x, y)
+
+
+def load_tensors(path: str, num_classes: int | None, split: Mapping[str, Any],
+                 mean: Sequence[float] | None, std: Sequence[float] | None, **batching) -> Data:  # fmt: skip
+    """conf/data/tensors.yaml. ``num_classes``: null = the largest label + 1."""
+    file = Path(path)
+    arrays = read_arrays(file)
+    samples = split_of(arrays, "train", file)
+    files = {name: split_of(arrays, name, file) for name in ("val", "test")}
+    cut = [name for name, found in files.items() if found is None]
+    sizes = [max(1, round(split[name] * len(samples))) for name in cut]
+    train, *parts = holdout(samples, sizes, split["seed"]) if cut else (samples,)
+    files.update(zip(cut, parts, strict=True))
+    labels = torch.cat([train.labels, files["val"].labels, files["test"].labels])
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise UserError(f"{file}: labels must be integer class indices, not {labels.dtype}")
+    classes = num_classes if num_classes is not None else int(labels.max()) + 1
+    if mean is None or std is None:
+        mean, std = channel_statistics(train.inputs)
+    batching = Batching(mean=list(mean), std=list(std), **batching)
+    return Data(f"tensors {file.name}", Splits(train, files["val"], files["test"]), classes,
+                batching)  # fmt: skip
+
+
+def channel_statistics(inputs: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Mean and std of each channel (dim 1; each feature of [N, F]), in the units
+    normalisation uses: [0, 1] pixel units for uint8 images, the values' own otherwise."""
+    values = inputs.float() / 255 if inputs.dtype == torch.uint8 else inputs.float()
+    values = values.transpose(0, 1).reshape(values.shape[1], -1)
+    std = values.std(dim=1).nan_to_num(1.0)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return values.mean(dim=1).tolist(), std.tolist()

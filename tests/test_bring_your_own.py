@@ -1,0 +1,274 @@
+"""Bring your own model and optimizer: one Python file and one YAML each, nothing else. The
+dataset's ``input_shape`` and ``num_classes`` go only to builders that take them; optional
+optimizer keys have their documented defaults (utils/optim.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import EVALUATE, read_metrics, run_python, run_train
+
+from data.batches import Placement
+from utils.checkpoint import load_checkpoint
+
+
+def user_conf(root: Path, files: dict[str, str]) -> str:
+    """A config folder of the user's own YAMLs, found through Hydra's search path."""
+    for name, text in files.items():
+        path = root / "conf" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return f"hydra.searchpath=[file://{root / 'conf'}]"
+
+
+def test_the_pytorch_examples_net_trains_unchanged_with_a_one_line_yaml(tmp_path, mnist_root):
+    search = user_conf(tmp_path, {
+        "model/examples_net.yaml": "_target_: examples_net.Net\n",
+        "optim/adadelta.yaml": "_target_: torch.optim.Adadelta\n_partial_: true\nlr: 1.0\n",
+    })  # fmt: skip
+    result = run_train(tmp_path, search, "model=examples_net", "optim=adadelta", "data=mnist",
+                       f"data.root={mnist_root}", "data.val_size=16", "data.batch_size=16",
+                       "scheduler=step", "trainer.max_epochs=2", "run_name=net")  # fmt: skip
+    assert "input_shape" not in result.stderr
+    metrics = read_metrics(tmp_path / "runs" / "net")
+    assert metrics["epochs"] == 2 and metrics["status"] == "completed" and "test/acc" in metrics
+    checkpoint = load_checkpoint(tmp_path / "checkpoints" / "net" / "last.pt")
+    assert "fc2.weight" in checkpoint["model"]
+    groups = checkpoint["optimizer"]["param_groups"]
+    # No weight_decay key: Adadelta's own default (0); decay_bias_and_norm's default (false)
+    # keeps biases in their own group.
+    assert [g["weight_decay"] for g in groups] == [0.0, 0.0] and groups[0]["lr"] > 0
+
+
+def test_a_model_with_the_wrong_number_of_outputs_names_expected_and_actual(tmp_path):
+    search = user_conf(tmp_path, {"model/three.yaml": "_target_: examples_net.three_outputs\n"})
+    result = run_train(tmp_path, search, "model=three", "trainer.max_epochs=1", ok=False)
+    assert result.returncode == 2
+    assert ("examples_net.three_outputs outputs [3] per sample, expected [10] class scores"
+            in result.stderr)  # fmt: skip
+    assert not list(tmp_path.rglob("*.pt"))
+
+
+def test_builders_that_take_the_shapes_still_get_them():
+    from utils.modules import accepted_by
+
+    shapes = {"input_shape": (1, 8, 8), "num_classes": 10}
+    assert accepted_by("models.mlp.mlp", shapes) == shapes
+    assert accepted_by("examples_net.Net", shapes) == {}
+    assert accepted_by("torch.nn.Linear", {"in_features": 3, "num_classes": 2}) == {
+        "in_features": 3
+    }
+
+
+# --- Bring your own data: a CSV table, arrays in a file ------------------------------------
+
+
+def write_table(path: Path, rows: int = 240, seed: int = 0, delimiter: str = ",") -> Path:
+    """Two numeric features on very different scales, a categorical one, named labels."""
+    import random
+
+    rng = random.Random(seed)
+    lines = [delimiter.join(["size", "weight", "colour", "kind"])]
+    for _ in range(rows):
+        size, weight, colour = rng.gauss(0, 1), rng.gauss(500, 100), rng.choice("rgb")
+        kind = "big" if size + (weight - 500) / 100 + (colour == "r") > 0.3 else "small"
+        lines.append(delimiter.join([f"{size:.4f}", f"{weight:.2f}", colour, kind]))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+CSV_RUN = ["data=csv", "data.path=table.csv", "data.target=kind", "data.categorical=[colour]",
+           "data.batch_size=16", "model.hidden_sizes=[16]"]  # fmt: skip
+
+
+def test_a_csv_table_trains_evaluates_and_keeps_its_class_names(tmp_path):
+    write_table(tmp_path / "table.csv")
+    result = run_train(tmp_path, *CSV_RUN, "trainer.max_epochs=4", "run_name=csv")
+    assert "4 features (size, weight, colour=b, colour=g, colour=r)" not in result.stdout
+    assert "5 features (size, weight, colour=b, colour=g, colour=r), 2 classes" in result.stdout
+    metrics = read_metrics(tmp_path / "runs" / "csv")
+    assert metrics["test/acc"] > 0.8  # the rule is learnable from standardised features
+    checkpoint = load_checkpoint(tmp_path / "checkpoints" / "csv" / "best.pt")
+    assert checkpoint["classes"] == ["big", "small"]
+    evaluated = run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/csv/best.pt", "runs=eval")
+    assert f"{metrics['test/acc']:.4f}" in evaluated.stdout
+
+
+def test_csv_features_are_standardised_with_the_train_split_alone(tmp_path):
+    from data.tabular import load_csv
+
+    write_table(tmp_path / "table.csv")
+    split = {"val_path": None, "test_path": None, "val": 0.25, "test": 0.25, "seed": 0}
+    data = load_csv(str(tmp_path / "table.csv"), "kind", None, ["colour"], split, batch_size=8,
+                    eval_batch_size=64, augment={"crop_padding": 0, "horizontal_flip": False})  # fmt: skip
+    train = data.splits["train"].inputs
+    everything = torch.cat([train, data.splits["val"].inputs, data.splits["test"].inputs])
+    assert data.mean == pytest.approx(train.mean(dim=0).tolist(), rel=1e-5)
+    assert data.mean != pytest.approx(everything.mean(dim=0).tolist(), rel=1e-5)
+    assert data.sizes() == {"train": 120, "val": 60, "test": 60}
+    batch, _ = next(data.batches("train", Placement(torch.device("cpu")), seed=0).epoch(0))
+    assert batch.shape == (8, 5) and batch[:, 1].abs().max() < 10  # weight ~500 is rescaled
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda t: t.replace("0.", "zero.", 1), "line 2, column 'size': 'zero.", ),
+    (lambda t: t.replace(",r,", ",,", 1).replace("colour", "colour", 1), None),
+])  # fmt: skip
+def test_a_value_that_is_not_a_number_names_its_column_and_line(tmp_path, edit, message):
+    table = write_table(tmp_path / "table.csv")
+    table.write_text(edit(table.read_text()))
+    overrides = CSV_RUN if message else [o for o in CSV_RUN if "categorical" not in o]
+    result = run_train(tmp_path, *overrides, "trainer.max_epochs=1", ok=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    if message:
+        assert message in line and "is not a number" in line
+    else:  # colour holds letters: not a number unless listed in data.categorical
+        assert "column 'colour'" in line and "data.categorical" in line
+
+
+def test_separate_tsv_files_for_val_and_test_and_an_unknown_label(tmp_path):
+    for name, seed in (("train.tsv", 0), ("val.tsv", 1), ("test.tsv", 2)):
+        write_table(tmp_path / name, rows=80, seed=seed, delimiter="\t")
+    files = ["data=csv", "data.path=train.tsv", "data.split.val_path=val.tsv",
+             "data.split.test_path=test.tsv", "data.target=kind", "data.categorical=[colour]"]  # fmt: skip
+    result = run_train(tmp_path, *files, "trainer.max_epochs=1", "run_name=tsv")
+    assert "{'train': 80, 'val': 80, 'test': 80}" in result.stdout
+    test = tmp_path / "test.tsv"
+    test.write_text(test.read_text().replace("\tbig\n", "\thuge\n", 1))
+    bad = run_train(tmp_path, *files, "trainer.max_epochs=1", "run_name=bad", ok=False)
+    assert "test.tsv line" in bad.stderr and "kind='huge' is not a class" in bad.stderr
+
+
+def test_arrays_from_npz_and_pt_files_train(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 6)).astype(np.float32)
+    np.savez(tmp_path / "table.npz", x=x, y=(x[:, 0] + x[:, 1] > 0).astype(np.int64))
+    run_train(tmp_path, "data=tensors", "data.path=table.npz", "trainer.max_epochs=3",
+              "run_name=npz")  # fmt: skip
+    assert read_metrics(tmp_path / "runs" / "npz")["test/acc"] > 0.75
+    images = {"x": torch.randint(0, 256, (64, 1, 8, 8), dtype=torch.uint8),
+              "y": torch.randint(0, 3, (64,)), "x_test": torch.zeros(8, 1, 8, 8, dtype=torch.uint8),
+              "y_test": torch.zeros(8, dtype=torch.long)}  # fmt: skip
+    torch.save(images, tmp_path / "images.pt")
+    result = run_train(tmp_path, "data=tensors", "data.path=images.pt", "model=cnn",
+                       "data.batch_size=8", "trainer.max_epochs=1", "run_name=pt")  # fmt: skip
+    assert "{'train': 54, 'val': 10, 'test': 8}" in result.stdout
+
+
+class Touch:
+    """Unpickling this calls ``Path.touch``: what a hostile file would do with os.system."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_tensors_file_that_would_run_code_is_refused(tmp_path):
+    marker = tmp_path / "ran"
+    torch.save({"x": torch.zeros(4, 3), "y": Touch(marker)}, tmp_path / "evil.pt")
+    result = run_train(tmp_path, "data=tensors", "data.path=evil.pt", "trainer.max_epochs=1",
+                       ok=False)  # fmt: skip
+    assert result.returncode == 2 and "cannot read" in result.stderr and "evil.pt" in result.stderr
+    assert not marker.exists()
+
+
+def test_an_interrupted_csv_run_resumes_bit_identically(tmp_path):
+    from test_resume import assert_same_run, interrupt_and_resume
+
+    write_table(tmp_path / "table.csv")
+    run = [*CSV_RUN, "model._target_=signalling_model.mlp", "model.dropout=0.3",
+           "trainer.max_epochs=3", "trainer.log_every_n_steps=2"]  # fmt: skip
+    run_train(tmp_path, *run, "run_name=straight")
+    position = interrupt_and_resume(tmp_path, run, "cut", at=13)  # 10 batches an epoch
+    assert (position["epoch"], position["batch_in_epoch"]) == (1, 3)
+    assert_same_run(tmp_path, "straight", "cut")
+
+
+# --- torchvision models ----------------------------------------------------------------------
+
+
+def test_a_torchvision_model_is_fitted_to_the_data_from_a_local_state_dict(tmp_path):
+    import torchvision
+
+    from models.pretrained import torchvision_model
+
+    saved = torchvision.models.resnet18().state_dict()
+    torch.save(saved, tmp_path / "resnet18.pth")
+    model = torchvision_model((1, 8, 8), 10, "resnet18", str(tmp_path / "resnet18.pth"), 0)
+    state = model.model.state_dict()
+    torch.testing.assert_close(state["conv1.weight"], saved["conv1.weight"].sum(1, keepdim=True))
+    assert state["fc.weight"].shape == (10, 512) and model.head == "fc"
+    for key in ("layer1.0.conv1.weight", "layer4.1.bn2.running_var"):
+        assert torch.equal(state[key], saved[key])
+    assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+    two = torchvision_model((2, 8, 8), 10, "resnet18", str(tmp_path / "resnet18.pth"), 0)
+    rgb = saved["conv1.weight"]
+    torch.testing.assert_close(two.model.conv1.weight, rgb.repeat(1, 1, 1, 1)[:, :2] * 1.5)
+
+
+def test_a_torchvision_weight_name_is_read_from_the_hub_cache_never_downloaded(
+    tmp_path, monkeypatch
+):
+    import torchvision
+
+    from models.pretrained import torchvision_model
+    from utils.errors import UserError
+
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    with pytest.raises(UserError, match=r"resnet18-f37072fd.pth is not in the torch hub cache"):
+        torchvision_model((3, 32, 32), 5, "resnet18", "DEFAULT", 0)
+    saved = torchvision.models.resnet18().state_dict()
+    (tmp_path / "hub" / "checkpoints").mkdir(parents=True)
+    torch.save(saved, tmp_path / "hub" / "checkpoints" / "resnet18-f37072fd.pth")
+    model = torchvision_model((3, 32, 32), 5, "resnet18", "IMAGENET1K_V1", 0)
+    assert torch.equal(model.model.conv1.weight, saved["conv1.weight"])
+    with pytest.raises(UserError, match=r"'IMAGENET9' is not a weight of resnet18"):
+        torchvision_model((3, 32, 32), 5, "resnet18", "IMAGENET9", 0)
+
+
+FROZEN = ["model=torchvision", "model.name=mobilenet_v3_small", "model.freeze_backbone_epochs=1",
+          "optim.backbone_lr_scale=0.1", "data.batch_size=128", "scheduler=none"]  # fmt: skip
+
+
+def test_a_frozen_backbone_keeps_its_weights_and_batchnorm_statistics_then_trains(tmp_path):
+    import torchvision
+
+    torch.save(torchvision.models.mobilenet_v3_small().state_dict(), tmp_path / "m.pth")
+    frozen = [*FROZEN, "model.weights=m.pth"]
+    run_train(tmp_path, *frozen, "trainer.max_epochs=1", "run_name=one")
+    saved = torch.load(tmp_path / "m.pth", weights_only=True)
+    after = load_checkpoint(tmp_path / "checkpoints" / "one" / "last.pt")
+    groups = after["optimizer"]["param_groups"]
+    assert sorted({g["lr"] for g in groups}) == pytest.approx([0.0002, 0.002])
+    head = "model.classifier.3."
+    for key, value in after["model"].items():
+        name = key.removeprefix("model.")
+        if key.startswith(head) or name == "features.0.0.weight":  # new classifier, refit stem
+            continue
+        assert torch.equal(value, saved[name]), key  # weights and BatchNorm statistics
+    assert not torch.equal(after["model"][head + "weight"], torch.zeros(1))
+    run_train(tmp_path, *frozen, "trainer.max_epochs=2", "run_name=one", "resume=auto")
+    thawed = load_checkpoint(tmp_path / "checkpoints" / "one" / "last.pt")["model"]
+    assert not torch.equal(thawed["model.features.1.block.0.0.weight"],
+                           saved["features.1.block.0.0.weight"])  # fmt: skip
+    assert not torch.equal(thawed["model.features.1.block.0.1.running_mean"],
+                           saved["features.1.block.0.1.running_mean"])  # fmt: skip
+
+
+def test_a_run_interrupted_before_and_after_the_thaw_resumes_bit_identically(tmp_path):
+    from test_resume import assert_same_run, interrupt_and_resume
+
+    run = [*FROZEN, "model._target_=signalling_model.torchvision_model", "trainer.max_epochs=2",
+           "trainer.log_every_n_steps=2"]  # fmt: skip
+    run_train(tmp_path, *run, "run_name=straight")
+    for name, at, position in (("frozen", 4, (0, 4)), ("thawed", 13, (1, 4))):  # 9 batches an epoch
+        cut = interrupt_and_resume(tmp_path, run, name, at)
+        assert (cut["epoch"], cut["batch_in_epoch"]) == position
+        assert_same_run(tmp_path, "straight", name)
