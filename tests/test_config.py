@@ -33,15 +33,18 @@ def make_config(*overrides: str):
 
 
 def test_each_group_has_the_options_the_readme_promises():
-    assert options("model") == ["cnn", "mlp", "resnet18"]
+    assert options("model") == ["cnn", "mlp", "resnet18", "torchvision"]
     assert options("data") == [
         "cifar10",
+        "csv",
         "digits",
         "fashion_mnist",
         "imagefolder",
         "mnist",
         "synthetic",
+        "tensors",
     ]
+    assert options("task") == ["classification"]
     assert options("optim") == ["adam", "adamw", "sgd"]
     assert options("scheduler") == ["cosine", "none", "onecycle", "plateau", "step"]
     assert options("precision") == ["auto", "bf16", "fp16", "fp32"]
@@ -56,8 +59,15 @@ def test_every_model_builds_for_every_image_size(model, shape):
 
 
 @pytest.mark.parametrize("data", options("data"))
-def test_every_dataset_builds(data, mnist_root, fashion_root, cifar_root, imagefolder_root):
+def test_every_dataset_builds(
+    data, mnist_root, fashion_root, cifar_root, imagefolder_root, tmp_path
+):
+    lines = ["a,b,label"] + [f"{i % 7},{i % 3},{'xy'[i % 2]}" for i in range(60)]
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
+    torch.save({"x": torch.randn(60, 5), "y": torch.arange(60) % 3}, tmp_path / "a.pt")
     roots = {
+        "csv": [f"data.path={tmp_path / 't.csv'}", "data.target=label"],
+        "tensors": [f"data.path={tmp_path / 'a.pt'}"],
         "mnist": ["data.root=" + str(mnist_root), "data.val_size=16"],
         "fashion_mnist": ["data.root=" + str(fashion_root), "data.val_size=16"],
         "cifar10": ["data.root=" + str(cifar_root), "data.val_size=20"],

@@ -142,29 +142,3 @@ class DropoutProbe(nn.Module):
 
 def dropout_probe(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
     return DropoutProbe(plain_mlp(input_shape, num_classes, hidden_sizes, dropout, init))
-
-
-class SignalAtFineTuned(SignalAt):
-    """A torchvision model (models/pretrained.py) that signals like :class:`SignalAt`, and
-    freezes its backbone by epoch as the original does."""
-
-    def set_epoch(self, epoch: int) -> None:
-        self.inner.set_epoch(epoch)
-
-    def head_parameters(self):
-        return self.inner.head_parameters()
-
-    def backbone_parameters(self):
-        return self.inner.backbone_parameters()
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self.inner.train(mode)
-        return self
-
-
-def torchvision_model(input_shape, num_classes, name, weights, freeze_backbone_epochs):
-    from models.pretrained import torchvision_model as plain
-
-    inner = plain(input_shape, num_classes, name, weights, freeze_backbone_epochs)
-    return SignalAtFineTuned(inner)
