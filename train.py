@@ -116,7 +116,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were
         return tune(cfg.tune, parts, batches.train, data, out)
     state = TrainState()
-    record = run.record.with_classes(data.classes)  # what a checkpoint holds beside the state
+    record = run.record.with_inputs(data.input_record())  # for predict.py, beside the state
     checkpointer = Checkpointer(run.checkpoint_dir, parts, state, monitor, record,
                                 writes=out.writes_events)  # fmt: skip
     checkpointer.start(run, cfg.seed, cfg.init_from)

@@ -409,6 +409,7 @@ class Data:
     ) -> None:  # fmt: skip
         self.name = name
         self.classes = list(classes) if classes is not None else None  # names, when known
+        self.table: dict | None = None  # a table's column encoding (data/tabular.py)
         self.splits = {"train": splits.train, "val": splits.val, "test": splits.test}
         self.num_classes = num_classes
         self.input_shape = splits.train.input_shape  # (C, H, W)
@@ -462,6 +463,12 @@ class Data:
     def test_split(self) -> str:
         """The split a run is finally tested on: test, or val when the dataset has none."""
         return "test" if self.splits["test"] is not None else "val"
+
+    def input_record(self) -> dict:
+        """How inputs reach the model, for checkpoints: predict.py rebuilds the evaluation
+        transform from this alone (utils/predictions.py)."""
+        return {"shape": list(self.input_shape), "mean": list(self.mean), "std": list(self.std),
+                "num_classes": self.num_classes, "classes": self.classes, "table": self.table}  # fmt: skip
 
     def train_labels(self) -> torch.Tensor:
         """The train split's class indices (for class weights)."""

@@ -79,6 +79,31 @@ class Columns:
             name: sorted({row[header.index(name)].strip() for row in rows}) for name in categorical
         }
 
+    def record(self) -> dict:
+        """What rebuilds this encoding without the train file (checkpoints keep it)."""
+        return {"target": self.target, "numeric": self.numeric, "categories": self.categories,
+                "classes": self.classes}  # fmt: skip
+
+    @classmethod
+    def from_record(cls, record: dict) -> Columns:
+        """The encoding a checkpoint recorded (untrusted: its types are checked)."""
+
+        def names(value: Any) -> bool:
+            return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+        categories = record.get("categories")
+        ok = (isinstance(record.get("target"), str) and names(record.get("numeric"))
+              and names(record.get("classes")) and isinstance(categories, dict)
+              and all(isinstance(k, str) and names(v) for k, v in categories.items()))  # fmt: skip
+        if not ok:
+            raise UserError("the checkpoint's table record is not what torchloom writes (was "
+                            "it edited?)")  # fmt: skip
+        columns = cls.__new__(cls)
+        columns.target, columns.numeric = record["target"], record["numeric"]
+        columns.categorical, columns.categories = list(categories), categories
+        columns.classes = record["classes"]
+        return columns
+
     @property
     def feature_names(self) -> list[str]:
         one_hot = [
@@ -88,20 +113,27 @@ class Columns:
 
     def encode(self, header: list[str], rows: list[list[str]], path: Path) -> TensorSplit:
         """``rows`` of a file with ``header`` as features [N, F] (float32) and labels [N]."""
-        for name in [self.target, *self.numeric, *self.categorical]:
+        if self.target not in header:
+            raise UserError(f"{path} has no column {self.target!r}, which the train file has")
+        at, class_of = header.index(self.target), {name: i for i, name in enumerate(self.classes)}
+        labels = torch.empty(len(rows), dtype=torch.long)
+        for n, row in enumerate(rows):
+            label = row[at].strip()
+            if label not in class_of:
+                raise UserError(f"{path} line {n + 2}: {self.target}={label!r} is not a class "
+                                f"of the train split ({', '.join(self.classes[:10])}...)")  # fmt: skip
+            labels[n] = class_of[label]
+        return TensorSplit(self.features(header, rows, path), labels)
+
+    def features(self, header: list[str], rows: list[list[str]], path: Path) -> torch.Tensor:
+        """The feature columns of ``rows`` encoded as training encoded them: [N, F] float32."""
+        for name in [*self.numeric, *self.categorical]:
             if name not in header:
                 raise UserError(f"{path} has no column {name!r}, which the train file has")
         index = {name: i for i, name in enumerate(header)}
-        class_of = {name: i for i, name in enumerate(self.classes)}
         features = torch.zeros(len(rows), len(self.feature_names))
-        labels = torch.empty(len(rows), dtype=torch.long)
         for n, row in enumerate(rows):
             line = n + 2  # the header is line 1
-            label = row[index[self.target]].strip()
-            if label not in class_of:
-                raise UserError(f"{path} line {line}: {self.target}={label!r} is not a class of "
-                                f"the train split ({', '.join(self.classes[:10])}...)")  # fmt: skip
-            labels[n] = class_of[label]
             for f, name in enumerate(self.numeric):
                 features[n, f] = _number(row[index[name]], name, path, line)
             offset = len(self.numeric)
@@ -110,7 +142,7 @@ class Columns:
                 if value in values:
                     features[n, offset + values.index(value)] = 1.0
                 offset += len(values)
-        return TensorSplit(features, labels)
+        return features
 
 
 def _is_int(value: str) -> bool:
@@ -158,4 +190,6 @@ def load_csv(path: str, target: str, features: Sequence[str] | None,
              len(columns.classes))  # fmt: skip
     batching = Batching(mean=mean, std=std, **batching)
     splits = Splits(train, val, test)
-    return Data(f"csv {train_path.name}", splits, len(columns.classes), batching, columns.classes)
+    data = Data(f"csv {train_path.name}", splits, len(columns.classes), batching, columns.classes)
+    data.table = columns.record()
+    return data

@@ -17,6 +17,7 @@ CHECKPOINT_KEYS = {
     "early_stopping",
     "ema",
     "classes",
+    "inputs",
     "model",
     "optimizer",
     "scheduler",

@@ -39,6 +39,7 @@ Showing and measuring
     progress     the progress bar and plain progress lines
     evaluation   loss and accuracy over a split; per-class scores
     eval_tables  evaluate.py's tables, confusion CSV and image
+    predictions  predict.py: the checkpoint's record of its inputs, new inputs read alike
     debug        the debug modes (conf/debug)
     finders      tune=lr and tune=batch_size
     doctor       python -m utils.doctor: is this machine ready?

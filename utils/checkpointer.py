@@ -81,17 +81,17 @@ class Parts:
 @dataclass(frozen=True)
 class RunRecord:
     """What a checkpoint records besides the state: the resolved config, the command line's
-    overrides and the class names."""
+    overrides, and how inputs reach the model (shape, normalisation, class names)."""
 
     # Not named `config`: the joblib launcher sends train.py's functions with cloudpickle,
     # which takes `torch.distributed.config` for a submodule train() uses when `distributed`
     # and `config` are both among its names, and cannot pickle it.
     resolved: dict
     overrides: list[str]
-    classes: list[str] | None = None  # the dataset's class names, when it has them
+    inputs: dict | None = None  # Data.input_record(): shape, normalisation, class names
 
-    def with_classes(self, classes: list[str] | None) -> RunRecord:
-        return RunRecord(self.resolved, self.overrides, classes)
+    def with_inputs(self, inputs: dict) -> RunRecord:
+        return RunRecord(self.resolved, self.overrides, inputs)
 
     @property
     def keep_top_k(self) -> int:
@@ -204,7 +204,8 @@ class Checkpointer:
             "monitor": self.monitor.name,
             "config": self.record.resolved,
             "overrides": self.record.overrides,
-            "classes": self.record.classes,
+            "classes": (self.record.inputs or {}).get("classes"),
+            "inputs": self.record.inputs,
             "rng": rng[0],
             "rng_per_rank": rng,
             "world_size": len(rng),

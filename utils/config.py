@@ -130,6 +130,21 @@ class EvaluateConfig:
 ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
 
 
+@dataclass
+class PredictConfig:
+    ckpt: Any = MISSING
+    input: Any = MISSING
+    out: str = MISSING
+    topk: int = MISSING
+    weights: str = MISSING
+    device: str = MISSING
+    batch_size: int = MISSING
+    runs: str = MISSING
+
+
+ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
+
+
 def resumed_run_name(resume: str | None, checkpoints_root: str, fresh: str) -> str:
     """``run_name`` when it is not given: resuming ``checkpoints/<name>/last.pt`` continues run
     ``<name>`` (same run dir, same checkpoint folder); otherwise ``fresh`` (a timestamp)."""

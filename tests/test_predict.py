@@ -1,0 +1,126 @@
+"""predict.py: predictions from the checkpoint alone, equal to what evaluate.py measures on the
+same files; one line for an input the checkpoint's data cannot read."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+from conftest import EVALUATE, ROOT, run_python, run_train, write_imagefolder
+from test_bring_your_own import write_table
+
+PREDICT = ROOT / "predict.py"
+IMAGES = ["data=imagefolder", "data.root=images", "data.image_size=[12,10]", "model=cnn",
+          "data.batch_size=8", "data.num_workers=0", "trainer.ema.decay=0.9",
+          "trainer.max_epochs=3"]  # fmt: skip
+
+
+def predictions(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def evaluated(cwd: Path, *args: str) -> dict:
+    run_python(cwd, str(EVALUATE), *args, "runs=eval-runs")
+    (found,) = (cwd / "eval-runs" / "eval").glob("*/metrics.json")
+    (result,) = json.loads(found.read_text()).values()
+    return result
+
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("predict")
+    write_imagefolder(cwd / "images", per_class=8)
+    run_train(cwd, *IMAGES, "run_name=img")
+    return cwd
+
+
+def test_predictions_on_an_image_folder_equal_evaluate_on_it(image_run):
+    cwd = image_run
+    result = run_python(cwd, str(PREDICT), "ckpt=checkpoints/img", "input=images/val",
+                        "out=val.csv", "topk=3", "runs=predict-runs")  # fmt: skip
+    assert "24 predictions from checkpoints/img/best.pt (auto weights)" in result.stdout
+    rows = predictions(cwd / "val.csv")
+    assert [r["input"] for r in rows[:2]] == ["cat/0.png", "cat/1.png"] and len(rows) == 24
+    truth = [r["input"].split("/")[0] for r in rows]
+    accuracy = sum(r["class1"] == t for r, t in zip(rows, truth, strict=True)) / len(rows)
+    true_p = [next(float(r[f"p{i}"]) for i in (1, 2, 3) if r[f"class{i}"] == t)
+              for r, t in zip(rows, truth, strict=True)]  # fmt: skip
+    loss = -sum(math.log(p) for p in true_p) / len(rows)
+    metrics = evaluated(cwd, "ckpt=checkpoints/img", "split=val")
+    assert accuracy == pytest.approx(metrics["val/acc"], abs=1e-6)
+    assert loss == pytest.approx(metrics["val/loss"], abs=1e-4)  # EMA weights, both by default
+    for r in rows:
+        assert sum(float(r[f"p{i}"]) for i in (1, 2, 3)) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_one_image_file_and_the_raw_weights(image_run):
+    cwd = image_run
+    run_python(cwd, str(PREDICT), "ckpt=checkpoints/img/best.pt", "input=images/val/dog/3.png",
+               "out=one.csv", "topk=1", "weights=raw", "runs=predict-runs")  # fmt: skip
+    (row,) = predictions(cwd / "one.csv")
+    assert row["input"] == "3.png" and row["class1"] in ("cat", "dog", "fox") and "p2" not in row
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda cwd: (cwd / "bad").mkdir() or (cwd / "bad" / "x.png").write_bytes(b"not a png"),
+     "cannot decode image bad/x.png"),
+    (lambda cwd: write_table(cwd / "bad.csv"), "is a table, but the checkpoint's model takes images"),
+])  # fmt: skip
+def test_an_input_the_checkpoint_cannot_read_is_one_line(image_run, tmp_path, make, message):
+    make(tmp_path)
+    target = "bad" if "decode" in message else "bad.csv"
+    result = run_python(tmp_path, str(PREDICT), f"ckpt={image_run / 'checkpoints' / 'img'}",
+                        f"input={target}", "runs=predict-runs", ok=False)  # fmt: skip
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "predictions.csv").exists()
+
+
+def test_predictions_on_a_table_equal_evaluate_on_it(tmp_path):
+    write_table(tmp_path / "train.csv", seed=0)
+    write_table(tmp_path / "test.csv", rows=60, seed=3)
+    run_train(tmp_path, "data=csv", "data.path=train.csv", "data.split.test_path=test.csv",
+              "data.target=kind", "data.categorical=[colour]", "trainer.max_epochs=3",
+              "run_name=table")  # fmt: skip
+    no_target = tmp_path / "rows.csv"
+    lines = (tmp_path / "test.csv").read_text().splitlines()
+    no_target.write_text("\n".join(",".join(line.split(",")[:3]) for line in lines) + "\n")
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/table", "input=rows.csv", "topk=1",
+               "runs=predict-runs")  # fmt: skip
+    rows = predictions(tmp_path / "predictions.csv")
+    assert [r["input"] for r in rows[:3]] == ["1", "2", "3"] and len(rows) == 60
+    truth = [line.split(",")[3] for line in lines[1:]]
+    accuracy = sum(r["class1"] == t for r, t in zip(rows, truth, strict=True)) / len(rows)
+    metrics = evaluated(tmp_path, "ckpt=checkpoints/table", "split=test")
+    assert accuracy == pytest.approx(metrics["test/acc"], abs=1e-6)
+
+
+def test_the_onnx_export_runs_in_onnxruntime_with_any_batch_size(image_run):
+    import numpy as np
+    import onnxruntime
+    import torch
+    from omegaconf import OmegaConf
+
+    from models.cnn import cnn
+    from utils.checkpoint import load_checkpoint
+
+    cwd = image_run
+    result = run_python(cwd, str(EVALUATE), "ckpt=checkpoints/img/best.pt", "export=model.onnx",
+                        "weights=raw", "runs=eval-export")  # fmt: skip
+    shown = " ".join(result.stdout.split())  # the console wraps long lines
+    assert "onnxruntime on batches of 1 and 8 differs from PyTorch by at most" in shown
+    checkpoint = load_checkpoint(cwd / "checkpoints" / "img" / "best.pt")
+    node = OmegaConf.create(checkpoint["config"]["model"])
+    model = cnn((3, 12, 10), 3, list(node.channels), node.dropout, node.init).eval()
+    model.load_state_dict(checkpoint["model"])  # weights=raw: the trained weights
+    session = onnxruntime.InferenceSession(str(cwd / "model.onnx"))
+    inputs = torch.randn(5, 3, 12, 10, generator=torch.Generator().manual_seed(1))
+    (got,) = session.run(None, {"input": inputs.numpy()})
+    assert got.shape == (5, 3)
+    assert np.abs(got - model(inputs).detach().numpy()).max() <= 1e-4
+    bad = run_python(cwd, str(EVALUATE), "ckpt=checkpoints/img/best.pt", "export=model.bin",
+                     "runs=eval-export", ok=False)  # fmt: skip
+    assert bad.returncode == 2 and "name a .onnx or a .safetensors file" in bad.stderr

@@ -1,0 +1,113 @@
+"""What predict.py needs besides the weights: the checkpoint's record of its inputs (shape,
+normalisation, class names, a table's columns), checked as untrusted data, and the inputs to
+predict on, read as the training data was."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from utils.errors import UserError
+
+IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
+TABLE_EXTENSIONS = {".csv", ".tsv", ".tab"}
+
+
+def _numbers(value: Any, count: int | None = None) -> bool:
+    ok = isinstance(value, list) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in value
+    )
+    return ok and (count is None or len(value) == count)
+
+
+@dataclass(frozen=True)
+class InputRecord:
+    """How the training data reached the model: ``input_shape``, per-channel ``mean`` and
+    ``std``, ``num_classes`` and their names, and for a table its columns (data/tabular.py)."""
+
+    input_shape: tuple[int, ...]
+    mean: list[float]
+    std: list[float]
+    num_classes: int
+    classes: list[str] | None
+    table: dict | None
+
+    @classmethod
+    def of(cls, checkpoint: dict, path: Path) -> InputRecord:
+        record = checkpoint.get("inputs")
+        if record is None:
+            raise UserError(f"{path} holds no record of its inputs (it was saved before "
+                            "predict.py); evaluate.py reads it, or train it one more epoch "
+                            "with resume=... to write one")  # fmt: skip
+        shape, classes = record.get("shape") if isinstance(record, dict) else None, None
+        ok = (
+            isinstance(record, dict)
+            and isinstance(shape, list) and len(shape) >= 1
+            and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape)
+            and _numbers(record.get("mean"), shape[0]) and _numbers(record.get("std"), shape[0])
+            and isinstance(record.get("num_classes"), int) and record["num_classes"] > 0
+            and isinstance(record.get("table"), dict | type(None))
+        )  # fmt: skip
+        if ok:
+            classes = record.get("classes")
+            ok = classes is None or (
+                isinstance(classes, list) and len(classes) == record["num_classes"]
+                and all(isinstance(c, str) for c in classes)
+            )  # fmt: skip
+        if not ok:
+            raise UserError(f"{path}: its inputs record is not what torchloom writes (was it "
+                            "edited?)")  # fmt: skip
+        return cls(tuple(shape), list(record["mean"]), list(record["std"]),
+                   record["num_classes"], classes, record["table"])  # fmt: skip
+
+    @property
+    def class_names(self) -> list[str]:
+        return self.classes or [str(i) for i in range(self.num_classes)]
+
+    def normalize(self, inputs: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Inputs as the evaluation batches were: normalised on ``device`` (data/batches.py)."""
+        from data.batches import BatchTransform
+
+        return BatchTransform(self.mean, self.std, device).normalize(inputs.to(device))
+
+
+def read_inputs(path: Path, record: InputRecord) -> tuple[list[str], torch.Tensor]:
+    """(names, inputs) of ``path``: an image, a folder of images, or a table; uint8 images
+    [N, C, H, W] decoded as an image folder's are, or a table's features [N, F]."""
+    if not path.exists():
+        raise UserError(f"input={path}: no such file or folder")
+    if path.is_file() and path.suffix.lower() in TABLE_EXTENSIONS:
+        if record.table is None:
+            raise UserError(f"input={path} is a table, but the checkpoint's model takes images "
+                            f"of shape {list(record.input_shape)}; give an image or a folder")  # fmt: skip
+        from data.tabular import Columns, read_table
+
+        header, rows = read_table(path)
+        features = Columns.from_record(record.table).features(header, rows, path)
+        return [str(n) for n in range(1, len(rows) + 1)], features
+    if record.table is not None or len(record.input_shape) != 3:
+        raise UserError(f"input={path}: the checkpoint's model takes a table's rows "
+                        f"({record.input_shape[0]} features); give a CSV file")  # fmt: skip
+    from data.imagefolder import decode
+
+    files = [path] if path.is_file() else sorted(
+        p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
+    )  # fmt: skip
+    if not files:
+        raise UserError(f"input={path}: no image files ({', '.join(sorted(IMAGE_EXTENSIONS))})")
+    channels, height, width = record.input_shape
+    images = torch.stack([decode(str(f), (height, width), channels) for f in files])
+    base = path if path.is_dir() else path.parent
+    return [str(f.relative_to(base)) for f in files], images
+
+
+def top_classes(
+    probabilities: torch.Tensor, names: list[str], k: int
+) -> list[list[tuple[str, float]]]:
+    """The ``k`` most probable classes of each row, by name, most probable first."""
+    values, indices = probabilities.topk(k, dim=1)
+    return [[(names[i], p) for i, p in zip(row_i, row_p, strict=True)]
+            for row_i, row_p in zip(indices.tolist(), values.tolist(), strict=True)]  # fmt: skip
