@@ -42,19 +42,25 @@ class _ArrayUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def read_batch(path: Path) -> TensorSplit:
+def read_pickle(path: Path):
+    """A CIFAR pickle, rebuilt with nothing but NumPy arrays, lists, numbers and strings."""
+    with open(path, "rb") as f:
+        return _ArrayUnpickler(f, encoding="latin1").load()
+
+
+def read_batch(path: Path, label_key: str = "labels") -> TensorSplit:
+    """A CIFAR batch file (``label_key``: CIFAR-100's are ``fine_labels``)."""
     try:
-        with open(path, "rb") as f:
-            batch = _ArrayUnpickler(f, encoding="latin1").load()
+        batch = read_pickle(path)
         data = batch.get(b"data", batch.get("data"))
-        labels = batch.get(b"labels", batch.get("labels"))
+        labels = batch.get(label_key.encode(), batch.get(label_key))
         images = np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32)
     except (OSError, pickle.UnpicklingError, ValueError, AttributeError, EOFError) as error:
-        raise UserError(f"not a CIFAR-10 batch file: {path} ({error})") from None
+        raise UserError(f"not a CIFAR batch file: {path} ({error})") from None
     if labels is None or len(labels) != len(images):
         count = "no" if labels is None else len(labels)
         raise UserError(
-            f"not a CIFAR-10 batch file: {path} has {len(images)} images but {count} labels"
+            f"not a CIFAR batch file: {path} has {len(images)} images but {count} labels"
         )
     return TensorSplit(torch.from_numpy(images.copy()), torch.as_tensor(labels, dtype=torch.long))
 

@@ -39,29 +39,13 @@ def find_classes(split_dir: Path) -> list[str]:
     return classes
 
 
-class ImageFiles(Dataset):
-    """(uint8 image [C, H, W], label) pairs from ``split_dir/<class>/``; decoded on access."""
+class ImageList(Dataset):
+    """(uint8 image [C, H, W], label) pairs of the files in ``samples``, decoded on access;
+    ``root`` is what their cache key names them relative to (data/image_cache.py)."""
 
-    def __init__(
-        self, split_dir: Path, classes: list[str], image_size: Sequence[int], channels: int
-    ) -> None:
-        unknown = sorted(set(find_classes(split_dir)) - set(classes))
-        if unknown:
-            raise UserError(f"{split_dir} has class folders not in train/: {unknown}")
-        self.samples: list[tuple[str, int]] = []
-        for label, name in enumerate(classes):
-            folder = split_dir / name
-            if not folder.is_dir():
-                continue  # a class may be absent from val/test
-            files = sorted(
-                entry.path
-                for entry in os.scandir(folder)
-                if entry.is_file() and Path(entry.name).suffix.lower() in EXTENSIONS
-            )
-            if not files:
-                raise UserError(f"empty class folder: {folder} has no {'/'.join(EXTENSIONS)} files")
-            self.samples += [(path, label) for path in files]
-        self.root = split_dir
+    def __init__(self, samples: list[tuple[str, int]], root: Path, image_size: Sequence[int],
+                 channels: int) -> None:  # fmt: skip
+        self.samples, self.root = samples, root
         self.image_size = list(image_size)
         self.channels = channels
 
@@ -75,6 +59,31 @@ class ImageFiles(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
         return decode(path, self.image_size, self.channels), label
+
+
+class ImageFiles(ImageList):
+    """The images of ``split_dir/<class>/``, labelled by their folder's place in ``classes``."""
+
+    def __init__(
+        self, split_dir: Path, classes: list[str], image_size: Sequence[int], channels: int
+    ) -> None:
+        unknown = sorted(set(find_classes(split_dir)) - set(classes))
+        if unknown:
+            raise UserError(f"{split_dir} has class folders not in train/: {unknown}")
+        samples: list[tuple[str, int]] = []
+        for label, name in enumerate(classes):
+            folder = split_dir / name
+            if not folder.is_dir():
+                continue  # a class may be absent from val/test
+            files = sorted(
+                entry.path
+                for entry in os.scandir(folder)
+                if entry.is_file() and Path(entry.name).suffix.lower() in EXTENSIONS
+            )
+            if not files:
+                raise UserError(f"empty class folder: {folder} has no {'/'.join(EXTENSIONS)} files")
+            samples += [(path, label) for path in files]
+        super().__init__(samples, split_dir, image_size, channels)
 
 
 def decode(path: str, image_size: Sequence[int], channels: int) -> torch.Tensor:
@@ -131,10 +140,18 @@ def load_imagefolder(
         for name in ("train", "val", "test")
         if name != "test" or (base / "test").is_dir()
     }
+    folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
+    cache_settings = {"mode": cache, "max_gb": cache_max_gb, "folder": folder, "prefix": ""}
+    return held_data(f"imagefolder {base}", files, classes, cache_settings, batching)
+
+
+def held_data(name: str, files: dict, classes: list[str], cache: dict, batching: dict) -> Data:
+    """Image ``files`` by split (train, val, optional test), held as ``cache`` says (data.cache
+    as ``mode``, ``max_gb``, the cache ``folder``, and a ``prefix`` for its file names): decoded
+    once into a cache, or read lazily. ``num_workers`` null is one per core, at most 8."""
     if batching.get("num_workers") is None:
         batching["num_workers"] = min(8, os.cpu_count() or 1)
-    folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
-    held = ImageCache(cache, cache_max_gb, folder, batching["num_workers"])
-    splits = {name: held.hold(name, split) for name, split in files.items()}
+    held = ImageCache(cache["mode"], cache["max_gb"], cache["folder"], batching["num_workers"])
+    splits = {split: held.hold(cache["prefix"] + split, images) for split, images in files.items()}
     splits = Splits(splits["train"], splits["val"], splits.get("test"))
-    return Data(f"imagefolder {base}", splits, len(classes), Batching(**batching), classes)
+    return Data(name, splits, len(classes), Batching(**batching), classes)

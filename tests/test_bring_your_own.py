@@ -267,3 +267,142 @@ def test_a_frozen_backbone_keeps_its_weights_and_statistics_then_thaws_exactly(t
                            saved["features.1.block.0.0.weight"])  # fmt: skip
     assert not torch.equal(thawed["model.features.1.block.0.1.running_mean"],
                            saved["features.1.block.0.1.running_mean"])  # fmt: skip
+
+
+# --- torchvision's datasets, from their on-disk formats ------------------------------------
+
+
+def write_cifar100(root: Path, per_file: int = 60, seed: int = 0) -> Path:
+    """cifar-100-python/{train,test,meta}: pickled dicts, as the archive holds them."""
+    import pickle
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    for name in ("train", "test"):
+        batch = {b"data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8),
+                 b"fine_labels": rng.integers(0, 100, per_file).tolist(),
+                 b"coarse_labels": rng.integers(0, 20, per_file).tolist()}  # fmt: skip
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
+    meta = {b"fine_label_names": [f"class{i}".encode() for i in range(100)]}
+    (folder / "meta").write_bytes(pickle.dumps(meta, protocol=2))
+    return root
+
+
+@pytest.mark.parametrize("name", ["kmnist", "emnist_balanced", "cifar100"])
+def test_torchvision_datasets_train_from_their_on_disk_formats(tmp_path, name):
+    from conftest import write_idx, write_mnist
+
+    if name == "kmnist":
+        write_mnist(tmp_path / "datasets", "KMNIST")
+        classes, count = 10, 10
+    elif name == "emnist_balanced":
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        raw = tmp_path / "datasets" / "EMNIST" / "raw"
+        for part, n in (("train", 96), ("test", 32)):
+            write_idx(raw / f"emnist-balanced-{part}-images-idx3-ubyte",
+                      rng.integers(0, 256, (n, 28, 28)))  # fmt: skip
+            write_idx(raw / f"emnist-balanced-{part}-labels-idx1-ubyte", rng.integers(0, 47, (n,)))
+        classes, count = 47, 47
+    else:
+        write_cifar100(tmp_path / "datasets")
+        classes, count = "class0", 100
+    run_train(tmp_path, "data=torchvision", f"data.name={name}", "data.val_size=16",
+              "data.download=false", "data.batch_size=16", "model=cnn", "trainer.max_epochs=1",
+              "run_name=tv")  # fmt: skip
+    checkpoint = load_checkpoint(tmp_path / "checkpoints" / "tv" / "last.pt")
+    last_layer = [v for k, v in checkpoint["model"].items() if k.endswith("weight")][-1]
+    assert len(checkpoint["classes"]) == count and last_layer.shape[0] == count
+    if isinstance(classes, str):
+        assert checkpoint["classes"][0] == classes
+
+
+def test_svhn_reads_its_mat_files_and_names_the_extra_when_scipy_is_missing(tmp_path, monkeypatch):
+    import builtins
+
+    import numpy as np
+    import scipy.io
+
+    rng = np.random.default_rng(0)
+    root = tmp_path / "datasets"
+    root.mkdir()
+    for split, n in (("train", 48), ("test", 16)):
+        scipy.io.savemat(root / f"{split}_32x32.mat", {
+            "X": rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8),
+            "y": rng.integers(1, 11, (n, 1)),
+        })  # fmt: skip
+    from data.torchvision_datasets import read_svhn
+
+    split, classes = read_svhn("svhn", root, "train", download=False)
+    assert split.inputs.shape == (48, 3, 32, 32) and classes == [str(d) for d in range(10)]
+    assert int(split.labels.max()) <= 9  # label 10 is the digit 0
+    real_import = builtins.__import__
+
+    def no_scipy(name, *args, **kwargs):
+        if name.startswith("scipy"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_scipy)
+    with pytest.raises(Exception, match=r'needs the extra: pip install -e "\.\[svhn\]"'):
+        read_svhn("svhn", root, "train", download=False)
+
+
+# --- image_csv: a manifest of path,label rows ---------------------------------------------
+
+
+def write_manifest(root: Path, rows: int = 40) -> Path:
+    """PNGs under root/pics/ and a manifest naming them, labels as names."""
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(0)
+    (root / "pics").mkdir(parents=True)
+    lines = ["path,label"]
+    for i in range(rows):
+        label = ("cat", "dog")[i % 2]
+        pixels = torch.randint(0, 128, (10, 12, 3), dtype=torch.uint8, generator=generator)
+        pixels[..., 0] += 127 * (label == "dog")  # a learnable difference: dogs are redder
+        Image.fromarray(pixels.numpy()).save(root / "pics" / f"{i}.png")
+        lines.append(f"pics/{i}.png,{label}")
+    (root / "labels.csv").write_text("\n".join(lines) + "\n")
+    return root / "labels.csv"
+
+
+MANIFEST = ["data=image_csv", "data.root=.", "data.manifest=labels.csv", "data.image_size=[10,12]",
+            "data.batch_size=8", "data.num_workers=0", "data.augment.crop_padding=0",
+            "model=cnn", "scheduler=none"]  # fmt: skip
+
+
+def test_a_manifest_trains_keeps_class_names_and_resumes_exactly(tmp_path):
+    write_manifest(tmp_path)
+    result = run_train(tmp_path, *MANIFEST, "trainer.max_epochs=2", "run_name=straight")
+    assert "{'train': 28, 'val': 6, 'test': 6}" in result.stdout
+    assert sorted(p.name.split("-")[1] for p in (tmp_path / ".torchloom-cache").glob("*.u8")) == [
+        "test", "train", "val"] and all(p.name.startswith("manifest-")
+                                        for p in (tmp_path / ".torchloom-cache").glob("*.u8"))  # fmt: skip
+    straight = load_checkpoint(tmp_path / "checkpoints" / "straight" / "last.pt")
+    assert straight["classes"] == ["cat", "dog"]
+    run_train(tmp_path, *MANIFEST, "trainer.max_epochs=1", "run_name=cut")
+    run_train(tmp_path, *MANIFEST, "trainer.max_epochs=2", "run_name=cut", "resume=auto")
+    cut = load_checkpoint(tmp_path / "checkpoints" / "cut" / "last.pt")
+    assert all(torch.equal(cut["model"][k], v) for k, v in straight["model"].items())
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ("../outside.png,cat", "line 42: '../outside.png' is outside data.root"),
+    ("/etc/hostname,cat", "line 42: '/etc/hostname' is outside data.root"),
+    ("pics/missing.png,dog", "line 42: no image at data/pics/missing.png"),
+])  # fmt: skip
+def test_a_manifest_row_outside_the_root_or_missing_is_one_line(tmp_path, row, message):
+    manifest = write_manifest(tmp_path / "data")
+    (tmp_path / "outside.png").write_bytes((tmp_path / "data" / "pics" / "0.png").read_bytes())
+    manifest.write_text(manifest.read_text() + row + "\n")
+    overrides = [o.replace("data.root=.", "data.root=data").replace(
+        "data.manifest=labels.csv", "data.manifest=data/labels.csv") for o in MANIFEST]  # fmt: skip
+    result = run_train(tmp_path, *overrides, "trainer.max_epochs=1", ok=False)
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-500:]
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,102 @@
+"""Images listed in a CSV manifest of ``path,label`` rows (``data=image_csv``), decoded and
+cached exactly as an image folder's are (data/imagefolder.py, data/image_cache.py).
+
+    python train.py data=image_csv data.root=photos data.manifest=labels.csv
+    python train.py data=image_csv data.root=photos data.manifest=train.csv \\
+        data.split.val_path=val.csv data.split.test_path=test.csv
+
+The manifest's first row names its columns, ``path`` and ``label``. Paths are relative to
+``data.root`` and must stay inside it: a path that leads out (``../``, an absolute path, a link
+outside) is refused naming its line, as is a missing file. Labels are class names or integers;
+each distinct value of the train manifest is a class (sorted; integers in numeric order), and
+the names are kept. Splits: separate manifests, or fractions of ``data.manifest`` held out by
+the seeded ``split.seed``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from data.batches import Data
+from data.imagefolder import ImageList, held_data
+from data.tabular import read_table
+from utils.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
+from utils.errors import UserError
+
+
+def read_manifest(path: Path, root: Path) -> list[tuple[str, str, int]]:
+    """(file, label, line) of each row; every file exists inside ``root``."""
+    header, rows = read_table(path)
+    if "path" not in header or "label" not in header:
+        raise UserError(f"{path}: the first row must name the columns path and label (it is "
+                        f"{','.join(header)})")  # fmt: skip
+    at_path, at_label = header.index("path"), header.index("label")
+    inside = root.resolve()
+    entries = []
+    for line, row in enumerate(rows, start=2):
+        relative = row[at_path].strip()
+        file = (root / relative).resolve()
+        if Path(relative).is_absolute() or not file.is_relative_to(inside):
+            raise UserError(f"{path} line {line}: {relative!r} is outside data.root={root}; "
+                            "list paths relative to it")  # fmt: skip
+        if not file.is_file():
+            raise UserError(f"{path} line {line}: no image at {root / relative}")
+        entries.append((str(file), row[at_label].strip(), line))
+    return entries
+
+
+def class_names(labels: Sequence[str]) -> list[str]:
+    values = set(labels)
+    try:
+        return sorted(values, key=int)
+    except ValueError:
+        return sorted(values)
+
+
+def load_image_csv(root: str, manifest: str, split: Mapping[str, Any], image_size: Sequence[int],
+                   channels: int, **options) -> Data:  # fmt: skip
+    """conf/data/image_csv.yaml. ``options``: the cache keys (``cache``, ``cache_max_gb``,
+    ``cache_dir``) and those of :class:`data.batches.Batching`."""
+    check_values("data", {"image_size": image_size, "channels": channels, "cache": options["cache"],
+                          "cache_max_gb": options["cache_max_gb"]},
+                 {"image_size": pair_of_positive_ints(), "channels": one_of(1, 3),
+                  "cache": one_of("auto", "memory", "disk", "off"),
+                  "cache_max_gb": POSITIVE_OR_NULL})  # fmt: skip
+    base = Path(root)
+    if not base.is_dir():
+        raise UserError(
+            f"data.root={root} is not a folder (the manifest's paths are relative to it)"
+        )
+    entries = {"train": read_manifest(Path(manifest), base)}
+    for name in ("val", "test"):
+        if split[f"{name}_path"]:
+            entries[name] = read_manifest(Path(split[f"{name}_path"]), base)
+    cut = [name for name in ("val", "test") if name not in entries]
+    if cut:  # held out of the train manifest by a seeded shuffle of its rows
+        rows = entries["train"][:]
+        random.Random(split["seed"]).shuffle(rows)
+        sizes = [max(1, round(split[name] * len(rows))) for name in cut]
+        if sum(sizes) >= len(rows):
+            raise UserError(f"{manifest} has {len(rows)} rows: too few to hold out "
+                            f"{' and '.join(cut)} ({sizes})")  # fmt: skip
+        for name, size in zip(cut, sizes, strict=True):
+            entries[name], rows = sorted(rows[:size], key=lambda e: e[2]), rows[size:]
+        entries["train"] = sorted(rows, key=lambda e: e[2])
+    classes = class_names([label for _, label, _ in entries["train"]])
+    index = {name: i for i, name in enumerate(classes)}
+    files = {}
+    for name, rows in entries.items():
+        for _, label, line in rows:
+            if label not in index:
+                raise UserError(f"{split.get(f'{name}_path') or manifest} line {line}: label "
+                                f"{label!r} is not a class of the train rows")  # fmt: skip
+        samples = [(file, index[label]) for file, label, _ in rows]
+        files[name] = ImageList(samples, base, image_size, channels)
+    cache_dir = options.pop("cache_dir")
+    folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
+    cache = {"mode": options.pop("cache"), "max_gb": options.pop("cache_max_gb"),
+             "folder": folder, "prefix": "manifest-"}  # fmt: skip
+    return held_data(f"image_csv {Path(manifest).name}", files, classes, cache, options)
