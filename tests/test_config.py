@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONF
+from conftest import CONF, write_mnist
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
@@ -39,10 +40,12 @@ def test_each_group_has_the_options_the_readme_promises():
         "csv",
         "digits",
         "fashion_mnist",
+        "image_csv",
         "imagefolder",
         "mnist",
         "synthetic",
         "tensors",
+        "torchvision",
     ]
     assert options("task") == ["classification"]
     assert options("optim") == ["adam", "adamw", "sgd"]
@@ -65,8 +68,19 @@ def test_every_dataset_builds(
     lines = ["a,b,label"] + [f"{i % 7},{i % 3},{'xy'[i % 2]}" for i in range(60)]
     (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
     torch.save({"x": torch.randn(60, 5), "y": torch.arange(60) % 3}, tmp_path / "a.pt")
+    (tmp_path / "m.csv").write_text("path,label\n" + "".join(
+        f"{Path(p).relative_to(imagefolder_root)},{Path(p).parent.name}\n"
+        for p in sorted(map(str, imagefolder_root.glob("train/*/*.png")))))  # fmt: skip
+    write_mnist(tmp_path, "KMNIST")
     roots = {
         "csv": [f"data.path={tmp_path / 't.csv'}", "data.target=label"],
+        "image_csv": [
+            f"data.root={imagefolder_root}",
+            f"data.manifest={tmp_path / 'm.csv'}",
+            "data.num_workers=0",
+            f"data.cache_dir={tmp_path / 'cache'}",
+        ],
+        "torchvision": ["data.name=kmnist", f"data.root={tmp_path}", "data.val_size=16"],
         "tensors": [f"data.path={tmp_path / 'a.pt'}"],
         "mnist": ["data.root=" + str(mnist_root), "data.val_size=16"],
         "fashion_mnist": ["data.root=" + str(fashion_root), "data.val_size=16"],
@@ -74,7 +88,9 @@ def test_every_dataset_builds(
         "imagefolder": ["data.root=" + str(imagefolder_root), "data.num_workers=0"],
     }
     extra = roots.get(data, []) + (
-        ["data.download=false"] if data in ("mnist", "fashion_mnist", "cifar10") else []
+        ["data.download=false"]
+        if data in ("mnist", "fashion_mnist", "cifar10", "torchvision")
+        else []
     )
     cfg = make_config(f"data={data}", "data.batch_size=8", *extra)
     check_config(cfg)
