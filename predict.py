@@ -17,6 +17,7 @@ with the checkpoint's own mean and std. A checkpoint is read as untrusted data (
 from __future__ import annotations
 
 import csv
+import io
 import sys
 from pathlib import Path
 
@@ -25,7 +26,13 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from utils.checkpoint import TO_EVALUATE, find_checkpoints, load_checkpoint, load_weights
+from utils.checkpoint import (
+    TO_EVALUATE,
+    atomic_file,
+    find_checkpoints,
+    load_checkpoint,
+    load_weights,
+)
 from utils.cli import run_cli
 from utils.distributed import Processes
 from utils.errors import EXIT_USER_ERROR, UserError
@@ -99,13 +106,14 @@ def write_predictions(out: Path, names: list[str], rows: list[list[tuple[str, fl
     """One row per input: its name, then class and probability for each of the top k."""
     k = len(rows[0]) if rows else 0
     header = ["input"] + [f"{what}{i}" for i in range(1, k + 1) for what in ("class", "p")]
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(header)
+    for name, row in zip(names, rows, strict=True):
+        writer.writerow([name] + [v for label, p in row for v in (label, f"{p:.6f}")])
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            for name, row in zip(names, rows, strict=True):
-                writer.writerow([name] + [v for label, p in row for v in (label, f"{p:.6f}")])
+        with atomic_file(out) as f:  # complete or not at all
+            f.write(text.getvalue().encode())
     except OSError as error:
         raise UserError(f"cannot write {out}: {error.strerror}; choose another out=...") from None
 
