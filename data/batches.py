@@ -420,8 +420,10 @@ class Data:
             std * channels if len(std) == 1 else std,
         )
         if len(mean) != channels or len(std) != channels:
+            wanted = "one value each" if channels == 1 else f"1 value each, or {channels}"
             raise UserError(
-                f"data.mean and data.std need 1 or {channels} values (one per channel of {name})"
+                f"data.mean has {len(mean)} values and data.std {len(std)}, but {name} has "
+                f"{channels} channel(s): give {wanted} (data.mean=[...] data.std=[...])"
             )
         self.mean, self.std = mean, std
         self.batch_size = batching.batch_size

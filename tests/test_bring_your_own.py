@@ -406,3 +406,10 @@ def test_a_manifest_row_outside_the_root_or_missing_is_one_line(tmp_path, row, m
     result = run_train(tmp_path, *overrides, "trainer.max_epochs=1", ok=False)
     assert result.returncode == 2 and message in result.stderr, result.stderr[-500:]
     assert "Traceback" not in result.stderr
+
+
+def test_grey_images_with_rgb_statistics_say_what_to_give(tmp_path):
+    write_manifest(tmp_path)
+    result = run_train(tmp_path, *MANIFEST, "data.channels=1", "trainer.max_epochs=1", ok=False)
+    assert result.returncode == 2 and "data.mean has 3 values and data.std 3, but image_csv " \
+        "labels.csv has 1 channel(s): give one value each" in result.stderr  # fmt: skip
