@@ -29,7 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from utils import eval_tables as tables
-from utils.checkpoint import TO_EVALUATE, find_checkpoints, load_weights
+from utils.checkpoint import checkpoint_to_evaluate, load_weights
 from utils.cli import run_cli
 from utils.config import build
 from utils.distributed import processes_from_env
@@ -43,12 +43,6 @@ from utils.run import RunContext
 from utils.stored import data_config, export_safetensors, model_config, read_checkpoint
 
 
-def run_checkpoint(folder: Path) -> Path | None:
-    """A run's checkpoint to evaluate, by the rule resume also follows (utils/checkpoint.py)
-    but preferring the best weights: best.pt, else last.pt, else the newest top-k copy."""
-    return next(iter(find_checkpoints(folder, prefer=TO_EVALUATE)), None)
-
-
 def checkpoint_files(ckpt: Any) -> list[Path]:
     """Files named by ``ckpt``: files as given; a run's folder → its best.pt (else last.pt,
     else its newest checkpoint); a sweep's folder → that of each job folder inside it."""
@@ -60,9 +54,11 @@ def checkpoint_files(ckpt: Any) -> list[Path]:
             continue
         if not entry.is_dir():
             raise UserError(f"ckpt={entry}: no such checkpoint file or folder")
-        found = run_checkpoint(entry)
+        found = checkpoint_to_evaluate(entry)
         jobs = (
-            [found] if found else [run_checkpoint(p) for p in sorted(entry.iterdir()) if p.is_dir()]
+            [found]
+            if found
+            else [checkpoint_to_evaluate(p) for p in sorted(entry.iterdir()) if p.is_dir()]
         )
         jobs = [job for job in jobs if job]
         if not jobs:

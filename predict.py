@@ -26,13 +26,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from utils.checkpoint import (
-    TO_EVALUATE,
-    atomic_file,
-    find_checkpoints,
-    load_checkpoint,
-    load_weights,
-)
+from utils.checkpoint import atomic_file, checkpoint_to_evaluate, load_checkpoint, load_weights
 from utils.cli import run_cli
 from utils.distributed import Processes
 from utils.errors import EXIT_USER_ERROR, UserError
@@ -56,12 +50,12 @@ def main(cfg: DictConfig) -> None:
 def checkpoint_file(ckpt: str) -> Path:
     """A file as given; a run's folder → its best.pt (else last.pt, else its newest)."""
     path = Path(ckpt)
-    if path.is_dir():
-        found = find_checkpoints(path, prefer=TO_EVALUATE)
-        if not found:
-            raise UserError(f"ckpt={ckpt}: no checkpoint in that folder")
-        return found[0]
-    return path
+    if not path.is_dir():
+        return path
+    found = checkpoint_to_evaluate(path)
+    if found is None:
+        raise UserError(f"ckpt={ckpt}: no checkpoint in that folder")
+    return found
 
 
 def predict(cfg: DictConfig) -> None:
@@ -84,10 +78,10 @@ def predict(cfg: DictConfig) -> None:
     load_weights(modules.model, chosen_weights(checkpoint, cfg.weights, path))
     names, inputs = read_inputs(Path(str(cfg.input)), record)
     model = modules.model.eval()
-    probabilities = []
+    probabilities, transform = [], record.transform(context.device)
     with torch.inference_mode():
         for lo in range(0, len(inputs), cfg.batch_size):
-            batch = record.normalize(inputs[lo : lo + cfg.batch_size], context.device)
+            batch = transform.normalize(inputs[lo : lo + cfg.batch_size])
             probabilities.append(torch.softmax(model(batch).float(), dim=1).cpu())
     rows = top_classes(
         torch.cat(probabilities), record.class_names, min(cfg.topk, record.num_classes)

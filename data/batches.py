@@ -23,6 +23,7 @@ import multiprocessing
 import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -545,3 +546,26 @@ def holdout(split: TensorSplit, sizes: Sequence[int], seed: int) -> list[TensorS
         parts.append(TensorSplit(split.inputs[rows], split.labels[rows]))
         lo += size
     return parts
+
+
+def fill_splits(
+    samples: TensorSplit, given: Mapping[str, TensorSplit], split: Mapping[str, Any]
+) -> tuple[TensorSplit, TensorSplit, TensorSplit]:
+    """(train, val, test): the ``given`` val and test splits (separate files), and those not
+    given held out of ``samples`` as the shares ``split["val"]``, ``split["test"]`` by the
+    seeded :func:`holdout` (``split["seed"]``)."""
+    missing = [name for name in ("val", "test") if name not in given]
+    sizes = [max(1, round(split[name] * len(samples))) for name in missing]
+    train, *parts = holdout(samples, sizes, split["seed"]) if missing else (samples,)
+    splits = {**given, **dict(zip(missing, parts, strict=True))}
+    return train, splits["val"], splits["test"]
+
+
+def channel_statistics(inputs: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Mean and std of each channel (dim 1; each feature of [N, F]), in the units
+    normalisation uses: [0, 1] pixel units for uint8 images, the values' own otherwise."""
+    values = inputs.float() / 255 if inputs.dtype == torch.uint8 else inputs.float()
+    values = values.transpose(0, 1).reshape(values.shape[1], -1)
+    std = values.std(dim=1).nan_to_num(1.0)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return values.mean(dim=1).tolist(), std.tolist()

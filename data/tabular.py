@@ -26,8 +26,7 @@ from typing import Any
 
 import torch
 
-from data.batches import Batching, Data, Splits, TensorSplit, holdout
-from data.tensors import channel_statistics
+from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics, fill_splits
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
@@ -176,13 +175,9 @@ def load_csv(path: str, target: str, features: Sequence[str] | None,
     columns = Columns(header, rows, {"target": target, "features": features,
                                      "categorical": categorical}, train_path)  # fmt: skip
     samples = columns.encode(header, rows, train_path)
-    given = {name: Path(split[f"{name}_path"]) for name in ("val", "test") if split[f"{name}_path"]}
-    files = {name: columns.encode(*read_table(other), other) for name, other in given.items()}
-    cut = [name for name in ("val", "test") if name not in files]  # held out of `path`
-    sizes = [max(1, round(split[name] * len(samples))) for name in cut]
-    train, *parts = holdout(samples, sizes, split["seed"]) if cut else (samples,)
-    files.update(zip(cut, parts, strict=True))
-    val, test = files["val"], files["test"]
+    paths = {name: Path(split[f"{name}_path"]) for name in ("val", "test") if split[f"{name}_path"]}
+    given = {name: columns.encode(*read_table(other), other) for name, other in paths.items()}
+    train, val, test = fill_splits(samples, given, split)  # the others held out of `path`
     mean, std = channel_statistics(train.inputs)  # a constant feature keeps std 1
     log.info("csv %s: %d features (%s), %d classes; standardised with the train split's "
              "statistics", train_path.name, len(columns.feature_names),

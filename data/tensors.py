@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.batches import Batching, Data, Splits, TensorSplit, holdout
+from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics, fill_splits
 from utils.errors import UserError
 
 SPLIT_KEYS = {"train": ("x", "y"), "val": ("x_val", "y_val"), "test": ("x_test", "y_test")}
@@ -81,27 +81,13 @@ def load_tensors(path: str, num_classes: int | None, split: Mapping[str, Any],
     file = Path(path)
     arrays = read_arrays(file)
     samples = split_of(arrays, "train", file)
-    files = {name: split_of(arrays, name, file) for name in ("val", "test")}
-    cut = [name for name, found in files.items() if found is None]
-    sizes = [max(1, round(split[name] * len(samples))) for name in cut]
-    train, *parts = holdout(samples, sizes, split["seed"]) if cut else (samples,)
-    files.update(zip(cut, parts, strict=True))
-    labels = torch.cat([train.labels, files["val"].labels, files["test"].labels])
+    given = {name: split_of(arrays, name, file) for name in ("val", "test")}
+    train, val, test = fill_splits(samples, {k: v for k, v in given.items() if v}, split)
+    labels = torch.cat([train.labels, val.labels, test.labels])
     if labels.dtype.is_floating_point or labels.dtype == torch.bool:
         raise UserError(f"{file}: labels must be integer class indices, not {labels.dtype}")
     classes = num_classes if num_classes is not None else int(labels.max()) + 1
     if mean is None or std is None:
         mean, std = channel_statistics(train.inputs)
     batching = Batching(mean=list(mean), std=list(std), **batching)
-    return Data(f"tensors {file.name}", Splits(train, files["val"], files["test"]), classes,
-                batching)  # fmt: skip
-
-
-def channel_statistics(inputs: torch.Tensor) -> tuple[list[float], list[float]]:
-    """Mean and std of each channel (dim 1; each feature of [N, F]), in the units
-    normalisation uses: [0, 1] pixel units for uint8 images, the values' own otherwise."""
-    values = inputs.float() / 255 if inputs.dtype == torch.uint8 else inputs.float()
-    values = values.transpose(0, 1).reshape(values.shape[1], -1)
-    std = values.std(dim=1).nan_to_num(1.0)
-    std = torch.where(std > 0, std, torch.ones_like(std))
-    return values.mean(dim=1).tolist(), std.tolist()
+    return Data(f"tensors {file.name}", Splits(train, val, test), classes, batching)

@@ -32,9 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.batches import Batching, Data, Splits, TensorSplit, holdout
+from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics, holdout
 from data.cifar10 import read_batch, read_pickle
-from data.tensors import channel_statistics
 from utils.errors import UserError
 
 EMNIST_SPLITS = ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")

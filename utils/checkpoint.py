@@ -264,6 +264,12 @@ def find_checkpoints(folder: Path, prefer: tuple[str, ...] = TO_RESUME) -> list[
     return preferred + others
 
 
+def checkpoint_to_evaluate(folder: Path) -> Path | None:
+    """A run's checkpoint to evaluate or predict with: best.pt, else last.pt, else the newest
+    top-k copy (None when the folder holds none)."""
+    return next(iter(find_checkpoints(folder, prefer=TO_EVALUATE)), None)
+
+
 def load_latest(folder: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest readable checkpoint in ``folder``, warning about each unreadable one; None
     when there is no checkpoint at all. When there are some but none is readable, that is an

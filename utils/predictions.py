@@ -67,11 +67,12 @@ class InputRecord:
     def class_names(self) -> list[str]:
         return self.classes or [str(i) for i in range(self.num_classes)]
 
-    def normalize(self, inputs: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """Inputs as the evaluation batches were: normalised on ``device`` (data/batches.py)."""
+    def transform(self, device: torch.device) -> Any:
+        """What normalises inputs on ``device`` as the evaluation batches were
+        (data/batches.py)."""
         from data.batches import BatchTransform
 
-        return BatchTransform(self.mean, self.std, device).normalize(inputs.to(device))
+        return BatchTransform(self.mean, self.std, device)
 
 
 def read_inputs(path: Path, record: InputRecord) -> tuple[list[str], torch.Tensor]:
