@@ -40,7 +40,13 @@ from utils.onnx_export import export_onnx
 from utils.outputs import Outputs
 from utils.precision import Precision
 from utils.run import RunContext
-from utils.stored import data_config, export_safetensors, model_config, read_checkpoint
+from utils.stored import (
+    check_stored_model,
+    data_config,
+    export_safetensors,
+    model_config,
+    read_checkpoint,
+)
 
 
 def checkpoint_files(ckpt: Any) -> list[Path]:
@@ -107,6 +113,8 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         config, weights = read_checkpoint(path, cfg.config, cfg.weights)
         data = build(data_config(config["data"], cfg.data))
         model_node = OmegaConf.create(model_config(config["model"]))
+        shapes = {"input_shape": tuple(data.input_shape), "num_classes": data.num_classes}
+        check_stored_model(model_node, shapes, weights)  # before anything it asks is allocated
         modules = Modules.build(model_node, data, context.device, channels_last=None)
         load_weights(modules.model, weights)
         placement = context.placement(modules.channels_last)

@@ -34,7 +34,7 @@ from utils.modules import Modules
 from utils.outputs import Outputs
 from utils.predictions import InputRecord, read_inputs, top_classes
 from utils.run import RunContext
-from utils.stored import chosen_weights, model_config
+from utils.stored import check_stored_model, chosen_weights, model_config
 from utils.trust import check_stored_config, require_keys
 
 
@@ -74,8 +74,11 @@ def predict(cfg: DictConfig) -> None:
     context = RunContext.open(Processes(), cfg.device)
     out = Outputs(Path(HydraConfig.get().runtime.output_dir), True, events=False)
     model_node = OmegaConf.create(model_config(config["model"]))
+    weights = chosen_weights(checkpoint, cfg.weights, path)
+    shapes = {"input_shape": record.input_shape, "num_classes": record.num_classes}
+    check_stored_model(model_node, shapes, weights)  # before anything it asks is allocated
     modules = Modules.build(model_node, record, context.device, channels_last=None)
-    load_weights(modules.model, chosen_weights(checkpoint, cfg.weights, path))
+    load_weights(modules.model, weights)
     names, inputs = read_inputs(Path(str(cfg.input)), record)
     model = modules.model.eval()
     probabilities, transform = [], record.transform(context.device)

@@ -124,3 +124,28 @@ def test_the_onnx_export_runs_in_onnxruntime_with_any_batch_size(image_run):
     bad = run_python(cwd, str(EVALUATE), "ckpt=checkpoints/img/best.pt", "export=model.bin",
                      "runs=eval-export", ok=False)  # fmt: skip
     assert bad.returncode == 2 and "name a .onnx or a .safetensors file" in bad.stderr
+
+
+# predict.py takes its shapes from the checkpoint's inputs record, evaluate.py from the stored
+# data config; both build the stored model config.
+@pytest.mark.parametrize(("edit", "message", "scripts"), [
+    (lambda c: c["inputs"].update(num_classes=10**8, classes=None),
+     "the checkpoint's weights do not fit the model", [PREDICT]),
+    (lambda c: c["config"]["model"].update(channels=[10**6, 10**6]),
+     "the checkpoint's weights do not fit the model", [PREDICT, EVALUATE]),
+    (lambda c: c["inputs"].update(shape=[3, 50000, 50000]),
+     "more than 67,108,864 values each; refusing", [PREDICT]),
+])  # fmt: skip
+def test_an_edited_checkpoint_asking_for_vast_sizes_is_refused_before_allocating(
+    image_run, tmp_path, edit, message, scripts
+):
+    import torch
+
+    checkpoint = torch.load(image_run / "checkpoints" / "img" / "best.pt", weights_only=True)
+    edit(checkpoint)
+    torch.save(checkpoint, tmp_path / "edited.pt")
+    for script in scripts:
+        where = (f"input={image_run / 'images' / 'val'}" if script == PREDICT
+                 else f"data.root={image_run / 'images'}")  # fmt: skip
+        result = run_python(tmp_path, str(script), "ckpt=edited.pt", where, "runs=r", ok=False)
+        assert result.returncode == 2 and message in result.stderr, result.stderr[-600:]

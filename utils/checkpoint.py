@@ -309,8 +309,16 @@ def load_weights(
     unexpected and shape-mismatched keys; ``strict=False`` loads what fits, but loading
     nothing at all is always an error."""
     target = unwrap(model)
+    target.load_state_dict(weights_that_fit(target.state_dict(), state_dict, strict), strict=False)
+
+
+def weights_that_fit(
+    expected: Mapping[str, torch.Tensor], state_dict: Mapping[str, torch.Tensor], strict: bool
+) -> dict[str, torch.Tensor]:
+    """The tensors of ``state_dict`` that fit a model whose own state is ``expected`` (its
+    tensors may be on the meta device: only their shapes are read), or the mismatch table
+    and a :class:`UserError` (see :func:`load_weights`)."""
     incoming = strip_wrapper_prefixes(state_dict)
-    expected = target.state_dict()
     missing = [k for k in expected if k not in incoming]
     unexpected = [k for k in incoming if k not in expected]
     mismatched = [
@@ -335,8 +343,7 @@ def load_weights(
             f"{len(unexpected)} unexpected, {len(mismatched)} of another shape "
             f"({fitting} of {len(expected)} fit); was it trained with another model config?"
         )
-    fits = {k: v for k, v in incoming.items() if k in expected and v.shape == expected[k].shape}
-    target.load_state_dict(fits, strict=False)
+    return {k: v for k, v in incoming.items() if k in expected and v.shape == expected[k].shape}
 
 
 # --- Resuming and retention ----------------------------------------------------------------

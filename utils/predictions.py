@@ -4,6 +4,7 @@ predict on, read as the training data was."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from utils.errors import UserError
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
 TABLE_EXTENSIONS = {".csv", ".tsv", ".tab"}
+MAX_SAMPLE_ELEMENTS = 2**26  # values in one input (3 × 4,729 × 4,729): a bound on what is decoded
 
 
 def _numbers(value: Any, count: int | None = None) -> bool:
@@ -60,6 +62,9 @@ class InputRecord:
         if not ok:
             raise UserError(f"{path}: its inputs record is not what torchloom writes (was it "
                             "edited?)")  # fmt: skip
+        if math.prod(shape) > MAX_SAMPLE_ELEMENTS:
+            raise UserError(f"{path}: its inputs record asks for inputs of shape {shape}, more "
+                            f"than {MAX_SAMPLE_ELEMENTS:,} values each; refusing (was it edited?)")  # fmt: skip
         return cls(tuple(shape), list(record["mean"]), list(record["std"]),
                    record["num_classes"], classes, record["table"])  # fmt: skip
 

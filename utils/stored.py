@@ -52,6 +52,27 @@ def model_config(stored: dict) -> dict:
     return {**stored, "weights": None} if "weights" in stored else stored
 
 
+def check_stored_model(node: Any, shapes: dict[str, Any], weights: dict) -> None:
+    """Build the model a stored config describes on the meta device, where parameters take no
+    memory, and check that the file's ``weights`` fit it, before the real model is built: an
+    edited config (``hidden_sizes: [1000000000]``, a vast ``num_classes``) is refused with the
+    mismatch table instead of allocating what it asks for. A builder that cannot run on the
+    meta device is left to the real build."""
+    from utils.checkpoint import weights_that_fit
+    from utils.config import build
+    from utils.modules import accepted_by
+
+    try:
+        with torch.device("meta"):
+            model = build(node, **accepted_by(node["_target_"], shapes))
+        expected = model.state_dict()
+    except UserError:
+        raise
+    except Exception:
+        return
+    weights_that_fit(expected, weights, strict=True)
+
+
 def chosen_weights(checkpoint: dict, which: str, path: Path) -> dict:
     """The weights ``which`` names (see :func:`read_checkpoint`)."""
     ema = checkpoint.get("ema")
