@@ -14,8 +14,10 @@
 The stored config is data read from a file, so it is untrusted: it may hold no interpolation,
 and only the exact builders named in torchloom's own conf/ files are instantiated from it
 (utils/trust.py). It never downloads unless data.download=true is given here.
-Outputs in runs/eval/<timestamp>/: metrics.json, a confusion-matrix CSV per checkpoint, and
-TensorBoard images of the confusion matrices.
+Outputs in runs/eval/<timestamp>/: metrics.json and the task's tables (utils/eval_tables.py):
+for classification also a confusion-matrix CSV per checkpoint and TensorBoard images of the
+confusion matrices; for multilabel each label's AP, precision, recall and F1; for regression
+each target's errors and residuals, in the targets' own units (the checkpoint's target scale).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from utils.config import build
 from utils.distributed import processes_from_env
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation import evaluate
-from utils.modules import Modules
+from utils.modules import Modules, model_shapes
 from utils.onnx_export import export_onnx
 from utils.outputs import Outputs
 from utils.precision import Precision
@@ -46,6 +48,7 @@ from utils.stored import (
     export_safetensors,
     model_config,
     read_checkpoint,
+    task_config,
 )
 
 
@@ -110,22 +113,26 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     out.open_events()
     results: dict[str, dict] = {}
     for index, path in enumerate(files):
-        config, weights = read_checkpoint(path, cfg.config, cfg.weights)
-        data = build(data_config(config["data"], cfg.data))
+        config, weights, inputs = read_checkpoint(path, cfg.config, cfg.weights)
+        task = build(task_config(config))  # what it was trained to predict
+        data_node = data_config(config["data"], cfg.data)
+        data = build(data_node, **task.data_arguments(data_node))
+        task = task.fitted(data, context.device, stored=inputs)  # the target scale it trained on
         model_node = OmegaConf.create(model_config(config["model"]))
-        shapes = {"input_shape": tuple(data.input_shape), "num_classes": data.num_classes}
+        shapes = model_shapes(data.input_shape, data.num_classes)
         check_stored_model(model_node, shapes, weights)  # before anything it asks is allocated
         modules = Modules.build(model_node, data, context.device, channels_last=None)
         load_weights(modules.model, weights)
         placement = context.placement(modules.channels_last)
         batches = data.batches(cfg.split, placement, seed=config["seed"], train=False)
-        metrics = evaluate(modules.model, batches.epoch(0), precision, data.num_classes,
-                           confusion=True)  # fmt: skip
-        confusion = metrics["confusion"]
-        results[str(path)] = tables.checkpoint_tables(out, str(path), metrics, cfg.split)
-        out.writer.add_image(f"confusion/{index}", tables.confusion_image(confusion), 0)
-        csv_name = "confusion.csv" if len(files) == 1 else f"confusion-{index}.csv"
-        out.write_text(csv_name, tables.confusion_csv(confusion))
+        metrics = evaluate(modules.model, batches.epoch(0), precision, task.scores(detailed=True))
+        confusion = metrics.get("confusion")  # classification
+        results[str(path)] = tables.checkpoint_tables(out, str(path), metrics, cfg.split,
+                                                      data.targets)  # fmt: skip
+        if confusion is not None:
+            out.writer.add_image(f"confusion/{index}", tables.confusion_image(confusion), 0)
+            csv_name = "confusion.csv" if len(files) == 1 else f"confusion-{index}.csv"
+            out.write_text(csv_name, tables.confusion_csv(confusion))
         if cfg.export and context.is_main:
             export(modules, config, Path(cfg.export), out)
     out.close()

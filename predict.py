@@ -9,8 +9,10 @@ checkpoint alone, never from the data it was trained on.
 ``input`` is an image file, a folder of images (searched recursively, sorted by path), or, for
 a model trained on a table (``data=csv``), a CSV/TSV file with the same feature columns (the
 target column may be there or not). Each input gets one row in ``out``: its path relative to
-``input`` (or its row number, counted from 1 after the header), then the ``topk`` classes and
-probabilities. Images are decoded and resized exactly as an image folder's are, and normalised
+``input`` (or its row number, counted from 1 after the header), then by the checkpoint's task:
+the ``topk`` classes and probabilities (classification); the labels whose probability reaches
+``threshold``, then every label's probability (multilabel); or each target's predicted value,
+in the targets' own units (regression). Images are decoded and resized exactly as an image folder's are, and normalised
 with the checkpoint's own mean and std. A checkpoint is read as untrusted data (utils/trust.py).
 """
 
@@ -30,9 +32,9 @@ from utils.checkpoint import atomic_file, checkpoint_to_evaluate, load_checkpoin
 from utils.cli import run_cli
 from utils.distributed import Processes
 from utils.errors import EXIT_USER_ERROR, UserError
-from utils.modules import Modules
+from utils.modules import Modules, model_shapes
 from utils.outputs import Outputs
-from utils.predictions import InputRecord, read_inputs, top_classes
+from utils.predictions import InputRecord, label_sets, read_inputs, top_classes
 from utils.run import RunContext
 from utils.stored import check_stored_model, chosen_weights, model_config
 from utils.trust import check_stored_config, require_keys
@@ -75,39 +77,70 @@ def predict(cfg: DictConfig) -> None:
     out = Outputs(Path(HydraConfig.get().runtime.output_dir), True, events=False)
     model_node = OmegaConf.create(model_config(config["model"]))
     weights = chosen_weights(checkpoint, cfg.weights, path)
-    shapes = {"input_shape": record.input_shape, "num_classes": record.num_classes}
+    shapes = model_shapes(record.input_shape, record.num_classes)
     check_stored_model(model_node, shapes, weights)  # before anything it asks is allocated
     modules = Modules.build(model_node, record, context.device, channels_last=None)
     load_weights(modules.model, weights)
     names, inputs = read_inputs(Path(str(cfg.input)), record)
     model = modules.model.eval()
-    probabilities, transform = [], record.transform(context.device)
+    outputs, transform = [], record.transform(context.device)
     with torch.inference_mode():
         for lo in range(0, len(inputs), cfg.batch_size):
             batch = transform.normalize(inputs[lo : lo + cfg.batch_size])
-            probabilities.append(torch.softmax(model(batch).float(), dim=1).cpu())
-    rows = top_classes(
-        torch.cat(probabilities), record.class_names, min(cfg.topk, record.num_classes)
+            outputs.append(model(batch).float().cpu())
+    header, rows, shown = prediction_rows(torch.cat(outputs), record, cfg)
+    write_predictions(
+        Path(str(cfg.out)), header, [[n, *r] for n, r in zip(names, rows, strict=True)]
     )
-    write_predictions(Path(str(cfg.out)), names, rows)
     out.print(f"{len(names)} predictions from {path} ({cfg.weights} weights) -> {cfg.out}")
-    for name, row in list(zip(names, rows, strict=True))[:10]:
-        shown = "  ".join(f"{label} {p:.3f}" for label, p in row)
-        out.print(f"  {name}: {shown}")
+    for name, line in list(zip(names, shown, strict=True))[:10]:
+        out.print(f"  {name}: {line}")
     if len(names) > 10:
         out.print(f"  ... {len(names) - 10} more in {cfg.out}")
     context.close()
 
 
-def write_predictions(out: Path, names: list[str], rows: list[list[tuple[str, float]]]) -> None:
-    """One row per input: its name, then class and probability for each of the top k."""
-    k = len(rows[0]) if rows else 0
-    header = ["input"] + [f"{what}{i}" for i in range(1, k + 1) for what in ("class", "p")]
+def prediction_rows(
+    outputs: torch.Tensor, record: InputRecord, cfg: DictConfig
+) -> tuple[list[str], list[list[str]], list[str]]:
+    """(CSV header, CSV rows, one printed line a row) for the model's ``outputs`` by task:
+    the top-k classes and probabilities; the label set at the threshold and every label's
+    probability; or the predicted values in the targets' own units."""
+    kind, names = record.targets.kind, record.class_names
+    if kind == "values":
+        from utils.tasks import TargetScale
+
+        scale = TargetScale.from_record(record.task.get("target_scale"), record.num_classes, "cpu")
+        values = scale.undo(outputs).tolist()
+        rows = [[f"{v:.6g}" for v in row] for row in values]
+        return names, rows, ["  ".join(f"{n}={v}" for n, v in zip(names, r, strict=True))
+                             for r in rows]  # fmt: skip
+    if kind == "label_sets":
+        threshold = (
+            cfg.threshold if cfg.threshold is not None else record.task.get("threshold", 0.5)
+        )
+        if not (isinstance(threshold, float | int) and 0 < threshold < 1):
+            raise UserError(f"threshold={threshold} must be above 0 and below 1")
+        probabilities = torch.sigmoid(outputs)
+        chosen = label_sets(probabilities, names, float(threshold))
+        rows = [[";".join(n for n, _ in sets), *(f"{p:.6f}" for p in row)]
+                for sets, row in zip(chosen, probabilities.tolist(), strict=True)]  # fmt: skip
+        shown = ["  ".join(f"{n} {p:.3f}" for n, p in sets) or f"(none at {threshold:g})"
+                 for sets in chosen]  # fmt: skip
+        return ["labels", *(f"p_{n}" for n in names)], rows, shown
+    k = min(cfg.topk, record.num_classes)
+    top = top_classes(torch.softmax(outputs, dim=1), names, k)
+    header = [f"{what}{i}" for i in range(1, k + 1) for what in ("class", "p")]
+    rows = [[v for label, p in row for v in (label, f"{p:.6f}")] for row in top]
+    return header, rows, ["  ".join(f"{label} {p:.3f}" for label, p in row) for row in top]
+
+
+def write_predictions(out: Path, header: list[str], rows: list[list[str]]) -> None:
+    """One row per input: its name, then what :func:`prediction_rows` made of its output."""
     text = io.StringIO()
     writer = csv.writer(text)
-    writer.writerow(header)
-    for name, row in zip(names, rows, strict=True):
-        writer.writerow([name] + [v for label, p in row for v in (label, f"{p:.6f}")])
+    writer.writerow(["input", *header])
+    writer.writerows(rows)
     try:
         with atomic_file(out) as f:  # complete or not at all
             f.write(text.getvalue().encode())

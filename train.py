@@ -35,7 +35,7 @@ from utils.cli import run_cli
 from utils.config import build, check_config
 from utils.early_stopping import EarlyStopping
 from utils.errors import EXIT_USER_ERROR, UserError
-from utils.evaluation import evaluate, measured_metrics  # bound here: benchmarks patch evaluate
+from utils.evaluation import evaluate  # bound here: benchmarks patch evaluate
 from utils.finders import tune
 from utils.guards import check_start_up
 from utils.loop import Loop
@@ -92,14 +92,16 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     context = RunContext.for_training(run.processes, trainer, cfg.seed)  # seed, device, threads
     precision = build(cfg.precision, device=context.device)
 
-    # --- Data and model: shapes flow from the dataset to the model -----------------------
-    data = build(cfg.data)
-    monitor.check_measured([f"val/{name}" for name in measured_metrics(data.num_classes)])
-    loss = build(cfg.task).loss_for(data, context.device)  # task=classification: cross-entropy
+    # --- Task, data and model: the task says what targets are; shapes flow to the model ----
+    task = build(cfg.task)  # conf/task/: classification, multilabel or regression
+    data = build(cfg.data, **task.data_arguments(cfg.data))  # csv, tensors, image_csv: the kind
+    task = task.fitted(data, context.device)  # data's targets are the task's kind; their scale
+    monitor.check_measured([f"val/{name}" for name in task.measured()])
+    loss = task.loss()  # cross-entropy, binary cross-entropy, or MSE/Huber/L1
     if note := loss.training_note(data.mixing):  # train/loss and val/loss measure other things
         log.info(note)
     modules = Modules.build(cfg.model, data, context.device, trainer.channels_last)
-    out.print(report.model_summary(modules.model, data.input_shape, data.num_classes))
+    out.print(report.model_summary(modules.model, data.input_shape, data.targets))
     if trainer.shapes_only:  # debug=shapes
         return debug.show_shapes(modules, out)
     modules.wrap_for_steps(context.processes, trainer)  # DDP, torch.compile
@@ -116,7 +118,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were
         return tune(cfg.tune, parts, batches.train, data, out)
     state = TrainState()
-    record = run.record.with_inputs(data.input_record())  # for predict.py, beside the state
+    record = run.record.with_inputs(data.input_record() | task.record())  # for predict.py
     checkpointer = Checkpointer(run.checkpoint_dir, parts, state, monitor, record,
                                 writes=out.writes_events)  # fmt: skip
     checkpointer.start(run, cfg.seed, cfg.init_from)
@@ -133,7 +135,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     for _ in loop.epochs(debugging.batches(batches.train), data.batch_size, done=early.done):
         value = None  # the monitored metric, when this epoch is validated
         if state.validation_due(trainer.val_every_n_epochs, trainer.max_epochs):
-            val = evaluate(judged, batches.val.epoch(0), precision, data.num_classes)
+            val = evaluate(judged, batches.val.epoch(0), precision, task.scores())
             state.record("val", val)
             out.scalars("val", val, state.global_step)
             schedule.after_validation(state.metrics)
@@ -149,7 +151,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
 
     # --- Test the best checkpoint (val when the dataset has no test split) ----------------
     checkpointer.load_best()
-    test = evaluate(judged, batches.test().epoch(0), precision, data.num_classes)
+    test = evaluate(judged, batches.test().epoch(0), precision, task.scores())
     state.record("test", test)
     out.scalars("test", test, state.global_step)
     summary = loop.summary(data)  # throughput and data wait, with advice when it waited

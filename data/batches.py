@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data.mixing import MixedBatches, Mixing
+from data.targets import Targets
 from utils.errors import UserError
 from utils.seeding import mix_seed
 from utils.signals import STOP_SIGNALS
@@ -38,7 +39,8 @@ from utils.signals import STOP_SIGNALS
 
 @dataclass
 class TensorSplit:
-    """A whole split in memory: uint8 images [N, C, H, W] and int64 labels [N]."""
+    """A whole split in memory: uint8 images [N, C, H, W] (or float inputs [N, ...]) and their
+    targets, as data/targets.py describes: int64 class labels [N], or float [N, K]."""
 
     inputs: torch.Tensor
     labels: torch.Tensor
@@ -54,7 +56,7 @@ class TensorSplit:
 @dataclass(frozen=True)
 class MappedSplit:
     """A split cached on disk (data/image_cache.py): uint8 images [N, C, H, W] memory-mapped,
-    int64 labels [N] in memory."""
+    targets (data/targets.py) in memory."""
 
     images: np.ndarray  # an np.memmap: pages are read as batches need them
     labels: torch.Tensor
@@ -65,19 +67,6 @@ class MappedSplit:
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.images.shape[1:])
-
-
-def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
-    """Labels must be integers in [0, num_classes); say which dataset and value if not."""
-    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
-        raise UserError(f"{where}: labels must be integers, got dtype {labels.dtype}")
-    bad = (labels < 0) | (labels >= num_classes)
-    if bad.any():
-        index = int(bad.nonzero()[0])
-        raise UserError(
-            f"{where}: label {int(labels[index])} at index {index} is outside [0, {num_classes}); "
-            f"fix the labels or set the number of classes"
-        )
 
 
 @dataclass(frozen=True)
@@ -406,13 +395,21 @@ class Data:
 
     def __init__(
         self, name: str, splits: Splits, num_classes: int, batching: Batching,
-        classes: Sequence[str] | None = None,
+        classes: Sequence[str] | Targets | None = None,
     ) -> None:  # fmt: skip
+        """``num_classes``: the width of the model's output (classes, labels or values);
+        ``classes``: the class names, or the :class:`Targets` of label sets or values."""
         self.name = name
-        self.classes = list(classes) if classes is not None else None  # names, when known
+        self.targets = (
+            classes if isinstance(classes, Targets)
+            else Targets("classes", num_classes, tuple(classes) if classes is not None else None)
+        )  # fmt: skip
+        names = self.targets.names
+        # Class names, or label names: what predictions are called (None for values).
+        self.classes = list(names) if names and self.targets.kind != "values" else None
         self.table: dict | None = None  # a table's column encoding (data/tabular.py)
         self.splits = {"train": splits.train, "val": splits.val, "test": splits.test}
-        self.num_classes = num_classes
+        self.num_classes = self.targets.count
         self.input_shape = splits.train.input_shape  # (C, H, W)
         channels = self.input_shape[0]
         mean, std = list(batching.mean), list(batching.std)
@@ -437,6 +434,11 @@ class Data:
                 f"{name}'s inputs are {tuple(self.input_shape)}, not (C, H, W); turn them off"
             )
         self.mixing = Mixing.from_augment(batching.augment)  # MixUp/CutMix; None when off
+        if self.mixing and self.targets.kind == "values":
+            raise UserError(
+                "data.augment.mixup_alpha and cutmix_alpha blend class targets, and "
+                f"{name}'s targets are values (task=regression): set both to 0"
+            )
         if self.mixing and self.mixing.cutmix_alpha > 0 and len(self.input_shape) != 3:
             raise UserError(
                 f"data.augment.cutmix_alpha={self.mixing.cutmix_alpha}: CutMix pastes image "
@@ -451,7 +453,7 @@ class Data:
             )
         for split_name, split in self.splits.items():
             if isinstance(split, TensorSplit):
-                check_labels(split.labels, num_classes, f"{name} {split_name} split")
+                self.targets.check(split.labels, f"{name} {split_name} split")
 
     @property
     def in_memory(self) -> bool:
@@ -471,14 +473,14 @@ class Data:
         """How inputs reach the model, for checkpoints: predict.py rebuilds the evaluation
         transform from this alone (utils/predictions.py)."""
         return {"shape": list(self.input_shape), "mean": list(self.mean), "std": list(self.std),
-                "num_classes": self.num_classes, "classes": self.classes, "table": self.table}  # fmt: skip
+                "num_classes": self.num_classes, "classes": self.classes, "table": self.table,
+                "targets": self.targets.record()}  # fmt: skip
 
-    def train_labels(self) -> torch.Tensor:
-        """The train split's class indices (for class weights)."""
+    def train_targets(self) -> torch.Tensor:
+        """The train split's targets (for class weights, positive weights and the scale of
+        regression targets)."""
         split = self.splits["train"]
-        if isinstance(split, TensorSplit | MappedSplit):
-            return split.labels
-        return torch.tensor([label for _, label in split.samples], dtype=torch.long)
+        return split.labels if isinstance(split, TensorSplit | MappedSplit) else split.targets
 
     def sizes(self) -> dict[str, int]:
         return {name: len(split) for name, split in self.splits.items() if split is not None}

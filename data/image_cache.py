@@ -48,9 +48,9 @@ from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: pixels only; the targets come from the file list the key covers
 MAGIC = b"TLCACHE1"
-HEADER_BYTES = 4096  # magic, then the JSON header, padded; labels and pixels follow
+HEADER_BYTES = 4096  # magic, then the JSON header, padded; the pixels follow
 MODES = ("auto", "memory", "disk", "off")
 CACHE_NAME = re.compile(r"(train|val|test)-\d+x\d+x\d+-[0-9a-f]{20}\.u8")
 # data.cache_max_gb=null: this share of the memory available now (and, on a machine with a
@@ -162,11 +162,9 @@ def cache_key(files: Dataset) -> str:
     return digest.hexdigest()[:20]
 
 
-def _layout(files: Dataset) -> tuple[int, int, int]:
-    """(labels offset, images offset, file size) of the cache file of ``files``."""
-    count = len(files)
-    images_at = HEADER_BYTES + 8 * count
-    return HEADER_BYTES, images_at, images_at + count * math.prod(files.input_shape)
+def _layout(files: Dataset) -> tuple[int, int]:
+    """(images offset, file size) of the cache file of ``files``."""
+    return HEADER_BYTES, HEADER_BYTES + len(files) * math.prod(files.input_shape)
 
 
 def _header(files: Dataset) -> bytes:
@@ -185,8 +183,8 @@ def check_file(path: Path, files: Dataset) -> str | None:
         return f"unreadable ({error.strerror})"
     if head != _header(files):
         return "not a cache of these images (bad header)"
-    if size != _layout(files)[2]:
-        return f"short or overlong ({size} bytes, {_layout(files)[2]} expected)"
+    if size != _layout(files)[1]:
+        return f"short or overlong ({size} bytes, {_layout(files)[1]} expected)"
     return None
 
 
@@ -221,11 +219,9 @@ def decoded_batches(files: Dataset, workers: int, name: str) -> Iterator[torch.T
 def build_file(path: Path, files: Dataset, workers: int, name: str) -> None:
     """Write the cache of ``files`` to ``path`` as checkpoints are written (a temporary file
     renamed into place once complete), so a reader never sees a partial cache."""
-    labels = np.asarray([label for _, label in files.samples], dtype=np.int64)
     try:
         with atomic_file(path) as f:
             f.write(_header(files))
-            f.write(labels.tobytes())
             for images in decoded_batches(files, workers, name):
                 f.write(images.numpy().tobytes())
     except OSError as error:
@@ -237,31 +233,24 @@ def build_file(path: Path, files: Dataset, workers: int, name: str) -> None:
         raise
 
 
-def _labels(path: Path, files: Dataset) -> torch.Tensor:
-    labels_at, _, _ = _layout(files)
-    labels = np.fromfile(path, dtype=np.int64, count=len(files), offset=labels_at)
-    return torch.from_numpy(labels)
-
-
 def read_whole(path: Path, files: Dataset) -> TensorSplit:
     """The cached split in memory, as the whole-tensor path holds MNIST."""
-    _, images_at, _ = _layout(files)
+    images_at, _ = _layout(files)
     count = len(files) * math.prod(files.input_shape)
     pixels = np.fromfile(path, dtype=np.uint8, count=count, offset=images_at)
     images = torch.from_numpy(pixels).view(len(files), *files.input_shape)
-    return TensorSplit(images, _labels(path, files))
+    return TensorSplit(images, files.targets)
 
 
 def map_file(path: Path, files: Dataset) -> MappedSplit:
     """The cached split memory-mapped: pages are read as batches need them."""
-    _, images_at, _ = _layout(files)
+    images_at, _ = _layout(files)
     images = np.memmap(path, dtype=np.uint8, mode="r", offset=images_at,
                        shape=(len(files), *files.input_shape))  # fmt: skip
-    return MappedSplit(images, _labels(path, files))
+    return MappedSplit(images, files.targets)
 
 
 def decode_all(files: Dataset, workers: int, name: str) -> TensorSplit:
     """The split decoded into memory without a cache file (its folder cannot be written)."""
     images = torch.cat(list(decoded_batches(files, workers, name)))
-    labels = torch.tensor([label for _, label in files.samples], dtype=torch.int64)
-    return TensorSplit(images, labels)
+    return TensorSplit(images, files.targets)

@@ -9,12 +9,14 @@ The manifest's first row names its columns, ``path`` and ``label``. Paths are re
 ``data.root`` and must stay inside it: a path that leads out (``../``, an absolute path, a link
 outside) is refused naming its line, as is a missing file. Labels are class names or integers;
 each distinct value of the train manifest is a class (sorted; integers in numeric order), and
-the names are kept. Splits: separate manifests, or fractions of ``data.manifest`` held out by
+the names are kept. For ``task=multilabel`` a label is a set ``cat;dog`` (empty: no label), and
+for ``task=regression`` a number, or numbers ``1.5;-2``. Splits: separate manifests, or fractions of ``data.manifest`` held out by
 the seeded ``split.seed``.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,6 +25,14 @@ from typing import Any
 from data.batches import Data
 from data.imagefolder import ImageList, held_data
 from data.tabular import read_table
+from data.targets import (
+    SET_SEPARATOR,
+    Targets,
+    label_set,
+    multi_hot,
+    reads_targets,
+    sorted_names,
+)
 from utils.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
 from utils.errors import UserError
 
@@ -48,18 +58,59 @@ def read_manifest(path: Path, root: Path) -> list[tuple[str, str, int]]:
     return entries
 
 
-def class_names(labels: Sequence[str]) -> list[str]:
-    values = set(labels)
+def manifest_targets(entries: dict[str, list], kind: str, manifest: str,
+                     split: Mapping[str, Any]) -> tuple[dict[str, list], Targets]:  # fmt: skip
+    """Each split's (file, target) samples from its manifest rows, and the targets: a class
+    index, a 0/1 tuple over the train rows' labels (``a;b``), or a tuple of values (``1.5`` or
+    ``1.5;-2``)."""
+    if kind == "values":
+        samples = {name: [(file, _values(text, split.get(f"{name}_path") or manifest, line))
+                          for file, text, line in rows] for name, rows in entries.items()}  # fmt: skip
+        widths = {len(target) for rows in samples.values() for _, target in rows}
+        if len(widths) > 1:
+            raise UserError(f"{manifest}: rows hold {sorted(widths)} values; give every row "
+                            "the same number")  # fmt: skip
+        return samples, Targets("values", widths.pop())
+    sets = kind == "label_sets"
+    names = sorted_names({label for _, text, _ in entries["train"]
+                          for label in (label_set(text) if sets else [text])})  # fmt: skip
+    index = {name: i for i, name in enumerate(names)}
+    samples = {}
+    for name, rows in entries.items():
+        for _, text, line in rows:
+            unknown = [label for label in (label_set(text) if sets else [text])
+                       if label not in index]  # fmt: skip
+            if unknown:
+                raise UserError(f"{split.get(f'{name}_path') or manifest} line {line}: label "
+                                f"{unknown[0]!r} is not a {'label' if sets else 'class'} of "
+                                "the train rows")  # fmt: skip
+        if sets:
+            rows_hot = multi_hot([label_set(text) for _, text, _ in rows], names).tolist()
+            samples[name] = [(file, tuple(hot)) for (file, _, _), hot in
+                             zip(rows, rows_hot, strict=True)]  # fmt: skip
+        else:
+            samples[name] = [(file, index[text]) for file, text, _ in rows]
+    return samples, Targets(kind, len(names), tuple(names))
+
+
+def _values(text: str, manifest: str, line: int) -> tuple[float, ...]:
     try:
-        return sorted(values, key=int)
+        values = tuple(float(part) for part in text.split(SET_SEPARATOR))
     except ValueError:
-        return sorted(values)
+        values = ()
+    if not values or not all(math.isfinite(v) for v in values):
+        raise UserError(f"{manifest} line {line}: label {text!r} is not a number (or numbers "
+                        "a;b) that task=regression can learn")  # fmt: skip
+    return values
 
 
+@reads_targets("label_sets", "values")
 def load_image_csv(root: str, manifest: str, split: Mapping[str, Any], image_size: Sequence[int],
                    channels: int, **options) -> Data:  # fmt: skip
     """conf/data/image_csv.yaml. ``options``: the cache keys (``cache``, ``cache_max_gb``,
-    ``cache_dir``) and those of :class:`data.batches.Batching`."""
+    ``cache_dir``), those of :class:`data.batches.Batching`, and ``targets``, the kind of
+    target the task learns (data/targets.py; train.py passes it)."""
+    kind = options.pop("targets", "classes")
     check_values("data", {"image_size": image_size, "channels": channels, "cache": options["cache"],
                           "cache_max_gb": options["cache_max_gb"]},
                  {"image_size": pair_of_positive_ints(), "channels": one_of(1, 3),
@@ -85,16 +136,9 @@ def load_image_csv(root: str, manifest: str, split: Mapping[str, Any], image_siz
         for name, size in zip(cut, sizes, strict=True):
             entries[name], rows = sorted(rows[:size], key=lambda e: e[2]), rows[size:]
         entries["train"] = sorted(rows, key=lambda e: e[2])
-    classes = class_names([label for _, label, _ in entries["train"]])
-    index = {name: i for i, name in enumerate(classes)}
-    files = {}
-    for name, rows in entries.items():
-        for _, label, line in rows:
-            if label not in index:
-                raise UserError(f"{split.get(f'{name}_path') or manifest} line {line}: label "
-                                f"{label!r} is not a class of the train rows")  # fmt: skip
-        samples = [(file, index[label]) for file, label, _ in rows]
-        files[name] = ImageList(samples, base, image_size, channels)
+    samples, targets = manifest_targets(entries, kind, manifest, split)
+    files = {name: ImageList(rows, base, image_size, channels) for name, rows in samples.items()}
+    classes = targets if kind != "classes" else list(targets.names)
     cache_dir = options.pop("cache_dir")
     folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
     cache = {"mode": options.pop("cache"), "max_gb": options.pop("cache_max_gb"),

@@ -14,6 +14,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from torch.utils.data import Dataset
 
 from data.batches import Batching, Data, Splits
 from data.image_cache import MODES, ImageCache
+from data.targets import Targets
 from utils.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
 from utils.errors import UserError
 
@@ -40,14 +42,19 @@ def find_classes(split_dir: Path) -> list[str]:
 
 
 class ImageList(Dataset):
-    """(uint8 image [C, H, W], label) pairs of the files in ``samples``, decoded on access;
-    ``root`` is what their cache key names them relative to (data/image_cache.py)."""
+    """(uint8 image [C, H, W], target) pairs of the files in ``samples``, decoded on access;
+    ``root`` is what their cache key names them relative to (data/image_cache.py). A sample's
+    label is a class index, or a tuple of floats (a 0/1 label-set row, or values): ``targets``
+    holds them all as one tensor (data/targets.py)."""
 
-    def __init__(self, samples: list[tuple[str, int]], root: Path, image_size: Sequence[int],
+    def __init__(self, samples: list[tuple[str, Any]], root: Path, image_size: Sequence[int],
                  channels: int) -> None:  # fmt: skip
         self.samples, self.root = samples, root
         self.image_size = list(image_size)
         self.channels = channels
+        labels = [label for _, label in samples]
+        rows = bool(labels) and isinstance(labels[0], tuple)
+        self.targets = torch.tensor(labels, dtype=torch.float32 if rows else torch.long)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -57,8 +64,7 @@ class ImageList(Dataset):
         return (self.channels, *self.image_size)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        path, label = self.samples[index]
-        return decode(path, self.image_size, self.channels), label
+        return decode(self.samples[index][0], self.image_size, self.channels), self.targets[index]
 
 
 class ImageFiles(ImageList):
@@ -145,13 +151,16 @@ def load_imagefolder(
     return held_data(f"imagefolder {base}", files, classes, cache_settings, batching)
 
 
-def held_data(name: str, files: dict, classes: list[str], cache: dict, batching: dict) -> Data:
+def held_data(name: str, files: dict, classes: list[str] | Targets, cache: dict,
+              batching: dict) -> Data:  # fmt: skip
     """Image ``files`` by split (train, val, optional test), held as ``cache`` says (data.cache
     as ``mode``, ``max_gb``, the cache ``folder``, and a ``prefix`` for its file names): decoded
-    once into a cache, or read lazily. ``num_workers`` null is one per core, at most 8."""
+    once into a cache, or read lazily. ``classes``: the class names, or the :class:`Targets`
+    of label sets or values. ``num_workers`` null is one per core, at most 8."""
     if batching.get("num_workers") is None:
         batching["num_workers"] = min(8, os.cpu_count() or 1)
     held = ImageCache(cache["mode"], cache["max_gb"], cache["folder"], batching["num_workers"])
     splits = {split: held.hold(cache["prefix"] + split, images) for split, images in files.items()}
     splits = Splits(splits["train"], splits["val"], splits.get("test"))
-    return Data(name, splits, len(classes), Batching(**batching), classes)
+    count = classes.count if isinstance(classes, Targets) else len(classes)
+    return Data(name, splits, count, Batching(**batching), classes)

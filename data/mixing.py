@@ -9,7 +9,9 @@ with probability ``mix_switch_prob``, else MixUp. The share λ of the batch's ow
 from Beta(α, α). MixUp blends whole images, ``λ·x + (1-λ)·x[perm]``; CutMix pastes one box of
 ``x[perm]`` into every image, of area ``1-λ`` as far as the image's edges allow, and λ becomes
 the share of pixels kept. The targets are ``λ·onehot(y) + (1-λ)·onehot(y[perm])``: class
-probabilities that sum to 1, which the task's loss smooths once (utils/tasks.py).
+probabilities that sum to 1, which the task's loss smooths once (utils/tasks.py). Label sets
+(``task=multilabel``) blend the same way, into per-label probabilities; values
+(``task=regression``) are not mixed, and mixing is refused for them.
 
 Everything a batch's mixing draws — whether, which, λ, the box and the pairing ``perm`` — is a
 pure function of (seed, epoch, batch index, rank), as the rest of a batch is (data/batches.py),
@@ -110,7 +112,9 @@ def mixed(images: torch.Tensor, labels: torch.Tensor, draw: Draw, perm: torch.Te
         top, bottom, left, right = draw.box
         images = images.clone(memory_format=layout)
         images[..., top:bottom, left:right] = images[perm][..., top:bottom, left:right]
-    onehot = F.one_hot(labels, classes).to(images.dtype)
+    # Class indices become one-hot rows; label sets (task=multilabel) already are 0/1 rows.
+    onehot = labels.to(images.dtype) if labels.is_floating_point() else (
+        F.one_hot(labels, classes).to(images.dtype))  # fmt: skip
     targets = onehot.lerp(onehot[perm], 1.0 - draw.lam)
     return images.contiguous(memory_format=layout), targets
 

@@ -3,10 +3,15 @@
     python train.py data=csv data.path=houses.csv data.target=price_band model=mlp
     python train.py data=csv data.path=train.tsv data.split.val_path=val.tsv data.target=label
     python train.py data=csv data.path=a.csv data.target=y data.categorical=[city,colour]
+    python train.py task=regression data=csv data.path=houses.csv data.target=[price,rent]
+    python train.py task=multilabel data=csv data.path=t.csv data.target=tags    # cells a;b
+    python train.py task=multilabel data=csv data.path=t.csv data.target=[red,round]  # 0/1
 
 The first row names the columns. ``target`` is the label column: class names or integers, each
-distinct value a class (in sorted order; the names are kept). The features are the other
-columns, or the ``features`` listed; each must hold numbers, except the ``categorical`` ones,
+distinct value a class (in sorted order; the names are kept). For ``task=regression`` it names
+one or more columns of numbers; for ``task=multilabel``, one column of ``a;b`` label sets (an
+empty cell is the empty set), or a list of 0/1 columns. The features are the other columns, or
+the ``features`` listed; each must hold numbers, except the ``categorical`` ones,
 which are one-hot encoded with the categories of the ``path`` file (a category only a separate
 val or test file holds encodes as all zeros). A value that is not a number, or is empty, is refused naming
 its file, column and line. Features are standardised with the mean and standard deviation of
@@ -27,6 +32,7 @@ from typing import Any
 import torch
 
 from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics, fill_splits
+from data.targets import KINDS, Targets, label_set, multi_hot, reads_targets, sorted_names
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
@@ -56,24 +62,34 @@ def read_table(path: Path) -> tuple[list[str], list[list[str]]]:
 
 class Columns:
     """Which columns are the target and the features, and how each becomes numbers: fitted on
-    the train file (its class names and categories), then applied to every file."""
+    the train file (its class names and categories), then applied to every file. ``kind``
+    (data/targets.py): ``classes`` (one column of class names or integers), ``label_sets``
+    (one column of ``a;b`` sets, or several 0/1 columns) or ``values`` (one or more columns of
+    numbers)."""
 
     def __init__(self, header: list[str], rows: list[list[str]], choice: Mapping[str, Any],
                  path: Path) -> None:  # fmt: skip
-        target, features = choice["target"], choice["features"]
+        target, features, kind = choice["target"], choice["features"], choice["kind"]
+        targets = [target] if isinstance(target, str) else list(target)
         categorical = list(choice["categorical"] or [])
-        for name in [target, *(features or []), *categorical]:
+        for name in [*targets, *(features or []), *categorical]:
             if name not in header:
                 raise UserError(f"{path} has no column {name!r}; its columns are "
                                 f"{', '.join(header)}")  # fmt: skip
-        self.target = target
-        named = features if features is not None else [c for c in header if c != target]
+        if len(targets) > 1 and kind == "classes":
+            raise UserError(f"data.target names {len(targets)} columns; task=classification "
+                            "takes one (several are task=multilabel's 0/1 columns or "
+                            "task=regression's values)")  # fmt: skip
+        self.kind, self.target = kind, target if isinstance(target, str) else targets
+        named = features if features is not None else [c for c in header if c not in targets]
         self.numeric = [c for c in named if c not in categorical]
         self.categorical = categorical
-        at = header.index(target)
-        values = {row[at].strip() for row in rows}
-        whole = all(_is_int(v) for v in values)
-        self.classes = sorted(values, key=int) if whole else sorted(values)
+        self.classes = targets  # what each output is called: classes, labels or values
+        if kind == "classes":
+            self.classes = sorted_names({row[header.index(target)].strip() for row in rows})
+        elif kind == "label_sets" and isinstance(target, str):  # one column of a;b sets
+            at = header.index(targets[0])
+            self.classes = sorted_names({label for row in rows for label in label_set(row[at])})
         self.categories = {
             name: sorted({row[header.index(name)].strip() for row in rows}) for name in categorical
         }
@@ -81,26 +97,28 @@ class Columns:
     def record(self) -> dict:
         """What rebuilds this encoding without the train file (checkpoints keep it)."""
         return {"target": self.target, "numeric": self.numeric, "categories": self.categories,
-                "classes": self.classes}  # fmt: skip
+                "classes": self.classes, "kind": self.kind}  # fmt: skip
 
     @classmethod
     def from_record(cls, record: dict) -> Columns:
-        """The encoding a checkpoint recorded (untrusted: its types are checked)."""
+        """The encoding a checkpoint recorded (untrusted: its types are checked); one written
+        before tasks other than classification existed has no ``kind``."""
 
         def names(value: Any) -> bool:
             return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
-        categories = record.get("categories")
-        ok = (isinstance(record.get("target"), str) and names(record.get("numeric"))
+        categories, target = record.get("categories"), record.get("target")
+        ok = ((isinstance(target, str) or names(target)) and names(record.get("numeric"))
               and names(record.get("classes")) and isinstance(categories, dict)
+              and record.get("kind", "classes") in KINDS
               and all(isinstance(k, str) and names(v) for k, v in categories.items()))  # fmt: skip
         if not ok:
             raise UserError("the checkpoint's table record is not what torchloom writes (was "
                             "it edited?)")  # fmt: skip
         columns = cls.__new__(cls)
-        columns.target, columns.numeric = record["target"], record["numeric"]
+        columns.target, columns.numeric = target, record["numeric"]
         columns.categorical, columns.categories = list(categories), categories
-        columns.classes = record["classes"]
+        columns.classes, columns.kind = record["classes"], record.get("kind", "classes")
         return columns
 
     @property
@@ -111,18 +129,36 @@ class Columns:
         return [*self.numeric, *one_hot]
 
     def encode(self, header: list[str], rows: list[list[str]], path: Path) -> TensorSplit:
-        """``rows`` of a file with ``header`` as features [N, F] (float32) and labels [N]."""
-        if self.target not in header:
-            raise UserError(f"{path} has no column {self.target!r}, which the train file has")
-        at, class_of = header.index(self.target), {name: i for i, name in enumerate(self.classes)}
-        labels = torch.empty(len(rows), dtype=torch.long)
+        """``rows`` of a file with ``header`` as features [N, F] (float32) and targets: class
+        indices [N], or float [N, K] label sets or values."""
+        targets = [self.target] if isinstance(self.target, str) else self.target
+        for name in targets:
+            if name not in header:
+                raise UserError(f"{path} has no column {name!r}, which the train file has")
+        return TensorSplit(self.features(header, rows, path), self.targets(header, rows, path))
+
+    def targets(self, header: list[str], rows: list[list[str]], path: Path) -> torch.Tensor:
+        columns = [self.target] if isinstance(self.target, str) else self.target
+        at = [header.index(name) for name in columns]
+        if self.kind == "values":
+            return torch.tensor([[_value(row[i], name, path, n + 2) for i, name in
+                                  zip(at, columns, strict=True)] for n, row in enumerate(rows)])  # fmt: skip
+        if self.kind == "label_sets" and not isinstance(self.target, str):  # 0/1 columns
+            return torch.tensor([[_bit(row[i], name, path, n + 2) for i, name in
+                                  zip(at, columns, strict=True)] for n, row in enumerate(rows)])  # fmt: skip
+        known = set(self.classes)
         for n, row in enumerate(rows):
-            label = row[at].strip()
-            if label not in class_of:
-                raise UserError(f"{path} line {n + 2}: {self.target}={label!r} is not a class "
-                                f"of the train split ({', '.join(self.classes[:10])}...)")  # fmt: skip
-            labels[n] = class_of[label]
-        return TensorSplit(self.features(header, rows, path), labels)
+            given = label_set(row[at[0]]) if self.kind == "label_sets" else [row[at[0]].strip()]
+            unknown = [label for label in given if label not in known]
+            if unknown:
+                what = "label" if self.kind == "label_sets" else "class"
+                raise UserError(f"{path} line {n + 2}: {columns[0]}={unknown[0]!r} is not a "
+                                f"{what} of the train split ({', '.join(self.classes[:10])}"
+                                f"{'...' if len(self.classes) > 10 else ''})")  # fmt: skip
+        if self.kind == "label_sets":
+            return multi_hot([label_set(row[at[0]]) for row in rows], self.classes)
+        class_of = {name: i for i, name in enumerate(self.classes)}
+        return torch.tensor([class_of[row[at[0]].strip()] for row in rows], dtype=torch.long)
 
     def features(self, header: list[str], rows: list[list[str]], path: Path) -> torch.Tensor:
         """The feature columns of ``rows`` encoded as training encoded them: [N, F] float32."""
@@ -144,12 +180,21 @@ class Columns:
         return features
 
 
-def _is_int(value: str) -> bool:
+def _value(text: str, column: str, path: Path, line: int) -> float:
     try:
-        int(value)
-    except ValueError:
-        return False
-    return True
+        return _number(text, column, path, line)
+    except UserError:
+        shown = repr(text.strip()) if text.strip() else "empty"
+        raise UserError(f"{path} line {line}, column {column!r}: {shown} is not a number, "
+                        "and task=regression learns the numbers in data.target; fix the value "
+                        "or choose number columns") from None  # fmt: skip
+
+
+def _bit(text: str, column: str, path: Path, line: int) -> float:
+    if text.strip() not in ("0", "1"):
+        raise UserError(f"{path} line {line}, column {column!r}: {text.strip()!r} is not 0 or 1 "
+                        "(a label column of task=multilabel)")  # fmt: skip
+    return float(text.strip())
 
 
 def _number(text: str, column: str, path: Path, line: int) -> float:
@@ -166,25 +211,30 @@ def _number(text: str, column: str, path: Path, line: int) -> float:
     return value
 
 
-def load_csv(path: str, target: str, features: Sequence[str] | None,
-             categorical: Sequence[str], split: Mapping[str, Any], **batching) -> Data:  # fmt: skip
-    """conf/data/csv.yaml. ``batching``: the keys of :class:`data.batches.Batching` but
-    ``mean`` and ``std``, which come from the train split."""
+@reads_targets("label_sets", "values")
+def load_csv(path: str, target: Any, features: Sequence[str] | None,
+             categorical: Sequence[str], split: Mapping[str, Any], **options) -> Data:  # fmt: skip
+    """conf/data/csv.yaml. ``options``: the keys of :class:`data.batches.Batching` but ``mean``
+    and ``std``, which come from the train split, and ``targets``, the kind of target the task
+    learns (data/targets.py; train.py passes it)."""
+    kind = options.pop("targets", "classes")
+    target = target if isinstance(target, str) else list(target)
     train_path = Path(path)
     header, rows = read_table(train_path)
-    columns = Columns(header, rows, {"target": target, "features": features,
+    columns = Columns(header, rows, {"target": target, "features": features, "kind": kind,
                                      "categorical": categorical}, train_path)  # fmt: skip
     samples = columns.encode(header, rows, train_path)
     paths = {name: Path(split[f"{name}_path"]) for name in ("val", "test") if split[f"{name}_path"]}
     given = {name: columns.encode(*read_table(other), other) for name, other in paths.items()}
     train, val, test = fill_splits(samples, given, split)  # the others held out of `path`
     mean, std = channel_statistics(train.inputs)  # a constant feature keeps std 1
-    log.info("csv %s: %d features (%s), %d classes; standardised with the train split's "
-             "statistics", train_path.name, len(columns.feature_names),
-             ", ".join(columns.feature_names[:8]) + ("..." if len(columns.feature_names) > 8 else ""),
-             len(columns.classes))  # fmt: skip
-    batching = Batching(mean=mean, std=std, **batching)
-    splits = Splits(train, val, test)
-    data = Data(f"csv {train_path.name}", splits, len(columns.classes), batching, columns.classes)
+    shown = ", ".join(columns.feature_names[:8]) + ("..." if len(columns.feature_names) > 8 else "")
+    log.info("csv %s: %d features (%s), %d %s; standardised with the train split's "
+             "statistics", train_path.name, len(columns.feature_names), shown,
+             len(columns.classes), kind.replace("_", " ").replace("label sets", "labels"))  # fmt: skip
+    batching = Batching(mean=mean, std=std, **options)
+    targets = Targets(kind, len(columns.classes), tuple(columns.classes))
+    data = Data(f"csv {train_path.name}", Splits(train, val, test), targets.count, batching,
+                targets)  # fmt: skip
     data.table = columns.record()
     return data

@@ -4,7 +4,9 @@
     python train.py data=tensors data.path=features.npz model=mlp
     python train.py data=tensors data.path=images.pt model=cnn
 
-``x`` is [N, C, H, W] uint8 images or [N, ...] numbers; ``y`` is [N] integer class indices.
+``x`` is [N, C, H, W] uint8 images or [N, ...] numbers; ``y`` is [N] integer class indices, or
+for ``task=multilabel`` a 0/1 matrix [N, labels], or for ``task=regression`` numbers [N] or
+[N, values].
 ``x_val``/``y_val`` and ``x_test``/``y_test`` in the same file are the val and test splits;
 a split the file does not hold is held out of ``x`` by the seeded ``split``. A ``.pt`` file is
 read with ``torch.load(weights_only=True)`` and a ``.npz`` with ``allow_pickle=False``, so a
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 
 from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics, fill_splits
+from data.targets import Targets, reads_targets
 from utils.errors import UserError
 
 SPLIT_KEYS = {"train": ("x", "y"), "val": ("x_val", "y_val"), "test": ("x_test", "y_test")}
@@ -65,9 +68,9 @@ def split_of(arrays: Mapping[str, torch.Tensor], name: str, path: Path) -> Tenso
     if x.dim() < 2:
         raise UserError(f"{path}: {x_key} must be [N, features] or [N, C, H, W], not "
                         f"shape {list(x.shape)}")  # fmt: skip
-    if y.dim() != 1 or len(y) != len(x):
-        raise UserError(f"{path}: {y_key} must be [N] labels for {x_key}'s {len(x)} samples, "
-                        f"not shape {list(y.shape)}")  # fmt: skip
+    if y.dim() not in (1, 2) or len(y) != len(x):
+        raise UserError(f"{path}: {y_key} must be [N] labels (or [N, K] label sets or values) "
+                        f"for {x_key}'s {len(x)} samples, not shape {list(y.shape)}")  # fmt: skip
     if x.dtype != torch.uint8:
         x = x.float()
         if not bool(torch.isfinite(x).all()):
@@ -75,19 +78,50 @@ def split_of(arrays: Mapping[str, torch.Tensor], name: str, path: Path) -> Tenso
     return TensorSplit(x, y)
 
 
+@reads_targets("label_sets", "values")
 def load_tensors(path: str, num_classes: int | None, split: Mapping[str, Any],
-                 mean: Sequence[float] | None, std: Sequence[float] | None, **batching) -> Data:  # fmt: skip
-    """conf/data/tensors.yaml. ``num_classes``: null = the largest label + 1."""
+                 mean: Sequence[float] | None, std: Sequence[float] | None, **options) -> Data:  # fmt: skip
+    """conf/data/tensors.yaml. ``num_classes``: null = the largest label + 1. ``options``: the
+    keys of :class:`data.batches.Batching`, and ``targets``, the kind of target the task learns
+    (data/targets.py; train.py passes it)."""
+    kind = options.pop("targets", "classes")
     file = Path(path)
     arrays = read_arrays(file)
     samples = split_of(arrays, "train", file)
     given = {name: split_of(arrays, name, file) for name in ("val", "test")}
-    train, val, test = fill_splits(samples, {k: v for k, v in given.items() if v}, split)
+    given = {name: as_targets(part, kind, file) for name, part in given.items() if part}
+    samples = as_targets(samples, kind, file)
+    train, val, test = fill_splits(samples, given, split)
     labels = torch.cat([train.labels, val.labels, test.labels])
-    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
-        raise UserError(f"{file}: labels must be integer class indices, not {labels.dtype}")
-    classes = num_classes if num_classes is not None else int(labels.max()) + 1
+    if kind == "classes":
+        classes = num_classes if num_classes is not None else int(labels.max()) + 1
+        targets = Targets(kind, classes)
+    else:
+        widths = {part.labels.shape[1] for part in (train, val, test)}
+        if len(widths) > 1:
+            raise UserError(f"{file}: the splits' y have {sorted(widths)} columns; give each "
+                            "split the same")  # fmt: skip
+        targets = Targets(kind, widths.pop())
     if mean is None or std is None:
         mean, std = channel_statistics(train.inputs)
-    batching = Batching(mean=list(mean), std=list(std), **batching)
-    return Data(f"tensors {file.name}", Splits(train, val, test), classes, batching)
+    batching = Batching(mean=list(mean), std=list(std), **options)
+    return Data(f"tensors {file.name}", Splits(train, val, test), targets.count, batching,
+                targets)  # fmt: skip
+
+
+def as_targets(part: TensorSplit, kind: str, path: Path) -> TensorSplit:
+    """A split whose y is what ``kind`` of target takes: integer class indices [N], or float
+    [N, K] label sets or values (a 1-D y of values is one value a sample)."""
+    y = part.labels
+    if kind == "classes":
+        if y.dtype.is_floating_point or y.dtype == torch.bool or y.dim() != 1:
+            raise UserError(f"{path}: class labels must be integer indices [N], not {y.dtype} "
+                            f"{list(y.shape)} (label sets and values are task=multilabel's and "
+                            "task=regression's)")  # fmt: skip
+        return part
+    if y.dim() == 1 and kind == "values":
+        y = y[:, None]
+    if y.dim() != 2:
+        raise UserError(f"{path}: label sets must be a 0/1 y of shape [N, labels], not "
+                        f"{list(y.shape)}")  # fmt: skip
+    return TensorSplit(part.inputs, y.float())

@@ -8,7 +8,7 @@ import torch
 from conftest import run_train
 
 from utils.errors import UserError
-from utils.evaluation import evaluate
+from utils.evaluation import ClassScores, evaluate
 from utils.model_check import check_forward
 from utils.precision import Precision
 
@@ -61,7 +61,7 @@ def test_evaluation_and_the_start_up_check_leave_batchnorm_untouched():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     check_forward(model, (1, 8, 8), 10, torch.device("cpu"))
     batches = [(torch.randn(8, 1, 8, 8) * 5 + 3, torch.randint(0, 10, (8,))) for _ in range(3)]
-    metrics = evaluate(model, batches, Precision("float32", torch.device("cpu")), 10)
+    metrics = evaluate(model, batches, Precision("float32", torch.device("cpu")), ClassScores(10))
     assert set(metrics) == {"loss", "acc", "acc_top5"}
     assert model.training  # mode restored
     after = model.state_dict()
@@ -75,5 +75,7 @@ def test_evaluation_counts_every_sample_once():
 
     labels = torch.tensor([0, 0, 1, 0, 2, 0, 0])  # 5 of 7 are class 0
     batches = [(torch.zeros(4, 1), labels[:4]), (torch.zeros(3, 1), labels[4:])]
-    metrics = evaluate(Constant(), batches, Precision("float32", torch.device("cpu")), 10)
+    metrics = evaluate(
+        Constant(), batches, Precision("float32", torch.device("cpu")), ClassScores(10)
+    )
     assert metrics["acc"] == pytest.approx(5 / 7)

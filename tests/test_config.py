@@ -47,7 +47,7 @@ def test_each_group_has_the_options_the_readme_promises():
         "tensors",
         "torchvision",
     ]
-    assert options("task") == ["classification"]
+    assert options("task") == ["classification", "multilabel", "regression"]
     assert options("optim") == ["adam", "adamw", "sgd"]
     assert options("scheduler") == ["cosine", "none", "onecycle", "plateau", "step"]
     assert options("precision") == ["auto", "bf16", "fp16", "fp32"]

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import read_events, read_metrics, run_train, scalars
 
 from data.batches import Placement
@@ -93,7 +94,9 @@ def test_lr_range_test_restores_weights_and_optimizer():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     batches = data.batches("train", Placement(torch.device("cpu")), seed=0)
     precision = Precision("float32", torch.device("cpu"))
-    lrs, losses, suggested = lr_range_test(model, optimizer, batches, precision, RangeTest(50))
+    lrs, losses, suggested = lr_range_test(
+        model, optimizer, batches, precision, F.cross_entropy, RangeTest(50)
+    )
     assert len(lrs) == len(losses) > 10 and lrs == sorted(lrs)
     assert math.isfinite(suggested) and lrs[0] <= suggested <= lrs[-1]
     for name, value in model.state_dict().items():

@@ -129,8 +129,11 @@ def test_the_onnx_export_runs_in_onnxruntime_with_any_batch_size(image_run):
 # predict.py takes its shapes from the checkpoint's inputs record, evaluate.py from the stored
 # data config; both build the stored model config.
 @pytest.mark.parametrize(("edit", "message", "scripts"), [
-    (lambda c: c["inputs"].update(num_classes=10**8, classes=None),
+    (lambda c: c["inputs"].update(num_classes=10**8, classes=None,
+                                  targets={"kind": "classes", "count": 10**8, "names": None}),
      "the checkpoint's weights do not fit the model", [PREDICT]),
+    (lambda c: c["inputs"].update(num_classes=10**8, classes=None),  # counts that disagree
+     "its targets record is not what torchloom writes", [PREDICT]),
     (lambda c: c["config"]["model"].update(channels=[10**6, 10**6]),
      "the checkpoint's weights do not fit the model", [PREDICT, EVALUATE]),
     (lambda c: c["inputs"].update(shape=[3, 50000, 50000]),

@@ -23,7 +23,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from utils.errors import EXIT_USER_ERROR, UserError, user_error_in
-from utils.monitor import monitor_mode
+from utils.monitor import default_monitor, monitor_mode
 
 
 @dataclass
@@ -136,6 +136,7 @@ class PredictConfig:
     input: Any = MISSING
     out: str = MISSING
     topk: int = MISSING
+    threshold: Any = MISSING
     weights: str = MISSING
     device: str = MISSING
     batch_size: int = MISSING
@@ -197,6 +198,7 @@ def _process_start_time(pid: int) -> float | None:
 
 
 OmegaConf.register_new_resolver("run_timestamp", run_timestamp, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("default_monitor", default_monitor, replace=True)
 
 
 def _number(cfg: DictConfig, key: str) -> float:
@@ -261,12 +263,12 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
 
 # Arguments train.py passes to each group's builder itself (the rest come from the YAML).
 SUPPLIED = {
-    "model": ("input_shape", "num_classes"),
-    "data": (),
+    "model": ("input_shape", "num_classes", "num_outputs"),
+    "data": ("targets",),  # the kind the task learns, to builders that read several kinds
     "optim": ("params",),
     "scheduler": (),  # finished with the optimizer and step counts by what it returns
     "precision": ("device",),
-    "task": (),  # finished with the data and device by Classification.loss_for
+    "task": (),  # fitted to the data and device by the task's fitted()
 }
 OPTIM_KEYS_OF_OURS = (
     "decay_bias_and_norm",

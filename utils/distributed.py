@@ -110,6 +110,23 @@ def all_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def all_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """The rows of ``tensor`` from every process, in rank order (the tensor itself for one
+    process): each process's evaluation shard, whole, for a metric that ranks every sample
+    (average precision). Shards may differ in length."""
+    if not dist.is_initialized():
+        return tensor
+    world = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.long, device=tensor.device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([len(tensor)], device=tensor.device))
+    longest = int(max(size.item() for size in sizes))
+    padded = tensor.new_zeros(longest, *tensor.shape[1:])
+    padded[: len(tensor)] = tensor
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    return torch.cat([part[: int(size.item())] for part, size in zip(gathered, sizes, strict=True)])
+
+
 def all_mean(value: float, device: torch.device) -> float:
     """The mean of ``value`` over all processes (``value`` itself for one process)."""
     if not dist.is_initialized():

@@ -1,6 +1,7 @@
-"""What ``evaluate.py`` shows for each checkpoint: the metrics, per-class precision, recall and
-F1, the confusion matrix (as a table, a CSV and a TensorBoard image), and a comparison table
-when several checkpoints are evaluated."""
+"""What ``evaluate.py`` shows for each checkpoint: the metrics, then by task per-class
+precision, recall and F1 with the confusion matrix (as a table, a CSV and a TensorBoard image),
+per-label AP, or per-target errors and residuals; and a comparison table when several
+checkpoints are evaluated."""
 
 from __future__ import annotations
 
@@ -19,28 +20,78 @@ def confusion_image(confusion: torch.Tensor, cell: int = 12) -> torch.Tensor:
     return image.unsqueeze(0)
 
 
-def checkpoint_tables(out: Any, name: str, metrics: dict, split: str) -> dict[str, Any]:
-    """Print one checkpoint's tables through ``out``; return its JSON-ready metrics."""
+def checkpoint_tables(out: Any, name: str, metrics: dict, split: str, targets: Any) -> dict:
+    """Print one checkpoint's tables through ``out``, as its task's detailed scores hold them
+    (utils/evaluation.py); return its JSON-ready metrics. ``targets``: the data's
+    (data/targets.py), whose names label the rows."""
+    if "per_label" in metrics:
+        return label_tables(out, name, metrics, split, targets.shown_names)
+    if "per_target" in metrics:
+        return value_tables(out, name, metrics, split, targets.shown_names)
+    return class_tables(out, name, metrics, split, targets.shown_names)
+
+
+def overview_table(out: Any, title: str, summary: dict[str, Any], split: str) -> None:
+    overview = Table(title=title)
+    overview.add_column("metric")
+    overview.add_column("value", justify="right")
+    for key, value in summary.items():
+        if key.startswith(f"{split}/") and isinstance(value, float):
+            overview.add_row(key, f"{value:.4f}")
+    out.print(overview)
+
+
+def label_tables(out: Any, name: str, metrics: dict, split: str, names: list[str]) -> dict:
+    """task=multilabel: the metrics, then each label's AP, precision, recall, F1 and support."""
+    per_label = metrics.pop("per_label")
+    summary = {f"{split}/{k}": v for k, v in metrics.items()}
+    overview_table(out, f"{name} — {split}", summary, split)
+    table = Table(title="per label (precision, recall and F1 at the task's threshold)")
+    for column in ("label", "AP", "precision", "recall", "F1", "support"):
+        table.add_column(column, justify="right")
+    for index, label in enumerate(names):
+        ap = per_label["ap"][index]
+        table.add_row(label, "-" if ap != ap else f"{ap:.4f}",
+                      *(f"{per_label[s][index]:.4f}" for s in ("precision", "recall", "f1")),
+                      str(per_label["support"][index]))  # fmt: skip
+    out.print(table)
+    return {**summary, "per_label": {"names": names, **per_label}}
+
+
+def value_tables(out: Any, name: str, metrics: dict, split: str, names: list[str]) -> dict:
+    """task=regression: the metrics, then each target's errors and residual summary, in the
+    targets' own units."""
+    per_target = metrics.pop("per_target")
+    summary = {f"{split}/{k}": v for k, v in metrics.items()}
+    overview_table(out, f"{name} — {split}", summary, split)
+    columns = ("mae", "rmse", "r2", "bias", "median_abs_error", "p90_abs_error", "max_abs_error")
+    table = Table(title="per target (residual = prediction - target; bias = its mean)")
+    table.add_column("target", justify="right")
+    for column in ("MAE", "RMSE", "R²", "bias", "median |res|", "p90 |res|", "max |res|"):
+        table.add_column(column, justify="right")
+    for index, target in enumerate(names):
+        table.add_row(target, *(f"{per_target[c][index]:.4g}" for c in columns))
+    out.print(table)
+    return {**summary, "per_target": {"names": names, **per_target}}
+
+
+def class_tables(out: Any, name: str, metrics: dict, split: str, names: list[str]) -> dict:
+    """task=classification: the metrics, per-class precision, recall and F1, and the
+    confusion matrix (up to 20 classes)."""
     confusion = metrics.pop("confusion")
     scores = per_class_scores(confusion)
     support = confusion.sum(dim=1).tolist()
     classes = len(support)
     summary = {f"{split}/{k}": v for k, v in metrics.items()}
+    overview_table(out, f"{name} — {split}", summary, split)
     for score in ("precision", "recall", "f1"):
         summary[f"{split}/macro_{score}"] = sum(scores[score]) / classes
-    overview = Table(title=f"{name} — {split}")
-    overview.add_column("metric")
-    overview.add_column("value", justify="right")
-    for key in ("loss", "acc", "acc_top5"):
-        if f"{split}/{key}" in summary:
-            overview.add_row(f"{split}/{key}", f"{summary[f'{split}/{key}']:.4f}")
-    out.print(overview)
     table = Table(title="per class")
     for column in ("class", "precision", "recall", "F1", "support"):
         table.add_column(column, justify="right")
     for index in range(classes):
         table.add_row(
-            str(index),
+            names[index] if len(names) == classes else str(index),
             *(f"{scores[s][index]:.4f}" for s in ("precision", "recall", "f1")),
             str(support[index]),
         )
@@ -72,7 +123,8 @@ def confusion_csv(confusion: torch.Tensor) -> str:
 def comparison(results: dict[str, dict], split: str) -> Table:
     """One row per checkpoint, one column per ``split`` metric."""
     table = Table(title=f"comparison — {split}")
-    keys = [k for k in next(iter(results.values())) if k.startswith(f"{split}/")]
+    first = next(iter(results.values()))
+    keys = [k for k, v in first.items() if k.startswith(f"{split}/") and isinstance(v, float)]
     table.add_column("checkpoint", overflow="fold")
     for key in keys:
         table.add_column(key.split("/")[1].replace("macro_", "macro "), justify="right")

@@ -1,21 +1,38 @@
-"""Evaluating a model on a split: loss, top-1 and top-5 accuracy."""
+"""Evaluating a model on a split: what each task measures (utils/tasks.py makes the scores).
+
+- classification: ``loss`` (cross-entropy), ``acc``, ``acc_top5`` (more than 5 classes);
+- multilabel: ``loss`` (binary cross-entropy per label), ``map`` (mean average precision over
+  the labels that occur), ``f1_micro``, ``f1_macro`` and ``subset_acc`` (every label right),
+  the last three at the task's threshold;
+- regression: ``loss`` (the training criterion, in the units the model is trained in), and in
+  the targets' own units ``mae``, ``rmse`` and ``r2``, each averaged over the targets.
+
+Sums stay on the device; there is one host synchronisation, at the end. Under torchrun each
+process evaluates its shard and the sums are added across processes (average precision, which
+ranks every sample, gathers the shards' scores), so every process gets the figures of the
+whole split.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from utils.distributed import all_sum
+from utils.distributed import all_rows, all_sum
 from utils.precision import Precision
 
 TOP5 = "acc_top5"
+LABEL_SET_METRICS = ["loss", "map", "f1_micro", "f1_macro", "subset_acc"]
+VALUE_METRICS = ["loss", "mae", "rmse", "r2"]
 
 
 def measured_metrics(num_classes: int) -> list[str]:
-    """What :func:`evaluate` measures for ``num_classes`` classes: top-5 accuracy only when
+    """What classification measures for ``num_classes`` classes: top-5 accuracy only when
     there are more than 5."""
     return ["loss", "acc"] + ([TOP5] if num_classes > 5 else [])
 
@@ -25,54 +42,58 @@ def evaluate(
     model: nn.Module,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     precision: Precision,
-    num_classes: int,
-    confusion: bool = False,
+    scores: Any,
 ) -> dict:
-    """Mean loss and accuracy over every sample of ``batches``, in eval mode; with
-    ``confusion``, also the confusion matrix (rows: true class, columns: predicted).
-
-    Sums stay on the device; there is one host synchronisation, at the end. Under torchrun each
-    process evaluates its shard and the sums are added across processes, so every process
-    gets the figures of the whole split.
-    """
+    """The task's metrics over every sample of ``batches``, in eval mode: ``scores`` (from
+    the task's ``scores()``) adds up each batch's outputs and targets."""
     was_training = model.training
     model.eval()
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    top_k = 5 if TOP5 in measured_metrics(num_classes) else 1
-    sums, count = None, 0  # [loss, top-1 hits, top-k hits], summed on the device
-    counts = None  # confusion counts, flattened
-    for images, labels in batches:
+    for inputs, targets in batches:
         with precision.autocast():
-            logits = model(images)
-        hits = logits.topk(top_k, dim=1).indices == labels[:, None]
-        batch_sums = torch.stack(
-            [
-                F.cross_entropy(logits.float(), labels, reduction="sum"),
-                hits[:, 0].sum().float(),
-                hits.any(dim=1).sum().float(),
-            ]
-        )
-        sums = batch_sums if sums is None else sums + batch_sums
-        if confusion:
-            pairs = labels * num_classes + logits.argmax(dim=1)
-            batch_counts = torch.bincount(pairs, minlength=num_classes * num_classes)
-            counts = batch_counts if counts is None else counts + batch_counts
-        count += len(labels)
+            outputs = model(inputs)
+        scores.add(outputs.float(), targets)
     model.train(was_training)
-    if sums is None:  # this process's shard was empty; the others' still count
-        sums = torch.zeros(3, device=device)
-        counts = torch.zeros(num_classes * num_classes, dtype=torch.long, device=device)
-    device = sums.device
-    count = int(all_sum(torch.tensor(count, device=device)).item())
-    if count == 0:
-        return {}
-    loss, acc, acc_top_k = (all_sum(sums) / count).tolist()
-    metrics = {"loss": loss, "acc": acc}
-    if top_k == 5:
-        metrics[TOP5] = acc_top_k
-    if confusion:
-        metrics["confusion"] = all_sum(counts).view(num_classes, num_classes).cpu()
-    return metrics
+    return scores.result(device)
+
+
+class ClassScores:
+    """Loss and top-1/top-5 hits; with ``confusion``, the confusion matrix (rows: true class,
+    columns: predicted)."""
+
+    def __init__(self, classes: int, confusion: bool = False) -> None:
+        self.classes, self.confusion = classes, confusion
+        self.top_k = 5 if TOP5 in measured_metrics(classes) else 1
+        self.sums: torch.Tensor | None = None  # [loss, top-1 hits, top-k hits]
+        self.counts: torch.Tensor | None = None  # confusion counts, flattened
+        self.count = 0
+
+    def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        hits = logits.topk(self.top_k, dim=1).indices == labels[:, None]
+        batch = torch.stack([F.cross_entropy(logits, labels, reduction="sum"),
+                             hits[:, 0].sum().float(), hits.any(dim=1).sum().float()])  # fmt: skip
+        self.sums = batch if self.sums is None else self.sums + batch
+        if self.confusion:
+            pairs = labels * self.classes + logits.argmax(dim=1)
+            counts = torch.bincount(pairs, minlength=self.classes * self.classes)
+            self.counts = counts if self.counts is None else self.counts + counts
+        self.count += len(labels)
+
+    def result(self, device: torch.device) -> dict:
+        sums = self.sums if self.sums is not None else torch.zeros(3, device=device)
+        count = int(all_sum(torch.tensor(self.count, device=sums.device)).item())
+        if count == 0:
+            return {}
+        loss, acc, acc_top_k = (all_sum(sums) / count).tolist()
+        metrics = {"loss": loss, "acc": acc}
+        if self.top_k == 5:
+            metrics[TOP5] = acc_top_k
+        if self.confusion:
+            counts = self.counts
+            if counts is None:  # this process's shard was empty; the others' still count
+                counts = torch.zeros(self.classes**2, dtype=torch.long, device=sums.device)
+            metrics["confusion"] = all_sum(counts).view(self.classes, self.classes).cpu()
+        return metrics
 
 
 def per_class_scores(confusion: torch.Tensor) -> dict[str, list[float]]:
@@ -84,3 +105,145 @@ def per_class_scores(confusion: torch.Tensor) -> dict[str, list[float]]:
     recall = hits / confusion.sum(dim=1).clamp(min=1)
     f1 = 2 * precision * recall / (precision + recall).clamp(min=1e-12)
     return {"precision": precision.tolist(), "recall": recall.tolist(), "f1": f1.tolist()}
+
+
+class LabelSetScores:
+    """Per-label counts at ``threshold`` (true and false positives, false negatives), exact
+    matches and the binary cross-entropy; the sigmoid scores are kept for average precision.
+    ``detailed``: also each label's AP, precision, recall, F1 and support."""
+
+    def __init__(self, labels: int, threshold: float, detailed: bool = False) -> None:
+        self.labels, self.detailed = labels, detailed
+        self.cut = math.log(threshold / (1 - threshold))  # sigmoid(z) >= t  <=>  z >= cut
+        self.sums: torch.Tensor | None = None  # [loss, exact matches]
+        self.counts: torch.Tensor | None = None  # [3, labels]: tp, fp, fn
+        self.scores: list[torch.Tensor] = []
+        self.targets: list[torch.Tensor] = []
+        self.count = 0
+
+    def add(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        predicted, truth = logits >= self.cut, targets > 0.5
+        loss = F.binary_cross_entropy_with_logits(logits, targets.float(), reduction="sum")
+        batch = torch.stack([loss / self.labels, (predicted == truth).all(dim=1).sum().float()])
+        counts = torch.stack([(predicted & truth).sum(0), (predicted & ~truth).sum(0),
+                              (~predicted & truth).sum(0)])  # fmt: skip
+        self.sums = batch if self.sums is None else self.sums + batch
+        self.counts = counts if self.counts is None else self.counts + counts
+        self.scores.append(torch.sigmoid(logits))
+        self.targets.append(truth)
+        self.count += len(targets)
+
+    def result(self, device: torch.device) -> dict:
+        sums = self.sums if self.sums is not None else torch.zeros(2, device=device)
+        device = sums.device
+        counts = self.counts
+        if counts is None:
+            counts = torch.zeros(3, self.labels, dtype=torch.long, device=device)
+        empty = torch.zeros(0, self.labels, device=device)
+        scores = all_rows(torch.cat(self.scores) if self.scores else empty)
+        truth = all_rows(torch.cat(self.targets).float() if self.targets else empty)
+        count = int(all_sum(torch.tensor(self.count, device=device)).item())
+        if count == 0:
+            return {}
+        loss, exact = (all_sum(sums) / count).tolist()
+        tp, fp, fn = all_sum(counts).double().cpu()
+        precision_at = average_precisions(scores.cpu(), truth.cpu())
+        present = [ap for ap in precision_at if not math.isnan(ap)]
+        f1 = 2 * tp / (2 * tp + fp + fn).clamp(min=1)  # a label never present nor predicted: 0
+        metrics = {
+            "loss": loss,
+            "map": sum(present) / len(present) if present else float("nan"),
+            "f1_micro": float(2 * tp.sum() / (2 * tp.sum() + fp.sum() + fn.sum()).clamp(min=1)),
+            "f1_macro": float(f1.mean()),
+            "subset_acc": exact,
+        }
+        if self.detailed:
+            metrics["per_label"] = {
+                "ap": precision_at,
+                "precision": (tp / (tp + fp).clamp(min=1)).tolist(),
+                "recall": (tp / (tp + fn).clamp(min=1)).tolist(),
+                "f1": f1.tolist(),
+                "support": (tp + fn).long().tolist(),
+            }
+        return metrics
+
+
+def average_precisions(scores: torch.Tensor, truth: torch.Tensor) -> list[float]:
+    """Each label's average precision, ``Σ (R_n − R_{n−1}) · P_n`` over the distinct score
+    thresholds from the highest down (tied scores count as one threshold, as scikit-learn's
+    ``average_precision_score``); NaN for a label with no positive sample."""
+    result = []
+    for label in range(scores.shape[1]):
+        s, t = scores[:, label].double(), truth[:, label].double()
+        positives = float(t.sum())
+        if positives == 0:
+            result.append(float("nan"))
+            continue
+        order = torch.argsort(s, descending=True, stable=True)
+        s, t = s[order], t[order]
+        true_positives, false_positives = t.cumsum(0), (1 - t).cumsum(0)
+        last = torch.ones(len(s), dtype=torch.bool)  # the last sample of each threshold
+        last[:-1] = s[1:] != s[:-1]
+        true_positives, false_positives = true_positives[last], false_positives[last]
+        precision = true_positives / (true_positives + false_positives)
+        recall = true_positives / positives
+        gained = recall - torch.cat([recall.new_zeros(1), recall[:-1]])
+        result.append(float((gained * precision).sum()))
+    return result
+
+
+class ValueScores:
+    """Regression errors in the targets' own units, from sums per target: absolute and
+    squared errors, and the targets' sum and sum of squares about ``scale.mean`` (R²); the
+    ``loss`` is the training criterion. ``detailed``: also each target's figures, its mean
+    residual (bias), and the median, 90th percentile and largest absolute error."""
+
+    def __init__(self, loss: Any, scale: Any, detailed: bool = False) -> None:
+        self.loss, self.scale, self.detailed = loss, scale, detailed
+        self.sums: torch.Tensor | None = None  # [loss, 0...] and [5, targets] in float64
+        self.per_target: torch.Tensor | None = None
+        self.residuals: list[torch.Tensor] = []
+        self.count = 0
+
+    def add(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        predicted = self.scale.undo(outputs).double()
+        error, centred = predicted - targets.double(), targets.double() - self.scale.center
+        per_target = torch.stack([error.abs().sum(0), error.square().sum(0), error.sum(0),
+                                  centred.sum(0), centred.square().sum(0)])  # fmt: skip
+        loss = self.loss(outputs, targets, reduction="sum").double() / targets.shape[1]
+        self.sums = loss if self.sums is None else self.sums + loss
+        self.per_target = per_target if self.per_target is None else self.per_target + per_target
+        if self.detailed:
+            self.residuals.append(error.float())
+        self.count += len(targets)
+
+    def result(self, device: torch.device) -> dict:
+        width = self.scale.count
+        loss = self.sums if self.sums is not None else torch.zeros((), device=device)
+        device = loss.device
+        sums = self.per_target
+        if sums is None:
+            sums = torch.zeros(5, width, dtype=torch.float64, device=device)
+        count = int(all_sum(torch.tensor(self.count, device=device)).item())
+        residuals = None
+        if self.detailed:
+            empty = torch.zeros(0, width, device=device)
+            residuals = all_rows(torch.cat(self.residuals) if self.residuals else empty).cpu()
+        if count == 0:
+            return {}
+        absolute, squared, bias, centred, centred_sq = (all_sum(sums) / count).cpu()
+        spread = centred_sq - centred.square()  # the targets' variance
+        mae, rmse = absolute, squared.sqrt()
+        r2 = torch.where(spread > 0, 1 - squared / spread, torch.full_like(spread, math.nan))
+        metrics = {"loss": float(all_sum(loss) / count), "mae": float(mae.mean()),
+                   "rmse": float(rmse.mean()), "r2": float(r2.mean())}  # fmt: skip
+        if residuals is not None:
+            magnitude = residuals.abs().double()
+            metrics["per_target"] = {
+                "mae": mae.tolist(), "rmse": rmse.tolist(), "r2": r2.tolist(),
+                "bias": bias.tolist(),
+                "median_abs_error": magnitude.median(dim=0).values.tolist(),
+                "p90_abs_error": magnitude.quantile(0.9, dim=0).tolist(),
+                "max_abs_error": magnitude.max(dim=0).values.tolist(),
+            }  # fmt: skip
+        return metrics

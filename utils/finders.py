@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from utils.memory import free_memory
@@ -38,7 +37,7 @@ class RangeTest:
 
 
 def lr_range_test(
-    model: nn.Module, optimizer, batches, precision, sweep: RangeTest = RangeTest()
+    model: nn.Module, optimizer, batches, precision, loss_of, sweep: RangeTest = RangeTest()
 ) -> tuple[list[float], list[float], float]:
     """Train ``sweep.steps`` steps with the LR rising exponentially from ``sweep.start_lr`` to
     ``sweep.end_lr`` (stopping early once the loss explodes). Returns the LRs, the smoothed
@@ -56,7 +55,7 @@ def lr_range_test(
         for group in optimizer.param_groups:
             group["lr"] = lr
         with precision.autocast():
-            loss = F.cross_entropy(model(images), labels)
+            loss = loss_of(model(images), labels)  # the task's loss, as training computes it
         optimizer.zero_grad(set_to_none=True)
         precision.scaler.scale(loss).backward()
         precision.scaler.step(optimizer)
@@ -139,18 +138,21 @@ def find_batch_size(fits: Callable[[int], bool], start: int, limit: int) -> int:
     return good
 
 
-def batch_fits(model: nn.Module, optimizer, precision, input_shape, num_classes: int, device):
-    """A ``fits(batch_size)`` trial: one forward, backward and optimizer step on a random batch
-    of that size; an out-of-memory means no. Model and optimizer are restored after each."""
+def batch_fits(parts: Any, data: Any):
+    """A ``fits(batch_size)`` trial: one forward, backward and optimizer step of ``parts`` (the
+    step model, optimizer, precision and loss) on a random batch of ``data``'s shapes and kind
+    of target; an out-of-memory means no. Model and optimizer are restored after each."""
+    model, optimizer, precision = parts.model, parts.optimizer, parts.precision
+    device = precision.device
     saved_model = {k: v.to("cpu", copy=True) for k, v in model.state_dict().items()}
     saved_optimizer = copy.deepcopy(optimizer.state_dict())
 
     def fits(batch_size: int) -> bool:
         try:
-            images = torch.randn(batch_size, *input_shape, device=device)
-            labels = torch.randint(0, num_classes, (batch_size,), device=device)
+            images = torch.randn(batch_size, *data.input_shape, device=device)
+            labels = data.targets.random(batch_size, device)
             with precision.autocast():
-                loss = F.cross_entropy(model(images), labels)
+                loss = parts.loss(model(images), labels)
             precision.scaler.scale(loss).backward()
             precision.scaler.step(optimizer)
             precision.scaler.update()
@@ -174,7 +176,7 @@ def tune(kind: str, parts: Any, batches: Any, data: Any, out: Any) -> float:
     model, optimizer, precision = parts.model, parts.optimizer, parts.precision
     device, run_dir, console = precision.device, out.run_dir, out.console
     if kind == "lr":
-        lrs, losses, suggested = lr_range_test(model, optimizer, batches, precision)
+        lrs, losses, suggested = lr_range_test(model, optimizer, batches, precision, parts.loss)
         from torch.utils.tensorboard import SummaryWriter
 
         with SummaryWriter(run_dir) as writer:
@@ -189,7 +191,7 @@ def tune(kind: str, parts: Any, batches: Any, data: Any, out: Any) -> float:
         return suggested
     if kind == "batch_size":
         limit = len(data.splits["train"])
-        fits = batch_fits(model, optimizer, precision, data.input_shape, data.num_classes, device)
+        fits = batch_fits(parts, data)
         found = find_batch_size(fits, start=1, limit=limit)
         capped = " (all of the training split: the cap)" if found == limit else ""
         console.print(

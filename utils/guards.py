@@ -4,7 +4,8 @@
 - ``unregistered_modules``: sub-modules kept in a plain list, dict or tuple attribute are not
   registered, so their weights never reach the optimizer or the checkpoint.
 - ``probability_outputs``: outputs that are already probabilities (non-negative, rows summing
-  to 1) fed to cross-entropy, which expects logits: a softmax too many.
+  to 1) fed to cross-entropy, which expects logits: a softmax too many (task=classification
+  only: other tasks' outputs may be anything).
 - ``batchnorm_batch_of_one``: BatchNorm cannot normalise a training batch of one sample.
 - ``non_finite_inputs``: NaN or Inf in the first training batches.
 """
@@ -136,7 +137,10 @@ def check_start_up(
     """The guards on the first two training batches, then the step counts: an epoch must
     hold at least one optimizer step. Logs what one step trains on."""
     first = list(itertools.islice(batches.epoch(0), 2))
-    run_guards(model, data.input_shape, data.batch_size, first, trainer.silence_guards)
+    silenced = list(trainer.silence_guards)
+    if data.targets.kind != "classes":  # softmax before cross-entropy: classification's pitfall
+        silenced.append("probability_outputs")
+    run_guards(model, data.input_shape, data.batch_size, first, silenced)
     accumulate = trainer.accumulate_grad_batches
     steps_per_epoch = len(batches) // accumulate
     if steps_per_epoch == 0:

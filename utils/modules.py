@@ -37,7 +37,7 @@ class Modules:
     ) -> Modules:
         """The model of config ``node``, its shapes taken from ``data``, on ``device`` in the
         layout ``channels_last`` asks for (null: the fast one), checked by one dummy forward."""
-        shapes = {"input_shape": tuple(data.input_shape), "num_classes": data.num_classes}
+        shapes = model_shapes(data.input_shape, data.num_classes)
         model = build(node, **accepted_by(node["_target_"], shapes))
         layout = wants_channels_last(model, device, channels_last)
         model = model.to(device, memory_format=torch.channels_last if layout else None)
@@ -60,9 +60,16 @@ class Modules:
         self.eval_model = step_model if not processes.enabled else self.model
 
 
+def model_shapes(input_shape: Any, outputs: int) -> dict[str, Any]:
+    """What a model builder may take from the data: ``input_shape``, and the width of its
+    output as ``num_classes`` (classes, labels or values: the built-in models' name) or
+    ``num_outputs`` (the same number, for builders written for any task)."""
+    return {"input_shape": tuple(input_shape), "num_classes": outputs, "num_outputs": outputs}
+
+
 def accepted_by(target: str, supplied: dict[str, Any]) -> dict[str, Any]:
-    """The ``supplied`` arguments (the dataset's ``input_shape``, ``num_classes``) that the
-    builder ``target`` names takes: any ``nn.Module`` class or function works, whether its
+    """The ``supplied`` arguments (the dataset's ``input_shape``, ``num_classes``, or the task's
+    kind of ``targets`` for a data builder) that the builder ``target`` names takes: any ``nn.Module`` class or function works, whether its
     signature asks for them or not (the dummy forward then checks its output instead)."""
     import inspect
 

@@ -28,7 +28,9 @@ def _numbers(value: Any, count: int | None = None) -> bool:
 @dataclass(frozen=True)
 class InputRecord:
     """How the training data reached the model: ``input_shape``, per-channel ``mean`` and
-    ``std``, ``num_classes`` and their names, and for a table its columns (data/tabular.py)."""
+    ``std``, ``num_classes`` (the output's width) and their names, for a table its columns
+    (data/tabular.py), and the ``targets`` with what the task stored (a multi-label threshold,
+    a regression target scale). A record written before other tasks existed is a classifier's."""
 
     input_shape: tuple[int, ...]
     mean: list[float]
@@ -36,6 +38,8 @@ class InputRecord:
     num_classes: int
     classes: list[str] | None
     table: dict | None
+    targets: Any = None  # data/targets.py Targets
+    task: dict | None = None  # the task's own record: threshold or target_scale
 
     @classmethod
     def of(cls, checkpoint: dict, path: Path) -> InputRecord:
@@ -65,12 +69,14 @@ class InputRecord:
         if math.prod(shape) > MAX_SAMPLE_ELEMENTS:
             raise UserError(f"{path}: its inputs record asks for inputs of shape {shape}, more "
                             f"than {MAX_SAMPLE_ELEMENTS:,} values each; refusing (was it edited?)")  # fmt: skip
+        targets = _targets(record, path)
+        task = {key: record[key] for key in ("threshold", "target_scale") if key in record}
         return cls(tuple(shape), list(record["mean"]), list(record["std"]),
-                   record["num_classes"], classes, record["table"])  # fmt: skip
+                   record["num_classes"], classes, record["table"], targets, task)  # fmt: skip
 
     @property
     def class_names(self) -> list[str]:
-        return self.classes or [str(i) for i in range(self.num_classes)]
+        return self.targets.shown_names
 
     def transform(self, device: torch.device) -> Any:
         """What normalises inputs on ``device`` as the evaluation batches were
@@ -78,6 +84,22 @@ class InputRecord:
         from data.batches import BatchTransform
 
         return BatchTransform(self.mean, self.std, device)
+
+
+def _targets(record: dict, path: Path) -> Any:
+    from data.targets import KINDS, Targets
+
+    stored = record.get("targets") or {"kind": "classes", "count": record["num_classes"],
+                                       "names": record.get("classes")}  # fmt: skip
+    names = stored.get("names") if isinstance(stored, dict) else None
+    ok = (isinstance(stored, dict) and stored.get("kind") in KINDS
+          and stored.get("count") == record["num_classes"]
+          and (names is None or (isinstance(names, list) and len(names) == record["num_classes"]
+                                 and all(isinstance(n, str) for n in names))))  # fmt: skip
+    if not ok:
+        raise UserError(f"{path}: its targets record is not what torchloom writes (was it "
+                        "edited?)")  # fmt: skip
+    return Targets(stored["kind"], stored["count"], tuple(names) if names else None)
 
 
 def read_inputs(path: Path, record: InputRecord) -> tuple[list[str], torch.Tensor]:
@@ -117,3 +139,14 @@ def top_classes(
     values, indices = probabilities.topk(k, dim=1)
     return [[(names[i], p) for i, p in zip(row_i, row_p, strict=True)]
             for row_i, row_p in zip(indices.tolist(), values.tolist(), strict=True)]  # fmt: skip
+
+
+def label_sets(
+    probabilities: torch.Tensor, names: list[str], threshold: float
+) -> list[list[tuple[str, float]]]:
+    """Each row's labels whose probability reaches ``threshold``, most probable first."""
+    rows = []
+    for row in probabilities.tolist():
+        chosen = [(names[i], p) for i, p in enumerate(row) if p >= threshold]
+        rows.append(sorted(chosen, key=lambda pair: -pair[1]))
+    return rows

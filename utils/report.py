@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 from torch import nn
@@ -25,16 +26,18 @@ def config_tree(config: Mapping, label: str = "config") -> Tree:
     for key, value in config.items():
         if isinstance(value, Mapping):
             tree.add(config_tree(value, f"[bold cyan]{key}"))
-        else:
-            tree.add(f"[cyan]{key}[/]: {value}")
+        else:  # escaped: a value like [price, rent] is text, not a rich style tag
+            tree.add(f"[cyan]{key}[/]: {escape(str(value))}")
     return tree
 
 
-def model_summary(model: nn.Module, input_shape, num_classes: int) -> str:
+def model_summary(model: nn.Module, input_shape, targets: Any) -> str:
+    """One line: the model, its input and output (``targets``, data/targets.py), its size."""
     total, trainable, size = parameter_counts(model)
+    outputs = {"classes": "classes", "label_sets": "labels", "values": "values"}[targets.kind]
     return (
-        f"model [bold]{model.__class__.__name__}[/]: input {list(input_shape)} → {num_classes} "
-        f"classes, {total:,} parameters ({trainable:,} trainable), {size / 2**20:.2f} MiB"
+        f"model [bold]{model.__class__.__name__}[/]: input {list(input_shape)} → {targets.count} "
+        f"{outputs}, {total:,} parameters ({trainable:,} trainable), {size / 2**20:.2f} MiB"
     )
 
 
@@ -62,7 +65,7 @@ def metrics_table(metrics: Mapping[str, Any]) -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in metrics.items():
-        table.add_row(name, _format(value))
+        table.add_row(name, escape(_format(value)))
     return table
 
 
@@ -117,12 +120,24 @@ def log_sample_grid(writer, images: torch.Tensor, labels: torch.Tensor, data, co
     """The first training samples as the model sees them (augmented, then shown un-normalised)
     with their labels, in TensorBoard: a label that does not match its image shows at once."""
     images, labels = images[:count].float().cpu(), labels[:count].cpu()
-    if labels.is_floating_point():  # MixUp/CutMix targets: the class of the larger share
+    kind = data.targets.kind
+    if labels.is_floating_point() and kind == "classes":  # MixUp/CutMix: the larger share's class
         labels = labels.argmax(dim=1)
     if images.dim() == 4:  # images (a table's rows have no picture)
         mean = torch.tensor(data.mean).view(1, -1, 1, 1)
         std = torch.tensor(data.std).view(1, -1, 1, 1)
         shown = (images * std + mean).clamp(0, 1)
         writer.add_image("train/samples", image_grid(shown, columns=8), 0)
-    rows = [" ".join(f"{label:>3}" for label in labels[i : i + 8].tolist()) for i in (0, 8)]
+    shown = [_target_text(label, kind) for label in labels.tolist()]
+    rows = [" ".join(f"{text:>3}" for text in shown[i : i + 8]) for i in (0, 8)]
     writer.add_text("train/sample_labels", "row by row: " + " / ".join(rows), 0)
+
+
+def _target_text(target: Any, kind: str) -> str:
+    """A sample's target as the sample grid shows it: its class, its labels' indices (a;b), or
+    its values."""
+    if kind == "classes":
+        return str(target)
+    if kind == "label_sets":
+        return ";".join(str(i) for i, on in enumerate(target) if on >= 0.5) or "-"
+    return ";".join(f"{v:.3g}" for v in target)

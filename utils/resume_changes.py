@@ -19,7 +19,7 @@ CHANGES_NEED_ALLOW = ("model", "data", "trainer.accumulate_grad_batches", "seed"
 # refused always: the saved optimizer, schedule or best-so-far state cannot carry over;
 CHANGES_NEVER = (
     "optim._target_", "optim.decay_bias_and_norm", "scheduler._target_", "trainer.monitor",
-    "trainer.monitor_mode",
+    "trainer.monitor_mode", "task._target_", "task.standardize_targets",
 )  # fmt: skip
 # data keys that only say where the same data lives or how fast it is read;
 DATA_KEYS_FREE_TO_CHANGE = ("root", "download", "num_workers", "eval_batch_size", "path",

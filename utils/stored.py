@@ -19,17 +19,25 @@ from utils.trust import check_stored_config, require_keys
 WEIGHTS = ("auto", "ema", "raw")
 
 
-def read_checkpoint(path: Path, config_path: str | None, which: str = "auto") -> tuple[dict, dict]:
-    """(stored config, model weights) from a torchloom checkpoint or a .safetensors export. The
-    config is checked as untrusted data before anything is built from it. ``which`` weights of
-    a checkpoint: ``ema`` (trainer.ema's average), ``raw`` (the trained weights), or ``auto``
-    (the average when the checkpoint holds one)."""
+def read_checkpoint(
+    path: Path, config_path: str | None, which: str = "auto"
+) -> tuple[dict, dict, dict | None]:
+    """(stored config, model weights, inputs record) from a torchloom checkpoint or a
+    .safetensors export (which has no inputs record: None). The config is checked as untrusted
+    data before anything is built from it. ``which`` weights of a checkpoint: ``ema``
+    (trainer.ema's average), ``raw`` (the trained weights), or ``auto`` (the average when the
+    checkpoint holds one)."""
     if which not in WEIGHTS:
         raise UserError(f"weights={which!r} must be auto, ema or raw")
+    inputs = None
     if path.suffix != ".safetensors":
         checkpoint = load_checkpoint(path)
         config, source = checkpoint.get("config"), path
         weights = chosen_weights(checkpoint, which, path)
+        inputs = checkpoint.get("inputs")
+        if inputs is not None and not isinstance(inputs, dict):
+            raise UserError(f"{path}: its inputs record is not what torchloom writes (was it "
+                            "edited?)")  # fmt: skip
     else:
         if which == "ema":
             raise UserError(f"{path} holds one set of weights (an export); drop weights=ema")
@@ -42,7 +50,17 @@ def read_checkpoint(path: Path, config_path: str | None, which: str = "auto") ->
             config, source = stored, path
     require_keys(config, source, {"model": dict, "data": dict, "seed": int})
     check_stored_config(config, source)
-    return config, weights
+    return config, weights, inputs
+
+
+def task_config(stored: dict) -> DictConfig:
+    """The stored task node; a checkpoint written before the task group existed trained a
+    plain classifier."""
+    task = stored.get("task") or {"_target_": "utils.tasks.classification",
+                                  "label_smoothing": 0.0, "class_weights": None}  # fmt: skip
+    if not isinstance(task, dict):
+        raise UserError("the stored config's task is not a mapping (was it edited?)")
+    return OmegaConf.create(task)
 
 
 def model_config(stored: dict) -> dict:

@@ -39,8 +39,10 @@ from utils.report import write_json
 
 log = logging.getLogger("torchloom")
 EXIT_JOBS_FAILED = 1  # the sweep finished, but at least one of its jobs failed
-# Metrics shown in the summary besides the monitored one, when the jobs measured them.
-SHOWN_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "train/loss")
+# Metrics shown in the summary besides the monitored one, when the jobs measured them: each
+# task's main test and validation metrics (utils/tasks.py), then the losses.
+SHOWN_METRICS = ("test/acc", "test/map", "test/mae", "test/r2", "test/loss", "val/acc", "val/map",
+                 "val/mae", "val/loss", "train/loss")  # fmt: skip
 
 
 def in_sweep() -> bool:

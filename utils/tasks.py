@@ -1,37 +1,76 @@
-"""``task``: what the model is trained to predict, and so the loss the training step computes.
+"""``task``: what the model is trained to predict, and so the loss the training step computes,
+what validation measures and which metric picks best.pt by default.
 
     python train.py task.label_smoothing=0.1 task.class_weights=auto
+    python train.py task=multilabel data=image_csv data.root=photos data.manifest=tags.csv
+    python train.py task=regression data=csv data.path=houses.csv data.target=price
 
-``task=classification`` (conf/task/classification.yaml): cross-entropy over the dataset's
-classes. Targets reach the loss as class indices, or as probabilities over the classes when
-MixUp/CutMix mixed the batch (data/mixing.py). Label smoothing is applied exactly once to
-either: ``(1 - ε) · target + ε / C``. Validation and test always measure the plain
-cross-entropy of the hard labels (utils/evaluation.py), so their losses compare across runs.
+- ``task=classification`` (conf/task/classification.yaml): one class a sample; cross-entropy
+  over the classes. Targets reach the loss as class indices, or as probabilities over the
+  classes when MixUp/CutMix mixed the batch (data/mixing.py). Label smoothing is applied
+  exactly once to either: ``(1 - ε) · target + ε / C``. Validation and test always measure
+  the plain cross-entropy of the hard labels, so their losses compare across runs. Monitor:
+  ``val/acc``.
+- ``task=multilabel``: a set of labels a sample, as a 0/1 row; binary cross-entropy with
+  logits per label, with ``pos_weight`` (null | auto = negatives/positives of each label in
+  the train split | a list); a label is predicted when its sigmoid reaches ``threshold``.
+  Validation measures plain BCE. Monitor: ``val/map``.
+- ``task=regression``: one or more numbers a sample; MSE, Huber or L1. With
+  ``standardize_targets`` (the default) the model learns each target minus the train split's
+  mean, over its std; predictions, MAE, RMSE and R² are in the targets' own units, and the
+  scale is stored in every checkpoint, so evaluate.py and predict.py undo it the same way.
+  Monitor: ``val/mae``.
+
+A task is built from its config, then ``fitted`` to one dataset and device: its targets must be of
+the task's kind (data/targets.py), and the fitted task makes the loss, the scores validation
+adds up (utils/evaluation.py) and the record predict.py reads.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from utils.arguments import Rule, checked
+from data.targets import TASK_OF, Targets, target_kinds
+from utils.arguments import BELOW_ONE, POSITIVE, Rule, checked, one_of
 from utils.errors import UserError
+from utils.evaluation import (
+    LABEL_SET_METRICS,
+    VALUE_METRICS,
+    ClassScores,
+    LabelSetScores,
+    ValueScores,
+    measured_metrics,
+)
 
 log = logging.getLogger("torchloom")
 
 SMOOTHING = Rule(lambda v: isinstance(v, float | int) and not isinstance(v, bool) and 0 <= v < 1,
                  "at least 0 and below 1")  # fmt: skip
-CLASS_WEIGHTS = Rule(
-    lambda v: v is None or v == "auto" or (
-        isinstance(v, Sequence) and not isinstance(v, str) and len(v) >= 1
-        and all(isinstance(w, float | int) and not isinstance(w, bool) and w > 0 for w in v)
-    ),
-    "null, auto, or a list of one positive weight per class",
-)  # fmt: skip
+
+
+def _weights(what: str) -> Rule:
+    return Rule(
+        lambda v: v is None or v == "auto" or (
+            isinstance(v, Sequence) and not isinstance(v, str) and len(v) >= 1
+            and all(isinstance(w, float | int) and not isinstance(w, bool) and w > 0 for w in v)
+        ),
+        f"null, auto, or a list of one positive weight per {what}",
+    )  # fmt: skip
+
+
+CLASS_WEIGHTS, POS_WEIGHT = _weights("class"), _weights("label")
+HINTS = {
+    "classes": "class labels",
+    "label_sets": "label sets (a;b labels in data=csv or data=image_csv, 0/1 columns, or a 0/1 "
+    "y in data=tensors)",
+    "values": "numbers (data=csv, data=tensors or data=image_csv)",
+}
 
 
 @checked("task", label_smoothing=SMOOTHING, class_weights=CLASS_WEIGHTS)
@@ -40,19 +79,75 @@ def classification(label_smoothing: float, class_weights: Any) -> Classification
     return Classification(float(label_smoothing), class_weights)
 
 
-class Classification:
-    """Single-label classification; ``loss_for(data, device)`` finishes it for one run."""
+@checked("task", pos_weight=POS_WEIGHT, threshold=BELOW_ONE)
+def multilabel(pos_weight: Any, threshold: float) -> MultiLabel:
+    """conf/task/multilabel.yaml."""
+    return MultiLabel(pos_weight, float(threshold))
 
+
+@checked("task", loss=one_of("mse", "huber", "l1"), huber_delta=POSITIVE,
+         standardize_targets=one_of(True, False))  # fmt: skip
+def regression(loss: str, huber_delta: float, standardize_targets: bool) -> Regression:
+    """conf/task/regression.yaml."""
+    return Regression(loss, float(huber_delta), standardize_targets)
+
+
+class Task:
+    """What every task shares: the kind of targets it learns, and a check that a dataset's
+    targets are of that kind."""
+
+    targets = "classes"  # data/targets.py KINDS
+    name = "classification"
+
+    def data_arguments(self, node: Any) -> dict[str, str]:
+        """What the data builder of config ``node`` is passed besides its keys: the kind of
+        ``targets`` to read, when it reads several (data/targets.py). A builder that cannot
+        read this task's kind is refused before any data is read."""
+        from hydra._internal.utils import _locate
+
+        kinds = target_kinds(_locate(node["_target_"]))
+        if self.targets not in kinds:
+            raise UserError(f"task={self.name} learns {HINTS[self.targets]}, and "
+                            f"{node['_target_']} reads class labels only; use data=csv, "
+                            "data=tensors or data=image_csv")  # fmt: skip
+        return {"targets": self.targets} if len(kinds) > 1 else {}
+
+    def check(self, data: Any) -> Targets:
+        targets = data.targets
+        if targets.kind != self.targets:
+            raise UserError(f"task={self.name} learns {HINTS[self.targets]}, and {data.name} "
+                            f"gives {targets.kind.replace('_', ' ')} (for task="
+                            f"{TASK_OF[targets.kind]}); choose the task or data that match")  # fmt: skip
+        return targets
+
+    def record(self) -> dict:
+        """What evaluate.py and predict.py need besides the inputs record (nothing, unless a
+        task says so)."""
+        return {}
+
+
+class Classification(Task):
     def __init__(self, label_smoothing: float, class_weights: Any) -> None:
         self.label_smoothing, self.class_weights = label_smoothing, class_weights
+        self.classes, self.data, self.device = 0, None, torch.device("cpu")
 
-    def loss_for(self, data: Any, device: torch.device) -> ClassificationLoss:
-        """The loss over ``data``'s classes, its class weights on ``device``: ``auto`` weighs
-        each class by the inverse of its frequency in the train split (mean weight 1),
-        logged once."""
-        classes, weights = data.num_classes, self.class_weights
+    def fitted(self, data: Any, device: torch.device, stored: dict | None = None) -> Classification:
+        fitted = Classification(self.label_smoothing, self.class_weights)
+        fitted.classes, fitted.data, fitted.device = self.check(data).count, data, device
+        return fitted
+
+    def measured(self) -> list[str]:
+        return measured_metrics(self.classes)
+
+    def scores(self, detailed: bool = False) -> ClassScores:
+        return ClassScores(self.classes, confusion=detailed)
+
+    def loss(self) -> ClassificationLoss:
+        """The loss over the classes, with its class weights: ``auto`` weighs each class by
+        the inverse of its frequency in the train split (mean weight 1), logged."""
+        classes, weights, data, device = self.classes, self.class_weights, self.data, self.device
         if weights == "auto":
-            counts = torch.bincount(data.train_labels(), minlength=classes).double()
+            counts = torch.bincount(data.train_targets(), minlength=classes).double()
             if (counts == 0).any():
                 missing = (counts == 0).nonzero().flatten().tolist()
                 raise UserError(f"task.class_weights=auto: classes {missing} have no training "
@@ -68,6 +163,13 @@ class Classification:
         return ClassificationLoss(self.label_smoothing, weight, classes)
 
 
+def _mixing_words(mixing: Any) -> list[str]:
+    if not mixing:
+        return []
+    epochs = f"the first {mixing.mix_off_epoch} epochs" if mixing.mix_off_epoch else "every epoch"
+    return [f"on MixUp/CutMix-mixed targets in {epochs}"]
+
+
 class ClassificationLoss:
     """Cross-entropy of logits against class indices or class probabilities, smoothed once."""
 
@@ -76,14 +178,7 @@ class ClassificationLoss:
 
     def training_note(self, mixing: Any) -> str | None:
         """What train/loss measures when it is not what val/loss measures (None when it is)."""
-        parts = []
-        if mixing:
-            epochs = (
-                f"the first {mixing.mix_off_epoch} epochs"
-                if mixing.mix_off_epoch
-                else "every epoch"
-            )
-            parts.append(f"on MixUp/CutMix-mixed targets in {epochs}")
+        parts = _mixing_words(mixing)
         if self.label_smoothing:
             parts.append(f"with label smoothing {self.label_smoothing:g}")
         if self.weight is not None:
@@ -107,3 +202,172 @@ class ClassificationLoss:
             return F.cross_entropy(logits, self.smoothed(targets), weight=self.weight)
         return F.cross_entropy(logits, targets, weight=self.weight,
                                label_smoothing=self.label_smoothing)  # fmt: skip
+
+
+class MultiLabel(Task):
+    targets = "label_sets"
+    name = "multilabel"
+
+    def __init__(self, pos_weight: Any, threshold: float) -> None:
+        self.pos_weight, self.threshold = pos_weight, threshold
+        self.labels, self.data, self.device = 0, None, torch.device("cpu")
+
+    def fitted(self, data: Any, device: torch.device, stored: dict | None = None) -> MultiLabel:
+        fitted = MultiLabel(self.pos_weight, self.threshold)
+        fitted.labels, fitted.data, fitted.device = self.check(data).count, data, device
+        return fitted
+
+    def measured(self) -> list[str]:
+        return list(LABEL_SET_METRICS)
+
+    def scores(self, detailed: bool = False) -> LabelSetScores:
+        return LabelSetScores(self.labels, self.threshold, detailed)
+
+    def record(self) -> dict:
+        return {"threshold": self.threshold}
+
+    def loss(self) -> MultiLabelLoss:
+        """BCE with logits per label; ``pos_weight=auto`` weighs each label's positives by its
+        negatives/positives in the train split (logged)."""
+        weights, labels, data, device = self.pos_weight, self.labels, self.data, self.device
+        if weights == "auto":
+            positives = data.train_targets().double().sum(dim=0)
+            if (positives == 0).any():
+                missing = (positives == 0).nonzero().flatten().tolist()
+                raise UserError(f"task.pos_weight=auto: labels {missing} have no positive "
+                                "training sample; give the weights as a list instead")  # fmt: skip
+            weights = ((len(data.train_targets()) - positives) / positives).tolist()
+            log.info("positive weights (negatives/positives of each label): %s",
+                     " ".join(f"{w:.3g}" for w in weights))  # fmt: skip
+        if weights is not None and len(weights) != labels:
+            raise UserError(f"task.pos_weight has {len(weights)} values; {data.name} has "
+                            f"{labels} labels: give one per label, or auto")  # fmt: skip
+        weight = None if weights is None else torch.tensor(weights, dtype=torch.float32,
+                                                           device=device)  # fmt: skip
+        return MultiLabelLoss(weight)
+
+
+class MultiLabelLoss:
+    """Binary cross-entropy with logits, averaged over samples and labels."""
+
+    def __init__(self, pos_weight: torch.Tensor | None) -> None:
+        self.pos_weight = pos_weight
+
+    def training_note(self, mixing: Any) -> str | None:
+        parts = _mixing_words(mixing) + (["with positive weights"] if self.pos_weight is not None
+                                         else [])  # fmt: skip
+        if not parts:
+            return None
+        return ("train/loss is the binary cross-entropy " + ", ".join(parts) + "; val/loss "
+                "and test/loss are the plain binary cross-entropy")  # fmt: skip
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(logits, targets, pos_weight=self.pos_weight)
+
+
+class TargetScale:
+    """Regression targets as the model learns them: ``(y - mean) / std`` per target, and back.
+    ``center`` is the train mean even when not standardising, so R²'s sums stay accurate."""
+
+    def __init__(self, mean: list[float], std: list[float], center: list[float],
+                 device: torch.device) -> None:  # fmt: skip
+        self.count = len(mean)
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=device)
+        self.std = torch.tensor(std, dtype=torch.float32, device=device)
+        self.center = torch.tensor(center, dtype=torch.float64, device=device)
+        self.identity = all(m == 0 for m in mean) and all(s == 1 for s in std)
+
+    def apply(self, targets: torch.Tensor) -> torch.Tensor:
+        return targets if self.identity else (targets - self.mean) / self.std
+
+    def undo(self, outputs: torch.Tensor) -> torch.Tensor:
+        return outputs if self.identity else outputs * self.std + self.mean
+
+    def record(self) -> dict:
+        return {"mean": self.mean.tolist(), "std": self.std.tolist(),
+                "center": self.center.tolist()}  # fmt: skip
+
+    @classmethod
+    def from_record(cls, record: Any, count: int, device: torch.device) -> TargetScale:
+        """The scale a checkpoint stored (untrusted: checked)."""
+
+        def numbers(value: Any) -> bool:
+            return isinstance(value, list) and len(value) == count and all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                for v in value
+            )  # fmt: skip
+
+        ok = isinstance(record, dict) and all(numbers(record.get(k)) for k in
+                                              ("mean", "std", "center"))  # fmt: skip
+        if not ok or not all(s > 0 for s in record["std"]):
+            raise UserError("the checkpoint's target scale is not what torchloom writes (was "
+                            "it edited?)")  # fmt: skip
+        return cls(record["mean"], record["std"], record["center"], device)
+
+
+class Regression(Task):
+    targets = "values"
+    name = "regression"
+
+    def __init__(self, loss: str, huber_delta: float, standardize_targets: bool) -> None:
+        self.criterion, self.huber_delta = loss, huber_delta
+        self.standardize_targets = standardize_targets
+        self.scale: TargetScale | None = None
+
+    def fitted(self, data: Any, device: torch.device, stored: dict | None = None) -> Regression:
+        """Fitted to ``data`` on ``device``: the target scale of the train split, or the one a
+        checkpoint ``stored`` (its inputs record): evaluation undoes what training applied."""
+        count = self.check(data).count
+        fitted = Regression(self.criterion, self.huber_delta, self.standardize_targets)
+        if stored is not None:
+            fitted.scale = TargetScale.from_record(stored.get("target_scale"), count, device)
+            return fitted
+        train = data.train_targets().double()
+        center = train.mean(dim=0)
+        std = train.std(dim=0).nan_to_num(1.0) if len(train) > 1 else torch.ones(count)
+        std = torch.where(std > 0, std, torch.ones_like(std))
+        if self.standardize_targets:
+            fitted.scale = TargetScale(center.tolist(), std.tolist(), center.tolist(), device)
+            log.info("targets standardised with the train split's mean %s and std %s; "
+                     "predictions and metrics are in the targets' units",
+                     _shown(center), _shown(std))  # fmt: skip
+        else:
+            fitted.scale = TargetScale([0.0] * count, [1.0] * count, center.tolist(), device)
+        return fitted
+
+    def measured(self) -> list[str]:
+        return list(VALUE_METRICS)
+
+    def scores(self, detailed: bool = False) -> ValueScores:
+        loss = RegressionLoss(self.criterion, self.huber_delta, self.scale)
+        return ValueScores(loss, self.scale, detailed)
+
+    def record(self) -> dict:
+        return {"target_scale": self.scale.record()}
+
+    def loss(self) -> RegressionLoss:
+        return RegressionLoss(self.criterion, self.huber_delta, self.scale)
+
+
+def _shown(values: torch.Tensor) -> str:
+    return "[" + ", ".join(f"{v:.4g}" for v in values.tolist()) + "]"
+
+
+class RegressionLoss:
+    """MSE, Huber or L1 between the outputs and the (scaled) targets, averaged over samples
+    and targets."""
+
+    def __init__(self, criterion: str, huber_delta: float, scale: TargetScale) -> None:
+        self.criterion, self.huber_delta, self.scale = criterion, huber_delta, scale
+
+    def training_note(self, mixing: Any) -> str | None:
+        return None  # val/loss is the same criterion on the same scale
+
+    def __call__(self, outputs: torch.Tensor, targets: torch.Tensor,
+                 reduction: str = "mean") -> torch.Tensor:  # fmt: skip
+        scaled = self.scale.apply(targets)
+        if self.criterion == "mse":
+            return F.mse_loss(outputs, scaled, reduction=reduction)
+        if self.criterion == "l1":
+            return F.l1_loss(outputs, scaled, reduction=reduction)
+        return F.huber_loss(outputs, scaled, reduction=reduction, delta=self.huber_delta)

@@ -1,0 +1,356 @@
+"""Tasks beyond single-label classification: ``task=regression`` (MSE/Huber/L1, targets
+standardised and un-standardised, MAE/RMSE/R²) and ``task=multilabel`` (BCE, mAP, F1, subset
+accuracy), through train.py, evaluate.py and predict.py on files the tests write; resumed runs
+equal runs that never stopped; the metrics equal their definitions."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import EVALUATE, ROOT, read_metrics, run_python, run_train, scalars
+from PIL import Image
+
+from utils.checkpoint import load_checkpoint
+from utils.signals import EXIT_INTERRUPTED
+
+PREDICT = ROOT / "predict.py"
+
+
+def write_houses(path: Path, rows: int = 300, seed: int = 0) -> Path:
+    """Two targets on very different scales (price ~ 300 ± 60, rent ~ 1.2 ± 0.3), learnable
+    from four features; a tags column of label sets and two 0/1 label columns."""
+    rng = random.Random(seed)
+    lines = ["rooms,area,age,floor,price,rent,tags,sunny,quiet"]
+    for _ in range(rows):
+        x = [rng.gauss(0, 1) for _ in range(4)]
+        price = 300 + 50 * x[0] + 30 * x[1] - 10 * x[2] + rng.gauss(0, 3)
+        rent = 1.2 + 0.25 * x[1] - 0.1 * x[3] + rng.gauss(0, 0.02)
+        sunny, quiet, big = x[3] > 0, x[2] < 0.3, x[0] > 0.5
+        tags = ";".join(t for t, on in (("sunny", sunny), ("quiet", quiet), ("big", big)) if on)
+        lines.append(",".join([*(f"{v:.4f}" for v in x), f"{price:.3f}", f"{rent:.4f}", tags,
+                               str(int(sunny)), str(int(quiet))]))  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+FEATURES = "data.features=[rooms,area,age,floor]"
+REGRESSION = ["task=regression", "data=csv", "data.path=houses.csv", "data.target=[price,rent]",
+              FEATURES, "data.split.test_path=test.csv", "data.batch_size=16",
+              "model.hidden_sizes=[32]", "optim.lr=0.01", "trainer.max_epochs=6"]  # fmt: skip
+
+
+def evaluated(cwd: Path, *args: str) -> dict:
+    run_python(cwd, str(EVALUATE), *args, "runs=eval-runs")
+    found = sorted((cwd / "eval-runs" / "eval").glob("*/metrics.json"))[-1]
+    (result,) = json.loads(found.read_text()).values()
+    return result
+
+
+def table(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def regression_run(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("regression")
+    write_houses(cwd / "houses.csv")
+    write_houses(cwd / "test.csv", rows=80, seed=5)
+    run_train(cwd, *REGRESSION, "run_name=reg")
+    return cwd
+
+
+def test_regression_learns_in_the_targets_units_and_evaluate_and_predict_agree(regression_run):
+    cwd = regression_run
+    metrics = read_metrics(cwd / "runs" / "reg")
+    assert metrics["monitor"] == "val/mae"  # the task's default monitor, lower is better
+    assert metrics["test/r2"] > 0.9 and metrics["test/mae"] < 20  # price's spread is 60
+    checkpoint = load_checkpoint(cwd / "checkpoints" / "reg" / "best.pt")
+    scale = checkpoint["inputs"]["target_scale"]
+    train_rows = table(cwd / "houses.csv")  # the train split is what is not held out
+    assert 250 < scale["mean"][0] < 350 and 0.9 < scale["mean"][1] < 1.5
+    assert 40 < scale["std"][0] < 80 and 0.2 < scale["std"][1] < 0.5
+    assert checkpoint["inputs"]["targets"] == {"kind": "values", "count": 2,
+                                               "names": ["price", "rent"]}  # fmt: skip
+    assert len(train_rows) == 300
+
+    result = evaluated(cwd, "ckpt=checkpoints/reg")
+    for key in ("test/mae", "test/rmse", "test/r2", "test/loss"):
+        assert result[key] == pytest.approx(metrics[key], rel=1e-6), key
+    per_target = result["per_target"]
+    assert per_target["names"] == ["price", "rent"]
+    # The average over targets of each target's error, in its own units.
+    assert sum(per_target["mae"]) / 2 == pytest.approx(result["test/mae"], rel=1e-6)
+    assert per_target["mae"][0] > 20 * per_target["mae"][1]  # price's units, not standardised
+
+    run_python(cwd, str(PREDICT), "ckpt=checkpoints/reg", "input=test.csv", "out=p.csv",
+               "runs=predict-runs")  # fmt: skip
+    predicted, truth = table(cwd / "p.csv"), table(cwd / "test.csv")
+    assert list(predicted[0]) == ["input", "price", "rent"] and len(predicted) == 80
+    errors = [[abs(float(p[name]) - float(t[name])) for p, t in zip(predicted, truth, strict=True)]
+              for name in ("price", "rent")]  # fmt: skip
+    mae = sum(sum(e) / len(e) for e in errors) / 2
+    assert mae == pytest.approx(result["test/mae"], rel=1e-4)  # predict writes 6 digits
+
+
+def test_an_interrupted_regression_run_resumes_bit_identically(regression_run):
+    cwd = regression_run
+    run = [*REGRESSION, "model._target_=signalling_model.mlp", "task.loss=huber",
+           "model.dropout=0.2", "trainer.max_epochs=3", "trainer.log_every_n_steps=4"]  # fmt: skip
+    run_train(cwd, *run, "run_name=huber")
+    first = run_train(cwd, *run, "run_name=cut", ok=False,
+                      env={"SIGNAL_AT_FORWARD": "20", "SIGNAL_NAME": "SIGTERM"})  # fmt: skip
+    assert first.returncode == EXIT_INTERRUPTED, first.stderr[-2000:]
+    run_train(cwd, *run, "run_name=cut", "resume=auto")
+    a = load_checkpoint(cwd / "checkpoints" / "huber" / "last.pt")
+    b = load_checkpoint(cwd / "checkpoints" / "cut" / "last.pt")
+    assert a["global_step"] == b["global_step"] == 3 * (255 // 16)  # 45 rows held out for val
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["inputs"]["target_scale"] == b["inputs"]["target_scale"]
+    logged_a, logged_b = scalars(cwd / "runs" / "huber"), scalars(cwd / "runs" / "cut")
+    for tag in ("train/loss", "val/loss", "val/mae", "val/r2"):
+        assert logged_a[tag] == logged_b[tag], tag
+
+
+def test_standardised_and_raw_targets_are_scored_in_the_same_units(regression_run):
+    cwd = regression_run
+    run_train(cwd, *REGRESSION, "task.standardize_targets=false", "run_name=raw")
+    raw, scaled = read_metrics(cwd / "runs" / "raw"), read_metrics(cwd / "runs" / "reg")
+    checkpoint = load_checkpoint(cwd / "checkpoints" / "raw" / "best.pt")
+    assert checkpoint["inputs"]["target_scale"]["std"] == [1.0, 1.0]
+    # Both in price's units; raw targets of 300 ± 60 train far worse in 6 epochs.
+    assert raw["test/mae"] > 2 * scaled["test/mae"]
+    result = evaluated(cwd, "ckpt=checkpoints/raw")
+    assert result["test/mae"] == pytest.approx(raw["test/mae"], rel=1e-6)
+
+
+def test_an_edited_target_scale_is_refused_in_one_line(regression_run, tmp_path):
+    checkpoint = load_checkpoint(regression_run / "checkpoints" / "reg" / "best.pt")
+    checkpoint["inputs"]["target_scale"]["std"] = [-1.0, 1.0]
+    torch.save(checkpoint, tmp_path / "edited.pt")
+    predict = [str(PREDICT), "input=test.csv", f"out={tmp_path / 'p.csv'}"]
+    for script, *args in ([str(EVALUATE)], predict):
+        result = run_python(regression_run, script, f"ckpt={tmp_path / 'edited.pt'}", *args,
+                            f"runs={tmp_path / 'runs'}", ok=False)  # fmt: skip
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert "target scale is not what torchloom writes" in result.stderr
+    assert not (tmp_path / "p.csv").exists()
+
+
+def write_tagged_images(root: Path, count: int = 72, seed: int = 0) -> Path:
+    """8×8 RGB images with a red square (label red), a blue bar (label blue), both or neither,
+    and a manifest of path,label rows with a;b label sets."""
+    rng = random.Random(seed)
+    (root / "img").mkdir(parents=True)
+    lines = ["path,label"]
+    for index in range(count):
+        red, blue = index % 2 == 0, index % 3 == 0
+        pixels = [[(rng.randrange(40), rng.randrange(40), rng.randrange(40)) for _ in range(8)]
+                  for _ in range(8)]  # fmt: skip
+        if red:
+            for y in range(4):
+                for x in range(4):
+                    pixels[y][x] = (230, 20, 20)
+        if blue:
+            for y in range(8):
+                pixels[y][6] = pixels[y][7] = (20, 20, 230)
+        image = Image.new("RGB", (8, 8))
+        image.putdata([p for row in pixels for p in row])
+        image.save(root / "img" / f"{index}.png")
+        labels = ";".join(name for name, on in (("red", red), ("blue", blue)) if on)
+        lines.append(f"img/{index}.png,{labels}")
+    (root / "tags.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+MULTILABEL = ["task=multilabel", "data=image_csv", "data.root=photos", "data.manifest=photos/tags.csv",
+              "data.image_size=[8,8]", "data.batch_size=8", "data.num_workers=0", "model=cnn",
+              "data.augment.crop_padding=0", "data.augment.horizontal_flip=false",
+              "optim.lr=0.01", "trainer.max_epochs=6"]  # fmt: skip
+
+
+def test_multilabel_images_train_evaluate_and_predict_label_sets(tmp_path):
+    write_tagged_images(tmp_path / "photos")
+    run_train(tmp_path, *MULTILABEL, "task.pos_weight=auto", "run_name=tags")
+    metrics = read_metrics(tmp_path / "runs" / "tags")
+    assert metrics["monitor"] == "val/map"
+    assert metrics["test/map"] > 0.9 and metrics["test/subset_acc"] > 0.7
+    checkpoint = load_checkpoint(tmp_path / "checkpoints" / "tags" / "best.pt")
+    assert checkpoint["classes"] == ["blue", "red"]
+    assert checkpoint["inputs"]["threshold"] == 0.5
+
+    result = evaluated(tmp_path, "ckpt=checkpoints/tags")
+    for key in ("test/map", "test/f1_micro", "test/f1_macro", "test/subset_acc", "test/loss"):
+        assert result[key] == pytest.approx(metrics[key], rel=1e-6), key
+    assert result["per_label"]["names"] == ["blue", "red"]
+    ap = result["per_label"]["ap"]
+    assert sum(ap) / 2 == pytest.approx(result["test/map"], rel=1e-6)
+
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/tags", "input=photos/img",
+               "out=p.csv", "runs=predict-runs")  # fmt: skip
+    rows = table(tmp_path / "p.csv")
+    assert list(rows[0]) == ["input", "labels", "p_blue", "p_red"] and len(rows) == 72
+    manifest = {line.split(",")[0][4:]: set(filter(None, line.split(",")[1].split(";")))
+                for line in (tmp_path / "photos" / "tags.csv").read_text().splitlines()[1:]}  # fmt: skip
+    exact = [set(filter(None, r["labels"].split(";"))) == manifest[r["input"]] for r in rows]
+    assert sum(exact) / len(exact) > 0.7
+    for r in rows:  # the set is the labels at the threshold
+        assert set(filter(None, r["labels"].split(";"))) == {
+            name for name in ("blue", "red") if float(r[f"p_{name}"]) >= 0.5
+        }
+
+
+def test_an_interrupted_multilabel_run_resumes_bit_identically(tmp_path):
+    write_houses(tmp_path / "houses.csv", rows=160)
+    run = ["task=multilabel", "data=csv", "data.path=houses.csv", "data.target=tags", FEATURES,
+           "model._target_=signalling_model.mlp", "model.hidden_sizes=[16]", "model.dropout=0.2",
+           "data.batch_size=8", "data.augment.mixup_alpha=0.4", "trainer.max_epochs=2",
+           "trainer.log_every_n_steps=4"]  # fmt: skip
+    run_train(tmp_path, *run, "run_name=straight")
+    first = run_train(tmp_path, *run, "run_name=cut", ok=False,
+                      env={"SIGNAL_AT_FORWARD": "17", "SIGNAL_NAME": "SIGTERM"})  # fmt: skip
+    assert first.returncode == EXIT_INTERRUPTED, first.stderr[-2000:]
+    run_train(tmp_path, *run, "run_name=cut", "resume=auto")
+    a = load_checkpoint(tmp_path / "checkpoints" / "straight" / "last.pt")
+    b = load_checkpoint(tmp_path / "checkpoints" / "cut" / "last.pt")
+    assert a["global_step"] == b["global_step"] > 17
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    logged_a, logged_b = scalars(tmp_path / "runs" / "straight"), scalars(tmp_path / "runs" / "cut")
+    for tag in ("train/loss", "val/loss", "val/map", "val/f1_macro"):
+        assert logged_a[tag] == logged_b[tag], tag
+    assert a["classes"] == ["big", "quiet", "sunny"]
+
+
+def test_zero_one_columns_are_label_sets_and_tensors_hold_every_kind(tmp_path):
+    from data.tabular import load_csv
+    from data.tensors import load_tensors
+
+    write_houses(tmp_path / "houses.csv", rows=100)
+    split = {"val_path": None, "test_path": None, "val": 0.2, "test": 0.2, "seed": 0}
+    batching = {"batch_size": 8, "eval_batch_size": 64,
+                "augment": {"crop_padding": 0, "horizontal_flip": False}}  # fmt: skip
+    data = load_csv(str(tmp_path / "houses.csv"), ["sunny", "quiet"],
+                    ["rooms", "area", "age", "floor"], [], split, targets="label_sets",
+                    **batching)  # fmt: skip
+    rows = table(tmp_path / "houses.csv")
+    every = torch.cat([data.splits[s].labels for s in ("train", "val", "test")])
+    assert data.targets.kind == "label_sets" and data.classes == ["sunny", "quiet"]
+    assert every.sum(dim=0).tolist() == [sum(int(r[c]) for r in rows) for c in ("sunny", "quiet")]
+
+    x = torch.randn(50, 3)
+    torch.save({"x": x, "y": x.sum(dim=1)}, tmp_path / "values.pt")
+    torch.save({"x": x, "y": (x > 0).long()}, tmp_path / "sets.pt")
+    values = load_tensors(str(tmp_path / "values.pt"), None, split, None, None,
+                          targets="values", **batching)  # fmt: skip
+    sets = load_tensors(str(tmp_path / "sets.pt"), None, split, None, None,
+                        targets="label_sets", **batching)  # fmt: skip
+    assert values.targets.count == 1 and values.splits["train"].labels.shape[1] == 1
+    assert sets.targets.count == 3 and sets.splits["train"].labels.dtype == torch.float32
+    torch.save({"x": x, "y": x}, tmp_path / "bad.pt")  # floats are not label sets
+    with pytest.raises(Exception, match="label sets must be 0/1, and sample 0 has"):
+        load_tensors(str(tmp_path / "bad.pt"), None, split, None, None,
+                     targets="label_sets", **batching)  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["task=regression"], "task=regression learns numbers (data=csv, data=tensors or "
+                          "data=image_csv), and data.digits.load_digits reads class labels only"),
+    (["task=regression", "data=csv", "data.path=houses.csv", "data.target=tags"],
+     "houses.csv line 2, column 'tags': "),
+    (["task=multilabel", "data=csv", "data.path=houses.csv", "data.target=[price]"],
+     "column 'price': '"),
+    (["task=regression", "data=csv", "data.path=houses.csv", "data.target=price",
+      "data.augment.mixup_alpha=0.2"], "targets are values (task=regression): set both to 0"),
+    (["task=regression", "data=csv", "data.path=houses.csv", "data.target=price",
+      "trainer.monitor=val/acc"], "trainer.monitor='val/acc' is not measured; use one of "
+                                  "['val/loss', 'val/mae', 'val/rmse', 'val/r2']"),
+    (["task=multilabel", "task.pos_weight=[1,2]", "data=csv", "data.path=houses.csv",
+      "data.target=tags"], "task.pos_weight has 2 values; csv houses.csv has 3 labels"),
+    (["task=regression", "task.loss=hinge"], "task.loss="),
+])  # fmt: skip
+def test_data_the_task_cannot_learn_is_refused_in_one_line(tmp_path, overrides, message):
+    write_houses(tmp_path / "houses.csv", rows=60)
+    result = run_train(tmp_path, *overrides, FEATURES if "data=csv" in overrides else "seed=0",
+                       "data.batch_size=8", "trainer.max_epochs=1", ok=False)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert message in result.stderr.strip().splitlines()[-1]
+    assert not list(tmp_path.rglob("*.pt"))
+
+
+def test_average_precision_is_the_step_sum_with_ties_as_one_threshold():
+    from utils.evaluation import average_precisions
+
+    scores = torch.tensor([[0.9, 0.9], [0.8, 0.5], [0.7, 0.5], [0.6, 0.1]])
+    truth = torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    first, tied = average_precisions(scores, truth)
+    assert first == pytest.approx(0.5 * 1 + 0.5 * 2 / 3)  # positives at ranks 1 and 3
+    assert tied == pytest.approx(0.5 * 1 + 0.5 * 2 / 3)  # 0.5 twice: 2 of 3 right at once
+    (none,) = average_precisions(scores[:, :1], torch.zeros(4, 1))
+    assert math.isnan(none)
+
+
+def test_label_set_and_value_scores_equal_their_definitions_over_any_batching():
+    from utils.evaluation import LabelSetScores, ValueScores
+    from utils.tasks import RegressionLoss, TargetScale
+
+    generator = torch.Generator().manual_seed(0)
+    logits, truth = torch.randn(40, 3, generator=generator), torch.rand(40, 3, generator=generator)
+    truth = (truth > 0.6).float()
+    truth[:, 2] = 0  # a label that never occurs: F1 0, left out of mAP
+    whole, cut = LabelSetScores(3, 0.5), LabelSetScores(3, 0.5)
+    whole.add(logits, truth)
+    for lo in range(0, 40, 7):
+        cut.add(logits[lo : lo + 7], truth[lo : lo + 7])
+    a, b = whole.result(torch.device("cpu")), cut.result(torch.device("cpu"))
+    assert a == pytest.approx(b)
+    predicted = logits >= 0
+    tp = (predicted & (truth > 0)).sum(0).double()
+    fp, fn = (predicted & (truth == 0)).sum(0).double(), (~predicted & (truth > 0)).sum(0).double()
+    assert a["f1_micro"] == pytest.approx(
+        float(2 * tp.sum() / (2 * tp.sum() + fp.sum() + fn.sum()))
+    )
+    f1 = [
+        float(2 * t / (2 * t + p + n)) if t + p + n else 0.0
+        for t, p, n in zip(tp, fp, fn, strict=True)
+    ]
+    assert a["f1_macro"] == pytest.approx(sum(f1) / 3)
+    assert a["subset_acc"] == pytest.approx(float((predicted == (truth > 0)).all(1).float().mean()))
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, truth)
+    assert a["loss"] == pytest.approx(float(bce), rel=1e-5)
+
+    targets = torch.randn(30, 2, generator=generator) * torch.tensor([50.0, 0.5]) + 100
+    outputs = torch.randn(30, 2, generator=generator)
+    scale = TargetScale([100.0, 100.0], [50.0, 0.5], [100.0, 100.0], torch.device("cpu"))
+    scores = ValueScores(RegressionLoss("mse", 1.0, scale), scale, detailed=True)
+    for lo in range(0, 30, 8):
+        scores.add(outputs[lo : lo + 8], targets[lo : lo + 8])
+    metrics = scores.result(torch.device("cpu"))
+    predicted = outputs * torch.tensor([50.0, 0.5]) + 100
+    error = (predicted - targets).double()
+    r2 = 1 - error.square().sum(0) / (targets.double() - targets.double().mean(0)).square().sum(0)
+    assert metrics["mae"] == pytest.approx(float(error.abs().mean(0).mean()), rel=1e-6)
+    assert metrics["rmse"] == pytest.approx(float(error.square().mean(0).sqrt().mean()), rel=1e-6)
+    assert metrics["per_target"]["r2"] == pytest.approx(r2.tolist(), rel=1e-6)
+    standardised = (targets - 100) / torch.tensor([50.0, 0.5])
+    assert metrics["loss"] == pytest.approx(float(((outputs - standardised) ** 2).mean()), rel=1e-5)
+    assert metrics["per_target"]["max_abs_error"] == pytest.approx(
+        error.abs().max(0).values.tolist()
+    )
+
+
+def test_a_record_written_before_tasks_existed_is_a_classifiers():
+    from utils.predictions import InputRecord
+
+    record = {"shape": [1, 8, 8], "mean": [0.5], "std": [0.2], "num_classes": 10,
+              "classes": None, "table": None}  # fmt: skip
+    read = InputRecord.of({"inputs": record}, Path("old.pt"))
+    assert read.targets.kind == "classes" and read.class_names[:2] == ["0", "1"]
+    record["targets"] = {"kind": "values", "count": 3, "names": None}
+    with pytest.raises(Exception, match="targets record is not what torchloom writes"):
+        InputRecord.of({"inputs": record}, Path("edited.pt"))
