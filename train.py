@@ -95,7 +95,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     # --- Task, data and model: the task says what targets are; shapes flow to the model ----
     task = build(cfg.task)  # conf/task/: classification, multilabel or regression
     data = build(cfg.data, **task.data_arguments(cfg.data))  # csv, tensors, image_csv: the kind
-    task = task.fitted(data, context.device)  # data's targets are the task's kind; their scale
+    task = task.fitted(data, context.device, run.stored_inputs)  # kind checked; target scale
     monitor.check_measured([f"val/{name}" for name in task.measured()])
     loss = task.loss()  # cross-entropy, binary cross-entropy, or MSE/Huber/L1
     if note := loss.training_note(data.mixing):  # train/loss and val/loss measure other things

@@ -118,6 +118,20 @@ def test_an_interrupted_regression_run_resumes_bit_identically(regression_run):
         assert logged_a[tag] == logged_b[tag], tag
 
 
+def test_a_resume_keeps_the_target_scale_it_started_with(regression_run):
+    cwd = regression_run
+    write_houses(cwd / "moved.csv", rows=300, seed=9)  # the data moved, and is not the same
+    run = [*REGRESSION, "scheduler=none"]
+    run_train(cwd, *run, "trainer.max_epochs=1", "run_name=scale")
+    started = load_checkpoint(cwd / "checkpoints" / "scale" / "last.pt")["inputs"]
+    result = run_train(cwd, *[o.replace("houses.csv", "moved.csv") for o in run],
+                       "trainer.max_epochs=2", "run_name=scale", "resume=auto")  # fmt: skip
+    assert "data.path: houses.csv -> moved.csv" in result.stdout + result.stderr
+    resumed = load_checkpoint(cwd / "checkpoints" / "scale" / "last.pt")
+    assert resumed["epoch"] == 2
+    assert resumed["inputs"]["target_scale"] == started["target_scale"]
+
+
 def test_standardised_and_raw_targets_are_scored_in_the_same_units(regression_run):
     cwd = regression_run
     run_train(cwd, *REGRESSION, "task.standardize_targets=false", "run_name=raw")

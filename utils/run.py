@@ -50,6 +50,13 @@ class RunStart:
     replaced: list[Path] = field(default_factory=list)  # overwrite=true: remove once set up
     finished: float | None = None  # a re-run sweep's finished job: its value; skip it
 
+    @property
+    def stored_inputs(self) -> dict | None:
+        """The resumed checkpoint's record of its inputs and targets (None for a fresh run):
+        a resumed regression run keeps the target scale it started with."""
+        inputs = self.resumed[1].get("inputs") if self.resumed else None
+        return inputs if isinstance(inputs, dict) else None
+
     def remove_replaced(self) -> None:
         """``overwrite=true``: remove the earlier run's files, once this run is set up (so a
         run that fails at start-up loses nothing)."""
