@@ -9,6 +9,7 @@ import csv
 import json
 import math
 import random
+import runpy
 from pathlib import Path
 
 import pytest
@@ -22,21 +23,8 @@ from utils.signals import EXIT_INTERRUPTED
 PREDICT = ROOT / "predict.py"
 
 
-def write_houses(path: Path, rows: int = 300, seed: int = 0) -> Path:
-    """Two targets on very different scales (price ~ 300 ± 60, rent ~ 1.2 ± 0.3), learnable
-    from four features; a tags column of label sets and two 0/1 label columns."""
-    rng = random.Random(seed)
-    lines = ["rooms,area,age,floor,price,rent,tags,sunny,quiet"]
-    for _ in range(rows):
-        x = [rng.gauss(0, 1) for _ in range(4)]
-        price = 300 + 50 * x[0] + 30 * x[1] - 10 * x[2] + rng.gauss(0, 3)
-        rent = 1.2 + 0.25 * x[1] - 0.1 * x[3] + rng.gauss(0, 0.02)
-        sunny, quiet, big = x[3] > 0, x[2] < 0.3, x[0] > 0.5
-        tags = ";".join(t for t, on in (("sunny", sunny), ("quiet", quiet), ("big", big)) if on)
-        lines.append(",".join([*(f"{v:.4f}" for v in x), f"{price:.3f}", f"{rent:.4f}", tags,
-                               str(int(sunny)), str(int(quiet))]))  # fmt: skip
-    path.write_text("\n".join(lines) + "\n")
-    return path
+# The README's Tasks figures use the same table (benchmarks/task_figures.py).
+write_houses = runpy.run_path(str(ROOT / "benchmarks" / "task_figures.py"))["write_houses"]
 
 
 FEATURES = "data.features=[rooms,area,age,floor]"
