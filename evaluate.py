@@ -76,14 +76,21 @@ def checkpoint_files(ckpt: Any) -> list[Path]:
     return files
 
 
-def export(modules: Modules, config: dict, path: Path, out: Outputs) -> None:
-    """The evaluated weights to ``path``: a verified ONNX graph (.onnx), or .safetensors."""
+def export(modules: Modules, task: Any, stored: tuple[dict, dict | None], path: Path,
+           out: Outputs) -> None:  # fmt: skip
+    """The evaluated weights to ``path``: a verified ONNX graph (.onnx; a regression model's
+    outputs in the targets' units), or .safetensors with the ``stored`` config and inputs
+    record (and the task's record: the target scale) beside them."""
     if path.suffix == ".onnx":
-        difference = export_onnx(modules.model, modules.input_shape, path)
+        model, output, unit = task.exportable(modules.model)
+        difference = export_onnx(model, modules.input_shape, path, output, unit)
+        units = "" if unit is None else ", in the model's scaled units"
         out.print(f"exported the model to {path}; onnxruntime on batches of 1 and 8 differs "
-                  f"from PyTorch by at most {difference:.1e} (fp32, bar 1e-4)")  # fmt: skip
+                  f"from PyTorch by at most {difference:.1e} (fp32{units}, bar 1e-4)")  # fmt: skip
     else:  # .safetensors (checked before anything was evaluated)
-        export_safetensors(modules.model, config, path)
+        config, inputs = stored
+        record = {**(inputs or {}), **task.record()} or None
+        export_safetensors(modules.model, config, record, path)
         out.print(f"exported weights to {path}")
 
 
@@ -117,6 +124,7 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         task = build(task_config(config))  # what it was trained to predict
         data_node = data_config(config["data"], cfg.data)
         data = build(data_node, **task.data_arguments(data_node))
+        data.follow_record(inputs, path)  # normalised as trained, even on moved or new files
         task = task.fitted(data, context.device, stored=inputs)  # the target scale it trained on
         model_node = OmegaConf.create(model_config(config["model"]))
         shapes = model_shapes(data.input_shape, data.num_classes)
@@ -134,7 +142,7 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
             csv_name = "confusion.csv" if len(files) == 1 else f"confusion-{index}.csv"
             out.write_text(csv_name, tables.confusion_csv(confusion))
         if cfg.export and context.is_main:
-            export(modules, config, Path(cfg.export), out)
+            export(modules, task, (config, inputs), Path(cfg.export), out)
     out.close()
     if len(results) > 1:
         out.print(tables.comparison(results, cfg.split))

@@ -132,6 +132,38 @@ def test_standardised_and_raw_targets_are_scored_in_the_same_units(regression_ru
     assert result["test/mae"] == pytest.approx(raw["test/mae"], rel=1e-6)
 
 
+def test_exports_carry_the_target_scale(regression_run):
+    """The ONNX graph's ``values`` are in the targets' units, equal to predict.py's; a
+    .safetensors export is evaluated with its stored scale, not one refitted to other data."""
+    import onnxruntime
+
+    from data.tabular import Columns, read_table
+
+    cwd = regression_run
+    run_python(cwd, str(EVALUATE), "ckpt=checkpoints/reg", "export=reg.onnx", "runs=export-runs")
+    run_python(cwd, str(EVALUATE), "ckpt=checkpoints/reg", "export=reg.safetensors",
+               "runs=export-runs")  # fmt: skip
+    run_python(cwd, str(PREDICT), "ckpt=checkpoints/reg", "input=test.csv", "out=onnx-p.csv",
+               "runs=predict-runs")  # fmt: skip
+    inputs = load_checkpoint(cwd / "checkpoints" / "reg" / "best.pt")["inputs"]
+    header, rows = read_table(cwd / "test.csv")
+    features = Columns.from_record(inputs["table"]).features(header, rows, cwd / "test.csv")
+    features = (features - torch.tensor(inputs["mean"])) / torch.tensor(inputs["std"])
+    session = onnxruntime.InferenceSession(
+        str(cwd / "reg.onnx"), providers=["CPUExecutionProvider"]
+    )
+    (values,) = session.run(["values"], {"input": features.numpy()})
+    predicted = [
+        v for r in table(cwd / "onnx-p.csv") for v in (float(r["price"]), float(r["rent"]))
+    ]
+    assert values.flatten().tolist() == pytest.approx(predicted, rel=1e-5, abs=1e-4)
+
+    write_houses(cwd / "other.csv", rows=300, seed=11)  # another train split: another scale
+    exported = evaluated(cwd, "ckpt=reg.safetensors", "data.path=other.csv")
+    original = evaluated(cwd, "ckpt=checkpoints/reg")
+    assert exported["test/mae"] == pytest.approx(original["test/mae"], rel=1e-6)
+
+
 def test_an_edited_target_scale_is_refused_in_one_line(regression_run, tmp_path):
     checkpoint = load_checkpoint(regression_run / "checkpoints" / "reg" / "best.pt")
     checkpoint["inputs"]["target_scale"]["std"] = [-1.0, 1.0]
@@ -145,14 +177,15 @@ def test_an_edited_target_scale_is_refused_in_one_line(regression_run, tmp_path)
     assert not (tmp_path / "p.csv").exists()
 
 
-def write_tagged_images(root: Path, count: int = 72, seed: int = 0) -> Path:
-    """8×8 RGB images with a red square (label red), a blue bar (label blue), both or neither,
-    and a manifest of path,label rows with a;b label sets."""
+def write_tagged_images(root: Path, folder: str, count: int, seed: int) -> Path:
+    """8×8 RGB images in ``root/folder`` with a red square (label red), a blue bar (label
+    blue), both or neither, and a manifest ``root/<folder>.csv`` of path,label rows with a;b
+    label sets."""
     rng = random.Random(seed)
-    (root / "img").mkdir(parents=True)
+    (root / folder).mkdir(parents=True)
     lines = ["path,label"]
     for index in range(count):
-        red, blue = index % 2 == 0, index % 3 == 0
+        red, blue = rng.random() < 0.5, rng.random() < 0.4
         pixels = [[(rng.randrange(40), rng.randrange(40), rng.randrange(40)) for _ in range(8)]
                   for _ in range(8)]  # fmt: skip
         if red:
@@ -164,21 +197,27 @@ def write_tagged_images(root: Path, count: int = 72, seed: int = 0) -> Path:
                 pixels[y][6] = pixels[y][7] = (20, 20, 230)
         image = Image.new("RGB", (8, 8))
         image.putdata([p for row in pixels for p in row])
-        image.save(root / "img" / f"{index}.png")
+        image.save(root / folder / f"{index}.png")
         labels = ";".join(name for name, on in (("red", red), ("blue", blue)) if on)
-        lines.append(f"img/{index}.png,{labels}")
-    (root / "tags.csv").write_text("\n".join(lines) + "\n")
-    return root
+        lines.append(f"{folder}/{index}.png,{labels}")
+    manifest = root / f"{folder}.csv"
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest
 
 
-MULTILABEL = ["task=multilabel", "data=image_csv", "data.root=photos", "data.manifest=photos/tags.csv",
-              "data.image_size=[8,8]", "data.batch_size=8", "data.num_workers=0", "model=cnn",
-              "data.augment.crop_padding=0", "data.augment.horizontal_flip=false",
-              "optim.lr=0.01", "trainer.max_epochs=6"]  # fmt: skip
+MULTILABEL = ["task=multilabel", "data=image_csv", "data.root=photos", "data.manifest=photos/img.csv",
+              "data.split.test_path=photos/test.csv", "data.image_size=[8,8]", "data.batch_size=8",
+              "data.num_workers=0", "model=cnn", "data.augment.crop_padding=0",
+              "data.augment.horizontal_flip=false", "optim.lr=0.01", "trainer.max_epochs=6"]  # fmt: skip
+
+
+def label_set_of(text: str) -> set[str]:
+    return set(filter(None, text.split(";")))
 
 
 def test_multilabel_images_train_evaluate_and_predict_label_sets(tmp_path):
-    write_tagged_images(tmp_path / "photos")
+    write_tagged_images(tmp_path / "photos", "img", count=72, seed=0)
+    test_manifest = write_tagged_images(tmp_path / "photos", "test", count=24, seed=1)
     run_train(tmp_path, *MULTILABEL, "task.pos_weight=auto", "run_name=tags")
     metrics = read_metrics(tmp_path / "runs" / "tags")
     assert metrics["monitor"] == "val/map"
@@ -194,18 +233,38 @@ def test_multilabel_images_train_evaluate_and_predict_label_sets(tmp_path):
     ap = result["per_label"]["ap"]
     assert sum(ap) / 2 == pytest.approx(result["test/map"], rel=1e-6)
 
-    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/tags", "input=photos/img",
+    # predict.py on the test images: its sets score exactly what evaluate.py measured.
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/tags", "input=photos/test",
                "out=p.csv", "runs=predict-runs")  # fmt: skip
     rows = table(tmp_path / "p.csv")
-    assert list(rows[0]) == ["input", "labels", "p_blue", "p_red"] and len(rows) == 72
-    manifest = {line.split(",")[0][4:]: set(filter(None, line.split(",")[1].split(";")))
-                for line in (tmp_path / "photos" / "tags.csv").read_text().splitlines()[1:]}  # fmt: skip
-    exact = [set(filter(None, r["labels"].split(";"))) == manifest[r["input"]] for r in rows]
-    assert sum(exact) / len(exact) > 0.7
+    assert list(rows[0]) == ["input", "labels", "p_blue", "p_red"] and len(rows) == 24
+    truth = {line.split(",")[0].removeprefix("test/"): label_set_of(line.split(",")[1])
+             for line in test_manifest.read_text().splitlines()[1:]}  # fmt: skip
+    predicted = {r["input"]: label_set_of(r["labels"]) for r in rows}
+    subset = sum(predicted[name] == labels for name, labels in truth.items()) / len(truth)
+    assert subset == pytest.approx(result["test/subset_acc"], abs=1e-9)
+    hits = sum(len(predicted[n] & t) for n, t in truth.items())
+    wrong = sum(len(predicted[n] ^ t) for n, t in truth.items())
+    assert 2 * hits / (2 * hits + wrong) == pytest.approx(result["test/f1_micro"], abs=1e-9)
     for r in rows:  # the set is the labels at the threshold
-        assert set(filter(None, r["labels"].split(";"))) == {
-            name for name in ("blue", "red") if float(r[f"p_{name}"]) >= 0.5
+        assert label_set_of(r["labels"]) == {
+            n for n in ("blue", "red") if float(r[f"p_{n}"]) >= 0.5
         }
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/tags", "input=photos/test",
+               "out=strict.csv", "threshold=0.99", "runs=predict-runs")  # fmt: skip
+    for r in table(tmp_path / "strict.csv"):
+        assert label_set_of(r["labels"]) == {
+            n for n in ("blue", "red") if float(r[f"p_{n}"]) >= 0.99
+        }
+        assert label_set_of(r["labels"]) <= predicted[r["input"]]
+
+    for manifest in (tmp_path / "photos" / "img.csv", test_manifest):  # relabelled since
+        manifest.write_text(manifest.read_text().replace("red", "crimson"))
+    refused = run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/tags", "runs=eval-runs",
+                         ok=False)  # fmt: skip
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert ("was trained on classes ['blue', 'red'], and image_csv img.csv holds other "
+            "ones") in refused.stderr  # fmt: skip
 
 
 def test_an_interrupted_multilabel_run_resumes_bit_identically(tmp_path):

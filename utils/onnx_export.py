@@ -28,9 +28,11 @@ OPSET = 17
 BATCHES = (1, 8)
 
 
-def export_onnx(model: nn.Module, input_shape: Sequence[int], path: Path) -> float:
-    """Write ``model`` to ``path`` and return the largest absolute difference between
-    onnxruntime's and PyTorch's outputs on batches of 1 and 8."""
+def export_onnx(model: nn.Module, input_shape: Sequence[int], path: Path, output: str = "logits",
+                unit: torch.Tensor | None = None) -> float:  # fmt: skip
+    """Write ``model`` to ``path``, its output named ``output``, and return the largest absolute
+    difference between onnxruntime's and PyTorch's outputs on batches of 1 and 8, in ``unit``
+    per output column (None: the outputs' own units)."""
     try:
         import onnxruntime
     except ImportError:
@@ -45,7 +47,7 @@ def export_onnx(model: nn.Module, input_shape: Sequence[int], path: Path) -> flo
         try:
             torch.onnx.export(
                 cpu, (torch.zeros(2, *input_shape),), graph, input_names=["input"],
-                output_names=["logits"], dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+                output_names=[output], dynamic_axes={"input": {0: "batch"}, output: {0: "batch"}},
                 opset_version=OPSET, dynamo=False,
             )  # fmt: skip
         except Exception as error:
@@ -53,7 +55,7 @@ def export_onnx(model: nn.Module, input_shape: Sequence[int], path: Path) -> flo
             raise UserError(f"the model cannot be exported to ONNX ({type(error).__name__}: "
                             f"{reason}); export=model.safetensors keeps the weights") from None  # fmt: skip
     session = onnxruntime.InferenceSession(graph.getvalue(), providers=["CPUExecutionProvider"])
-    difference = parity(cpu, session, input_shape)
+    difference = parity(cpu, session, input_shape, unit)
     if difference > TOLERANCE:
         raise UserError(f"the ONNX export differs from PyTorch by up to {difference:.2e} (more "
                         f"than {TOLERANCE:g}); nothing was written to {path}")  # fmt: skip
@@ -65,17 +67,20 @@ def export_onnx(model: nn.Module, input_shape: Sequence[int], path: Path) -> flo
     return difference
 
 
-def parity(model: nn.Module, session, input_shape: Sequence[int]) -> float:
-    """The largest absolute difference of the outputs on seeded batches of each size."""
+def parity(model: nn.Module, session, input_shape: Sequence[int],
+           unit: torch.Tensor | None = None) -> float:  # fmt: skip
+    """The largest absolute difference of the outputs on seeded batches of each size, divided
+    by ``unit`` per output column when given."""
     generator = torch.Generator().manual_seed(0)
     largest = 0.0
     with torch.inference_mode():
         for batch in BATCHES:
             inputs = torch.randn(batch, *input_shape, generator=generator)
             expected = model(inputs).float()
-            (got,) = session.run(["logits"], {"input": inputs.numpy()})
+            (got,) = session.run(None, {"input": inputs.numpy()})
             if tuple(got.shape) != tuple(expected.shape):
                 raise UserError(f"the ONNX export gives shape {list(got.shape)} for a batch of "
                                 f"{batch}, PyTorch {list(expected.shape)}")  # fmt: skip
-            largest = max(largest, float((torch.from_numpy(got) - expected).abs().max()))
+            difference = (torch.from_numpy(got) - expected).abs()
+            largest = max(largest, float((difference if unit is None else difference / unit).max()))
     return largest

@@ -35,13 +35,10 @@ def read_checkpoint(
         config, source = checkpoint.get("config"), path
         weights = chosen_weights(checkpoint, which, path)
         inputs = checkpoint.get("inputs")
-        if inputs is not None and not isinstance(inputs, dict):
-            raise UserError(f"{path}: its inputs record is not what torchloom writes (was it "
-                            "edited?)")  # fmt: skip
     else:
         if which == "ema":
             raise UserError(f"{path} holds one set of weights (an export); drop weights=ema")
-        weights, stored = read_safetensors(path)
+        weights, stored, inputs = read_safetensors(path)
         if config_path:
             config, source = read_yaml_config(Path(config_path)), Path(config_path)
         elif stored is None:
@@ -50,6 +47,9 @@ def read_checkpoint(
             config, source = stored, path
     require_keys(config, source, {"model": dict, "data": dict, "seed": int})
     check_stored_config(config, source)
+    if inputs is not None and not isinstance(inputs, dict):
+        raise UserError(f"{path}: its inputs record is not what torchloom writes (was it "
+                        "edited?)")  # fmt: skip
     return config, weights, inputs
 
 
@@ -102,7 +102,8 @@ def chosen_weights(checkpoint: dict, which: str, path: Path) -> dict:
     return ema["model"]
 
 
-def read_safetensors(path: Path) -> tuple[dict, Any]:
+def read_safetensors(path: Path) -> tuple[dict, Any, Any]:
+    """(weights, stored config or None, stored inputs record or None) of an export."""
     try:
         from safetensors import safe_open
     except ImportError:
@@ -112,8 +113,9 @@ def read_safetensors(path: Path) -> tuple[dict, Any]:
     try:
         with safe_open(str(path), framework="pt") as f:
             weights = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
-            stored = (f.metadata() or {}).get("torchloom_config")
-        return weights, None if stored is None else json.loads(stored)
+            metadata = f.metadata() or {}
+        stored, inputs = metadata.get("torchloom_config"), metadata.get("torchloom_inputs")
+        return weights, *(None if s is None else json.loads(s) for s in (stored, inputs))
     except Exception:
         raise UserError(f"not a readable checkpoint: {path}") from None
 
@@ -126,13 +128,19 @@ def read_yaml_config(path: Path) -> Any:
         raise UserError(f"config={path}: not a readable YAML config") from None
 
 
-def export_safetensors(model: torch.nn.Module, config: dict, path: Path) -> None:
+def export_safetensors(model: torch.nn.Module, config: dict, inputs: dict | None,
+                       path: Path) -> None:  # fmt: skip
+    """The weights without pickle, the config and the inputs record (a regression run's
+    target scale) as JSON metadata beside them."""
     try:
         from safetensors.torch import save_file
     except ImportError:
         raise UserError('export needs the extra: pip install -e ".[export]"') from None
     weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(weights, str(path), metadata={"torchloom_config": json.dumps(config)})
+    metadata = {"torchloom_config": json.dumps(config)}
+    if inputs is not None:
+        metadata["torchloom_inputs"] = json.dumps(inputs)
+    save_file(weights, str(path), metadata=metadata)
 
 
 def data_config(stored: dict, overrides: DictConfig) -> DictConfig:

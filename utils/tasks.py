@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from data.targets import TASK_OF, Targets, target_kinds
 from utils.arguments import BELOW_ONE, POSITIVE, Rule, checked, one_of
@@ -124,6 +125,11 @@ class Task:
         """What evaluate.py and predict.py need besides the inputs record (nothing, unless a
         task says so)."""
         return {}
+
+    def exportable(self, model: nn.Module) -> tuple[nn.Module, str, torch.Tensor | None]:
+        """(what an ONNX export holds, its output's name, the unit its parity is measured in;
+        None: the outputs' own): the model's logits, unless a task says otherwise."""
+        return model, "logits", None
 
 
 class Classification(Task):
@@ -345,8 +351,27 @@ class Regression(Task):
     def record(self) -> dict:
         return {"target_scale": self.scale.record()}
 
+    def exportable(self, model: nn.Module) -> tuple[nn.Module, str, torch.Tensor | None]:
+        """The model with the target scale undone inside it, so an export's ``values`` are in
+        the targets' own units; parity is measured in the model's (scaled) units."""
+        return Unscaled(model, self.scale), "values", self.scale.std.detach().cpu()
+
     def loss(self) -> RegressionLoss:
         return RegressionLoss(self.criterion, self.huber_delta, self.scale)
+
+
+class Unscaled(nn.Module):
+    """A regression model whose outputs are in the targets' own units: ``model(x)·std + mean``
+    (for exports, which carry no target scale beside them)."""
+
+    def __init__(self, model: nn.Module, scale: TargetScale) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", scale.mean.detach().clone())
+        self.register_buffer("std", scale.std.detach().clone())
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(inputs) * self.std + self.mean
 
 
 def _shown(values: torch.Tensor) -> str:
