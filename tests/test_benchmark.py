@@ -7,7 +7,11 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
+
+# the benchmarks at smoke size: slow; .ci/run runs them, `pytest -m "not slow"` leaves them out
+pytestmark = pytest.mark.slow
 
 
 def test_benchmark_reports_floor_dataloader_and_torchloom(tmp_path):

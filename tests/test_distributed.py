@@ -128,6 +128,7 @@ def test_a_mid_epoch_position_is_carried_over_to_another_world_size():
     assert rescale_position(7, saved_world=2, world=2, accumulate=2) == 7
 
 
+@pytest.mark.slow
 def test_two_machines_meet_through_a_c10d_rendezvous(tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
     node = (

@@ -15,6 +15,9 @@ from omegaconf import OmegaConf
 
 import utils.config  # noqa: F401  (registers the schema and resolvers)
 
+# the launcher plugins: slow; .ci/run runs them, `pytest -m "not slow"` leaves them out
+pytestmark = pytest.mark.slow
+
 TINY = ("trainer.max_epochs=1",)
 
 

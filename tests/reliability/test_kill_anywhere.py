@@ -7,7 +7,11 @@ from __future__ import annotations
 import random
 import signal
 
+import pytest
 from harness import reference, report, run, same_ending, unreadable_checkpoints
+
+# the SIGKILL matrix: slow; .ci/run runs them, `pytest -m "not slow"` leaves them out
+pytestmark = pytest.mark.slow
 
 SEED = 2026
 

@@ -8,10 +8,14 @@ from __future__ import annotations
 import random
 import signal
 
+import pytest
 from harness import reference, report, run, same_ending, unreadable_checkpoints
 
 from utils.checkpoint import load_checkpoint
 from utils.signals import EXIT_INTERRUPTED
+
+# the SIGTERM matrix: slow; .ci/run runs them, `pytest -m "not slow"` leaves them out
+pytestmark = pytest.mark.slow
 
 
 def test_sigterm_anywhere_saves_exits_3_and_resumes_exactly(tmp_path, reference):
