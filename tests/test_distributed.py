@@ -177,6 +177,42 @@ def test_evaluate_under_two_processes_matches_one(tmp_path):
     assert sharded["test/loss"] == pytest.approx(single["test/loss"], rel=1e-5)
 
 
+def test_sharded_multilabel_and_regression_scores_match_one_process(tmp_path):
+    """Average precision ranks every sample and the residual percentiles sort them: each
+    process's shard is gathered whole (uneven shards: 45 test rows on 2 processes)."""
+    import runpy
+
+    from conftest import ROOT
+
+    write_houses = runpy.run_path(str(ROOT / "benchmarks" / "task_figures.py"))["write_houses"]
+    write_houses(tmp_path / "houses.csv")
+    table = ["data=csv", "data.path=houses.csv", "data.features=[rooms,area,age,floor]",
+             "trainer.max_epochs=1", "data.batch_size=16"]  # fmt: skip
+    run_train(tmp_path, *table, "task=multilabel", "data.target=tags", "run_name=tags")
+    run_train(tmp_path, *table, "task=regression", "data.target=[price,rent]", "run_name=values")
+    both = "ckpt=[checkpoints/tags/best.pt,checkpoints/values/best.pt]"
+    run_python(tmp_path, str(EVALUATE), both, "runs=single_eval")
+    torchrun(tmp_path, both, "runs=sharded_eval", script=EVALUATE)
+
+    def result(folder):
+        (run,) = (tmp_path / folder / "eval").iterdir()
+        return json.loads((run / "metrics.json").read_text())
+
+    single, sharded = result("single_eval"), result("sharded_eval")
+    for checkpoint in single:
+        for key, value in single[checkpoint].items():
+            if isinstance(value, float):
+                assert sharded[checkpoint][key] == pytest.approx(value, rel=1e-5), key
+    tags, values = (single[c] for c in sorted(single))
+    per_label = sharded["checkpoints/tags/best.pt"]["per_label"]
+    assert per_label["support"] == tags["per_label"]["support"]
+    for key in ("ap", "precision", "recall", "f1"):
+        assert per_label[key] == pytest.approx(tags["per_label"][key], rel=1e-6), key
+    for key in ("median_abs_error", "p90_abs_error", "max_abs_error"):
+        got = sharded["checkpoints/values/best.pt"]["per_target"][key]
+        assert got == pytest.approx(values["per_target"][key], rel=1e-5), key
+
+
 def test_ranks_draw_their_own_dropout_masks_and_save_each_stream(tmp_path):
     probe = ("model._target_=signalling_model.dropout_probe", "model.hidden_sizes=[16]",
              "trainer.max_epochs=1", "data.batch_size=16")  # fmt: skip

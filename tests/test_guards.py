@@ -116,3 +116,22 @@ def test_guards_run_in_train_py_and_unknown_names_are_refused(tmp_path):
     assert "error: the train split has NaN or Inf inputs" in result.stderr
     unknown = run_train(tmp_path, "trainer.silence_guards=[softmax]", ok=False)
     assert "unknown guard(s) ['softmax']" in unknown.stderr
+
+
+@pytest.mark.parametrize(("kind", "warns"), [("classes", True), ("label_sets", False),
+                                             ("values", False)])  # fmt: skip
+def test_the_softmax_guard_applies_to_classification_only(caplog, kind, warns):
+    """Multi-label and regression outputs may be anything, rows summing to 1 included."""
+    from types import SimpleNamespace
+
+    from data.targets import Targets
+    from utils.guards import check_start_up
+
+    batches = type("Batches", (), {"epoch": lambda self, e: iter(clean_batches()),
+                                   "__len__": lambda self: 4})()  # fmt: skip
+    data = SimpleNamespace(input_shape=SHAPE, batch_size=4, targets=Targets(kind, 10),
+                           name="probe", sizes=lambda: {"train": 16})  # fmt: skip
+    trainer = SimpleNamespace(silence_guards=[], accumulate_grad_batches=1, max_epochs=1)
+    with caplog.at_level(logging.WARNING, logger="torchloom"):
+        check_start_up(SoftmaxAtTheEnd(), data, batches, trainer, world_size=1)
+    assert ("remove the final softmax" in caplog.text) == warns

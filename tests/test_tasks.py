@@ -405,6 +405,24 @@ def test_label_set_and_value_scores_equal_their_definitions_over_any_batching():
     )
 
 
+def test_each_regression_criterion_is_torchs_on_the_scaled_targets():
+    from utils.tasks import RegressionLoss, TargetScale
+
+    generator = torch.Generator().manual_seed(3)
+    outputs, targets = torch.randn(16, 2, generator=generator), torch.randn(16, 2) * 40 + 300
+    scale = TargetScale([300.0, 300.0], [40.0, 40.0], [300.0, 300.0], torch.device("cpu"))
+    scaled = (targets - 300) / 40
+    F = torch.nn.functional
+    assert RegressionLoss("mse", 1.0, scale)(outputs, targets) == pytest.approx(
+        float(F.mse_loss(outputs, scaled)), rel=1e-6)  # fmt: skip
+    assert RegressionLoss("l1", 1.0, scale)(outputs, targets) == pytest.approx(
+        float(F.l1_loss(outputs, scaled)), rel=1e-6)  # fmt: skip
+    assert RegressionLoss("huber", 0.3, scale)(outputs, targets) == pytest.approx(
+        float(F.huber_loss(outputs, scaled, delta=0.3)), rel=1e-6)  # fmt: skip
+    assert RegressionLoss("huber", 0.3, scale)(outputs, targets) != pytest.approx(
+        float(F.huber_loss(outputs, scaled, delta=1.0)), rel=1e-3)  # fmt: skip
+
+
 def test_a_record_written_before_tasks_existed_is_a_classifiers():
     from utils.predictions import InputRecord
 

@@ -17,7 +17,8 @@ Setting up a run
     optim        the optimizer's parameter groups (no decay on biases and norms)
     schedulers   LR schedules (conf/scheduler)
     precision    autocast and the loss scaler (conf/precision)
-    tasks        what is predicted, so the loss: cross-entropy, label smoothing, class weights
+    tasks        what is predicted (classification, multilabel, regression), so the loss, the
+                 scores validation adds up, the target scale, what an export holds
     guards       start-up checks against classic pitfalls; step counts
     model_check  the dummy forward; parameter counts
 Training
@@ -37,8 +38,8 @@ Showing and measuring
     outputs      who prints and who writes (TensorBoard, metrics.json, hparams), decided once
     report       what the config tree, model summary, final table and metrics.json hold
     progress     the progress bar and plain progress lines
-    evaluation   loss and accuracy over a split; per-class scores
-    eval_tables  evaluate.py's tables, confusion CSV and image
+    evaluation   each task's metrics over a split (accuracy, mAP and F1, MAE/RMSE/R²)
+    eval_tables  evaluate.py's tables (per class, per label, per target), confusion CSV, image
     predictions  predict.py: the checkpoint's record of its inputs, new inputs read alike
     debug        the debug modes (conf/debug)
     finders      tune=lr and tune=batch_size

@@ -30,6 +30,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from utils.config import RUN_TIMESTAMP_ENV
@@ -211,13 +212,13 @@ def summary_table(rows: list[dict[str, Any]], columns: list[str], title: str) ->
     shared = set.intersection(*(set(row["overrides"]) for row in rows)) if rows else set()
     if shared:
         title += f" (all: {' '.join(o for o in rows[0]['overrides'] if o in shared)})"
-    table = Table(title=title)
+    table = Table(title=escape(title))  # escaped: data.target=[a,b] is text, not a style tag
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
         shown = {**row, "overrides": [o for o in row["overrides"] if o not in shared]}
         style = None if row["status"] == "completed" else "red"
-        table.add_row(*(_shown(_cell(shown, c)) for c in columns), style=style)
+        table.add_row(*(escape(_shown(_cell(shown, c))) for c in columns), style=style)
     return table
 
 
@@ -229,7 +230,8 @@ def seed_table(groups: list[dict[str, Any]], metrics: list[str]) -> Table:
         cells = [
             f"{group[m]['mean']:.4f} ± {group[m]['std']:.4f}" if m in group else "" for m in metrics
         ]
-        table.add_row(" ".join(group["overrides"]), f"{group['completed']}/{group['jobs']}", *cells)
+        overrides = escape(" ".join(group["overrides"]))
+        table.add_row(overrides, f"{group['completed']}/{group['jobs']}", *cells)
     return table
 
 
