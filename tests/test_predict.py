@@ -138,6 +138,8 @@ def test_the_onnx_export_runs_in_onnxruntime_with_any_batch_size(image_run):
      "the checkpoint's weights do not fit the model", [PREDICT, EVALUATE]),
     (lambda c: c["inputs"].update(shape=[3, 50000, 50000]),
      "more than 67,108,864 values each; refusing", [PREDICT]),
+    (lambda c: c["config"]["data"].update(image_size=[50000, 50000]),
+     "data.image_size=[50000, 50000] is out of range", [EVALUATE]),
 ])  # fmt: skip
 def test_an_edited_checkpoint_asking_for_vast_sizes_is_refused_before_allocating(
     image_run, tmp_path, edit, message, scripts

@@ -65,11 +65,18 @@ def one_of(*choices: Any) -> Rule:
     return Rule(lambda v: v in choices, "one of " + ", ".join(map(str, choices)))
 
 
+MAX_IMAGE_PIXELS = 2**24  # 4,096 × 4,096 after resizing: a bound on what each image decodes to
+
+
 def pair_of_positive_ints() -> Rule:
+    """``[height, width]`` of an image size, at most :data:`MAX_IMAGE_PIXELS` pixels: a stored
+    config read by evaluate.py cannot make every image decode to gigabytes."""
     return Rule(
-        lambda v: len(v) == 2 and all(_whole(x) and x >= 1 for x in v),
-        "two whole numbers [height, width], each 1 or more",
-    )
+        lambda v: len(v) == 2 and all(_whole(x) and x >= 1 for x in v)
+        and v[0] * v[1] <= MAX_IMAGE_PIXELS,
+        f"two whole numbers [height, width], each 1 or more, at most {MAX_IMAGE_PIXELS:,} "
+        "pixels in all",
+    )  # fmt: skip
 
 
 def checked(group: str, **rules: Rule) -> Callable:
