@@ -288,6 +288,22 @@ def test_an_interrupted_multilabel_run_resumes_bit_identically(tmp_path):
     assert a["classes"] == ["big", "quiet", "sunny"]
 
 
+def test_a_builder_naming_num_outputs_gets_the_number_of_values(tmp_path):
+    from test_bring_your_own import user_conf
+
+    search = user_conf(tmp_path, {"model/linear.yaml": "_target_: examples_net.linear\n"})
+    x = torch.randn(400, 3, generator=torch.Generator().manual_seed(0))
+    torch.save({"x": x, "y": torch.stack([x.sum(1), x[:, 0] - x[:, 2]], dim=1)},
+               tmp_path / "values.pt")  # fmt: skip
+    run_train(tmp_path, search, "model=linear", "task=regression", "data=tensors",
+              "data.path=values.pt", "data.batch_size=16", "optim.lr=0.05", "trainer.max_epochs=10",
+              "run_name=lin")  # fmt: skip
+    metrics = read_metrics(tmp_path / "runs" / "lin")
+    assert metrics["test/r2"] > 0.99  # both targets are linear in x
+    weights = load_checkpoint(tmp_path / "checkpoints" / "lin" / "best.pt")["model"]
+    assert weights["1.weight"].shape == (2, 3)
+
+
 def test_zero_one_columns_are_label_sets_and_tensors_hold_every_kind(tmp_path):
     from data.tabular import load_csv
     from data.tensors import load_tensors
