@@ -304,6 +304,18 @@ def test_a_builder_naming_num_outputs_gets_the_number_of_values(tmp_path):
     assert weights["1.weight"].shape == (2, 3)
 
 
+def test_a_wrong_output_width_names_what_the_columns_are(tmp_path):
+    from test_bring_your_own import user_conf
+
+    search = user_conf(tmp_path, {"model/three.yaml": "_target_: examples_net.three_outputs\n"})
+    write_houses(tmp_path / "houses.csv", rows=60)
+    result = run_train(tmp_path, search, "model=three", *REGRESSION[:5], "data.batch_size=8",
+                       "trainer.max_epochs=1", ok=False)  # fmt: skip
+    assert result.returncode == 2
+    assert ("examples_net.three_outputs outputs [3] per sample, expected [2] values (the "
+            "dataset's targets)") in result.stderr  # fmt: skip
+
+
 def test_zero_one_columns_are_label_sets_and_tensors_hold_every_kind(tmp_path):
     from data.tabular import load_csv
     from data.tensors import load_tensors

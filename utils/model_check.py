@@ -12,10 +12,11 @@ from utils.errors import UserError
 
 def check_forward(
     model: nn.Module, input_shape: Sequence[int], num_classes: int, device: torch.device,
-    builder: str = "the model",
+    builder: str = "the model", outputs: str = "class scores (the dataset's classes)",
 ) -> None:  # fmt: skip
     """Run a 2-sample dummy batch through ``model`` so an input shape it cannot take fails now,
-    naming the layer, instead of at the first training step."""
+    naming the layer, instead of at the first training step. ``num_classes`` is the width the
+    output must have, ``outputs`` what those columns are."""
     entered: list[tuple[str, nn.Module]] = []
     hooks = [
         module.register_forward_pre_hook(lambda mod, args, name=name: entered.append((name, mod)))
@@ -42,9 +43,9 @@ def check_forward(
     if not isinstance(output, torch.Tensor) or tuple(output.shape) != (2, num_classes):
         got = list(output.shape[1:]) if isinstance(output, torch.Tensor) else type(output).__name__
         raise UserError(
-            f"{builder} outputs {got} per sample, expected [{num_classes}] class scores (the "
-            f"dataset's classes): make its last layer give {num_classes} outputs, or take a "
-            "num_classes argument"
+            f"{builder} outputs {got} per sample, expected [{num_classes}] {outputs}: make "
+            f"its last layer give {num_classes} outputs, or take a num_classes (or "
+            "num_outputs) argument"
         )
 
 

@@ -21,6 +21,11 @@ from utils.device import wants_channels_last
 from utils.errors import UserError
 from utils.model_check import check_forward
 
+# What the output columns are, for the dummy forward's message (data/targets.py kinds).
+OUTPUTS = {"classes": "class scores (the dataset's classes)",
+           "label_sets": "label scores (the dataset's labels)",
+           "values": "values (the dataset's targets)"}  # fmt: skip
+
 
 @dataclass
 class Modules:
@@ -41,7 +46,9 @@ class Modules:
         model = build(node, **accepted_by(node["_target_"], shapes))
         layout = wants_channels_last(model, device, channels_last)
         model = model.to(device, memory_format=torch.channels_last if layout else None)
-        check_forward(model, data.input_shape, data.num_classes, device, str(node["_target_"]))
+        outputs = OUTPUTS[data.targets.kind]
+        check_forward(model, data.input_shape, data.num_classes, device, str(node["_target_"]),
+                      outputs)  # fmt: skip
         return cls(model, layout, device, tuple(data.input_shape), model, model)
 
     def wrap_for_steps(self, processes: distributed.Processes, trainer: Any) -> None:
