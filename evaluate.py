@@ -22,7 +22,6 @@ each target's errors and residuals, in the targets' own units (the checkpoint's 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +31,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from utils import eval_tables as tables
 from utils.checkpoint import checkpoint_to_evaluate, load_weights
-from utils.cli import run_cli
+from utils.cli import one_line_errors, run_cli
 from utils.config import build
 from utils.distributed import processes_from_env
-from utils.errors import EXIT_USER_ERROR, UserError
+from utils.errors import UserError
 from utils.evaluation import evaluate
 from utils.modules import Modules, model_shapes
 from utils.onnx_export import export_onnx
@@ -96,11 +95,7 @@ def export(modules: Modules, task: Any, stored: tuple[dict, dict | None], path: 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    try:
-        evaluate_checkpoints(cfg)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
+    one_line_errors(evaluate_checkpoints, cfg)
 
 
 def evaluate_checkpoints(cfg: DictConfig) -> None:

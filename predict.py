@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import io
-import sys
 from pathlib import Path
 
 import hydra
@@ -29,9 +28,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from utils.checkpoint import atomic_file, checkpoint_to_evaluate, load_checkpoint, load_weights
-from utils.cli import run_cli
+from utils.cli import one_line_errors, run_cli
 from utils.distributed import Processes
-from utils.errors import EXIT_USER_ERROR, UserError
+from utils.errors import UserError
 from utils.modules import Modules, model_shapes
 from utils.outputs import Outputs
 from utils.predictions import InputRecord, label_sets, read_inputs, top_classes
@@ -42,11 +41,7 @@ from utils.trust import check_stored_config, require_keys
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
 def main(cfg: DictConfig) -> None:
-    try:
-        predict(cfg)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
+    one_line_errors(predict, cfg)
 
 
 def checkpoint_file(ckpt: str) -> Path:

@@ -16,9 +16,9 @@ import pytest
 import torch
 from conftest import EVALUATE, ROOT, read_metrics, run_python, run_train, scalars
 from PIL import Image
+from test_resume import interrupt_and_resume
 
 from utils.checkpoint import load_checkpoint
-from utils.signals import EXIT_INTERRUPTED
 
 PREDICT = ROOT / "predict.py"
 
@@ -87,23 +87,28 @@ def test_regression_learns_in_the_targets_units_and_evaluate_and_predict_agree(r
     assert mae == pytest.approx(result["test/mae"], rel=1e-4)  # predict writes 6 digits
 
 
+def straight_and_resumed(cwd: Path, run: list[str], at: int, tags: tuple[str, ...]):
+    """A run straight through, and one SIGTERMed at training micro-batch ``at`` then resumed
+    (test_resume.py's helper): their last.pt files, after checking that the parameters and the
+    logged ``tags`` are bit-identical."""
+    run_train(cwd, *run, "run_name=straight")
+    interrupt_and_resume(cwd, run, "cut", at)
+    a = load_checkpoint(cwd / "checkpoints" / "straight" / "last.pt")
+    b = load_checkpoint(cwd / "checkpoints" / "cut" / "last.pt")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    logged_a, logged_b = scalars(cwd / "runs" / "straight"), scalars(cwd / "runs" / "cut")
+    for tag in tags:
+        assert logged_a[tag] == logged_b[tag], tag
+    return a, b
+
+
 def test_an_interrupted_regression_run_resumes_bit_identically(regression_run):
-    cwd = regression_run
     run = [*REGRESSION, "model._target_=signalling_model.mlp", "task.loss=huber",
            "model.dropout=0.2", "trainer.max_epochs=3", "trainer.log_every_n_steps=4"]  # fmt: skip
-    run_train(cwd, *run, "run_name=huber")
-    first = run_train(cwd, *run, "run_name=cut", ok=False,
-                      env={"SIGNAL_AT_FORWARD": "20", "SIGNAL_NAME": "SIGTERM"})  # fmt: skip
-    assert first.returncode == EXIT_INTERRUPTED, first.stderr[-2000:]
-    run_train(cwd, *run, "run_name=cut", "resume=auto")
-    a = load_checkpoint(cwd / "checkpoints" / "huber" / "last.pt")
-    b = load_checkpoint(cwd / "checkpoints" / "cut" / "last.pt")
+    tags = ("train/loss", "val/loss", "val/mae", "val/r2")
+    a, b = straight_and_resumed(regression_run, run, at=20, tags=tags)
     assert a["global_step"] == b["global_step"] == 3 * (255 // 16)  # 45 rows held out for val
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert a["inputs"]["target_scale"] == b["inputs"]["target_scale"]
-    logged_a, logged_b = scalars(cwd / "runs" / "huber"), scalars(cwd / "runs" / "cut")
-    for tag in ("train/loss", "val/loss", "val/mae", "val/r2"):
-        assert logged_a[tag] == logged_b[tag], tag
 
 
 def test_a_resume_keeps_the_target_scale_it_started_with(regression_run):
@@ -273,18 +278,9 @@ def test_an_interrupted_multilabel_run_resumes_bit_identically(tmp_path):
            "model._target_=signalling_model.mlp", "model.hidden_sizes=[16]", "model.dropout=0.2",
            "data.batch_size=8", "data.augment.mixup_alpha=0.4", "trainer.max_epochs=2",
            "trainer.log_every_n_steps=4"]  # fmt: skip
-    run_train(tmp_path, *run, "run_name=straight")
-    first = run_train(tmp_path, *run, "run_name=cut", ok=False,
-                      env={"SIGNAL_AT_FORWARD": "17", "SIGNAL_NAME": "SIGTERM"})  # fmt: skip
-    assert first.returncode == EXIT_INTERRUPTED, first.stderr[-2000:]
-    run_train(tmp_path, *run, "run_name=cut", "resume=auto")
-    a = load_checkpoint(tmp_path / "checkpoints" / "straight" / "last.pt")
-    b = load_checkpoint(tmp_path / "checkpoints" / "cut" / "last.pt")
+    tags = ("train/loss", "val/loss", "val/map", "val/f1_macro")
+    a, b = straight_and_resumed(tmp_path, run, at=17, tags=tags)
     assert a["global_step"] == b["global_step"] > 17
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    logged_a, logged_b = scalars(tmp_path / "runs" / "straight"), scalars(tmp_path / "runs" / "cut")
-    for tag in ("train/loss", "val/loss", "val/map", "val/f1_macro"):
-        assert logged_a[tag] == logged_b[tag], tag
     assert a["classes"] == ["big", "quiet", "sunny"]
 
 

@@ -13,7 +13,17 @@ from hydra.errors import InstantiationException
 from omegaconf import OmegaConf
 
 from utils.config import flatten
-from utils.errors import EXIT_USER_ERROR, user_error_in
+from utils.errors import EXIT_USER_ERROR, UserError, user_error_in
+
+
+def one_line_errors(command: Any, cfg: Any) -> None:
+    """Run ``command(cfg)``; bad input (a :class:`UserError`) ends as one ``error:`` line and
+    exit code 2 (evaluate.py's and predict.py's ``main``; train.py's also handles sweeps)."""
+    try:
+        command(cfg)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
 
 
 def run_cli(main: Any, config_name: str) -> None:

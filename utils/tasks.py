@@ -161,12 +161,20 @@ class Classification(Task):
             weights = (counts.sum() / (classes * counts)).tolist()
             log.info("class weights (inverse train frequency): %s",
                      " ".join(f"{w:.3g}" for w in weights))  # fmt: skip
-        if weights is not None and len(weights) != classes:
-            raise UserError(f"task.class_weights has {len(weights)} values; {data.name} has "
-                            f"{classes} classes: give one per class, or auto")  # fmt: skip
-        weight = None if weights is None else torch.tensor(weights, dtype=torch.float32,
-                                                           device=device)  # fmt: skip
+        weight = _weight_tensor(weights, "class_weights", ("class", "classes"), data, device)
         return ClassificationLoss(self.label_smoothing, weight, classes)
+
+
+def _weight_tensor(weights: list | None, key: str, what: tuple[str, str], data: Any,
+                   device: torch.device) -> torch.Tensor | None:  # fmt: skip
+    """``task.<key>``'s weights, one per class or label of ``data`` (``what``: the word and its
+    plural), on ``device``."""
+    if weights is None:
+        return None
+    if len(weights) != data.targets.count:
+        raise UserError(f"task.{key} has {len(weights)} values; {data.name} has "
+                        f"{data.targets.count} {what[1]}: give one per {what[0]}, or auto")  # fmt: skip
+    return torch.tensor(weights, dtype=torch.float32, device=device)
 
 
 def _mixing_words(mixing: Any) -> list[str]:
@@ -235,22 +243,20 @@ class MultiLabel(Task):
     def loss(self) -> MultiLabelLoss:
         """BCE with logits per label; ``pos_weight=auto`` weighs each label's positives by its
         negatives/positives in the train split (logged)."""
-        weights, labels, data, device = self.pos_weight, self.labels, self.data, self.device
+        weights, data, device = self.pos_weight, self.data, self.device
         if weights == "auto":
-            positives = data.train_targets().double().sum(dim=0)
+            train = data.train_targets()
+            positives = train.double().sum(dim=0)
             if (positives == 0).any():
                 missing = (positives == 0).nonzero().flatten().tolist()
                 raise UserError(f"task.pos_weight=auto: labels {missing} have no positive "
                                 "training sample; give the weights as a list instead")  # fmt: skip
-            weights = ((len(data.train_targets()) - positives) / positives).tolist()
+            weights = ((len(train) - positives) / positives).tolist()
             log.info("positive weights (negatives/positives of each label): %s",
                      " ".join(f"{w:.3g}" for w in weights))  # fmt: skip
-        if weights is not None and len(weights) != labels:
-            raise UserError(f"task.pos_weight has {len(weights)} values; {data.name} has "
-                            f"{labels} labels: give one per label, or auto")  # fmt: skip
-        weight = None if weights is None else torch.tensor(weights, dtype=torch.float32,
-                                                           device=device)  # fmt: skip
-        return MultiLabelLoss(weight)
+        return MultiLabelLoss(
+            _weight_tensor(weights, "pos_weight", ("label", "labels"), data, device)
+        )
 
 
 class MultiLabelLoss:
