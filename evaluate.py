@@ -40,6 +40,7 @@ from utils.modules import Modules, model_shapes
 from utils.onnx_export import export_onnx
 from utils.outputs import Outputs
 from utils.precision import Precision
+from utils.predictions import InputRecord
 from utils.run import RunContext
 from utils.stored import (
     check_stored_model,
@@ -119,7 +120,8 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         task = build(task_config(config))  # what it was trained to predict
         data_node = data_config(config["data"], cfg.data)
         data = build(data_node, **task.data_arguments(data_node))
-        data.follow_record(inputs, path)  # normalised as trained, even on moved or new files
+        if inputs is not None:  # normalised as trained, even on moved or new files
+            data.follow_record(InputRecord.of({"inputs": inputs}, path), path)
         task = task.fitted(data, context.device, stored=inputs)  # the target scale it trained on
         model_node = OmegaConf.create(model_config(config["model"]))
         shapes = model_shapes(data.input_shape, data.num_classes)

@@ -477,32 +477,19 @@ class Data:
                 "targets": self.targets.record()}  # fmt: skip
 
     def follow_record(self, record: Any, source: Any) -> None:
-        """Normalise as the checkpoint ``source`` recorded (its inputs ``record``, untrusted),
-        not with statistics refitted to this data, and refuse data whose inputs, classes or
-        table encoding differ from the record's: evaluating moved or new files then measures
-        the trained model, never a silently re-mapped one. A checkpoint with no record (older
-        than the record) is evaluated as before."""
-        if not isinstance(record, dict):
-            return
-        for key, ours in (("shape", list(self.input_shape)), ("classes", self.classes),
-                          ("table", self.table)):  # fmt: skip
-            theirs = record.get(key)
+        """Normalise as the checkpoint ``source`` recorded (``record``: its checked
+        :class:`utils.predictions.InputRecord`), not with statistics refitted to this data, and
+        refuse data whose inputs, classes or table encoding differ from the record's:
+        evaluating moved or new files then measures the trained model, never a silently
+        re-mapped one."""
+        for what, theirs, ours in (("shape", list(record.input_shape), list(self.input_shape)),
+                                   ("classes", record.classes, self.classes),
+                                   ("table", record.table, self.table)):  # fmt: skip
             if theirs is not None and ours is not None and theirs != ours:
-                shown = theirs if key != "table" else "its columns, categories and classes"
-                raise UserError(f"{source} was trained on {key} {shown}, and {self.name} holds "
+                shown = theirs if what != "table" else "its columns, categories and classes"
+                raise UserError(f"{source} was trained on {what} {shown}, and {self.name} holds "
                                 f"other ones; evaluate it on data encoded as it was trained")  # fmt: skip
-        channels = self.input_shape[0]
-        mean, std = record.get("mean"), record.get("std")
-        numbers = all(
-            isinstance(v, list) and len(v) == channels
-            and all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-                    for x in v)
-            for v in (mean, std)
-        )  # fmt: skip
-        if not numbers or not all(x > 0 for x in std):
-            raise UserError(f"{source}: its inputs record is not what torchloom writes (was it "
-                            "edited?)")  # fmt: skip
-        self.mean, self.std = list(mean), list(std)
+        self.mean, self.std = list(record.mean), list(record.std)
 
     def train_targets(self) -> torch.Tensor:
         """The train split's targets (for class weights, positive weights and the scale of

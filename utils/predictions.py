@@ -54,6 +54,8 @@ class InputRecord:
             and isinstance(shape, list) and len(shape) >= 1
             and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape)
             and _numbers(record.get("mean"), shape[0]) and _numbers(record.get("std"), shape[0])
+            and all(math.isfinite(v) for v in record["mean"] + record["std"])
+            and all(v > 0 for v in record["std"])
             and isinstance(record.get("num_classes"), int) and record["num_classes"] > 0
             and isinstance(record.get("table"), dict | type(None))
         )  # fmt: skip
