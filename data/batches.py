@@ -482,7 +482,10 @@ class Data:
         refuse data whose inputs, classes or table encoding differ from the record's:
         evaluating moved or new files then measures the trained model, never a silently
         re-mapped one."""
+        kinds = ((record.targets.kind, record.targets.count),
+                 (self.targets.kind, self.targets.count))  # fmt: skip
         for what, theirs, ours in (("shape", list(record.input_shape), list(self.input_shape)),
+                                   ("targets (kind, count)", *kinds),
                                    ("classes", record.classes, self.classes),
                                    ("table", record.table, self.table)):  # fmt: skip
             if theirs is not None and ours is not None and theirs != ours:

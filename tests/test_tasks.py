@@ -169,6 +169,17 @@ def test_exports_carry_the_target_scale(regression_run):
     assert exported["test/mae"] == pytest.approx(original["test/mae"], rel=1e-6)
 
 
+def test_an_inputs_record_that_disagrees_with_the_stored_task_is_refused(regression_run, tmp_path):
+    checkpoint = load_checkpoint(regression_run / "checkpoints" / "reg" / "best.pt")
+    checkpoint["inputs"]["targets"]["kind"] = "label_sets"  # the config still says regression
+    torch.save(checkpoint, tmp_path / "edited.pt")
+    result = run_python(regression_run, str(EVALUATE), f"ckpt={tmp_path / 'edited.pt'}",
+                        f"runs={tmp_path / 'runs'}", ok=False)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert ("was trained on targets (kind, count) ('label_sets', 2), and csv houses.csv holds "
+            "other ones") in result.stderr  # fmt: skip
+
+
 def test_an_edited_target_scale_is_refused_in_one_line(regression_run, tmp_path):
     checkpoint = load_checkpoint(regression_run / "checkpoints" / "reg" / "best.pt")
     checkpoint["inputs"]["target_scale"]["std"] = [-1.0, 1.0]
