@@ -49,6 +49,8 @@ TRAINING_KEYS = {
 }  # fmt: skip
 # Written by later versions; an older checkpoint without them resumes with their fresh value.
 OPTIONAL_TRAINING_KEYS = {"skipped_steps": int, "early_stopping": dict, "ema": (dict, type(None))}
+MAX_COUNT = 2**53  # epochs, steps and batch positions: a stored count beyond this was edited
+COUNTERS = ("epoch", "batch_in_epoch", "global_step", "skipped_steps")
 TOP_K_NAME = re.compile(r"epoch=(\d{3,})-[A-Za-z0-9_.+-]+=-?(\d+\.\d{4}|inf|nan)\.pt")
 STALE_AFTER_SECONDS = 3600  # a temporary file of another machine's writer, untouched this long
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
@@ -219,6 +221,14 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(f"not a readable checkpoint: {path}") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise UserError(f"not a readable checkpoint: {path} (no model weights in it)")
+    ema = state.get("ema")
+    average = ema.get("model") if isinstance(ema, dict) else None  # its own check says more
+    for where, weights in (("model", state["model"]), ("ema.model", average)):
+        if isinstance(weights, dict) and not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
+        ):
+            raise UserError(f"not a readable checkpoint: {path} (its {where} holds something "
+                            "other than named tensors; was it edited?)")  # fmt: skip
     version = state.get("format_version", 1)
     if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
         raise UserError(
@@ -245,6 +255,31 @@ def check_training_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:
                 f"cannot resume from {path}: its {key!r} is a {type(value).__name__}, not what "
                 f"torchloom writes (was it edited?); use init_from={path} for its weights"
             )
+    for key in (k for k in COUNTERS if k in checkpoint):
+        if not 0 <= checkpoint[key] <= MAX_COUNT:
+            raise UserError(f"cannot resume from {path}: its {key}={checkpoint[key]} is out of "
+                            f"range (was it edited?); use init_from={path} for its weights")  # fmt: skip
+    numbers = all(isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+                  for k, v in checkpoint["metrics"].items())  # fmt: skip
+    if not numbers:
+        raise UserError(f"cannot resume from {path}: its metrics are not named numbers (was it "
+                        f"edited?); use init_from={path} for its weights")  # fmt: skip
+
+
+@contextlib.contextmanager
+def restoring(piece: str, path: Path) -> Iterator[None]:
+    """Put ``piece`` of the checkpoint at ``path`` back into its owner: a state of other keys
+    or types (a hand-edited file) is one line naming the piece, not a traceback."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as error:
+        raise UserError(
+            f"cannot resume from {path}: the {piece} in it are not what torchloom writes "
+            f"({type(error).__name__}"
+            f"; was it edited?); use init_from={path} to start from its weights"
+        ) from None
 
 
 TO_RESUME = ("last.pt",)  # the exact position of the run

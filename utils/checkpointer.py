@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from utils import distributed
+from utils import distributed, sweep
 from utils.checkpoint import (
     FORMAT_VERSION,
     checked_top_k,
@@ -26,6 +26,7 @@ from utils.checkpoint import (
     load_weights,
     prune_top_k,
     rank_top_k,
+    restoring,
     save_atomic,
     top_k_name,
     unwrap,
@@ -132,9 +133,10 @@ class Checkpointer:
         path, checkpoint = resumed
         parts, state = self.parts, self.state
         built = hyperparameters(parts.optimizer)  # as the new config builds them
-        self._restore(checkpoint, reschedule=changes.reschedule)
+        self._restore(path, checkpoint, reschedule=changes.reschedule)
         if changes.reschedule:
-            parts.schedule.continue_changed(checkpoint["scheduler"], parts.optimizer, built)
+            with restoring("scheduler settings", path):
+                parts.schedule.continue_changed(checkpoint["scheduler"], parts.optimizer, built)
         state.top_k = checked_top_k(state.top_k, self.folder)
         if self.writes:
             prune_top_k(self.folder, state.top_k, self.record.keep_top_k, state.epoch)
@@ -148,7 +150,7 @@ class Checkpointer:
         log.info("resumed from %s: epoch %d, batch %d, step %d", path, state.epoch + 1,
                  state.batch_in_epoch, state.global_step)  # fmt: skip
 
-    def _restore(self, checkpoint: dict[str, Any], reschedule: bool) -> None:
+    def _restore(self, path: Path, checkpoint: dict[str, Any], reschedule: bool) -> None:
         """Put every piece of a training checkpoint back: weights, optimizer, schedule (unless
         the caller continues a changed one), loss scaler, the state, the loss sums, and — last,
         because building the model drew from it — this process's RNG. A loss scaler that the
@@ -163,15 +165,21 @@ class Checkpointer:
                 f"({error}); start from its weights with init_from=... instead"
             ) from None
         if not reschedule:
-            parts.schedule.load_state_dict(checkpoint["scheduler"])
+            with restoring("scheduler settings", path):
+                parts.schedule.load_state_dict(checkpoint["scheduler"])
         if scaler.is_enabled() and not checkpoint["scaler"]:
             log.info("precision changed to float16: loss scaling starts at %g", scaler.get_scale())
         else:
-            scaler.load_state_dict(checkpoint["scaler"])
+            with restoring("loss scaler settings", path):
+                scaler.load_state_dict(checkpoint["scaler"])
         self.state.load_state_dict(checkpoint)
         self._restore_ema(checkpoint)
-        parts.watch.losses.load_state_dict(checkpoint.get("losses") or legacy_loss_sums(checkpoint))
-        restore_rng(checkpoint)
+        with restoring("loss sums", path):
+            parts.watch.losses.load_state_dict(
+                checkpoint.get("losses") or legacy_loss_sums(checkpoint)
+            )
+        with restoring("RNG states", path):
+            restore_rng(checkpoint)
 
     def _restore_ema(self, checkpoint: dict[str, Any]) -> None:
         """The weight average the checkpoint holds; one it lacks (trainer.ema turned on at a
@@ -255,7 +263,8 @@ class Checkpointer:
         out.close()
         if context.is_main:
             state = self.state
-            command = continue_command(self.record.overrides, self.last, context.processes)
+            command = (sweep.continue_command(self.record.resolved["run_name"]) if sweep.in_sweep()
+                       else continue_command(self.record.overrides, self.last, context.processes))  # fmt: skip
             print(f"stopped by {stop.name or 'a signal to another process'} at epoch "
                   f"{state.epoch + 1}, batch {state.batch_in_epoch}; continue with:\n  {command}")  # fmt: skip
         distributed.barrier()  # no process leaves before last.pt is written: torchrun would kill the rest

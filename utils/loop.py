@@ -19,6 +19,7 @@ import torch
 from utils import debug, distributed, report
 from utils.checkpoint import unwrap
 from utils.checkpointer import Parts
+from utils.errors import UserError
 from utils.memory import collect_cycles, cycle_collection_by_the_loop, out_of_memory
 from utils.progress import data_wait_advice
 from utils.state import TrainState
@@ -44,6 +45,11 @@ class Loop:
         process agrees on a stop, which sets :attr:`stopped`: the state then holds the
         position to resume from."""
         state, device = self.state, self.parts.watch.losses.device
+        if state.batch_in_epoch > len(batches):
+            raise UserError(f"the checkpoint's position, batch {state.batch_in_epoch} of epoch "
+                            f"{state.epoch + 1}, is past the end of an epoch of {len(batches)} "
+                            "batches (was it edited, or the data or batch size changed?); use "
+                            "init_from=... to start from its weights")  # fmt: skip
         self.stopped = distributed.agree(self.stop.requested, device)  # a signal at start-up
         with self.progress, cycle_collection_by_the_loop():
             while state.epoch < self.trainer.max_epochs and not self.stopped and not done():

@@ -12,17 +12,11 @@ from typing import Any
 import torch
 
 from utils.errors import UserError
+from utils.trust import stored_floats
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
 TABLE_EXTENSIONS = {".csv", ".tsv", ".tab"}
 MAX_SAMPLE_ELEMENTS = 2**26  # values in one input (3 × 4,729 × 4,729): a bound on what is decoded
-
-
-def _numbers(value: Any, count: int | None = None) -> bool:
-    ok = isinstance(value, list) and all(
-        isinstance(v, int | float) and not isinstance(v, bool) for v in value
-    )
-    return ok and (count is None or len(value) == count)
 
 
 @dataclass(frozen=True)
@@ -53,9 +47,8 @@ class InputRecord:
             isinstance(record, dict)
             and isinstance(shape, list) and len(shape) >= 1
             and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape)
-            and _numbers(record.get("mean"), shape[0]) and _numbers(record.get("std"), shape[0])
-            and all(math.isfinite(v) for v in record["mean"] + record["std"])
-            and all(v > 0 for v in record["std"])
+            and stored_floats(record.get("mean"), shape[0])
+            and stored_floats(record.get("std"), shape[0], divisor=True)
             and isinstance(record.get("num_classes"), int) and record["num_classes"] > 0
             and isinstance(record.get("table"), dict | type(None))
         )  # fmt: skip

@@ -5,6 +5,8 @@ A config stored in a checkpoint (or a ``.safetensors`` export, or a YAML file gi
 
 - no interpolation anywhere in it, keys included (``${oc.create:...}`` would build objects the
   check below never saw, ``${oc.env:...}`` would read the environment);
+- no Hydra instantiation key but ``_target_`` (and the optimizer's ``_partial_: true``):
+  ``_recursive_``, ``_convert_``, ``_args_`` or a ``_partial_`` elsewhere change what building does;
 - every ``_target_`` anywhere in the tree, nested ones and those inside ``_args_`` included, is
   one of an exact list: the ``_target_`` values torchloom's own YAML files under ``conf/`` hold,
   plus ``torch.optim``'s optimizer classes. No package prefix is trusted, and nothing is
@@ -30,6 +32,9 @@ OPTIMIZERS = (
     "Rprop", "LBFGS", "SparseAdam", "Adafactor", "Muon",
 )  # fmt: skip
 INTERPOLATION = "${"
+# Hydra's instantiation keys besides _target_ (_partial_, _recursive_, _convert_, _args_) change
+# what building does; a stored config may hold one only as torchloom's own conf/ files do.
+STORED_SPECIAL_KEYS = {"optim._partial_": True}
 
 
 @cache
@@ -71,6 +76,15 @@ def check_stored_config(config: Any, source: Path | str) -> None:
                 "torchloom's builders (the _target_s in conf/); the file may be hostile, so "
                 "nothing was built or imported"
             )
+    for key, value in _walk(config, ""):
+        name = key.rsplit(".", 1)[-1]
+        special = len(name) > 2 and name.startswith("_") and name.endswith("_")
+        if special and name != "_target_" and STORED_SPECIAL_KEYS.get(key, ...) is not value:
+            raise UserError(
+                f"refusing the config stored in {source}: {key}={value!r} changes how it is "
+                "built, and torchloom never stores it so; the file may be hostile, so nothing "
+                "was built"
+            )
 
 
 def _walk(node: Any, where: str):
@@ -102,3 +116,17 @@ def require_keys(config: Any, source: Path | str, keys: dict[str, type]) -> None
                 f"{source}: its stored config has no valid {key!r}; it was not written by "
                 "torchloom (or was edited), so it cannot be rebuilt from the file"
             )
+
+
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32: a divisor below it is 0 or inf
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def stored_floats(value: Any, count: int, divisor: bool = False) -> bool:
+    """Whether ``value`` (read from a file) is a list of ``count`` numbers that stay finite as
+    float32, the dtype they are applied in; a ``divisor`` (a standard deviation) is also at
+    least float32's smallest normal number, so dividing by it gives no inf or NaN."""
+    return isinstance(value, list) and len(value) == count and all(
+        isinstance(v, int | float) and not isinstance(v, bool) and abs(v) <= FLOAT32_MAX
+        and (not divisor or v >= FLOAT32_TINY) for v in value
+    )  # fmt: skip
