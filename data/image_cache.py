@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 from data.batches import MappedSplit, TensorSplit, _reraised, _worker_ignores_signals
 from utils.checkpoint import atomic_file
 from utils.errors import UserError
+from utils.memory import available_memory
 
 log = logging.getLogger("torchloom")
 
@@ -130,22 +131,11 @@ def memory_budget(max_gb: float | None) -> float:
     :data:`DEFAULT_MEMORY_SHARE` of the available memory (and of a GPU's free memory)."""
     if max_gb is not None:
         return max_gb * 2**30
-    available = _available_memory()
+    available = available_memory()
     if torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info()
         available = min(available, free)
     return DEFAULT_MEMORY_SHARE * available
-
-
-def _available_memory() -> float:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def cache_key(files: Dataset) -> str:

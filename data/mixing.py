@@ -40,8 +40,12 @@ MIX_STREAM = 0x4D1C  # keeps mixing's draws apart from the crop-and-flip draws o
 # What the keys mean when a config has none of them (one stored before they existed): off.
 MIXING_OFF = {"mixup_alpha": 0.0, "cutmix_alpha": 0.0, "mix_prob": 1.0, "mix_switch_prob": 0.5,
               "mix_off_epoch": None}  # fmt: skip
+# Beta(α, α) for α this large is λ = 0.5 to within 1%; far larger ones (1e308) never finish
+# drawing.
+MAX_ALPHA = 1000
+ALPHA = Rule(lambda v: NON_NEGATIVE.test(v) and v <= MAX_ALPHA, f"0 or more, at most {MAX_ALPHA}")
 RULES = {
-    "mixup_alpha": NON_NEGATIVE, "cutmix_alpha": NON_NEGATIVE, "mix_prob": UNIT_INTERVAL,
+    "mixup_alpha": ALPHA, "cutmix_alpha": ALPHA, "mix_prob": UNIT_INTERVAL,
     "mix_switch_prob": UNIT_INTERVAL,
     "mix_off_epoch": Rule(lambda v: v is None or POSITIVE_INT.test(v), "1 or more, or null"),
 }  # fmt: skip

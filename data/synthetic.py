@@ -8,12 +8,14 @@ models can learn it and the loss falls, unlike pure noise.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
 from data.batches import Batching, Data, Splits, TensorSplit, holdout
 from utils.errors import UserError
+from utils.memory import check_fits
 
 
 def make_samples(
@@ -42,6 +44,11 @@ def load_synthetic(
         raise UserError(f"data.shape={list(shape)} must be [channels, height, width]")
     if num_classes < 2:
         raise UserError(f"data.num_classes={num_classes} must be 2 or more")
-    samples = make_samples(num_samples + val_size + test_size, shape, num_classes, noise, seed)
+    total = num_samples + val_size + test_size
+    # float32 prototypes and noise, then the uint8 images: 9 bytes a pixel while they are made
+    check_fits(9 * (total + num_classes) * math.prod(shape),
+               f"data.num_samples={num_samples} of shape {list(shape)}",
+               "lower data.num_samples, val_size, test_size or data.shape")  # fmt: skip
+    samples = make_samples(total, shape, num_classes, noise, seed)
     train, val, test = holdout(samples, [val_size, test_size], seed)
     return Data("synthetic", Splits(train, val, test), num_classes, Batching(**batching))

@@ -44,7 +44,7 @@ def read_table(path: Path) -> tuple[list[str], list[list[str]]]:
         raise UserError(f"no CSV file at {path}; check data.path")
     delimiter = "\t" if path.suffix.lower() in (".tsv", ".tab") else ","
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # a spreadsheet's BOM is no name
             rows = list(csv.reader(f, delimiter=delimiter))
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise UserError(
@@ -53,6 +53,10 @@ def read_table(path: Path) -> tuple[list[str], list[list[str]]]:
     if len(rows) < 2:
         raise UserError(f"{path} has no data rows (the first row names the columns)")
     header = [name.strip() for name in rows[0]]
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise UserError(f"{path}: the header names column {repeated[0]!r} "
+                        f"{header.count(repeated[0])} times; give each column its own name")  # fmt: skip
     for line, row in enumerate(rows[1:], start=2):
         if len(row) != len(header):
             raise UserError(f"{path} line {line} has {len(row)} values; the header names "
@@ -76,6 +80,14 @@ class Columns:
             if name not in header:
                 raise UserError(f"{path} has no column {name!r}; its columns are "
                                 f"{', '.join(header)}")  # fmt: skip
+        if features is not None and not features:
+            raise UserError("data.features=[] names no column; leave it null to use every column "
+                            "but the target")  # fmt: skip
+        answer = [name for name in targets if name in [*(features or []), *categorical]]
+        if answer:
+            raise UserError(f"data.target column {answer[0]!r} is also listed in "
+                            f"data.{'features' if answer[0] in (features or []) else 'categorical'}"
+                            "; the model would be given the answer: remove it there")  # fmt: skip
         if len(targets) > 1 and kind == "classes":
             raise UserError(f"data.target names {len(targets)} columns; task=classification "
                             "takes one (several are task=multilabel's 0/1 columns or "

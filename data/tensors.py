@@ -53,6 +53,12 @@ def read_arrays(path: Path) -> dict[str, torch.Tensor]:
     ):
         raise UserError(f"{path} must hold a dict of arrays named x and y (and optionally "
                         "x_val, y_val, x_test, y_test)")  # fmt: skip
+    for key, value in loaded.items():  # a view may declare more values than the file holds
+        if value.numel() * value.element_size() > value.untyped_storage().nbytes():
+            raise UserError(f"{path}: {key} declares {value.numel():,} values of shape "
+                            f"{list(value.shape)} but the file holds "
+                            f"{value.untyped_storage().nbytes():,} bytes for it; save a plain "
+                            "tensor (x.contiguous().clone())")  # fmt: skip
     return dict(loaded)
 
 
@@ -91,6 +97,11 @@ def load_tensors(path: str, num_classes: int | None, split: Mapping[str, Any],
     given = {name: split_of(arrays, name, file) for name in ("val", "test")}
     given = {name: as_targets(part, kind, file) for name, part in given.items() if part}
     samples = as_targets(samples, kind, file)
+    for name, part in given.items():
+        if part.inputs.shape[1:] != samples.inputs.shape[1:]:
+            raise UserError(f"{file}: {SPLIT_KEYS[name][0]} has samples of shape "
+                            f"{list(part.inputs.shape[1:])}, and x of "
+                            f"{list(samples.inputs.shape[1:])}; give every split the same")  # fmt: skip
     train, val, test = fill_splits(samples, given, split)
     labels = torch.cat([train.labels, val.labels, test.labels])
     if kind == "classes":

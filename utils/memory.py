@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from collections.abc import Iterator
 
 import torch
@@ -28,6 +29,27 @@ def out_of_memory(device: torch.device, batch_size: int, accumulate: int, saved:
         "precision=bf16, a smaller model; python train.py tune=batch_size finds the largest "
         "batch that fits"
     )
+
+
+def available_memory() -> float:
+    """Bytes of host memory available now (``MemAvailable``; else the free pages)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_fits(needed: float, asked: str, fix: str) -> None:
+    """Refuse, before anything is allocated, what would need ``needed`` bytes of host memory
+    when the machine has fewer available: ``asked`` names the value, ``fix`` the remedy."""
+    available = available_memory()
+    if needed > available:
+        raise UserError(f"{asked} needs {needed / 2**30:,.1f} GiB of memory, and "
+                        f"{available / 2**30:,.1f} GiB are available; {fix}")  # fmt: skip
 
 
 def free_memory() -> None:

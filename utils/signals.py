@@ -2,7 +2,7 @@
 
 The handlers only set a flag; the training loop reads it after each optimizer step, writes
 ``last.pt`` with the exact data position, and exits with :data:`EXIT_INTERRUPTED`. A second
-Ctrl-C exits at once. Under SLURM's submitit launcher, whose handler for the time-limit signal
+signal of the same kind (a second Ctrl-C, a second SIGTERM) exits at once, whatever is running. Under SLURM's submitit launcher, whose handler for the time-limit signal
 (SIGUSR2) requeues the job, that handler is called once ``last.pt`` is written.
 """
 
@@ -53,9 +53,10 @@ class StopRequest:
         return signal.Signals(self.signal).name if self.signal else ""
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and self.signal == signal.SIGINT:
-            print("\nsecond Ctrl-C: exiting now, without a checkpoint", file=sys.stderr)
-            raise SystemExit(130)
+        if signum == self.signal:  # the same signal again: whatever is running does not end
+            what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            print(f"\nsecond {what}: exiting now, without a checkpoint", file=sys.stderr)
+            raise SystemExit(128 + signum)
         self.signal = signum
         print(
             f"\n{signal.Signals(signum).name} received: finishing this step, then saving last.pt",

@@ -29,7 +29,6 @@ adds up (utils/evaluation.py) and the record predict.py reads.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,8 +47,10 @@ from utils.evaluation import (
     ValueScores,
     measured_metrics,
 )
+from utils.trust import FLOAT32_MAX, stored_floats
 
 log = logging.getLogger("torchloom")
+MAX_OUTPUTS = 2**20  # classes, labels or values: a label of 10**9 is a mistake, not a class
 
 SMOOTHING = Rule(lambda v: isinstance(v, float | int) and not isinstance(v, bool) and 0 <= v < 1,
                  "at least 0 and below 1")  # fmt: skip
@@ -59,9 +60,9 @@ def _weights(what: str) -> Rule:
     return Rule(
         lambda v: v is None or v == "auto" or (
             isinstance(v, Sequence) and not isinstance(v, str) and len(v) >= 1
-            and all(isinstance(w, float | int) and not isinstance(w, bool) and w > 0 for w in v)
+            and all(POSITIVE.test(w) and w <= FLOAT32_MAX for w in v)
         ),
-        f"null, auto, or a list of one positive weight per {what}",
+        f"null, auto, or a list of one finite positive weight per {what}",
     )  # fmt: skip
 
 
@@ -119,6 +120,18 @@ class Task:
             raise UserError(f"task={self.name} learns {HINTS[self.targets]}, and {data.name} "
                             f"gives {targets.kind.replace('_', ' ')} (for task="
                             f"{TASK_OF[targets.kind]}); choose the task or data that match")  # fmt: skip
+        if targets.count > MAX_OUTPUTS:
+            raise UserError(f"{data.name} gives {targets.count:,} {targets.kind.replace('_', ' ')}"
+                            f", more than the {MAX_OUTPUTS:,} a model output may have; class "
+                            "labels are indices 0..N-1 (check the labels, or data.num_classes)")  # fmt: skip
+        least = 2 if targets.kind == "classes" else 1  # one class is a constant, 100% "right"
+        if targets.count < least:
+            shown = f" ({', '.join(map(repr, targets.names))})" if targets.names else ""
+            table = getattr(data, "table", None)
+            where = f"column {table['target']!r}" if table else "the labels"
+            raise UserError(f"{data.name}: {where} hold {targets.count} "
+                            f"{targets.kind.replace('_', ' ')}{shown}, and task={self.name} needs "
+                            f"{least} or more; check data.target or the data")  # fmt: skip
         return targets
 
     def record(self) -> dict:
@@ -303,15 +316,11 @@ class TargetScale:
     def from_record(cls, record: Any, count: int, device: torch.device) -> TargetScale:
         """The scale a checkpoint stored (untrusted: checked)."""
 
-        def numbers(value: Any) -> bool:
-            return isinstance(value, list) and len(value) == count and all(
-                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                for v in value
-            )  # fmt: skip
-
-        ok = isinstance(record, dict) and all(numbers(record.get(k)) for k in
-                                              ("mean", "std", "center"))  # fmt: skip
-        if not ok or not all(s > 0 for s in record["std"]):
+        ok = isinstance(record, dict) and all(
+            stored_floats(record.get(key), count, divisor=key == "std")
+            for key in ("mean", "std", "center")
+        )  # fmt: skip
+        if not ok:
             raise UserError("the checkpoint's target scale is not what torchloom writes (was "
                             "it edited?)")  # fmt: skip
         return cls(record["mean"], record["std"], record["center"], device)
