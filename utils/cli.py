@@ -12,6 +12,7 @@ from typing import Any
 from hydra.errors import InstantiationException
 from omegaconf import OmegaConf
 
+from utils.claim import release_claims
 from utils.config import flatten
 from utils.errors import EXIT_USER_ERROR, UserError, user_error_in
 
@@ -30,6 +31,13 @@ def run_cli(main: Any, config_name: str) -> None:
     """Run a ``@hydra.main`` function, but a command line Hydra cannot compose (an unknown key
     or group option, a value of the wrong type, an override it cannot parse) ends with one
     line naming the key and the fix, and exit code 1, instead of Hydra's multi-line report."""
+    try:
+        _run(main, config_name)
+    finally:
+        release_claims()  # a run's folder is free again however the run ended (utils/claim.py)
+
+
+def _run(main: Any, config_name: str) -> None:
     if os.environ.get("HYDRA_FULL_ERROR"):  # the user asked for Hydra's full report
         main()
         return

@@ -22,6 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from utils.claim import RunClaim, release_claims
 from utils.errors import EXIT_USER_ERROR, UserError, user_error_in
 from utils.monitor import default_monitor, monitor_mode
 
@@ -379,19 +380,29 @@ def check_writable(path: Path, what: str) -> None:
 
 class CheckOutputDir(Callback):
     """Hydra creates the run dir before our code runs; check it first, so an unwritable
-    ``paths.runs`` is one line naming the path, not a traceback."""
+    ``paths.runs`` is one line naming the path, not a traceback; then claim it (utils/claim.py),
+    before Hydra writes the run's ``.hydra/`` files into it: a run's folder, or a sweep's for
+    the whole sweep (its jobs' folders are inside)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._check(config, "hydra.run.dir")
+        self._check(config, "hydra.run.dir", "run")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._check(config, "hydra.sweep.dir")
+        self._check(config, "hydra.sweep.dir", "sweep")
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        release_claims()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        release_claims()
 
     @staticmethod
-    def _check(config: DictConfig, key: str) -> None:
+    def _check(config: DictConfig, key: str, what: str) -> None:
         try:
             directory = OmegaConf.select(config, key)  # resolving it checks run_name
             check_writable(Path(directory), "the run")
+            if os.environ.get("RANK", "0") == "0":  # torchrun's other ranks are the same run
+                RunClaim.take(Path(directory), what)
         except Exception as error:
             cause = user_error_in(error)
             if cause is None:

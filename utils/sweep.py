@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import statistics
 import sys
 from collections import defaultdict
@@ -98,6 +99,17 @@ def job_start(run_dir: Path, resume: str | None, overrides: list[str]):
     if previous is not None:
         log.info("%s: finished by an earlier run of this sweep; skipped", run_dir)
     return previous, resume or "auto"
+
+
+def continue_command(run_name: str) -> str:
+    """The command that continues a sweep one of whose jobs was stopped: the same sweep under
+    its run name, which skips the finished jobs, resumes the stopped one from its last.pt and
+    runs the rest (a job started alone would be a new run outside the sweep)."""
+    if Path(sys.argv[0]).name != "train.py":  # a launcher's worker process: no command line
+        return f"the sweep's command again, with run_name={shlex.quote(run_name)}"
+    given = [a for a in sys.argv[1:] if not a.startswith(("run_name=", "resume="))]
+    multirun = [] if {"-m", "--multirun"} & set(given) else ["-m"]
+    return shlex.join(["python", "train.py", *multirun, *given, f"run_name={run_name}"])
 
 
 def check_same_job(run_dir: Path, stored: list[str], overrides: list[str]) -> None:
