@@ -38,7 +38,7 @@ from utils.errors import UserError
 from utils.evaluation import evaluate
 from utils.modules import Modules, model_shapes
 from utils.onnx_export import export_onnx
-from utils.outputs import Outputs
+from utils.outputs import Outputs, check_output
 from utils.precision import Precision
 from utils.predictions import InputRecord
 from utils.run import RunContext
@@ -48,6 +48,7 @@ from utils.stored import (
     export_safetensors,
     model_config,
     read_checkpoint,
+    reading_stored_data,
     task_config,
 )
 
@@ -111,15 +112,16 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     files = checkpoint_files(cfg.ckpt)
     if cfg.export and len(files) != 1:
         raise UserError(f"export takes one checkpoint; ckpt names {len(files)}")
-    if cfg.export and Path(cfg.export).suffix not in (".onnx", ".safetensors"):
-        raise UserError(f"export={cfg.export}: name a .onnx or a .safetensors file")
+    if cfg.export:  # never over the checkpoint it is made from
+        check_output(Path(cfg.export), "export", files, suffixes=(".onnx", ".safetensors"))
     out.open_events()
     results: dict[str, dict] = {}
     for index, path in enumerate(files):
         config, weights, inputs = read_checkpoint(path, cfg.config, cfg.weights)
         task = build(task_config(config))  # what it was trained to predict
         data_node = data_config(config["data"], cfg.data)
-        data = build(data_node, **task.data_arguments(data_node))
+        with reading_stored_data(data_node, cfg.data):  # errors name the path, not its content
+            data = build(data_node, **task.data_arguments(data_node))
         if inputs is not None:  # normalised as trained, even on moved or new files
             data.follow_record(InputRecord.of({"inputs": inputs}, path), path)
         task = task.fitted(data, context.device, stored=inputs)  # the target scale it trained on

@@ -32,10 +32,11 @@ from utils.cli import one_line_errors, run_cli
 from utils.distributed import Processes
 from utils.errors import UserError
 from utils.modules import Modules, model_shapes
-from utils.outputs import Outputs
+from utils.outputs import Outputs, check_output
 from utils.predictions import InputRecord, label_sets, read_inputs, top_classes
 from utils.run import RunContext
 from utils.stored import check_stored_model, chosen_weights, model_config
+from utils.text import cell, shown
 from utils.trust import check_stored_config, require_keys
 
 
@@ -60,9 +61,12 @@ def predict(cfg: DictConfig) -> None:
         if OmegaConf.is_missing(cfg, key):
             raise UserError(f"{key} is required: python predict.py ckpt=<checkpoint> input=<images "
                             "or CSV> out=predictions.csv")  # fmt: skip
-    if not (isinstance(cfg.topk, int) and cfg.topk >= 1):
-        raise UserError(f"topk={cfg.topk} must be a whole number, 1 or more")
+    for key in ("topk", "batch_size"):
+        if not (isinstance(cfg[key], int) and cfg[key] >= 1):
+            raise UserError(f"{key}={cfg[key]} must be a whole number, 1 or more")
     path = checkpoint_file(str(cfg.ckpt))
+    check_output(Path(str(cfg.out)), "out", inputs=[path, Path(str(cfg.input))],
+                 suffixes=(".csv", ".tsv"))  # fmt: skip
     checkpoint = load_checkpoint(path)
     config = checkpoint.get("config")
     require_keys(config, path, {"model": dict, "data": dict})
@@ -83,15 +87,15 @@ def predict(cfg: DictConfig) -> None:
         for lo in range(0, len(inputs), cfg.batch_size):
             batch = transform.normalize(inputs[lo : lo + cfg.batch_size])
             outputs.append(model(batch).float().cpu())
-    header, rows, shown = prediction_rows(torch.cat(outputs), record, cfg)
+    header, rows, lines = prediction_rows(torch.cat(outputs), record, cfg)
     write_predictions(
         Path(str(cfg.out)), header, [[n, *r] for n, r in zip(names, rows, strict=True)]
     )
-    out.print(f"{len(names)} predictions from {path} ({cfg.weights} weights) -> {cfg.out}")
-    for name, line in list(zip(names, shown, strict=True))[:10]:
-        out.print(f"  {name}: {line}")
+    out.print(shown(f"{len(names)} predictions from {path} ({cfg.weights} weights) -> {cfg.out}"))
+    for name, line in list(zip(names, lines, strict=True))[:10]:
+        out.print(f"  {shown(name)}: {shown(line)}")
     if len(names) > 10:
-        out.print(f"  ... {len(names) - 10} more in {cfg.out}")
+        out.print(shown(f"  ... {len(names) - 10} more in {cfg.out}"))
     context.close()
 
 
@@ -100,16 +104,20 @@ def prediction_rows(
 ) -> tuple[list[str], list[list[str]], list[str]]:
     """(CSV header, CSV rows, one printed line a row) for the model's ``outputs`` by task:
     the top-k classes and probabilities; the label set at the threshold and every label's
-    probability; or the predicted values in the targets' own units."""
+    probability; or the predicted values in the targets' own units. Numbers are written in
+    full (``repr``: they read back as the same float), names as spreadsheet text."""
     kind, names = record.targets.kind, record.class_names
     if kind == "values":
         from utils.tasks import TargetScale
 
         scale = TargetScale.from_record(record.task.get("target_scale"), record.num_classes, "cpu")
         values = scale.undo(outputs).tolist()
-        rows = [[f"{v:.6g}" for v in row] for row in values]
-        return names, rows, ["  ".join(f"{n}={v}" for n, v in zip(names, r, strict=True))
-                             for r in rows]  # fmt: skip
+        rows = [[repr(v) for v in row] for row in values]
+        return (
+            [cell(n) for n in names],
+            rows,
+            ["  ".join(f"{n}={v:.6g}" for n, v in zip(names, row, strict=True)) for row in values],
+        )
     if kind == "label_sets":
         threshold = (
             cfg.threshold if cfg.threshold is not None else record.task.get("threshold", 0.5)
@@ -118,15 +126,15 @@ def prediction_rows(
             raise UserError(f"threshold={threshold} must be above 0 and below 1")
         probabilities = torch.sigmoid(outputs)
         chosen = label_sets(probabilities, names, float(threshold))
-        rows = [[";".join(n for n, _ in sets), *(f"{p:.6f}" for p in row)]
+        rows = [[cell(";".join(n for n, _ in sets)), *map(repr, row)]
                 for sets, row in zip(chosen, probabilities.tolist(), strict=True)]  # fmt: skip
-        shown = ["  ".join(f"{n} {p:.3f}" for n, p in sets) or f"(none at {threshold:g})"
+        lines = ["  ".join(f"{n} {p:.3f}" for n, p in sets) or f"(none at {threshold:g})"
                  for sets in chosen]  # fmt: skip
-        return ["labels", *(f"p_{n}" for n in names)], rows, shown
+        return ["labels", *(cell(f"p_{n}") for n in names)], rows, lines
     k = min(cfg.topk, record.num_classes)
     top = top_classes(torch.softmax(outputs, dim=1), names, k)
     header = [f"{what}{i}" for i in range(1, k + 1) for what in ("class", "p")]
-    rows = [[v for label, p in row for v in (label, f"{p:.6f}")] for row in top]
+    rows = [[v for label, p in row for v in (cell(label), repr(p))] for row in top]
     return header, rows, ["  ".join(f"{label} {p:.3f}" for label, p in row) for row in top]
 
 
@@ -135,7 +143,7 @@ def write_predictions(out: Path, header: list[str], rows: list[list[str]]) -> No
     text = io.StringIO()
     writer = csv.writer(text)
     writer.writerow(["input", *header])
-    writer.writerows(rows)
+    writer.writerows([cell(name), *values] for name, *values in rows)
     try:
         with atomic_file(out) as f:  # complete or not at all
             f.write(text.getvalue().encode())

@@ -34,7 +34,7 @@ from utils.checkpointer import Checkpointer, Parts
 from utils.cli import run_cli
 from utils.config import build, check_config
 from utils.early_stopping import EarlyStopping
-from utils.errors import EXIT_USER_ERROR, UserError
+from utils.errors import EXIT_USER_ERROR, UserError, user_error_in
 from utils.evaluation import evaluate  # bound here: benchmarks patch evaluate
 from utils.finders import tune
 from utils.guards import check_start_up
@@ -62,16 +62,16 @@ def main(cfg: DictConfig) -> float:
             except Interrupted:  # last.pt holds the exact position
                 stop.hand_on()  # a job scheduler's requeue, now that the checkpoint is safe
                 sys.exit(EXIT_INTERRUPTED)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        if not sweep.in_sweep() or isinstance(error, sweep.ForeignJob):
-            sys.exit(EXIT_USER_ERROR)
-        failure = error
     except Exception as error:
-        if not sweep.in_sweep():
+        failure = user_error_in(error) or error  # an OS error on a path counts as bad input
+        if isinstance(failure, UserError):
+            print(f"error: {failure}", file=sys.stderr)
+            if not sweep.in_sweep() or isinstance(failure, sweep.ForeignJob):
+                sys.exit(EXIT_USER_ERROR)
+        elif not sweep.in_sweep():
             raise
-        log.exception("job failed")
-        failure = error
+        else:
+            log.exception("job failed")
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     return sweep.record_failure(run_dir, failure, sweep.job_monitor_mode(cfg))
 

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data.mixing import MixedBatches, Mixing
 from data.targets import Targets
+from utils.arguments import POSITIVE_INT, check_values
 from utils.errors import UserError
 from utils.seeding import mix_seed
 from utils.signals import STOP_SIGNALS
@@ -44,6 +45,12 @@ class TensorSplit:
 
     inputs: torch.Tensor
     labels: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) != len(self.labels):  # the extra images would be dropped unseen
+            raise UserError(f"the data holds {len(self.inputs)} inputs and {len(self.labels)} "
+                            "labels; its files disagree (truncated or mixed?): give one label "
+                            "per input")  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -388,6 +395,10 @@ class Batching:
     std: Sequence[float]
     augment: Mapping
     num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        sizes = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
+        check_values("data", sizes, dict.fromkeys(sizes, POSITIVE_INT))
 
 
 class Data:

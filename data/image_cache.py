@@ -9,12 +9,19 @@ as uint8, into one cache file per split; from then on batches are slices, as for
 - ``auto`` (the default): ``memory`` when the split fits in ``data.cache_max_gb``, else ``disk``;
 - ``off``: no cache, the DataLoader path (every epoch decodes every file in worker processes).
 
-The cache file is ``<data.cache_dir>/<split>-<C>x<H>x<W>-<key>.u8`` (``cache_dir`` defaults to
-``<data.root>/.torchloom-cache``). Its key covers the sorted file list with sizes and
-modification times, the labels, ``image_size``, channels and this module's format version, so
-a changed, added or removed file builds a new cache (and says so). A cache is built into a
-temporary file and renamed, so two jobs building at once end with one valid cache and never
-read a partial one. A short or corrupt cache file is rebuilt with a warning; a folder that
+The cache file is ``<data.cache_dir>/<split>-<C>x<H>x<W>-<source>-<key>.u8`` (``cache_dir``
+defaults to ``<data.root>/.torchloom-cache``; ``manifest-`` before ``<split>`` for
+``data=image_csv``). ``<source>`` names the image folder (or manifest) the cache is of, so
+folders sharing one ``cache_dir`` keep their own caches. Its key covers the sorted file list
+with sizes and modification times, the labels, ``image_size``, channels and this module's
+format version, so a changed, added or removed file builds a new cache (and says so) and the
+stale one of the same source is removed. The key says which files a cache claims to hold, not
+what it holds: each start decodes a few images chosen at random and compares them with the
+cache's pixels, and a file that differs (planted, or written by other code) is rebuilt with a
+warning. A cache is built into a temporary file and renamed, so two jobs building at once end
+with one valid cache and never read a partial one; the temporary files of killed builds are
+removed by the next build, and a stop signal during a build ends it within a batch of images,
+keeping nothing. A short or corrupt cache file is rebuilt with a warning; a folder that
 cannot be written falls back to decoding into memory (or, when that does not fit, to the
 DataLoader path) with one warning; a full disk leaves no partial file and says so in one line.
 
@@ -31,6 +38,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 import time
 from collections.abc import Iterator
@@ -43,17 +51,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.utils.data import DataLoader, Dataset
 
 from data.batches import MappedSplit, TensorSplit, _reraised, _worker_ignores_signals
-from utils.checkpoint import atomic_file
+from utils.checkpoint import atomic_file, remove_stale_temporary_files
 from utils.errors import UserError
 from utils.memory import available_memory
+from utils.signals import Interrupted, stop_requested
 
 log = logging.getLogger("torchloom")
 
-FORMAT_VERSION = 2  # 2: pixels only; the targets come from the file list the key covers
+FORMAT_VERSION = 3  # 3: named by source; 2: pixels only (targets from the file list)
 MAGIC = b"TLCACHE1"
 HEADER_BYTES = 4096  # magic, then the JSON header, padded; the pixels follow
 MODES = ("auto", "memory", "disk", "off")
-CACHE_NAME = re.compile(r"(train|val|test)-\d+x\d+x\d+-[0-9a-f]{20}\.u8")
+# <split>-<C>x<H>x<W>-<source>-<key>.u8; the manifest- prefix for data=image_csv
+CACHE_NAME = re.compile(r"(manifest-)?(train|val|test)-\d+x\d+x\d+-[0-9a-f]{8}-[0-9a-f]{20}\.u8")
+SAMPLES_CHECKED = 8  # images decoded again each start and compared with the cache's pixels
 # data.cache_max_gb=null: this share of the memory available now (and, on a machine with a
 # GPU, of its free memory), for what the memory path holds: the uint8 split and its float32
 # normalised copy, 5 bytes a pixel.
@@ -66,9 +77,13 @@ class ImageCache:
     budget in GB (null: :data:`DEFAULT_MEMORY_SHARE` of what is available), the cache folder
     and the decoding processes used to build it. Splits held in memory share the budget."""
 
-    def __init__(self, mode: str, max_gb: float | None, folder: Path, workers: int) -> None:
+    def __init__(self, mode: str, max_gb: float | None, folder: Path, workers: int,
+                 source: Path) -> None:  # fmt: skip
         self.mode, self.folder, self.workers = mode, folder, workers
         self.free = memory_budget(max_gb) if mode == "auto" else math.inf
+        # Which image folder (or manifest) the caches are of: folders sharing one cache_dir
+        # keep their own files and never evict each other's.
+        self.source = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:8]
 
     def hold(self, name: str, files: Dataset) -> Dataset | TensorSplit | MappedSplit:
         """Split ``name`` as the mode says."""
@@ -77,7 +92,7 @@ class ImageCache:
         needed = len(files) * math.prod(files.input_shape) * BYTES_HELD_PER_PIXEL
         in_memory = self.mode == "memory" or (self.mode == "auto" and needed <= self.free)
         shape = "x".join(map(str, files.input_shape))
-        path = self.folder / f"{name}-{shape}-{cache_key(files)}.u8"
+        path = self.folder / f"{name}-{shape}-{self.source}-{cache_key(files)}.u8"
         try:
             self._cached(name, files, path)
         except Unwritable as error:
@@ -111,7 +126,8 @@ class ImageCache:
             raise Unwritable(
                 f"data.cache_dir cannot be written: {error.strerror or error}"
             ) from None
-        prefix = path.name.rsplit("-", 1)[0]  # <split>-<shape>: other image sizes are kept
+        remove_stale_temporary_files(self.folder, ".u8")  # of builds that were killed
+        prefix = path.name.rsplit("-", 1)[0]  # <split>-<shape>-<source>: others are kept
         stale = [p for p in sorted(self.folder.glob(f"{prefix}-*.u8"))
                  if p != path and CACHE_NAME.fullmatch(p.name) and not p.is_symlink()]  # fmt: skip
         if stale:
@@ -175,6 +191,20 @@ def check_file(path: Path, files: Dataset) -> str | None:
         return "not a cache of these images (bad header)"
     if size != _layout(files)[1]:
         return f"short or overlong ({size} bytes, {_layout(files)[1]} expected)"
+    return differing_sample(path, files)
+
+
+def differing_sample(path: Path, files: Dataset) -> str | None:
+    """The key covers the file list, not the pixels a cache file claims for it: decode
+    :data:`SAMPLES_CHECKED` images chosen at random (unpredictably, so a planted file cannot
+    be right only where it is checked) and compare them with the file's."""
+    images_at, _ = _layout(files)
+    cached = np.memmap(path, dtype=np.uint8, mode="r", offset=images_at,
+                       shape=(len(files), *files.input_shape))  # fmt: skip
+    chosen = random.SystemRandom().sample(range(len(files)), min(SAMPLES_CHECKED, len(files)))
+    for index in sorted(chosen):
+        if not np.array_equal(cached[index], files[index][0].numpy()):
+            return f"not these images (its image {index} differs from {files.samples[index][0]})"
     return None
 
 
@@ -196,6 +226,10 @@ def decoded_batches(files: Dataset, workers: int, name: str) -> Iterator[torch.T
              max(workers, 1))  # fmt: skip
     with bar if console.is_terminal else contextlib.nullcontext():
         for images, _ in _reraised(loader):
+            if stop_requested():  # the partial file goes with atomic_file; nothing is kept
+                log.info("%s received while caching %s (%d/%d images): stopping; the next run "
+                         "builds the cache again", stop_requested(), name, done, len(files))  # fmt: skip
+                raise Interrupted
             yield images
             done += len(images)
             bar.update(task, completed=done)

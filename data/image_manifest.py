@@ -142,5 +142,5 @@ def load_image_csv(root: str, manifest: str, split: Mapping[str, Any], image_siz
     cache_dir = options.pop("cache_dir")
     folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
     cache = {"mode": options.pop("cache"), "max_gb": options.pop("cache_max_gb"),
-             "folder": folder, "prefix": "manifest-"}  # fmt: skip
+             "folder": folder, "prefix": "manifest-", "source": Path(manifest)}  # fmt: skip
     return held_data(f"image_csv {Path(manifest).name}", files, classes, cache, options)

@@ -147,19 +147,22 @@ def load_imagefolder(
         if name != "test" or (base / "test").is_dir()
     }
     folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
-    cache_settings = {"mode": cache, "max_gb": cache_max_gb, "folder": folder, "prefix": ""}
+    cache_settings = {"mode": cache, "max_gb": cache_max_gb, "folder": folder, "prefix": "",
+                      "source": base}  # fmt: skip
     return held_data(f"imagefolder {base}", files, classes, cache_settings, batching)
 
 
 def held_data(name: str, files: dict, classes: list[str] | Targets, cache: dict,
               batching: dict) -> Data:  # fmt: skip
     """Image ``files`` by split (train, val, optional test), held as ``cache`` says (data.cache
-    as ``mode``, ``max_gb``, the cache ``folder``, and a ``prefix`` for its file names): decoded
+    as ``mode``, ``max_gb``, the cache ``folder``, a ``prefix`` for its file names and the
+    ``source`` the images are listed by, an image folder or a manifest): decoded
     once into a cache, or read lazily. ``classes``: the class names, or the :class:`Targets`
     of label sets or values. ``num_workers`` null is one per core, at most 8."""
     if batching.get("num_workers") is None:
         batching["num_workers"] = min(8, os.cpu_count() or 1)
-    held = ImageCache(cache["mode"], cache["max_gb"], cache["folder"], batching["num_workers"])
+    held = ImageCache(cache["mode"], cache["max_gb"], cache["folder"], batching["num_workers"],
+                      cache["source"])  # fmt: skip
     splits = {split: held.hold(cache["prefix"] + split, images) for split, images in files.items()}
     splits = Splits(splits["train"], splits["val"], splits.get("test"))
     count = classes.count if isinstance(classes, Targets) else len(classes)

@@ -126,20 +126,23 @@ def _write_atomic(path: Path, write: Any) -> None:
     try:
         with atomic_file(path) as f:
             write(f)
-    except OSError as error:
+    except (OSError, RuntimeError) as error:  # torch.save reports a failed write as RuntimeError
+        reason = getattr(error, "strerror", None) or (
+            f"the write failed ({(str(error).strip() or type(error).__name__).splitlines()[0][:120]}; "
+            "file too large, or "
+            "disk full?)")  # fmt: skip
         previous = "the previous checkpoint there is intact" if path.exists() else "nothing saved"
-        raise UserError(
-            f"could not write checkpoint {path}: {error.strerror or error}; {previous}"
-        ) from None
+        raise UserError(f"could not write checkpoint {path}: {reason}; {previous}") from None
 
 
-def remove_stale_temporary_files(folder: Path) -> None:
-    """Delete temporary files left by a save that was killed before its rename: those of a dead
-    process of this machine, and others untouched for an hour. A writer still at work, this
-    machine's or another's (a shared folder), keeps its file."""
+def remove_stale_temporary_files(folder: Path, suffix: str = ".pt") -> None:
+    """Delete temporary files (of files named ``*<suffix>``: checkpoints, image caches) left by
+    a write that was killed before its rename: those of a dead process of this machine, and
+    others untouched for an hour. A writer still at work, this machine's or another's (a
+    shared folder), keeps its file."""
     host = socket.gethostname()
-    for leftover in folder.glob(".*.pt.*.tmp"):
-        match = re.fullmatch(r"\..+\.pt\.(.+)-(\d+)\.[^.]+\.tmp", leftover.name)
+    for leftover in folder.glob(f".*{suffix}.*.tmp"):
+        match = re.fullmatch(rf"\..+{re.escape(suffix)}\.(.+)-(\d+)\.[^.]+\.tmp", leftover.name)
         try:
             if match and match.group(1) == host:
                 stale = not _process_alive(int(match.group(2)))

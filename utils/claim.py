@@ -57,13 +57,13 @@ class RunClaim:
         except OSError:
             holder = _holder(fd)
             os.close(fd)
-            raise ClaimHeld(f"{folder} is in use by another {what} ({holder}); wait for it to "
-                            "end, or choose another run_name=...") from None  # fmt: skip
+            raise ClaimHeld(f"{folder} is in use by {holder}; wait for it to end, or choose "
+                            "another run_name=...") from None  # fmt: skip
         previous = _holder(fd)
         if previous != "unknown":  # it ended without letting go: killed, or its machine died
             log.info("%s: taking over the claim of %s, which ended without releasing it",
                      folder, previous)  # fmt: skip
-        mine = {"host": socket.gethostname(), "pid": os.getpid(),
+        mine = {"what": what, "host": socket.gethostname(), "pid": os.getpid(),
                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(mine).encode(), 0)
@@ -85,7 +85,8 @@ def _holder(fd: int) -> str:
     """Who the claim file names, in words; ``unknown`` when it names no one (released)."""
     try:
         holder = json.loads(os.pread(fd, 4096, 0) or b"null")
-        return f"process {int(holder['pid'])} on {holder['host']}, since {holder['since']}"
+        return (f"a {holder['what']} (process {int(holder['pid'])} on {holder['host']}, since "
+                f"{holder['since']})")  # fmt: skip
     except (OSError, ValueError, TypeError, KeyError):
         return "unknown"
 

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from utils.claim import release_claims
 from utils.config import flatten
-from utils.errors import EXIT_USER_ERROR, UserError, user_error_in
+from utils.errors import EXIT_USER_ERROR, user_error_in
 
 
 def one_line_errors(command: Any, cfg: Any) -> None:
@@ -22,8 +22,11 @@ def one_line_errors(command: Any, cfg: Any) -> None:
     exit code 2 (evaluate.py's and predict.py's ``main``; train.py's also handles sweeps)."""
     try:
         command(cfg)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+    except Exception as error:
+        cause = user_error_in(error)  # a UserError, or an OS error on a path the user gave
+        if cause is None:
+            raise
+        print(f"error: {cause}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
 
 
@@ -33,6 +36,12 @@ def run_cli(main: Any, config_name: str) -> None:
     line naming the key and the fix, and exit code 1, instead of Hydra's multi-line report."""
     try:
         _run(main, config_name)
+    except Exception as error:
+        cause = user_error_in(error)  # an OS error on a path: Hydra making the run dir
+        if cause is None:
+            raise
+        print(f"error: {cause}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
     finally:
         release_claims()  # a run's folder is free again however the run ended (utils/claim.py)
 

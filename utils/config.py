@@ -7,6 +7,7 @@ this module registers the schema as ``train_schema`` in Hydra's ConfigStore.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -240,7 +241,7 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
         if key in OPTIONAL_KEYS and OmegaConf.select(cfg, key, default=...) is ...:
             continue  # left out: its documented default (utils/optim.py)
         value = _number(cfg, key)
-        if not ok(value):
+        if not (math.isfinite(value) and ok(value)):  # inf passes every comparison above
             raise UserError(f"{key}={value} is out of range: it must be {expected}")
     if cfg.trainer.log_grad_norms not in ("total", "per_layer"):
         raise UserError(
@@ -250,9 +251,10 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
         raise UserError(f"tune={cfg.tune!r} is unknown; use tune=lr or tune=batch_size")
     monitor_mode(cfg.trainer.monitor, cfg.trainer.monitor_mode)
     clip = cfg.trainer.gradient_clip_val
-    if clip is not None and clip <= 0:
+    if clip is not None and not (math.isfinite(clip) and clip > 0):
         raise UserError(
-            f"trainer.gradient_clip_val={clip} must be greater than 0, or null for no clipping"
+            f"trainer.gradient_clip_val={clip} must be finite and greater than 0, or null for no "
+            "clipping"
         )
     check_run_name(cfg.run_name)
     check_groups(cfg)

@@ -10,10 +10,13 @@ that never stopped.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from utils.errors import UserError
 from utils.monitor import Monitor
+
+log = logging.getLogger("torchloom")
 
 
 class EarlyStopping:
@@ -30,6 +33,12 @@ class EarlyStopping:
         early = cls(config.patience, config.min_delta, monitor)
         if state.early_stopping:
             early.load_state_dict(state.early_stopping)
+        stopped = early.stopped_at is not None
+        if stopped and (early.patience is None or early.bad_validations < early.patience):
+            log.info("early stopping: the checkpoint stopped after epoch %d with %d validations "
+                     "without improvement; trainer.early_stopping.patience=%s now lets it go on",
+                     early.stopped_at, early.bad_validations, early.patience)  # fmt: skip
+            early.stopped_at = None  # the stop no longer applies: training continues
         return early
 
     def done(self) -> bool:

@@ -1,5 +1,7 @@
 """The one exception type for mistakes a user can make and fix."""
 
+import errno
+
 
 class UserError(Exception):
     """Bad input from the user: a config value, a missing file, a label out of range.
@@ -13,12 +15,36 @@ class UserError(Exception):
 EXIT_USER_ERROR = 2
 
 
+# What the system says of a path a user can change (too long, through a file, full, read-only):
+# one line naming the path and the fix, as for any bad input, instead of a traceback.
+PATH_ERRORS = {
+    errno.ENAMETOOLONG: "a part of it is longer than the file system allows (255 bytes); shorten it",
+    errno.ENOTDIR: "a part of it is a file, not a folder; choose another path",
+    errno.EISDIR: "it is a folder; name a file",
+    errno.ENOSPC: "the disk is full; free space or write elsewhere",
+    errno.EDQUOT: "the disk quota is used up; free space or write elsewhere",
+    errno.EFBIG: "the file grew past what this file system (or ulimit -f) allows",
+    errno.EACCES: "permission denied; choose a path you may use",
+    errno.EROFS: "the file system is read-only; write elsewhere",
+}  # fmt: skip
+
+
+def path_error(error: OSError) -> UserError | None:
+    """The one-line error for an OS error on a path a user can change; None for others."""
+    if error.errno not in PATH_ERRORS:
+        return None
+    where = f"{error.filename}: " if error.filename else ""
+    return UserError(f"{where}{error.strerror}: {PATH_ERRORS[error.errno]}")
+
+
 def user_error_in(error: BaseException | None) -> UserError | None:
     """The UserError among the causes and contexts of ``error`` (a resolver's refusal that
-    Hydra wrapped), if any."""
+    Hydra wrapped), if any; an OS error on a path (:data:`PATH_ERRORS`) counts as one."""
     seen = 0
     while error is not None and seen < 10:
         if isinstance(error, UserError):
             return error
+        if isinstance(error, OSError) and path_error(error) is not None:
+            return path_error(error)
         error, seen = error.__cause__ or error.__context__, seen + 1
     return None

@@ -11,12 +11,18 @@ import torch
 from rich.table import Table
 
 from utils.evaluation import per_class_scores
+from utils.text import shown
+
+MAX_IMAGE_SIDE = 1200  # pixels: 100 classes at 12 px a cell
 
 
 def confusion_image(confusion: torch.Tensor, cell: int = 12) -> torch.Tensor:
-    """Rows normalised to [0, 1], dark = many: a [1, H, W] image for TensorBoard."""
-    rows = confusion.double() / confusion.sum(dim=1, keepdim=True).clamp(min=1)
-    image = (1 - rows).float().repeat_interleave(cell, 0).repeat_interleave(cell, 1)
+    """Rows normalised to [0, 1], dark = many: a [1, H, W] image for TensorBoard, ``cell``
+    pixels a cell while the image stays within :data:`MAX_IMAGE_SIDE` (memory grows as its
+    area: 600 classes at 12 px were 2.5 GB)."""
+    rows = confusion.float() / confusion.sum(dim=1, keepdim=True).clamp(min=1)
+    cell = max(1, min(cell, MAX_IMAGE_SIDE // len(confusion)))  # 1,000 classes: 1 px a cell
+    image = (1 - rows).repeat_interleave(cell, 0).repeat_interleave(cell, 1)
     return image.unsqueeze(0)
 
 
@@ -32,12 +38,12 @@ def checkpoint_tables(out: Any, name: str, metrics: dict, split: str, targets: A
 
 
 def overview_table(out: Any, title: str, summary: dict[str, Any], split: str) -> None:
-    overview = Table(title=title)
+    overview = Table(title=shown(title))
     overview.add_column("metric")
     overview.add_column("value", justify="right")
     for key, value in summary.items():
         if key.startswith(f"{split}/") and isinstance(value, float):
-            overview.add_row(key, f"{value:.4f}")
+            overview.add_row(shown(key), f"{value:.4f}")
     out.print(overview)
 
 
@@ -51,7 +57,7 @@ def label_tables(out: Any, name: str, metrics: dict, split: str, names: list[str
         table.add_column(column, justify="right")
     for index, label in enumerate(names):
         ap = per_label["ap"][index]
-        table.add_row(label, "-" if ap != ap else f"{ap:.4f}",
+        table.add_row(shown(label), "-" if ap != ap else f"{ap:.4f}",
                       *(f"{per_label[s][index]:.4f}" for s in ("precision", "recall", "f1")),
                       str(per_label["support"][index]))  # fmt: skip
     out.print(table)
@@ -70,7 +76,7 @@ def value_tables(out: Any, name: str, metrics: dict, split: str, names: list[str
     for column in ("MAE", "RMSE", "R²", "bias", "median |res|", "p90 |res|", "max |res|"):
         table.add_column(column, justify="right")
     for index, target in enumerate(names):
-        table.add_row(target, *(f"{per_target[c][index]:.4g}" for c in columns))
+        table.add_row(shown(target), *(f"{per_target[c][index]:.4g}" for c in columns))
     out.print(table)
     return {**summary, "per_target": {"names": names, **per_target}}
 
@@ -91,7 +97,7 @@ def class_tables(out: Any, name: str, metrics: dict, split: str, names: list[str
         table.add_column(column, justify="right")
     for index in range(classes):
         table.add_row(
-            names[index] if len(names) == classes else str(index),
+            shown(names[index]) if len(names) == classes else str(index),
             *(f"{scores[s][index]:.4f}" for s in ("precision", "recall", "f1")),
             str(support[index]),
         )
@@ -129,5 +135,5 @@ def comparison(results: dict[str, dict], split: str) -> Table:
     for key in keys:
         table.add_column(key.split("/")[1].replace("macro_", "macro "), justify="right")
     for name, result in results.items():
-        table.add_row(name, *(f"{result.get(k, float('nan')):.4f}" for k in keys))
+        table.add_row(shown(name), *(f"{result.get(k, float('nan')):.4f}" for k in keys))
     return table

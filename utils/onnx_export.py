@@ -81,6 +81,12 @@ def parity(model: nn.Module, session, input_shape: Sequence[int],
             if tuple(got.shape) != tuple(expected.shape):
                 raise UserError(f"the ONNX export gives shape {list(got.shape)} for a batch of "
                                 f"{batch}, PyTorch {list(expected.shape)}")  # fmt: skip
-            difference = (torch.from_numpy(got) - expected).abs()
+            got = torch.from_numpy(got)
+            for who, outputs in (("PyTorch", expected), ("onnxruntime", got)):
+                if not bool(torch.isfinite(outputs).all()):  # NaN would compare as no difference
+                    raise UserError(f"the model's outputs under {who} are not finite (NaN or "
+                                    f"inf) on a batch of {batch}: are its weights finite? "
+                                    "Nothing was exported")  # fmt: skip
+            difference = (got - expected).abs()
             largest = max(largest, float((difference if unit is None else difference / unit).max()))
     return largest

@@ -10,7 +10,8 @@ What the files hold is formatted in :mod:`utils.report`; this module only decide
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from rich.console import Console
 
 from utils import report
 from utils.distributed import NullWriter
+from utils.errors import UserError
 
 
 class Outputs:
@@ -64,3 +66,20 @@ class Outputs:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def check_output(path: Path, key: str, inputs: Sequence[Path], suffixes: Sequence[str]) -> None:
+    """``key=path`` is a file this command may write: one of ``suffixes``, not a folder, and
+    none of the command's ``inputs`` (its checkpoint, its table or image folder), so an output
+    never replaces what it was made from."""
+    if path.suffix.lower() not in suffixes:
+        raise UserError(f"{key}={path}: name a {' or a '.join(suffixes)} file")
+    if path.is_dir():
+        raise UserError(f"{key}={path} is a folder; name a file in it")
+    target = path.resolve()
+    for given in inputs:
+        same = given.resolve() == target or (path.exists() and given.exists()
+                                             and os.path.samefile(given, path))  # fmt: skip
+        if same:
+            raise UserError(f"{key}={path} is this command's own input ({given}); writing there "
+                            "would replace it: choose another file")  # fmt: skip

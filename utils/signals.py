@@ -71,6 +71,7 @@ class StopRequest:
             previous(self.signal, None)
 
     def __enter__(self) -> StopRequest:
+        _active.append(self)
         for signum in STOP_SIGNALS:
             previous = signal.signal(signum, self._handle)
             # Once training is over, a signal acts as it did before start-up (by default it
@@ -81,8 +82,18 @@ class StopRequest:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        _active.remove(self)
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+
+
+_active: list[StopRequest] = []  # the StopRequest a run is inside, for phases outside the loop
+
+
+def stop_requested() -> str | None:
+    """The name of the stop signal the running command received, if any: a long phase before
+    the loop (building an image cache) checks it and stops, raising :class:`Interrupted`."""
+    return _active[-1].name or None if _active and _active[-1].requested else None
 
 
 def continue_command(overrides: list[str], checkpoint: object, processes) -> str:

@@ -5,14 +5,17 @@ the ``.safetensors`` export itself (the ``export`` extra)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from utils.checkpoint import load_checkpoint
+from utils.arguments import POSITIVE_INT
+from utils.checkpoint import atomic_file, load_checkpoint
 from utils.errors import UserError
 from utils.trust import check_stored_config, require_keys
 
@@ -133,14 +136,19 @@ def export_safetensors(model: torch.nn.Module, config: dict, inputs: dict | None
     """The weights without pickle, the config and the inputs record (a regression run's
     target scale) as JSON metadata beside them."""
     try:
-        from safetensors.torch import save_file
+        from safetensors.torch import save
     except ImportError:
         raise UserError('export needs the extra: pip install -e ".[export]"') from None
     weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     metadata = {"torchloom_config": json.dumps(config)}
     if inputs is not None:
         metadata["torchloom_inputs"] = json.dumps(inputs)
-    save_file(weights, str(path), metadata=metadata)
+    try:
+        with atomic_file(path) as f:  # complete or not at all, its folder made if missing
+            f.write(save(weights, metadata=metadata))
+    except OSError as error:
+        raise UserError(f"cannot write {path}: {error.strerror or error}; nothing was written "
+                        "there (choose another export=...)") from None  # fmt: skip
 
 
 def data_config(stored: dict, overrides: DictConfig) -> DictConfig:
@@ -158,8 +166,31 @@ def data_config(stored: dict, overrides: DictConfig) -> DictConfig:
         if value is None:
             continue
         if key == "batch_size":  # evaluation batches are the run's eval_batch_size
+            POSITIVE_INT.check("data.batch_size", value)
             key = "eval_batch_size"
         if key not in merged:
             raise UserError(f"data.{key} does not apply to {stored['_target_']}")
         merged[key] = value
     return OmegaConf.create(merged)
+
+
+@contextlib.contextmanager
+def reading_stored_data(node: DictConfig, overrides: DictConfig) -> Iterator[None]:
+    """Reading the data a stored config names: a refusal names the path, never what the file
+    holds (its columns, a cell), since this command line did not name that file; the stored
+    path could be any file. With ``data.path``/``data.root`` given here, errors are as usual."""
+    if any(overrides.get(key) is not None for key in ("path", "root")):
+        yield
+        return
+    try:
+        yield
+    except UserError:
+        key = "path" if node.get("path") else "root"
+        where = node.get(key)
+        if where is None:
+            raise
+        state = "does not exist" if not Path(str(where)).exists() else (
+            "does not hold the data this checkpoint was trained on (what it holds is not shown: "
+            "the path came from the checkpoint)")  # fmt: skip
+        raise UserError(f"the checkpoint's data.{key}={where} {state}; pass data.{key}=... to "
+                        "name the data here") from None  # fmt: skip

@@ -1,0 +1,558 @@
+"""The third adversarial review, class by class, each finding with variants of its own: values
+that would hang a step, outputs that would replace inputs, runs of one name at once, caches
+that evict each other or lie about their pixels, tables that leak the answer, names that are
+markup or formulas, stored paths whose content would be echoed, hand-edited checkpoints, and
+the continue command of a stopped sweep."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    EVALUATE,
+    ROOT,
+    read_metrics,
+    run_python,
+    run_train,
+    write_idx,
+    write_imagefolder,
+)
+
+from utils.claim import CLAIM_FILE
+
+PREDICT = ROOT / "predict.py"
+TINY = ("model.hidden_sizes=[16]", "data.batch_size=64", "trainer.max_epochs=1")
+
+
+def error_line(result) -> str:
+    """The one ``error:`` line of a refused command: exit 2, no traceback."""
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def write_rows(path: Path, header: list[str], rows: list[list], encoding: str = "utf-8") -> Path:
+    with open(path, "w", newline="", encoding=encoding) as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def classes_table(path: Path, labels: list[str], rows: int = 120, **how) -> Path:
+    """Two numeric features; the label is which of ``labels`` the first feature's band is."""
+    generator = torch.Generator().manual_seed(0)
+    values = torch.rand(rows, 2, generator=generator)
+    chosen = [labels[min(int(v * len(labels)), len(labels) - 1)] for v in values[:, 0].tolist()]
+    return write_rows(path, ["a", "b", "y"], [[*map(repr, v), c] for v, c in
+                                               zip(values.tolist(), chosen, strict=True)], **how)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A finished tiny digits run (checkpoints/base) to edit, resume, evaluate and predict."""
+    cwd = tmp_path_factory.mktemp("hostile")
+    run_train(cwd, *TINY, "trainer.max_epochs=2", "run_name=base")
+    from PIL import Image
+
+    (cwd / "pictures").mkdir()
+    for i in range(3):
+        Image.fromarray(torch.full((8, 8), 40 * i, dtype=torch.uint8).numpy()).save(
+            cwd / "pictures" / f"{i}.png"
+        )
+    return cwd
+
+
+# --- 1. Hangs: values bounded where they enter; a stop signal answered by long phases ----------
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["data.augment.mixup_alpha=inf", "data.augment.cutmix_alpha=1e308",
+     "data.augment.mixup_alpha=nan", "data.augment.mix_prob=nan",
+     "task.label_smoothing=nan", "trainer.gradient_clip_val=inf"],
+)  # fmt: skip
+def test_an_infinite_or_nan_value_is_refused_before_any_step(tmp_path, override):
+    # A separate process under a timeout: before the fix, an infinite alpha never finished a
+    # step and ignored SIGTERM.
+    result = run_train(tmp_path, *TINY, override, ok=False, process=True, timeout=120)
+    assert override.split("=")[0] in error_line(result)
+
+
+def test_a_second_sigterm_ends_whatever_is_running(tmp_path):
+    from utils.signals import StopRequest
+
+    with StopRequest() as stop, pytest.raises(SystemExit) as exited:
+        os.kill(os.getpid(), signal.SIGTERM)  # the first: finish the step, then save
+        assert stop.requested
+        os.kill(os.getpid(), signal.SIGTERM)  # the second: a step that never ends is ended
+    assert exited.value.code == 128 + signal.SIGTERM
+
+
+def test_a_stop_during_an_image_cache_build_ends_it_and_keeps_nothing(tmp_path):
+    from data.imagefolder import load_imagefolder
+    from utils.signals import Interrupted, StopRequest
+
+    root = write_imagefolder(tmp_path / "images", per_class=4)
+    cache = tmp_path / "cache"
+    with StopRequest(), pytest.raises(Interrupted):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrived before the first batch was written
+        load_imagefolder(str(root), image_size=[10, 12], channels=3, cache="disk",
+                         cache_max_gb=None, cache_dir=str(cache), batch_size=4,
+                         eval_batch_size=4, mean=[0.5], std=[0.5], augment={},
+                         num_workers=0)  # fmt: skip
+    assert not [p for p in cache.iterdir() if p.is_file()] if cache.exists() else True
+
+
+# --- 2. Outputs never replace inputs; one run per folder at a time ---------------------------
+
+
+@pytest.mark.parametrize("out", ["table.csv", "checkpoints/t/best.pt", "pictures", "p.json"])
+def test_predict_refuses_to_write_over_its_own_inputs(tmp_path, out):
+    classes_table(tmp_path / "table.csv", ["x", "z"])
+    run_train(tmp_path, "data=csv", "data.path=table.csv", "data.target=y", *TINY, "run_name=t")
+    (tmp_path / "pictures").mkdir()
+    before = {p: p.read_bytes() for p in (tmp_path / "table.csv",
+                                          tmp_path / "checkpoints/t/best.pt")}  # fmt: skip
+    result = run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/t/best.pt", "input=table.csv",
+                        f"out={out}", ok=False)  # fmt: skip
+    assert f"out={out}" in error_line(result)
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_an_export_never_replaces_the_checkpoint_it_is_made_from(trained, tmp_path):
+    pytest.importorskip("safetensors")
+    export = run_python(
+        trained,
+        str(EVALUATE),
+        "ckpt=checkpoints/base/best.pt",
+        f"export={tmp_path}/new/folder/w.safetensors",
+    )  # a missing folder is made
+    assert (tmp_path / "new/folder/w.safetensors").is_file(), export.stdout
+    before = (tmp_path / "new/folder/w.safetensors").read_bytes()
+    again = run_python(trained, str(EVALUATE), f"ckpt={tmp_path}/new/folder/w.safetensors",
+                       f"export={tmp_path}/new/folder/w.safetensors", ok=False)  # fmt: skip
+    assert "own input" in error_line(again)
+    assert (tmp_path / "new/folder/w.safetensors").read_bytes() == before
+
+
+HOLDER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from utils.claim import RunClaim
+RunClaim.take(Path(sys.argv[1]), sys.argv[2])
+print("claimed", flush=True)
+time.sleep(600)
+"""
+
+
+def hold_claim(folder: Path, what: str = "run") -> subprocess.Popen:
+    """Another process that holds ``folder``'s claim as a run of train.py does, until killed."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER.format(root=str(ROOT)), str(folder),
+                               what], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert holder.stdout.readline().strip() == "claimed"
+    return holder
+
+
+def test_two_runs_of_one_name_at_once_one_runs_the_other_names_it(tmp_path):
+    first = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *TINY, "run_name=x"], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    claim = tmp_path / "runs" / "x" / CLAIM_FILE
+    for _ in range(600):  # the claim is taken before Hydra writes the run's files
+        if claim.is_file() and claim.read_text():
+            break
+        time.sleep(0.1)
+    first.send_signal(signal.SIGSTOP)  # held mid-run, however fast this machine is
+    try:
+        second = run_train(tmp_path, *TINY, "run_name=x", ok=False)
+        line = error_line(second)
+        assert f"in use by a run (process {first.pid} on {socket.gethostname()}" in line
+        resumed = run_train(tmp_path, *TINY, "run_name=x", "resume=auto", ok=False)
+        assert "in use by a run" in error_line(resumed)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-3000:]
+    assert read_metrics(tmp_path / "runs" / "x")["status"] == "completed"
+    assert claim.read_text() == ""  # a clean end lets go
+
+
+def test_a_killed_holder_leaves_a_claim_the_next_run_takes_over_in_one_line(tmp_path):
+    holder = hold_claim(tmp_path / "runs" / "y")
+    holder.kill()
+    holder.wait()
+    result = run_train(tmp_path, *TINY, "run_name=y")
+    taken = [line for line in result.stderr.splitlines() + result.stdout.splitlines()
+             if "taking over the claim" in line]  # fmt: skip
+    assert len(taken) == 1 and f"process {holder.pid}" in taken[0]
+
+
+def test_a_sweep_of_a_name_in_use_stops_before_any_job(tmp_path):
+    holder = hold_claim(tmp_path / "runs" / "s", "sweep")
+    try:
+        result = run_train(tmp_path, "-m", *TINY, "run_name=s", "seed=0,1", ok=False)
+        assert "runs/s is in use by a sweep" in error_line(result)
+        assert not (tmp_path / "runs" / "s" / "0").exists()
+        single = run_train(tmp_path, *TINY, "run_name=s", ok=False)  # its folder too
+        assert "in use by a sweep" in error_line(single)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# --- 2b. Image caches: own temporaries cleaned, one source per file name, content checked ----
+
+CACHED = ("data=imagefolder", "data.image_size=[10,12]", "data.batch_size=6", "data.num_workers=0",
+          "data.cache=disk", "model=cnn", "trainer.max_epochs=1", "scheduler=none")  # fmt: skip
+
+
+def cache_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_image_folders_sharing_a_cache_dir_keep_their_own_caches(tmp_path):
+    for name in ("a", "b"):
+        write_imagefolder(tmp_path / name, per_class=3, test=False)
+    shared = tmp_path / "shared"
+    dead = shared / f".train-3x10x12-x.u8.{socket.gethostname()}-999999999.abc.tmp"
+    shared.mkdir()
+    dead.write_bytes(b"half a cache")  # a killed build's temporary file
+    for name in ("a", "b", "a"):
+        run_train(tmp_path, *CACHED, f"data.root={name}", f"data.cache_dir={shared}",
+                  f"run_name={name}", "overwrite=true")  # fmt: skip
+    names = cache_files(shared)
+    assert len(names) == 4, names  # train and val of each folder: none evicted the other's
+    assert not dead.exists()
+    second = run_train(tmp_path, *CACHED, "data.root=b", f"data.cache_dir={shared}",
+                       "run_name=b2")  # fmt: skip
+    assert "decoding" not in second.stdout + second.stderr  # b's caches were still there
+
+
+def test_a_stale_manifest_cache_is_replaced_not_kept(tmp_path):
+    from PIL import Image
+
+    (tmp_path / "pics").mkdir()
+    rows = []
+    for i in range(24):
+        Image.fromarray(torch.full((10, 12, 3), 9 * i, dtype=torch.uint8).numpy()).save(
+            tmp_path / "pics" / f"{i}.png"
+        )
+        rows.append([f"pics/{i}.png", "ab"[i % 2]])
+    write_rows(tmp_path / "labels.csv", ["path", "label"], rows)
+    run = ("data=image_csv", "data.root=.", "data.manifest=labels.csv", "data.image_size=[10,12]",
+           "data.batch_size=6", "data.num_workers=0", "data.cache=disk", "model=cnn",
+           "trainer.max_epochs=1", "overwrite=true", "run_name=m")  # fmt: skip
+    run_train(tmp_path, *run)
+    first = cache_files(tmp_path / ".torchloom-cache")
+    Image.fromarray(torch.zeros(10, 12, 3, dtype=torch.uint8).numpy()).save(tmp_path / "pics/0.png")
+    os.utime(tmp_path / "pics/0.png", ns=(1, 1))  # changed: another mtime and content
+    run_train(tmp_path, *run)
+    second = cache_files(tmp_path / ".torchloom-cache")
+    assert len(second) == len(first) and second != first  # the stale ones were removed
+
+
+def test_a_planted_cache_of_the_right_size_but_other_pixels_is_rebuilt(tmp_path):
+    write_imagefolder(tmp_path / "a", per_class=3, test=False)
+    run_train(tmp_path, *CACHED, "data.root=a", "run_name=p")
+    cache = tmp_path / "a" / ".torchloom-cache"
+    train = next(p for p in cache.iterdir() if p.name.startswith("train-"))
+    original = train.read_bytes()
+    planted = original[:4096] + bytes(255 - b for b in original[4096:])  # same header and size
+    train.write_bytes(planted)
+    result = run_train(tmp_path, *CACHED, "data.root=a", "run_name=p2")
+    assert "differs from" in result.stdout + result.stderr
+    assert train.read_bytes() == original
+
+
+# --- 3. Silently wrong results are refused, or right --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "header, extra, message",
+    [(["a", "b", "a", "y"], [], "names column 'a' 2 times"),
+     (["a", "b", "y"], ["data.categorical=[y]"], "also listed in data.categorical"),
+     (["a", "b", "y"], ["data.features=[a,y]"], "also listed in data.features"),
+     (["a", "b", "y"], ["data.features=[]"], "data.features=[] names no column")],
+)  # fmt: skip
+def test_a_table_that_would_leak_or_drop_a_column_is_refused(tmp_path, header, extra, message):
+    rows = [[str(i % 7), str(i % 3)] + ([str(i)] if len(header) == 4 else []) + ["pq"[i % 2]]
+            for i in range(60)]  # fmt: skip
+    write_rows(tmp_path / "t.csv", header, rows)
+    result = run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", *TINY, *extra,
+                       ok=False)  # fmt: skip
+    assert message in error_line(result)
+
+
+def test_a_bom_is_not_part_of_the_first_column_name(tmp_path):
+    classes_table(tmp_path / "t.csv", ["x", "z"], encoding="utf-8-sig")
+    run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "data.features=[a,b]",
+              *TINY, "run_name=bom")  # fmt: skip
+    classes_table(tmp_path / "new.csv", ["x", "z"], rows=5)  # no BOM: the same columns
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/bom", "input=new.csv", "out=p.csv")
+
+
+@pytest.mark.parametrize("source", ["csv", "imagefolder", "tensors"])
+def test_a_classifier_with_one_class_is_refused_naming_where(tmp_path, source):
+    if source == "csv":
+        classes_table(tmp_path / "t.csv", ["only"])
+        how, where = ["data=csv", "data.path=t.csv", "data.target=y"], "column 'y' hold 1 classes"
+    elif source == "imagefolder":
+        write_imagefolder(tmp_path / "f", classes=("cat",), per_class=4, test=False)
+        how = ["data=imagefolder", "data.root=f", "data.image_size=[10,12]", "data.batch_size=2"]
+        where = "1 classes ('cat')"
+    else:
+        torch.save({"x": torch.randn(80, 3), "y": torch.zeros(80, dtype=torch.long)},
+                   tmp_path / "a.pt")  # fmt: skip
+        how, where = ["data=tensors", "data.path=a.pt", "data.batch_size=8"], "1 classes"
+    result = run_train(tmp_path, *TINY, *how, ok=False)
+    assert where in error_line(result) and "needs 2 or more" in error_line(result)
+
+
+def test_an_idx_file_with_more_images_than_labels_is_refused(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    write_idx(raw / "train-images-idx3-ubyte", torch.zeros(40, 28, 28).numpy())
+    write_idx(raw / "train-labels-idx1-ubyte", (torch.arange(30) % 10).numpy())
+    write_idx(raw / "t10k-images-idx3-ubyte", torch.zeros(10, 28, 28).numpy())
+    write_idx(raw / "t10k-labels-idx1-ubyte", (torch.arange(10) % 10).numpy())
+    result = run_train(tmp_path, "data=mnist", "data.root=.", *TINY, ok=False)
+    assert "40 images and its labels file 30 labels" in error_line(result)
+
+
+def test_predicted_values_are_written_in_full(tmp_path):
+    rows = [[repr(i / 10), repr(1.2e8 + 1000 * i + 0.25)] for i in range(80)]
+    write_rows(tmp_path / "r.csv", ["a", "price"], rows)
+    run_train(tmp_path, "task=regression", "data=csv", "data.path=r.csv", "data.target=price",
+              *TINY, "data.batch_size=16", "trainer.max_epochs=3", "run_name=r")  # fmt: skip
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/r", "input=r.csv", "out=p.csv")
+    with open(tmp_path / "p.csv") as f:
+        values = [row["price"] for row in csv.DictReader(f)]
+    assert all(float(v) == float(repr(float(v))) and "e+" not in v for v in values)
+    assert len(set(values)) > 40  # not one rounded 1.2e+08 for every row
+
+
+def test_an_onnx_export_of_nan_outputs_is_refused_not_reported_as_exact(trained, tmp_path):
+    pytest.importorskip("onnxruntime")
+    checkpoint = torch.load(trained / "checkpoints/base/best.pt", weights_only=True)
+    first = next(iter(checkpoint["model"]))
+    checkpoint["model"][first] = torch.full_like(checkpoint["model"][first], float("nan"))
+    torch.save(checkpoint, tmp_path / "nan.pt")
+    result = run_python(trained, str(EVALUATE), f"ckpt={tmp_path}/nan.pt",
+                        f"export={tmp_path}/m.onnx", ok=False)  # fmt: skip
+    assert "not finite" in error_line(result)
+    assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize("std", [1e-300, 1e-45, 1e39])
+def test_a_stored_std_that_is_zero_or_inf_in_float32_is_refused(trained, tmp_path, std):
+    checkpoint = torch.load(trained / "checkpoints/base/best.pt", weights_only=True)
+    checkpoint["inputs"]["std"] = [std]
+    torch.save(checkpoint, tmp_path / "s.pt")
+    result = run_python(trained, str(PREDICT), f"ckpt={tmp_path}/s.pt", "input=pictures",
+                        f"out={tmp_path}/p.csv", ok=False)  # fmt: skip
+    assert "inputs record is not what torchloom writes" in error_line(result)
+    assert not (tmp_path / "p.csv").exists()
+
+
+def test_an_early_stopped_run_resumed_without_patience_trains_on(tmp_path):
+    stopping = ("trainer.early_stopping.patience=1", "trainer.early_stopping.min_delta=1.0")
+    run_train(tmp_path, *TINY, "trainer.max_epochs=6", *stopping, "run_name=e")
+    assert read_metrics(tmp_path / "runs/e")["stopped_early_at_epoch"] == 2
+    resumed = run_train(tmp_path, *TINY, "trainer.max_epochs=4", "run_name=e", "resume=auto",
+                        "trainer.early_stopping.patience=null")  # fmt: skip
+    assert "now lets it go on" in resumed.stdout + resumed.stderr
+    metrics = read_metrics(tmp_path / "runs/e")
+    assert metrics["epochs"] == 4 and metrics["early_stopping"] is None
+
+
+# --- 4. Names from data are text on the terminal and in spreadsheets -------------------------
+
+HOSTILE_NAMES = ["[/b]", "[cat]", "=1+1", "@cmd", "red\x1b[31m"]
+
+
+def test_class_names_are_shown_escaped_and_written_as_spreadsheet_text(tmp_path):
+    classes_table(tmp_path / "t.csv", HOSTILE_NAMES, rows=200)
+    run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", *TINY, "run_name=n")
+    evaluated = run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/n")
+    for name in ("[/b]", "[cat]", "=1+1", "@cmd", "red\\x1b[31m"):
+        assert name in evaluated.stdout
+    assert "\x1b[31m" not in evaluated.stdout
+    predicted = run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/n", "input=t.csv",
+                           "out=p.csv", "topk=5")  # fmt: skip
+    assert "\x1b[31m" not in predicted.stdout and "[/b]" in predicted.stdout
+    with open(tmp_path / "p.csv") as f:
+        cells = {cell for row in list(csv.reader(f))[1:] for cell in row[1::2]}
+    assert {"'=1+1", "'@cmd", "[/b]", "[cat]"} <= cells
+    assert not any(cell.startswith(("=", "+", "-", "@")) for cell in cells)
+
+
+# --- 5. A stored path's content is never echoed ------------------------------------------
+
+
+def test_evaluate_names_a_stored_data_path_but_never_echoes_its_content(tmp_path):
+    classes_table(tmp_path / "t.csv", ["x", "z"])
+    run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", *TINY, "run_name=c")
+    secret = tmp_path / "secrets.env"
+    secret.write_text("api_key=SECRET-1234,token=SECRET-5678\n1,2\n")
+    checkpoint = torch.load(tmp_path / "checkpoints/c/best.pt", weights_only=True)
+    checkpoint["config"]["data"]["path"] = str(secret)
+    torch.save(checkpoint, tmp_path / "edited.pt")
+    result = run_python(tmp_path, str(EVALUATE), "ckpt=edited.pt", ok=False)
+    line = error_line(result)
+    assert str(secret) in line and "SECRET" not in result.stdout + result.stderr
+    named = run_python(tmp_path, str(EVALUATE), "ckpt=edited.pt", f"data.path={secret}", ok=False)
+    assert "api_key" in error_line(named)  # a file named on this command line may be quoted
+
+
+# --- 6. Hand-edited checkpoints, odd paths and sizes: one line, exit 2 --------------------------
+
+EDITS = {
+    "a non-tensor in model": lambda c: c["model"].__setitem__(next(iter(c["model"])), "text"),
+    "a non-tensor in ema.model": lambda c: c.__setitem__("ema", {"model": {"w": 1}, "updates": 1}),
+    "losses without their keys": lambda c: c.__setitem__("losses", {"epoch": 1}),
+    "rng without its keys": lambda c: (c.__setitem__("rng", {}), c.__setitem__("rng_per_rank", [{}])),
+    "a scheduler state of other keys": lambda c: c.__setitem__("scheduler", {"foo": 1}),
+    "text in metrics": lambda c: c.__setitem__("metrics", {"val/acc": "high"}),
+    "batch_in_epoch=10**30": lambda c: c.__setitem__("batch_in_epoch", 10**30),
+    "batch_in_epoch past its epoch": lambda c: c.__setitem__("batch_in_epoch", 10**6),
+    "a negative epoch": lambda c: c.__setitem__("epoch", -3),
+    "an optimizer state of other keys": lambda c: c.__setitem__("optimizer", {"state": 1}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_a_hand_edited_checkpoint_is_one_line_on_resume_evaluate_and_predict(trained, tmp_path,
+                                                                            edit):  # fmt: skip
+    checkpoint = torch.load(trained / "checkpoints/base/last.pt", weights_only=True)
+    EDITS[edit](checkpoint)
+    folder = tmp_path / "edited"
+    folder.mkdir()
+    torch.save(checkpoint, folder / "last.pt")
+    resumed = run_train(tmp_path, *TINY, f"resume={folder}/last.pt", "trainer.max_epochs=3",
+                        ok=False)  # fmt: skip
+    error_line(resumed)
+    for command in ([str(EVALUATE), f"ckpt={folder}/last.pt"],
+                    [str(PREDICT), f"ckpt={folder}/last.pt", "input=pictures",
+                     f"out={tmp_path}/p.csv"]):  # fmt: skip
+        result = run_python(trained, *command, ok=False)
+        assert result.returncode in (0, 2) and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("key, value", [("_partial_", True), ("_recursive_", "yes"),
+                                        ("_convert_", "all")])  # fmt: skip
+def test_a_stored_config_that_changes_how_it_is_built_is_refused(trained, tmp_path, key, value):
+    checkpoint = torch.load(trained / "checkpoints/base/best.pt", weights_only=True)
+    checkpoint["config"]["model"][key] = value
+    torch.save(checkpoint, tmp_path / "c.pt")
+    for command in ([str(EVALUATE), f"ckpt={tmp_path}/c.pt"],
+                    [str(PREDICT), f"ckpt={tmp_path}/c.pt", "input=pictures"]):  # fmt: skip
+        assert f"model.{key}=" in error_line(run_python(trained, *command, ok=False))
+
+
+LONG = "n" * 300
+
+
+@pytest.mark.parametrize(
+    "script, arguments",
+    [("train", ["data=csv", f"data.path={LONG}.csv", "data.target=y"]),
+     ("train", [f"resume={LONG}.pt"]),
+     ("train", [f"run_name={LONG}"]),
+     ("train", ["paths.runs=pictures/0.png/runs"]),
+     ("evaluate", [f"ckpt={LONG}.pt"]),
+     ("predict", ["ckpt=checkpoints/base", f"input=pictures/{LONG}.png"]),
+     ("predict", ["ckpt=checkpoints/base", "input=pictures", "batch_size=0"]),
+     ("evaluate", ["ckpt=checkpoints/base", "data.batch_size=0"]),
+     ("train", ["data=synthetic", "data.num_samples=1000000000000"])],
+)  # fmt: skip
+def test_paths_and_sizes_a_system_cannot_take_are_one_line(trained, script, arguments):
+    settings = TINY if script == "train" else ()
+    error_line(run_python(trained, str(ROOT / f"{script}.py"), *settings, *arguments, ok=False))
+
+
+@pytest.mark.parametrize(
+    "arrays, message",
+    [({"x": torch.randn(80, 4), "y": torch.arange(80) % 2, "x_val": torch.randn(20, 5),
+       "y_val": torch.arange(20) % 2}, "x_val has samples of shape [5]"),
+     ({"x": torch.randn(80, 4), "y": torch.cat([torch.arange(79) % 2, torch.tensor([10**9])])},
+      "1,000,000,001 classes"),
+     ({"x": torch.zeros(4).as_strided((10**6, 10**6), (0, 0)),
+       "y": torch.zeros(10**6, dtype=torch.long)}, "declares 1,000,000,000,000 values")],
+)  # fmt: skip
+def test_arrays_of_another_width_a_vast_label_or_a_hollow_view_are_refused(tmp_path, arrays,
+                                                                          message):  # fmt: skip
+    torch.save(arrays, tmp_path / "a.pt")
+    result = run_train(tmp_path, "data=tensors", "data.path=a.pt", *TINY, "data.batch_size=8",
+                       ok=False)  # fmt: skip
+    assert message in error_line(result)
+
+
+WRITE_LIMITED = """
+import resource, runpy, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))  # last.pt needs more
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_checkpoint_write_that_fails_is_one_line_and_loses_nothing(trained):
+    before = (trained / "checkpoints/base/last.pt").read_bytes()
+    result = run_python(trained, "-c", WRITE_LIMITED, str(ROOT / "train.py"), *TINY,
+                        "run_name=base", "resume=auto", "trainer.max_epochs=3", ok=False)  # fmt: skip
+    assert "could not write checkpoint" in error_line(result)
+    assert (trained / "checkpoints/base/last.pt").read_bytes() == before
+    assert not [p for p in (trained / "checkpoints/base").iterdir() if p.suffix == ".tmp"]
+
+
+# --- 7. Messages that name the cause -------------------------------------------------------
+
+
+def test_empty_label_sets_and_infinite_class_weights_name_the_data_and_the_key(tmp_path):
+    write_rows(tmp_path / "m.csv", ["a", "tags"], [[str(i), ""] for i in range(60)])
+    empty = run_train(tmp_path, "task=multilabel", "data=csv", "data.path=m.csv",
+                      "data.target=tags", *TINY, "data.batch_size=8", ok=False)  # fmt: skip
+    assert "column 'tags' hold 0 label sets" in error_line(empty)
+    weights = run_train(tmp_path, *TINY, "task.class_weights=[1,1,1,1,1,1,1,1,1,inf]", ok=False)
+    assert "task.class_weights" in error_line(weights)
+
+
+# --- 8. Cost in proportion ------------------------------------------------------------------
+
+
+def test_the_confusion_image_stays_small_for_many_classes():
+    from utils.eval_tables import MAX_IMAGE_SIDE, confusion_image
+
+    assert confusion_image(torch.ones(10, 10, dtype=torch.long)).shape == (1, 120, 120)
+    assert max(confusion_image(torch.ones(600, 600, dtype=torch.long)).shape) <= MAX_IMAGE_SIDE
+    assert confusion_image(torch.ones(1000, 1000, dtype=torch.long)).shape == (1, 1000, 1000)
+
+
+# --- 9. A stopped sweep job continues in its sweep -----------------------------------------
+
+
+def test_the_continue_command_of_a_stopped_sweep_job_reruns_its_sweep(tmp_path):
+    sweep = ("-m", *TINY, "trainer.max_epochs=2", "model._target_=signalling_model.mlp",
+             "seed=0,1", "run_name=sw")  # fmt: skip
+    stopped = run_train(tmp_path, *sweep, env={"SIGNAL_AT_FORWARD": "3"}, ok=False)
+    assert stopped.returncode == 3, stopped.stderr[-3000:]
+    command = stopped.stdout.split("continue with:")[1].strip().splitlines()[0]
+    assert command.startswith("python train.py -m ") and command.endswith("run_name=sw")
+    words = shlex.split(command)[2:]
+    continued = run_train(tmp_path, *words)
+    assert "resumed from checkpoints/sw/0/last.pt" in continued.stdout + continued.stderr
+    summary = json.loads((tmp_path / "runs/sw/summary.json").read_text())
+    assert [job["status"] for job in summary["jobs"]] == ["completed", "completed"]

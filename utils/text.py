@@ -1,0 +1,37 @@
+"""Names that came from data are text, wherever they are shown or written.
+
+Class names, labels, column names and file names come from folders, CSV cells and
+checkpoints: from elsewhere. On a terminal, ``[/b]`` would be rich markup (and crash a table),
+``[cat]`` would vanish, and an ANSI escape would reach the terminal itself; in a CSV opened in
+a spreadsheet, ``=1+1`` or ``@cmd`` would be a live formula.
+
+    shown(name)        # for the console: markup escaped, control characters as \\x1b
+    cell(name)         # for a CSV cell: a leading = + - @ tab or CR made text (OWASP's rule)
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from rich.markup import escape
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def shown(name: object) -> str:
+    """``name`` as the console should print it: control and format characters written as
+    escapes, and rich markup escaped, so what is printed is exactly the text."""
+    text = "".join(
+        char.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(char) in ("Cc", "Cf")
+        else char
+        for char in str(name)
+    )
+    return escape(text)
+
+
+def cell(name: object) -> str:
+    """``name`` as a CSV cell a spreadsheet shows as text: one that would start a formula gets
+    a leading apostrophe."""
+    text = str(name)
+    return f"'{text}" if text.startswith(FORMULA_STARTS) else text
