@@ -3,6 +3,7 @@ on-disk formats (MNIST's IDX files, CIFAR-10's pickled batches, a folder of PNGs
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import pickle
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HELPERS = ROOT / "tests" / "helpers"
 TRAIN = ROOT / "train.py"
 EVALUATE = ROOT / "evaluate.py"
+PREDICT = ROOT / "predict.py"
 CONF = ROOT / "conf"
 
 
@@ -274,3 +276,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def error_line(result) -> str:
+    """The one ``error:`` line of a refused command: exit 2, no traceback, one line."""
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def write_rows(path: Path, header: list[str], rows: list[list], encoding: str = "utf-8") -> Path:
+    with open(path, "w", newline="", encoding=encoding) as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def classes_table(path: Path, labels: list[str], rows: int = 120, **how) -> Path:
+    """Two numeric features; the label is which of ``labels`` the first feature's band is."""
+    generator = torch.Generator().manual_seed(0)
+    values = torch.rand(rows, 2, generator=generator)
+    chosen = [labels[min(int(v * len(labels)), len(labels) - 1)] for v in values[:, 0].tolist()]
+    return write_rows(path, ["a", "b", "y"], [[*map(repr, v), c] for v, c in
+                                               zip(values.tolist(), chosen, strict=True)], **how)  # fmt: skip

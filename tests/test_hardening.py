@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_metrics, run_train, scalars
+from conftest import error_line, read_metrics, run_train, scalars
 
 from utils.checkpoint import (
     checked_top_k,
@@ -45,14 +45,6 @@ def copy_run(base: Path, cwd: Path, name: str = "base") -> Path:
     shutil.copytree(base / "checkpoints" / "base", cwd / "checkpoints" / name)
     shutil.copytree(base / "runs" / "base", cwd / "runs" / name)
     return cwd / "checkpoints" / name
-
-
-def error_line(result) -> str:
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 # --- 1. A stored config is data --------------------------------------------------------------

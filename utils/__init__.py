@@ -9,6 +9,7 @@ Setting up a run
     trust        what a stored config may build (exact _target_ allowlist)
     stored       what another run stored, read as untrusted data; the safetensors export
     run          where a run lives and how it starts; RunContext: rank, device, threads, seed
+    claim        one run per folder at a time: a lock the kernel ends with the process
     device       trainer.device, fast defaults, CPU threads per process
     distributed  torchrun's processes, DDP, collectives
     seeding      seeds, per-rank streams, RNG states in checkpoints
@@ -29,13 +30,15 @@ Training
     early_stopping  when the monitored metric stopped improving (trainer.early_stopping)
     loss_sums    the loss summed on the device between syncs
     nonfinite    what happens on a NaN or Inf loss
-    memory       cycle collection by the loop; the out-of-memory message
+    memory       cycle collection by the loop; the out-of-memory message; what fits in memory
     checkpointer what is saved, when and where; resume, stop, best
     checkpoint   file level: atomic writes, safe loading, which file in a folder, top-k names
     signals      stop requests and exit code 3
     sweep        sweep jobs: skip finished, record failures, the summary table
 Showing and measuring
-    outputs      who prints and who writes (TensorBoard, metrics.json, hparams), decided once
+    outputs      who prints and who writes (TensorBoard, metrics.json, hparams), decided once;
+                 an output path is never one of the command's inputs
+    text         names from data as terminal text and as spreadsheet cells
     report       what the config tree, model summary, final table and metrics.json hold
     progress     the progress bar and plain progress lines
     evaluation   each task's metrics over a split (accuracy, mAP and F1, MAE/RMSE/R²)
@@ -44,5 +47,5 @@ Showing and measuring
     debug        the debug modes (conf/debug)
     finders      tune=lr and tune=batch_size
     doctor       python -m utils.doctor: is this machine ready?
-    errors       UserError and the exit codes
+    errors       UserError and the exit codes; an OS error on a path as one line
 """

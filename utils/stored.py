@@ -187,10 +187,8 @@ def reading_stored_data(node: DictConfig, overrides: DictConfig) -> Iterator[Non
     except UserError:
         key = "path" if node.get("path") else "root"
         where = node.get(key)
-        if where is None:
+        if where is None or not Path(str(where)).exists():  # nothing there to reveal
             raise
-        state = "does not exist" if not Path(str(where)).exists() else (
-            "does not hold the data this checkpoint was trained on (what it holds is not shown: "
-            "the path came from the checkpoint)")  # fmt: skip
-        raise UserError(f"the checkpoint's data.{key}={where} {state}; pass data.{key}=... to "
-                        "name the data here") from None  # fmt: skip
+        raise UserError(f"the checkpoint's data.{key}={where} does not hold the data it was "
+                        "trained on (what it holds is not shown: the path came from the "
+                        f"checkpoint); pass data.{key}=... to name the data here") from None  # fmt: skip
