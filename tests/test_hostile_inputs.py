@@ -34,6 +34,8 @@ from conftest import (
 from utils.claim import CLAIM_FILE
 
 TINY = ("model.hidden_sizes=[16]", "data.batch_size=64", "trainer.max_epochs=1")
+CACHED = ("data=imagefolder", "data.image_size=[10,12]", "data.batch_size=6", "data.num_workers=0",
+          "data.cache=disk", "model=cnn", "trainer.max_epochs=1", "scheduler=none")  # fmt: skip
 
 
 # --- 1. Hangs: values bounded where they enter; a stop signal answered by long phases ----------
@@ -64,18 +66,19 @@ def test_a_second_sigterm_ends_whatever_is_running(tmp_path):
 
 
 def test_a_stop_during_an_image_cache_build_ends_it_and_keeps_nothing(tmp_path):
-    from data.imagefolder import load_imagefolder
-    from utils.signals import Interrupted, StopRequest
-
     root = write_imagefolder(tmp_path / "images", per_class=4)
-    cache = tmp_path / "cache"
-    with StopRequest(), pytest.raises(Interrupted):
-        os.kill(os.getpid(), signal.SIGTERM)  # arrived before the first batch was written
-        load_imagefolder(str(root), image_size=[10, 12], channels=3, cache="disk",
-                         cache_max_gb=None, cache_dir=str(cache), batch_size=4,
-                         eval_batch_size=4, mean=[0.5], std=[0.5], augment={},
-                         num_workers=0)  # fmt: skip
-    assert not [p for p in cache.iterdir() if p.is_file()] if cache.exists() else True
+    run = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *CACHED, f"data.root={root}", "run_name=c",
+         f"data.cache_dir={tmp_path}/cache"], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wait_for_claim(tmp_path / "runs" / "c")  # set up, not yet building: the signal is held
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 3, err[-3000:]
+    assert "SIGTERM received while caching train (0/" in out + err
+    assert not list((tmp_path / "cache").iterdir())  # no cache, no temporary file
+    assert not (tmp_path / "checkpoints" / "c" / "last.pt").exists()
 
 
 # --- 2. Outputs never replace inputs; one run per folder at a time ---------------------------
@@ -121,16 +124,23 @@ def hold_claim(folder: Path, what: str = "run") -> subprocess.Popen:
     return holder
 
 
+def wait_for_claim(run_dir: Path) -> Path:
+    """The claim file of ``run_dir`` once a starting ``train.py`` has written it: the run has
+    imported torch and caught stop signals, and built nothing yet."""
+    claim = run_dir / CLAIM_FILE
+    for _ in range(1200):
+        if claim.is_file() and claim.read_text():
+            return claim
+        time.sleep(0.1)
+    raise AssertionError(f"{claim} was never written")
+
+
 def test_two_runs_of_one_name_at_once_one_runs_the_other_names_it(tmp_path):
     first = subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), *TINY, "run_name=x"], cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    claim = tmp_path / "runs" / "x" / CLAIM_FILE
-    for _ in range(600):  # the claim is taken before Hydra writes the run's files
-        if claim.is_file() and claim.read_text():
-            break
-        time.sleep(0.1)
+    claim = wait_for_claim(tmp_path / "runs" / "x")
     first.send_signal(signal.SIGSTOP)  # held mid-run, however fast this machine is
     try:
         second = run_train(tmp_path, *TINY, "run_name=x", ok=False)
@@ -170,9 +180,6 @@ def test_a_sweep_of_a_name_in_use_stops_before_any_job(tmp_path):
 
 
 # --- 2b. Image caches: own temporaries cleaned, one source per file name, content checked ----
-
-CACHED = ("data=imagefolder", "data.image_size=[10,12]", "data.batch_size=6", "data.num_workers=0",
-          "data.cache=disk", "model=cnn", "trainer.max_epochs=1", "scheduler=none")  # fmt: skip
 
 
 def cache_files(folder: Path) -> list[str]:

@@ -26,6 +26,7 @@ from omegaconf.errors import MissingMandatoryValue
 from utils.claim import RunClaim, release_claims
 from utils.errors import EXIT_USER_ERROR, UserError, user_error_in
 from utils.monitor import default_monitor, monitor_mode
+from utils.signals import Interrupted
 
 
 @dataclass
@@ -434,7 +435,7 @@ def build(node: Any, **kwargs: Any) -> Any:
         raise UserError(f"{key} is required (it is ??? in the config); pass {key}=...") from None
     except InstantiationException as error:
         cause = error.__cause__
-        if isinstance(cause, UserError):
+        if isinstance(cause, UserError | Interrupted):  # bad input; a stop while building
             raise cause from None
         target = OmegaConf.select(node, "_target_") if isinstance(node, DictConfig) else node
         if isinstance(cause, AttributeError) and (
