@@ -302,3 +302,10 @@ def classes_table(path: Path, labels: list[str], rows: int = 120, **how) -> Path
     chosen = [labels[min(int(v * len(labels)), len(labels) - 1)] for v in values[:, 0].tolist()]
     return write_rows(path, ["a", "b", "y"], [[*map(repr, v), c] for v, c in
                                                zip(values.tolist(), chosen, strict=True)], **how)  # fmt: skip
+
+
+def slow(*values):
+    """Parameters of a parametrised test that run under ``-m slow`` only: the quick suite keeps
+    one variant of each finding, CI runs them all."""
+    return [pytest.param(*v if isinstance(v, tuple) else (v,), marks=pytest.mark.slow)
+            for v in values]  # fmt: skip

@@ -20,6 +20,7 @@ from conftest import (
     error_line,
     run_python,
     run_train,
+    slow,
 )
 
 TINY = ("model.hidden_sizes=[16]", "data.batch_size=64", "trainer.max_epochs=1")
@@ -71,7 +72,7 @@ def test_an_onnx_export_of_nan_outputs_is_refused_not_reported_as_exact(trained,
     assert not (tmp_path / "m.onnx").exists()
 
 
-@pytest.mark.parametrize("std", [1e-300, 1e-45, 1e39])
+@pytest.mark.parametrize("std", [1e-300, *slow(1e-45, 1e39)])
 def test_a_stored_std_that_is_zero_or_inf_in_float32_is_refused(trained, tmp_path, std):
     checkpoint = torch.load(trained / "checkpoints/base/best.pt", weights_only=True)
     checkpoint["inputs"]["std"] = [std]
@@ -116,7 +117,14 @@ EDITS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("edit", list(EDITS))
+QUICK_EDITS = (
+    "a non-tensor in model",
+    "losses without their keys",
+    "batch_in_epoch past its epoch",
+)  # the rest under -m slow
+
+
+@pytest.mark.parametrize("edit", [*QUICK_EDITS, *slow(*(e for e in EDITS if e not in QUICK_EDITS))])
 def test_a_hand_edited_checkpoint_is_one_line_on_resume_evaluate_and_predict(trained, tmp_path,
                                                                             edit):  # fmt: skip
     checkpoint = torch.load(trained / "checkpoints/base/last.pt", weights_only=True)
@@ -137,8 +145,8 @@ def test_a_hand_edited_checkpoint_is_one_line_on_resume_evaluate_and_predict(tra
         )
 
 
-@pytest.mark.parametrize("key, value", [("_partial_", True), ("_recursive_", "yes"),
-                                        ("_convert_", "all")])  # fmt: skip
+@pytest.mark.parametrize("key, value", [("_partial_", True),
+                                        *slow(("_recursive_", "yes"), ("_convert_", "all"))])  # fmt: skip
 def test_a_stored_config_that_changes_how_it_is_built_is_refused(trained, tmp_path, key, value):
     checkpoint = torch.load(trained / "checkpoints/base/best.pt", weights_only=True)
     checkpoint["config"]["model"][key] = value
@@ -154,14 +162,14 @@ LONG = "n" * 300
 @pytest.mark.parametrize(
     "script, arguments",
     [("train", ["data=csv", f"data.path={LONG}.csv", "data.target=y"]),
-     ("train", [f"resume={LONG}.pt"]),
-     ("train", [f"run_name={LONG}"]),
-     ("train", ["paths.runs=pictures/0.png/runs"]),
      ("evaluate", [f"ckpt={LONG}.pt"]),
-     ("predict", ["ckpt=checkpoints/base", f"input=pictures/{LONG}.png"]),
      ("predict", ["ckpt=checkpoints/base", "input=pictures", "batch_size=0"]),
-     ("evaluate", ["ckpt=checkpoints/base", "data.batch_size=0"]),
-     ("train", ["data=synthetic", "data.num_samples=1000000000000"])],
+     *slow(("train", [f"resume={LONG}.pt"]),
+           ("train", [f"run_name={LONG}"]),
+           ("train", ["paths.runs=pictures/0.png/runs"]),
+           ("predict", ["ckpt=checkpoints/base", f"input=pictures/{LONG}.png"]),
+           ("evaluate", ["ckpt=checkpoints/base", "data.batch_size=0"]),
+           ("train", ["data=synthetic", "data.num_samples=1000000000000"]))],
 )  # fmt: skip
 def test_paths_and_sizes_a_system_cannot_take_are_one_line(trained, script, arguments):
     settings = TINY if script == "train" else ()
@@ -189,6 +197,7 @@ def test_a_checkpoint_write_that_fails_is_one_line_and_loses_nothing(trained):
 # --- 9. A stopped sweep job continues in its sweep -----------------------------------------
 
 
+@pytest.mark.slow
 def test_the_continue_command_of_a_stopped_sweep_job_reruns_its_sweep(tmp_path):
     sweep = ("-m", *TINY, "trainer.max_epochs=2", "model._target_=signalling_model.mlp",
              "seed=0,1", "run_name=sw")  # fmt: skip
