@@ -44,6 +44,7 @@ Showing and measuring
     evaluation   each task's metrics over a split (accuracy, mAP and F1, MAE/RMSE/R²)
     eval_tables  evaluate.py's tables (per class, per label, per target), confusion CSV, image
     predictions  predict.py: the checkpoint's record of its inputs, new inputs read alike
+    onnx_export  evaluate.py export=model.onnx: the graph, verified with onnxruntime
     debug        the debug modes (conf/debug)
     finders      tune=lr and tune=batch_size
     doctor       python -m utils.doctor: is this machine ready?
