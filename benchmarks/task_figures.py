@@ -1,4 +1,4 @@
-"""The README's "Tasks" figures: what task=multilabel and task=regression reach with the default
+"""The "Tasks" figures of docs/tasks.md: what task=multilabel and task=regression reach with the default
 job's settings, on data written here.
 
     python benchmarks/task_figures.py            # about a minute on 2 CPU cores

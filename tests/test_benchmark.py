@@ -1,5 +1,5 @@
 """The speed benchmark runs and reports every method it promises (its figures are for the
-README, not for assertions: timing a shared CI machine proves nothing)."""
+docs/speed.md, not for assertions: timing a shared CI machine proves nothing)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from utils.checkpoint import load_checkpoint
 PREDICT = ROOT / "predict.py"
 
 
-# The README's Tasks figures use the same table (benchmarks/task_figures.py).
+# The Tasks figures of docs/tasks.md use the same table (benchmarks/task_figures.py).
 write_houses = runpy.run_path(str(ROOT / "benchmarks" / "task_figures.py"))["write_houses"]
 
 

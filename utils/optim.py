@@ -42,7 +42,7 @@ def parameter_groups(
 
 # The keys an optimizer YAML may leave out, and what leaving them out means: the whole of what
 # a conf/optim file needs is ``_target_``, ``_partial_: true`` and the optimizer's own
-# arguments (README "Adding a model or an optimizer").
+# arguments (docs/extending.md, "Bring your own model").
 OPTIONAL_OPTIM_KEYS = {
     "decay_bias_and_norm": False,  # read here, not by the optimizer: biases and norms undecayed
     "weight_decay": None,  # absent: the optimizer's own default (0 for most of torch.optim)

@@ -1,6 +1,6 @@
 """What a resume may change: how the new config differs from a checkpoint's, each difference
 classified as applied, refused unless ``resume_allow_changes=true``, or refused always (the
-README's "Resuming" lists them)."""
+docs/resuming.md lists them)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from utils.errors import UserError
 from utils.monitor import monitor_mode
 
 # What a resume may change. Every key of the new config that differs from the checkpoint's
-# is one of these (the README's "Resuming" lists them):
+# is one of these (docs/resuming.md lists them):
 # refused unless resume_allow_changes=true: the weights or the data order would mean another run;
 CHANGES_NEED_ALLOW = ("model", "data", "trainer.accumulate_grad_batches", "seed")
 # refused always: the saved optimizer, schedule or best-so-far state cannot carry over;

@@ -1,7 +1,7 @@
 """Shared by the reliability matrix: running train.py with a fault, checking every checkpoint
 left behind, comparing final states, and reporting what held.
 
-    pytest tests/reliability -n 0 -s | grep '^reliability'     # the figures in the README
+    pytest tests/reliability -n 0 -s | grep '^reliability'     # the figures in docs/reliability.md
 """
 
 from __future__ import annotations
