@@ -113,6 +113,8 @@ EDITS = {
     "batch_in_epoch=10**30": lambda c: c.__setitem__("batch_in_epoch", 10**30),
     "batch_in_epoch past its epoch": lambda c: c.__setitem__("batch_in_epoch", 10**6),
     "a negative epoch": lambda c: c.__setitem__("epoch", -3),
+    "a world size of text mid-epoch": lambda c: c.update(batch_in_epoch=5, world_size="two"),
+    "a world size of 0 mid-epoch": lambda c: c.update(batch_in_epoch=5, world_size=0),
     "an optimizer state of other keys": lambda c: c.__setitem__("optimizer", {"state": 1}),
 }  # fmt: skip
 

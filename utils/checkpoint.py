@@ -48,9 +48,10 @@ TRAINING_KEYS = {
     "metrics": dict, "config": dict, "rng": dict,
 }  # fmt: skip
 # Written by later versions; an older checkpoint without them resumes with their fresh value.
-OPTIONAL_TRAINING_KEYS = {"skipped_steps": int, "early_stopping": dict, "ema": (dict, type(None))}
+OPTIONAL_TRAINING_KEYS = {"skipped_steps": int, "early_stopping": dict, "ema": (dict, type(None)),
+                          "world_size": int}  # fmt: skip
 MAX_COUNT = 2**53  # epochs, steps and batch positions: a stored count beyond this was edited
-COUNTERS = ("epoch", "batch_in_epoch", "global_step", "skipped_steps")
+COUNTERS = ("epoch", "batch_in_epoch", "global_step", "skipped_steps", "world_size")
 TOP_K_NAME = re.compile(r"epoch=(\d{3,})-[A-Za-z0-9_.+-]+=-?(\d+\.\d{4}|inf|nan)\.pt")
 STALE_AFTER_SECONDS = 3600  # a temporary file of another machine's writer, untouched this long
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
@@ -259,7 +260,8 @@ def check_training_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:
                 f"torchloom writes (was it edited?); use init_from={path} for its weights"
             )
     for key in (k for k in COUNTERS if k in checkpoint):
-        if not 0 <= checkpoint[key] <= MAX_COUNT:
+        least = 1 if key == "world_size" else 0  # the processes that wrote it
+        if not least <= checkpoint[key] <= MAX_COUNT:
             raise UserError(f"cannot resume from {path}: its {key}={checkpoint[key]} is out of "
                             f"range (was it edited?); use init_from={path} for its weights")  # fmt: skip
     numbers = all(isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
