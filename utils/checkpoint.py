@@ -128,10 +128,10 @@ def _write_atomic(path: Path, write: Any) -> None:
         with atomic_file(path) as f:
             write(f)
     except (OSError, RuntimeError) as error:  # torch.save reports a failed write as RuntimeError
+        first_line = (str(error).strip() or type(error).__name__).splitlines()[0][:120]
         reason = getattr(error, "strerror", None) or (
-            f"the write failed ({(str(error).strip() or type(error).__name__).splitlines()[0][:120]}; "
-            "file too large, or "
-            "disk full?)")  # fmt: skip
+            f"the write failed ({first_line}; file too large, or disk full?)"
+        )
         previous = "the previous checkpoint there is intact" if path.exists() else "nothing saved"
         raise UserError(f"could not write checkpoint {path}: {reason}; {previous}") from None
 

@@ -2,7 +2,8 @@
 
 The handlers only set a flag; the training loop reads it after each optimizer step, writes
 ``last.pt`` with the exact data position, and exits with :data:`EXIT_INTERRUPTED`. A second
-signal of the same kind (a second Ctrl-C, a second SIGTERM) exits at once, whatever is running. Under SLURM's submitit launcher, whose handler for the time-limit signal
+signal of the same kind (a second Ctrl-C, a second SIGTERM) exits at once, whatever is running.
+Under SLURM's submitit launcher, whose handler for the time-limit signal
 (SIGUSR2) requeues the job, that handler is called once ``last.pt`` is written.
 """
 
@@ -93,7 +94,9 @@ _active: list[StopRequest] = []  # the StopRequest a run is inside, for phases o
 def stop_requested() -> str | None:
     """The name of the stop signal the running command received, if any: a long phase before
     the loop (building an image cache) checks it and stops, raising :class:`Interrupted`."""
-    return _active[-1].name or None if _active and _active[-1].requested else None
+    if not _active or not _active[-1].requested:
+        return None
+    return _active[-1].name
 
 
 def continue_command(overrides: list[str], checkpoint: object, processes) -> str:

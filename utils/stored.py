@@ -179,15 +179,13 @@ def reading_stored_data(node: DictConfig, overrides: DictConfig) -> Iterator[Non
     """Reading the data a stored config names: a refusal names the path, never what the file
     holds (its columns, a cell), since this command line did not name that file; the stored
     path could be any file. With ``data.path``/``data.root`` given here, errors are as usual."""
-    if any(overrides.get(key) is not None for key in ("path", "root")):
-        yield
-        return
     try:
         yield
     except UserError:
+        named_here = any(overrides.get(key) is not None for key in ("path", "root"))
         key = "path" if node.get("path") else "root"
         where = node.get(key)
-        if where is None or not Path(str(where)).exists():  # nothing there to reveal
+        if named_here or where is None or not Path(str(where)).exists():  # nothing to hide
             raise
         raise UserError(f"the checkpoint's data.{key}={where} does not hold the data it was "
                         "trained on (what it holds is not shown: the path came from the "
