@@ -30,7 +30,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from utils import debug, report, sweep
-from utils.checkpointer import Checkpointer, Parts
+from utils.checkpointer import Checkpointer
 from utils.cli import run_cli
 from utils.config import build, check_config
 from utils.early_stopping import EarlyStopping
@@ -38,7 +38,7 @@ from utils.errors import EXIT_USER_ERROR, UserError, user_error_in
 from utils.evaluation import evaluate  # bound here: benchmarks patch evaluate
 from utils.finders import tune
 from utils.guards import check_start_up
-from utils.loop import Loop
+from utils.loop import Loop, Parts
 from utils.modules import Modules
 from utils.monitor import Monitor
 from utils.optim import build_optimizer
@@ -86,10 +86,10 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     run = start_run(cfg, trainer)  # folders; a re-run sweep's finished job, a resume or a new run
     if run.finished is not None:
         return run.finished
-    out = Outputs(run.run_dir, run.processes.is_main, trainer.write_outputs)
+    context = RunContext.for_training(run.processes, trainer, cfg.seed)  # seed, device, writes
+    out = Outputs(run.run_dir, context.is_main, events=context.writes)
     out.print(report.config_tree(run.record.resolved))
     log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)
-    context = RunContext.for_training(run.processes, trainer, cfg.seed)  # seed, device, threads
     precision = build(cfg.precision, device=context.device)
 
     # --- Task, data and model: the task says what targets are; shapes flow to the model ----
@@ -117,12 +117,11 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     parts = Parts.assemble(modules, optimizer, schedule, precision, loss, trainer)  # + EMA
     if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were
         return tune(cfg.tune, parts, batches.train, data, out)
-    state = TrainState()
-    record = run.record.with_inputs(data.input_record() | task.record())  # for predict.py
-    checkpointer = Checkpointer(run.checkpoint_dir, parts, state, monitor, record,
-                                writes=out.writes_events)  # fmt: skip
-    checkpointer.start(run, cfg.seed, cfg.init_from)
-    early = EarlyStopping.of(trainer.early_stopping, monitor, state)  # its count is resumed too
+    state = TrainState()  # every counter that resumes: position, best, patience, skips
+    early = EarlyStopping.of(trainer.early_stopping, monitor, state)
+    run.record = run.record.with_inputs(data.input_record() | task.record())  # for predict.py
+    checkpointer = Checkpointer(run, context, parts, state, monitor, trainer)
+    checkpointer.start(cfg.init_from)  # the resumed position, or a fresh run
     run.remove_replaced()  # overwrite=true: the earlier run's files, now that this one is set up
     out.open_events(purge_after=state.global_step if run.resumed else None)
     report.log_sample_grid(out.writer, *start.first_batches[0], data)  # what the model sees
@@ -131,7 +130,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
 
     # --- Train -----------------------------------------------------------------------------
     progress = TrainingProgress(out.console, start.steps.total, trainer.max_epochs)
-    loop = Loop(parts, trainer, state, stop, out.writer, progress)
+    loop = Loop(checkpointer, trainer, stop, out.writer, progress)
     for _ in loop.epochs(debugging.batches(batches.train), data.batch_size, done=early.done):
         value = None  # the monitored metric, when this epoch is validated
         if state.validation_due(trainer.val_every_n_epochs, trainer.max_epochs):
@@ -140,13 +139,13 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
             out.scalars("val", val, state.global_step)
             schedule.after_validation(state.metrics)
             value = state.metrics[monitor.name]
-            state.early_stopping = early.update(value, state.epoch)  # saved with the epoch
+            early.update(value, state.epoch)  # counted in the state: saved with the epoch
         checkpointer.save_epoch(value)
         log.info(state.epoch_line(trainer.max_epochs))
     if early.reason:
         log.info("early stopping after epoch %d: %s", early.stopped_at, early.reason)
     if loop.stopped:  # a signal: save the exact position, flush, say how to continue
-        checkpointer.stop_here(stop, context, out)
+        checkpointer.stop_here(stop, out)
     debugging.report(out)
 
     # --- Test the best checkpoint (val when the dataset has no test split) ----------------

@@ -13,6 +13,7 @@ from conftest import read_metrics, run_train
 from utils.early_stopping import EarlyStopping
 from utils.errors import UserError
 from utils.monitor import Monitor
+from utils.state import TrainState
 
 # On digits the val loss never falls by 10: the first validation sets the best, the next two
 # do not improve on it, so patience=2 stops the run after epoch 3.
@@ -25,14 +26,15 @@ NEVER_BY_10 = ("trainer.monitor=val/loss", "trainer.early_stopping.patience=2",
     ("min", [1.0, 0.9, 0.95, 0.85, 0.84, 0.83], 6),  # 0.85 improves on 0.9; 0.84, 0.83 do not
 ])  # fmt: skip
 def test_patience_counts_validations_without_an_improvement_by_min_delta(mode, values, stopped):
-    early = EarlyStopping(patience=2, min_delta=0.02, monitor=Monitor("val/x", mode))
+    state = TrainState()
+    early = EarlyStopping(2, 0.02, Monitor("val/x", mode), state)
     for epoch, value in enumerate(values, 1):
         early.update(value, epoch)
         if early.done():
             break
-    assert early.stopped_at == stopped and early.bad_validations == 2
+    assert early.stopped_at == stopped and state.early_stopping["bad_validations"] == 2
     assert "did not improve by 0.02 for 2 validations" in early.reason
-    off = EarlyStopping(patience=None, min_delta=0.0, monitor=Monitor("val/x", mode))
+    off = EarlyStopping(None, 0.0, Monitor("val/x", mode), TrainState())
     for epoch, value in enumerate(values, 1):
         off.update(value, epoch)
     assert not off.done() and off.reason is None
@@ -74,8 +76,25 @@ def test_the_sweep_summary_shows_where_each_job_stopped(tmp_path):
 @pytest.mark.parametrize("edit", [{"best": "0.9"}, {"bad_validations": None}, {"stopped_at": 2.5},
                                   {"stopped_at": True}, {"bad_validations": False}])  # fmt: skip
 def test_an_edited_early_stopping_state_is_refused_naming_the_key(edit):
-    early = EarlyStopping(patience=2, min_delta=0.0, monitor=Monitor("val/acc", "max"))
+    state = TrainState()
+    early = EarlyStopping(2, 0.0, Monitor("val/acc", "max"), state)
     early.update(0.5, 1)
+    resumed = TrainState()
+    resumed.load_state_dict({"early_stopping": {**state.early_stopping, **edit}})
     key = next(iter(edit))
     with pytest.raises(UserError, match=rf"early_stopping\.{key} is"):
-        early.load_state_dict({**early.state_dict(), **edit})
+        EarlyStopping(2, 0.0, Monitor("val/acc", "max"), resumed).done()
+
+
+def test_the_count_lives_in_the_state_so_building_the_rule_before_a_resume_loses_nothing():
+    # The rule reads the state at every question: built before or after the state is
+    # resumed, it sees the resumed count (no line order in train.py matters).
+    saved = TrainState()
+    EarlyStopping(2, 0.0, Monitor("val/acc", "max"), saved).update(0.5, 1)
+    state = TrainState()
+    early = EarlyStopping(2, 0.0, Monitor("val/acc", "max"), state)
+    state.load_state_dict(saved.state_dict())  # what Checkpointer.start does on a resume
+    early.update(0.4, 2)
+    assert not early.done() and state.early_stopping["bad_validations"] == 1
+    early.update(0.45, 3)
+    assert early.done() and early.stopped_at == 3

@@ -4,6 +4,7 @@ names where and what to change, and the checkpoint already saved stays intact.""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -52,9 +53,14 @@ def test_a_collapsed_fp16_loss_scale_is_an_error_not_a_stall():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=MIN_LOSS_SCALE / 2)
     losses = LossSums(torch.device("cpu"), accumulate=1)
+
+    def parts(scaler):  # what the check reads of a step's parts (utils/loop.py)
+        return SimpleNamespace(model=model, optimizer=optimizer,
+                               precision=SimpleNamespace(scaler=scaler))  # fmt: skip
+
     with pytest.raises(NonFinite, match="fp16 loss scale collapsed"):
-        NonFiniteWatch("stop", 10, losses).check(0, model, optimizer, scaler)
-    NonFiniteWatch("stop", 10, losses).check(0, model, optimizer, torch.amp.GradScaler("cpu"))
+        NonFiniteWatch("stop", 10, losses).check(0, parts(scaler), "no checkpoint")
+    NonFiniteWatch("stop", 10, losses).check(0, parts(torch.amp.GradScaler("cpu")), "none")
 
 
 def test_out_of_memory_names_the_batch_and_the_remedies_and_keeps_last_pt(tmp_path):

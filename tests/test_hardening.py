@@ -17,14 +17,8 @@ import pytest
 import torch
 from conftest import error_line, read_metrics, run_train, scalars
 
-from utils.checkpoint import (
-    checked_top_k,
-    load_checkpoint,
-    own_top_k_file,
-    remove_stale_temporary_files,
-    save_atomic,
-    top_k_name,
-)
+from utils.checkpoint import load_checkpoint, remove_stale_temporary_files, save_atomic
+from utils.checkpointer import checked_top_k, own_top_k_file, top_k_name
 from utils.errors import UserError
 from utils.monitor import monitor_mode
 from utils.seeding import mix_seed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,13 +15,16 @@ import torch.nn.functional as F
 from conftest import compose_train, read_metrics, run_train
 
 from utils.checkpoint import TO_EVALUATE, find_checkpoints, load_checkpoint
-from utils.checkpointer import Checkpointer, Parts, RunRecord
+from utils.checkpointer import Checkpointer
+from utils.distributed import Processes
 from utils.errors import UserError
+from utils.loop import Parts
 from utils.loss_sums import LossSums
 from utils.monitor import Monitor
 from utils.nonfinite import NonFiniteWatch
 from utils.outputs import Outputs
 from utils.precision import Precision
+from utils.run import RunContext, RunRecord
 from utils.schedulers import StepCounts, none
 from utils.signals import _hold
 from utils.state import TrainState
@@ -62,11 +66,12 @@ def checkpointer(folder, monitor: str, keep_top_k: int) -> tuple[Checkpointer, T
     watch = NonFiniteWatch("stop", 0, LossSums(cpu, 1))
     schedule = none(0)(optimizer, StepCounts(1, 10))
     parts = Parts(model, optimizer, schedule, Precision("float32", cpu), watch, F.cross_entropy)
-    record = RunRecord({"trainer": {"keep_top_k": keep_top_k, "accumulate_grad_batches": 1},
-                        "seed": 0}, [])  # fmt: skip
+    run = SimpleNamespace(checkpoint_dir=folder, record=RunRecord({"seed": 0}, []), resumed=None)
+    context = RunContext(Processes(), cpu, threads=1, writes=True)
+    trainer = SimpleNamespace(keep_top_k=keep_top_k, accumulate_grad_batches=1)
     state = TrainState()
     monitor_ = Monitor.from_config(monitor, "auto")
-    return Checkpointer(folder, parts, state, monitor_, record, writes=True), state
+    return Checkpointer(run, context, parts, state, monitor_, trainer), state
 
 
 @pytest.mark.parametrize(
@@ -90,7 +95,7 @@ def test_the_checkpointer_keeps_last_best_and_the_top_k(
     assert load_checkpoint(tmp_path / "best.pt")["epoch"] == best_epoch == state.best_epoch
     last = load_checkpoint(tmp_path / "last.pt")
     assert last["epoch"] == len(values) and last["monitor"] == monitor
-    assert "is intact" in saver.parts.watch.saved
+    assert saver.describe() == f"{tmp_path / 'last.pt'} (epoch {len(values)}) is intact"
 
 
 def test_train_returns_its_best_value_and_raises_bad_input_in_process(tmp_path):

@@ -8,7 +8,8 @@ Setting up a run
     arguments    builders' argument rules, bound to their signatures before anything is built
     trust        what a stored config may build (exact _target_ allowlist)
     stored       what another run stored, read as untrusted data; the safetensors export
-    run          where a run lives and how it starts; RunContext: rank, device, threads, seed
+    run          where a run lives and how it starts: continue, replace or refuse; RunContext:
+                 which process this is and whether it writes files; device, threads, seed
     claim        one run per folder at a time: a lock the kernel ends with the process
     device       trainer.device, fast defaults, CPU threads per process
     distributed  torchrun's processes, DDP, collectives
@@ -23,16 +24,18 @@ Setting up a run
     guards       start-up checks against classic pitfalls; step counts
     model_check  the dummy forward; parameter counts
 Training
-    state        TrainState: counters, data position, best, top-k, metrics
+    state        TrainState: every counter that resumes (position, best, top-k, patience,
+                 skipped steps) and the latest metrics
     monitor      which way is better for the monitored metric
-    loop         the step and its epochs: loss sums, NaN watch, timing, stop agreement
+    loop         Parts (what a step changes) and the step and its epochs: loss sums, NaN
+                 watch, timing, stop agreement
     ema          an exponential moving average of the weights (trainer.ema)
     early_stopping  when the monitored metric stopped improving (trainer.early_stopping)
     loss_sums    the loss summed on the device between syncs
     nonfinite    what happens on a NaN or Inf loss
     memory       cycle collection by the loop; the out-of-memory message; what fits in memory
-    checkpointer what is saved, when and where; resume, stop, best
-    checkpoint   file level: atomic writes, safe loading, which file in a folder, top-k names
+    checkpointer what is saved, when and where; resume, stop, best, which top-k copies stay
+    checkpoint   file level: atomic writes, safe loading, which file in a folder, fitting weights
     signals      stop requests and exit code 3
     sweep        sweep jobs: skip finished, record failures, the summary table
 Showing and measuring

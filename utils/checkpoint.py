@@ -11,8 +11,8 @@ files start with a dot and name their writer's host and process; discovery ignor
 :func:`remove_stale_temporary_files` deletes those whose writer is gone. The final file gets
 the mode a plain ``open()`` would give (0644 under umask 022), so teammates can read it.
 
-Every file a resume would delete is checked first: only top-k names torchloom writes
-(``epoch=NNN-<monitor>=<value>.pt``), inside the run's own checkpoint folder.
+Which run a command continues or replaces is decided in :mod:`utils.run`; which top-k copies
+are kept, in :mod:`utils.checkpointer`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ OPTIONAL_TRAINING_KEYS = {"skipped_steps": int, "early_stopping": dict, "ema": (
                           "world_size": int}  # fmt: skip
 MAX_COUNT = 2**53  # epochs, steps and batch positions: a stored count beyond this was edited
 COUNTERS = ("epoch", "batch_in_epoch", "global_step", "skipped_steps", "world_size")
-TOP_K_NAME = re.compile(r"epoch=(\d{3,})-[A-Za-z0-9_.+-]+=-?(\d+\.\d{4}|inf|nan)\.pt")
 STALE_AFTER_SECONDS = 3600  # a temporary file of another machine's writer, untouched this long
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
 log = logging.getLogger("torchloom")
@@ -386,151 +385,7 @@ def weights_that_fit(
     return {k: v for k, v in incoming.items() if k in expected and v.shape == expected[k].shape}
 
 
-# --- Resuming and retention ----------------------------------------------------------------
-
-
-def resume_point(resume: str | None, checkpoint_dir: Path) -> tuple[Path, dict[str, Any]] | None:
-    """What ``resume=`` names: a checkpoint file, a folder of them, or ``auto`` (the run's own
-    folder if it holds a readable checkpoint, else a fresh start)."""
-    if resume is None:
-        return None
-    if resume == "auto":
-        found = load_latest(checkpoint_dir) if checkpoint_dir.is_dir() else None
-        if found is None:
-            log.info("resume=auto: no checkpoint in %s yet; starting fresh", checkpoint_dir)
-        return found
-    path = Path(resume)
-    if path.is_dir():
-        found = load_latest(path)
-        if found is None:
-            raise UserError(f"resume={resume}: no readable checkpoint in that folder")
-        return found
-    return path, load_checkpoint(path)
-
-
-# What an earlier run of the same name leaves that is worth keeping: its checkpoints and its
-# final metrics. Its TensorBoard events alone (a run that ended before its first checkpoint)
-# are removed, so two attempts never mix in one TensorBoard run.
-SAVED_FILES = (("checkpoints", "last.pt"), ("checkpoints", "best.pt"),
-               ("checkpoints", "epoch=*.pt"), ("run", "metrics.json"))  # fmt: skip
-EVENT_FILES = "events.out.tfevents.*"
-
-
-def check_new_run(run_dir: Path, checkpoint_dir: Path, overwrite: bool) -> list[Path]:
-    """A run that does not resume starts in folders without another run: an earlier run of
-    the same name is refused (it would lose its best.pt and mix two runs' TensorBoard
-    events). Returns the files to remove (with ``overwrite``, the earlier run's) once the new
-    run is set up, so a new run that fails at start-up loses nothing."""
-    folders = {"run": run_dir, "checkpoints": checkpoint_dir}
-    saved = [p for where, pattern in SAVED_FILES for p in sorted(folders[where].glob(pattern))]
-    if saved and not overwrite:
-        raise UserError(
-            f"{_shown_path(run_dir)} already holds a run ({_shown_path(saved[0])}); continue "
-            "it with resume=auto, choose a new run_name=..., or pass overwrite=true to replace it"
-        )
-    return saved + sorted(run_dir.glob(EVENT_FILES))
-
-
-def remove_files(paths: list[Path]) -> None:
-    if paths:
-        log.info("removing %d files of an earlier run of this name: %s", len(paths),
-                 ", ".join(p.name for p in paths))  # fmt: skip
-    for path in paths:
-        path.unlink(missing_ok=True)
-
-
-def _shown_path(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def top_k_name(epoch: int, monitor: str, value: float) -> str:
-    return f"epoch={epoch:03d}-{monitor.replace('/', '_')}={value:.4f}.pt"
-
-
-def own_top_k_file(folder: Path, name: Any) -> Path | None:
-    """``folder / name`` when ``name`` is a top-k file name torchloom writes and the path lies
-    directly inside ``folder``; None for anything else (a stored list is untrusted input)."""
-    if not isinstance(name, str) or not TOP_K_NAME.fullmatch(name):
-        return None
-    path = folder / name
-    if path.resolve().parent != folder.resolve():
-        return None
-    return path
-
-
-def checked_top_k(ranked: Any, folder: Path) -> list:
-    """The ``top_k`` list of a checkpoint, without entries that are not torchloom's own top-k
-    files in ``folder`` (each dropped with a warning)."""
-    kept = []
-    for entry in ranked if isinstance(ranked, list) else []:
-        ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int | float)
-        if ok and own_top_k_file(folder, entry[1]) is not None:
-            kept.append(entry)
-        else:
-            log.warning("warning: ignoring top-k entry %r of the checkpoint: not a top-k file "
-                        "torchloom writes in %s", entry, folder)  # fmt: skip
-    return kept
-
-
-def prune_top_k(folder: Path, ranked: list, k: int, epoch: int) -> None:
-    """After a resume: trim ``ranked`` to ``k`` (``keep_top_k`` may have been lowered), and
-    delete the top-k files the run no longer tracks: the trimmed ones, and those of epochs
-    after the resume point (left by the run's own later epochs, which it now trains again)."""
-    dropped = [name for _, name in ranked[k:]]
-    del ranked[k:]
-    tracked = {name for _, name in ranked}
-    for path in sorted(folder.glob("epoch=*.pt")):
-        match = TOP_K_NAME.fullmatch(path.name)
-        later = match is not None and int(match.group(1)) > epoch and path.name not in tracked
-        if path.name in dropped or later:
-            log.info("removing %s: no longer among the top %d from this resume point", path, k)
-            path.unlink(missing_ok=True)
-
-
-def rank_top_k(ranked: list, k: int, name: str, value: float, monitor) -> tuple[bool, list[str]]:
-    """Enter ``name`` (scored ``value``) into ``ranked``, the ``[[value, file name], ...]`` list
-    kept in the training state, best first. Returns whether the file should be written and
-    which files fell out; the caller writes the new file before deleting those, so a crash
-    never leaves fewer than before."""
-    if k == 0 or (len(ranked) >= k and not monitor.better(value, ranked[-1][0])):
-        return False, []
-    ranked.append([value, name])
-    ranked.sort(key=lambda entry: -monitor.sign * entry[0])
-    dropped = [dropped_name for _, dropped_name in ranked[k:]]
-    del ranked[k:]
-    return True, dropped
-
-
-def check_resumable(
-    path: Path, checkpoint: dict[str, Any], config: dict, allow: bool, overrides: list[str]
-):
-    """How the new config differs from the checkpoint's (:class:`utils.resume_changes.ResumeChanges`).
-    Refused: a change the saved state cannot carry (the optimizer or schedule type, the
-    monitor); one of the model, data, batch size or seed unless ``allow``; in a sweep, a
-    checkpoint of another job."""
-    from utils.resume_changes import config_changes
-    from utils.sweep import check_same_job, in_sweep
-
-    check_training_checkpoint(path, checkpoint)
-    if in_sweep():
-        check_same_job(path, checkpoint.get("overrides", []), overrides)
-
-    changes = config_changes(checkpoint["config"], config)
-    if changes.never:
-        raise UserError(
-            f"refusing to resume {path}: {'; '.join(changes.never)} cannot change on resume "
-            f"(the saved optimizer, schedule and best-so-far state depend on it); start a new "
-            f"run from its weights with init_from={path}"
-        )
-    if changes.need_allow and not allow:
-        raise UserError(
-            f"refusing to resume {path}: the config changed ({'; '.join(changes.need_allow)}); "
-            "pass resume_allow_changes=true to resume anyway"
-        )
-    return changes
+# --- Migrating older formats --------------------------------------------------------------
 
 
 def legacy_loss_sums(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -541,19 +396,3 @@ def legacy_loss_sums(checkpoint: dict[str, Any]) -> dict[str, Any]:
         "window_batches": checkpoint["window_batches"],
         "pending": torch.zeros(0),
     }
-
-
-def keep_copies(folder: Path, best: bool, top_k_file: str | bool, dropped: list[str]) -> None:
-    """Copy the just-written ``last.pt`` to ``best.pt`` and to its top-k name, then delete the
-    top-k files that fell out: new files are complete before old ones go. Only torchloom's own
-    top-k files in ``folder`` are ever deleted."""
-    if best:
-        copy_atomic(folder / "last.pt", folder / "best.pt")
-    if top_k_file:
-        copy_atomic(folder / "last.pt", folder / top_k_file)
-        for name in dropped:
-            path = own_top_k_file(folder, name)
-            if path is None:
-                log.warning("warning: not deleting %r: not a top-k file of %s", name, folder)
-            else:
-                path.unlink(missing_ok=True)

@@ -1,136 +1,86 @@
 """What a run saves, when and where, and how it continues from a checkpoint: one owner,
 registered once with the parts it saves (timm's ``CheckpointSaver``, torchtitan's
-``CheckpointManager``); train.py then calls ``resume``, ``save_epoch``, ``save_on_stop`` and
-``load_best``. The mechanisms (atomic writes, safe loading, top-k names) are in
-:mod:`utils.checkpoint`.
+``CheckpointManager``); train.py then calls ``start``, ``save_epoch``, ``stop_here`` and
+``load_best``. Which top-k copies are kept is decided here too (its only caller); the file
+mechanisms (atomic writes, safe loading) are in :mod:`utils.checkpoint`.
+
+Every file a resume or a new best would delete is checked first: only top-k names torchloom
+writes (``epoch=NNN-<monitor>=<value>.pt``), inside the run's own checkpoint folder.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+import re
 from pathlib import Path
 from typing import Any
-
-import torch
-from torch import nn
 
 from utils import distributed, sweep
 from utils.checkpoint import (
     FORMAT_VERSION,
-    checked_top_k,
-    keep_copies,
+    copy_atomic,
     legacy_loss_sums,
     load_checkpoint,
     load_weights,
-    prune_top_k,
-    rank_top_k,
     restoring,
     save_atomic,
-    top_k_name,
     unwrap,
 )
-from utils.ema import WeightAverage
 from utils.errors import UserError
-from utils.loss_sums import LossSums
 from utils.monitor import Monitor
-from utils.nonfinite import NonFiniteWatch
 from utils.optim import hyperparameters
-from utils.precision import Precision
-from utils.schedulers import Schedule
-from utils.seeding import all_rng_states, restore_rng, seed_rank_stream
+from utils.seeding import all_rng_states, restore_rng
 from utils.signals import Interrupted, continue_command
 from utils.state import TrainState
 
 log = logging.getLogger("torchloom")
-
-
-@dataclass
-class Parts:
-    """What a training step changes and a checkpoint saves. ``model`` is the module as the
-    step calls it (DDP or torch.compile wrappers allowed: checkpoints hold the unwrapped one)."""
-
-    model: nn.Module
-    optimizer: Any
-    schedule: Schedule
-    precision: Precision
-    watch: NonFiniteWatch  # its loss sums are saved too
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # the task's (utils/tasks.py)
-    ema: WeightAverage | None = None  # trainer.ema: updated after each step, saved beside it
-
-    @classmethod
-    def assemble(
-        cls, modules: Any, optimizer: Any, schedule: Schedule, precision: Precision,
-        loss: Callable, trainer: Any,
-    ) -> Parts:  # fmt: skip
-        """The parts around ``modules.step_model``: fresh loss sums on the model's device,
-        the NaN watch over them (``trainer.nonfinite``, ``max_consecutive_skips``,
-        ``accumulate_grad_batches``), and the weight average ``trainer.ema`` asks for (of the
-        unwrapped model, so the same on every process)."""
-        losses = LossSums(precision.device, trainer.accumulate_grad_batches)
-        watch = NonFiniteWatch(trainer.nonfinite, trainer.max_consecutive_skips, losses)
-        ema = WeightAverage.of(trainer.ema, modules.model)
-        return cls(modules.step_model, optimizer, schedule, precision, watch, loss, ema)
-
-    def judged(self, eval_model: nn.Module, ema_config: Any) -> nn.Module:
-        """The module validation, best.pt and the test judge: the EMA's when it is on and
-        ``trainer.ema.evaluate`` says so, else ``eval_model``."""
-        return self.ema.module if self.ema and ema_config.evaluate else eval_model
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """What a checkpoint records besides the state: the resolved config, the command line's
-    overrides, and how inputs reach the model (shape, normalisation, class names)."""
-
-    # Not named `config`: the joblib launcher sends train.py's functions with cloudpickle,
-    # which takes `torch.distributed.config` for a submodule train() uses when `distributed`
-    # and `config` are both among its names, and cannot pickle it.
-    resolved: dict
-    overrides: list[str]
-    inputs: dict | None = None  # Data.input_record(): shape, normalisation, class names
-
-    def with_inputs(self, inputs: dict) -> RunRecord:
-        return RunRecord(self.resolved, self.overrides, inputs)
-
-    @property
-    def keep_top_k(self) -> int:
-        return self.resolved["trainer"]["keep_top_k"]
+TOP_K_NAME = re.compile(r"epoch=(\d{3,})-[A-Za-z0-9_.+-]+=-?(\d+\.\d{4}|inf|nan)\.pt")
 
 
 class Checkpointer:
-    def __init__(
-        self, folder: Path, parts: Parts, state: TrainState, monitor: Monitor, record: RunRecord,
-        writes: bool,
-    ) -> None:  # fmt: skip
-        self.folder, self.parts, self.state = folder, parts, state
-        self.monitor, self.record = monitor, record
-        self.writes = writes  # rank 0 of a run that writes outputs (not debug=fast_dev_run)
+    def __init__(self, run: Any, context: Any, parts: Any, state: TrainState, monitor: Monitor,
+                 trainer: Any) -> None:  # fmt: skip
+        """For ``run`` (utils/run.py RunStart: its checkpoint folder, record and resume point)
+        in the process ``context`` (whether it writes checkpoints; its rank), saving ``parts``
+        (utils/loop.py) and ``state``; ``trainer`` is the typed trainer config."""
+        self.folder, self.run, self.context = run.checkpoint_dir, run, context
+        self.parts, self.state, self.monitor, self.trainer = parts, state, monitor, trainer
+        self.intact: tuple[Path, int | None] | None = None  # the last good checkpoint, epoch
 
     @property
     def last(self) -> Path:
         return self.folder / "last.pt"
 
+    @property
+    def writes(self) -> bool:
+        return self.context.writes  # rank 0 of a run that writes outputs
+
+    def describe(self) -> str:
+        """What the last good checkpoint holds, for the messages of a run that fails."""
+        if self.intact is None:
+            return "no checkpoint was written yet"
+        path, epoch = self.intact
+        return f"{path} is intact" if epoch is None else f"{path} (epoch {epoch}) is intact"
+
     # --- Continuing ------------------------------------------------------------------------
 
-    def start(self, run: Any, seed: int, init_from: str | None) -> None:
-        """Continue the checkpoint ``run`` resumes with its config changes applied; or start
-        fresh, from the weights of ``init_from`` when given."""
-        self.resume(run.resumed, run.changes, seed)
-        if init_from and not run.resumed:
+    def start(self, init_from: str | None) -> None:
+        """Continue the checkpoint the run resumes, with its config changes applied; or start
+        fresh (each process its own forward-pass RNG stream), from the weights of
+        ``init_from`` when given."""
+        if self.run.resumed:
+            self.resume(*self.run.resumed, self.run.changes)
+            return
+        self.context.seed_own_stream()
+        if init_from:
             load_weights(unwrap(self.parts.model), load_checkpoint(init_from)["model"])
             if self.parts.ema:
                 self.parts.ema.restart_from(self.parts.model)
             log.info("weights from %s; optimizer, schedule and counters start fresh", init_from)
 
-    def resume(self, resumed: tuple[Path, dict] | None, changes, seed: int) -> None:
-        """Put the checkpoint ``resumed`` back into the parts and the state, with the config
-        ``changes`` applied; without one, give this process its own forward-pass RNG stream."""
-        if resumed is None:
-            seed_rank_stream(seed, distributed.rank())
-            return
-        path, checkpoint = resumed
+    def resume(self, path: Path, checkpoint: dict, changes: Any) -> None:
+        """Put ``checkpoint`` back into the parts and the state, with the config ``changes``
+        applied (utils/resume_changes.py)."""
         parts, state = self.parts, self.state
         built = hyperparameters(parts.optimizer)  # as the new config builds them
         self._restore(path, checkpoint, reschedule=changes.reschedule)
@@ -139,14 +89,12 @@ class Checkpointer:
                 parts.schedule.continue_changed(checkpoint["scheduler"], parts.optimizer, built)
         state.top_k = checked_top_k(state.top_k, self.folder)
         if self.writes:
-            prune_top_k(self.folder, state.top_k, self.record.keep_top_k, state.epoch)
-        parts.watch.skipped = state.skipped_steps
-        accumulate = self.record.resolved["trainer"]["accumulate_grad_batches"]
+            prune_top_k(self.folder, state.top_k, self.trainer.keep_top_k, state.epoch)
         state.batch_in_epoch = distributed.rescale_position(
-            state.batch_in_epoch, checkpoint.get("world_size", 1), distributed.world_size(),
-            accumulate,
+            state.batch_in_epoch, checkpoint.get("world_size", 1),
+            self.context.processes.world_size, self.trainer.accumulate_grad_batches,
         )  # fmt: skip
-        parts.watch.saved = f"{path} is intact"
+        self.intact = (path, None)
         log.info("resumed from %s: epoch %d, batch %d, step %d", path, state.epoch + 1,
                  state.batch_in_epoch, state.global_step)  # fmt: skip
 
@@ -175,11 +123,9 @@ class Checkpointer:
         self.state.load_state_dict(checkpoint)
         self._restore_ema(checkpoint)
         with restoring("loss sums", path):
-            parts.watch.losses.load_state_dict(
-                checkpoint.get("losses") or legacy_loss_sums(checkpoint)
-            )
+            parts.losses.load_state_dict(checkpoint.get("losses") or legacy_loss_sums(checkpoint))
         with restoring("RNG states", path):
-            restore_rng(checkpoint)
+            restore_rng(checkpoint, self.context.processes)
 
     def _restore_ema(self, checkpoint: dict[str, Any]) -> None:
         """The weight average the checkpoint holds; one it lacks (trainer.ema turned on at a
@@ -199,7 +145,7 @@ class Checkpointer:
         """Everything that rebuilds and resumes the run, as a plain dict: the unwrapped model's
         weights, optimizer, schedule, loss scaler, the state and loss sums, the config, and the
         RNG of every process (``rng``, one per rank)."""
-        parts = self.parts
+        parts, record = self.parts, self.run.record
         return {
             "format_version": FORMAT_VERSION,
             "model": unwrap(parts.model).state_dict(),
@@ -207,13 +153,13 @@ class Checkpointer:
             "scheduler": parts.schedule.state_dict(),
             "scaler": parts.precision.scaler.state_dict(),
             **self.state.state_dict(),
-            "losses": parts.watch.losses.state_dict(),
+            "losses": parts.losses.state_dict(),
             "ema": parts.ema.state_dict() if parts.ema else None,
             "monitor": self.monitor.name,
-            "config": self.record.resolved,
-            "overrides": self.record.overrides,
-            "classes": (self.record.inputs or {}).get("classes"),
-            "inputs": self.record.inputs,
+            "config": record.resolved,
+            "overrides": record.overrides,
+            "classes": (record.inputs or {}).get("classes"),
+            "inputs": record.inputs,
             "rng": rng[0],
             "rng_per_rank": rng,
             "world_size": len(rng),
@@ -223,10 +169,8 @@ class Checkpointer:
         """Write ``last.pt`` (collective: every process's RNG stream goes in). Never from
         non-finite weights."""
         parts, state = self.parts, self.state
-        scaler = parts.precision.scaler
-        parts.watch.check(state.global_step, parts.model, parts.optimizer, scaler, weights=True)
+        parts.watch.check(state.global_step, parts, self.describe(), weights=True)
         rng = all_rng_states()
-        state.skipped_steps = parts.watch.skipped
         if self.writes:  # one process writes the weights
             save_atomic(self.contents(rng), self.last)
 
@@ -242,29 +186,32 @@ class Checkpointer:
                 state.best_metric, state.best_epoch = value, state.epoch
             name = top_k_name(state.epoch, self.monitor.name, value)
             keep, dropped = rank_top_k(
-                state.top_k, self.record.keep_top_k, name, value, self.monitor
+                state.top_k, self.trainer.keep_top_k, name, value, self.monitor
             )
             top_k_file = name if keep else ""
         self.save()
-        self.parts.watch.saved = f"{self.last} (epoch {state.epoch}) is intact"
+        self.intact = (self.last, state.epoch)
         if self.writes:  # best.pt, top-k: copies of last.pt
             keep_copies(self.folder, best=improved, top_k_file=top_k_file, dropped=dropped)
 
-    def save_on_stop(self, device) -> None:
+    def save_on_stop(self) -> None:
         """A stop: the exact position, unless last.pt already holds it (all processes agree)."""
         unsaved = self.state.batch_in_epoch or not self.last.exists()
-        if distributed.agree(bool(unsaved), device):  # saving is collective: all or none
+        if distributed.agree(
+            bool(unsaved), self.context.device
+        ):  # saving is collective: all or none
             self.save()
 
-    def stop_here(self, stop: Any, context: Any, out: Any) -> None:
+    def stop_here(self, stop: Any, out: Any) -> None:
         """A stop every process agreed on: the exact position in last.pt, the outputs
         flushed, the command that continues the run; then :class:`Interrupted`."""
-        self.save_on_stop(context.device)
+        context, record = self.context, self.run.record
+        self.save_on_stop()
         out.close()
         if context.is_main:
             state = self.state
-            command = (sweep.continue_command(self.record.resolved["run_name"]) if sweep.in_sweep()
-                       else continue_command(self.record.overrides, self.last, context.processes))  # fmt: skip
+            command = (sweep.continue_command(record.resolved["run_name"]) if sweep.in_sweep()
+                       else continue_command(record.overrides, self.last, context.processes))  # fmt: skip
             print(f"stopped by {stop.name or 'a signal to another process'} at epoch "
                   f"{state.epoch + 1}, batch {state.batch_in_epoch}; continue with:\n  {command}")  # fmt: skip
         distributed.barrier()  # no process leaves before last.pt is written: torchrun would kill the rest
@@ -280,3 +227,80 @@ class Checkpointer:
             checkpoint = load_checkpoint(best)
             load_weights(self.parts.model, checkpoint["model"])
             self._restore_ema(checkpoint)
+
+
+# --- Top-k copies ---------------------------------------------------------------------------
+
+
+def top_k_name(epoch: int, monitor: str, value: float) -> str:
+    return f"epoch={epoch:03d}-{monitor.replace('/', '_')}={value:.4f}.pt"
+
+
+def own_top_k_file(folder: Path, name: Any) -> Path | None:
+    """``folder / name`` when ``name`` is a top-k file name torchloom writes and the path lies
+    directly inside ``folder``; None for anything else (a stored list is untrusted input)."""
+    if not isinstance(name, str) or not TOP_K_NAME.fullmatch(name):
+        return None
+    path = folder / name
+    if path.resolve().parent != folder.resolve():
+        return None
+    return path
+
+
+def checked_top_k(ranked: Any, folder: Path) -> list:
+    """The ``top_k`` list of a checkpoint, without entries that are not torchloom's own top-k
+    files in ``folder`` (each dropped with a warning)."""
+    kept = []
+    for entry in ranked if isinstance(ranked, list) else []:
+        ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int | float)
+        if ok and own_top_k_file(folder, entry[1]) is not None:
+            kept.append(entry)
+        else:
+            log.warning("warning: ignoring top-k entry %r of the checkpoint: not a top-k file "
+                        "torchloom writes in %s", entry, folder)  # fmt: skip
+    return kept
+
+
+def prune_top_k(folder: Path, ranked: list, k: int, epoch: int) -> None:
+    """After a resume: trim ``ranked`` to ``k`` (``keep_top_k`` may have been lowered), and
+    delete the top-k files the run no longer tracks: the trimmed ones, and those of epochs
+    after the resume point (left by the run's own later epochs, which it now trains again)."""
+    dropped = [name for _, name in ranked[k:]]
+    del ranked[k:]
+    tracked = {name for _, name in ranked}
+    for path in sorted(folder.glob("epoch=*.pt")):
+        match = TOP_K_NAME.fullmatch(path.name)
+        later = match is not None and int(match.group(1)) > epoch and path.name not in tracked
+        if path.name in dropped or later:
+            log.info("removing %s: no longer among the top %d from this resume point", path, k)
+            path.unlink(missing_ok=True)
+
+
+def rank_top_k(ranked: list, k: int, name: str, value: float, monitor) -> tuple[bool, list[str]]:
+    """Enter ``name`` (scored ``value``) into ``ranked``, the ``[[value, file name], ...]`` list
+    kept in the training state, best first. Returns whether the file should be written and
+    which files fell out; the caller writes the new file before deleting those, so a crash
+    never leaves fewer than before."""
+    if k == 0 or (len(ranked) >= k and not monitor.better(value, ranked[-1][0])):
+        return False, []
+    ranked.append([value, name])
+    ranked.sort(key=lambda entry: -monitor.sign * entry[0])
+    dropped = [dropped_name for _, dropped_name in ranked[k:]]
+    del ranked[k:]
+    return True, dropped
+
+
+def keep_copies(folder: Path, best: bool, top_k_file: str | bool, dropped: list[str]) -> None:
+    """Copy the just-written ``last.pt`` to ``best.pt`` and to its top-k name, then delete the
+    top-k files that fell out: new files are complete before old ones go. Only torchloom's own
+    top-k files in ``folder`` are ever deleted."""
+    if best:
+        copy_atomic(folder / "last.pt", folder / "best.pt")
+    if top_k_file:
+        copy_atomic(folder / "last.pt", folder / top_k_file)
+        for name in dropped:
+            path = own_top_k_file(folder, name)
+            if path is None:
+                log.warning("warning: not deleting %r: not a top-k file of %s", name, folder)
+            else:
+                path.unlink(missing_ok=True)

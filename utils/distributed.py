@@ -168,12 +168,3 @@ class NullWriter:
 
     def __getattr__(self, name: str):
         return lambda *args, **kwargs: None
-
-
-def rank() -> int:
-    """This process's rank (0 without torchrun)."""
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1

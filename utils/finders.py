@@ -172,21 +172,24 @@ def batch_fits(parts: Any, data: Any):
 
 def tune(kind: str, parts: Any, batches: Any, data: Any, out: Any) -> float:
     """Run the finder ``tune=`` names on the step model, optimizer and precision of ``parts``
-    and report its answer through ``out``; the model and optimizer are left as they were."""
+    and report its answer through ``out`` (utils/outputs.py: only a process that writes the
+    run's files writes the curve and its TensorBoard points); the model and optimizer are
+    left as they were."""
     model, optimizer, precision = parts.model, parts.optimizer, parts.precision
     device, run_dir, console = precision.device, out.run_dir, out.console
     if kind == "lr":
         lrs, losses, suggested = lr_range_test(model, optimizer, batches, precision, parts.loss)
-        from torch.utils.tensorboard import SummaryWriter
-
-        with SummaryWriter(run_dir) as writer:
-            for step, (lr, loss) in enumerate(zip(lrs, losses, strict=True)):
-                writer.add_scalar("tune/lr", lr, step)
-                writer.add_scalar("tune/smoothed_loss", loss, step)
-        plot_curve(lrs, losses, suggested, run_dir / "lr_finder.png")
+        out.open_events()
+        for step, (lr, loss) in enumerate(zip(lrs, losses, strict=True)):
+            out.scalars("tune", {"lr": lr, "smoothed_loss": loss}, step)
+        out.close()
+        where = ""
+        if out.writes_events:
+            plot_curve(lrs, losses, suggested, run_dir / "lr_finder.png")
+            where = f"; curve: {run_dir / 'lr_finder.png'} and TensorBoard tune/"
         console.print(
             f"LR range test over {len(lrs)} steps ({lrs[0]:.0e} to {lrs[-1]:.1e}): suggested "
-            f"optim.lr={suggested:.2e}; curve: {run_dir / 'lr_finder.png'} and TensorBoard tune/"
+            f"optim.lr={suggested:.2e}{where}"
         )
         return suggested
     if kind == "batch_size":
@@ -199,6 +202,4 @@ def tune(kind: str, parts: Any, batches: Any, data: Any, out: Any) -> float:
             f"{device}: data.batch_size={found}{capped}"
         )
         return float(found)
-    from utils.errors import UserError
-
-    raise UserError(f"tune={kind!r} is unknown; use tune=lr or tune=batch_size")
+    raise AssertionError(f"tune={kind!r}: refused by check_config")

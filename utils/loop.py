@@ -11,29 +11,78 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from utils import debug, distributed, report
 from utils.checkpoint import unwrap
-from utils.checkpointer import Parts
+from utils.ema import WeightAverage
 from utils.errors import UserError
+from utils.loss_sums import LossSums
 from utils.memory import collect_cycles, cycle_collection_by_the_loop, out_of_memory
+from utils.nonfinite import NonFiniteWatch
+from utils.precision import Precision
 from utils.progress import data_wait_advice
-from utils.state import TrainState
+from utils.schedulers import Schedule
 
 log = logging.getLogger("torchloom")
 DATA_WAIT_WARNING = 0.2  # the share of training time spent waiting for batches that warns
 
 
+@dataclass
+class Parts:
+    """What a training step changes and a checkpoint saves. ``model`` is the module as the
+    step calls it (DDP or torch.compile wrappers allowed: checkpoints hold the unwrapped one)."""
+
+    model: nn.Module
+    optimizer: Any
+    schedule: Schedule
+    precision: Precision
+    watch: NonFiniteWatch  # the NaN/Inf policy over the loss sums
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # the task's (utils/tasks.py)
+    ema: WeightAverage | None = None  # trainer.ema: updated after each step, saved beside it
+
+    @classmethod
+    def assemble(
+        cls, modules: Any, optimizer: Any, schedule: Schedule, precision: Precision,
+        loss: Callable, trainer: Any,
+    ) -> Parts:  # fmt: skip
+        """The parts around ``modules.step_model``: fresh loss sums on the model's device,
+        the NaN watch over them (``trainer.nonfinite``, ``max_consecutive_skips``,
+        ``accumulate_grad_batches``), and the weight average ``trainer.ema`` asks for (of the
+        unwrapped model, so the same on every process)."""
+        losses = LossSums(precision.device, trainer.accumulate_grad_batches)
+        watch = NonFiniteWatch(trainer.nonfinite, trainer.max_consecutive_skips, losses)
+        ema = WeightAverage.of(trainer.ema, modules.model)
+        return cls(modules.step_model, optimizer, schedule, precision, watch, loss, ema)
+
+    @property
+    def losses(self) -> LossSums:
+        """The running loss sums (saved in checkpoints), read by the loop at its syncs."""
+        return self.watch.losses
+
+    def judged(self, eval_model: nn.Module, ema_config: Any) -> nn.Module:
+        """The module validation, best.pt and the test judge: the EMA's when it is on and
+        ``trainer.ema.evaluate`` says so, else ``eval_model``."""
+        return self.ema.module if self.ema and ema_config.evaluate else eval_model
+
+
 class Loop:
     def __init__(
-        self, parts: Parts, trainer: Any, state: TrainState, stop: Any, writer: Any, progress: Any
+        self, checkpointer: Any, trainer: Any, stop: Any, writer: Any, progress: Any
     ) -> None:
-        self.parts, self.trainer, self.state = parts, trainer, state
-        self.stop, self.writer, self.progress = stop, writer, progress
+        """Steps the parts ``checkpointer`` saves (utils/checkpointer.py), from and into its
+        state; a failure's message says what its last good checkpoint holds."""
+        self.parts, self.state, self.saved = (
+            checkpointer.parts,
+            checkpointer.state,
+            checkpointer.describe,
+        )
+        self.trainer, self.stop, self.writer, self.progress = trainer, stop, writer, progress
         self.train_seconds = 0.0  # inside epochs, evaluation excluded
         self.trained_steps = 0  # by this invocation (a resumed run counts from its resume)
         self.stopped = False  # every process agreed to stop before the last epoch ended
@@ -44,7 +93,7 @@ class Loop:
         each finished epoch (the caller then validates and saves). Ends early when every
         process agrees on a stop, which sets :attr:`stopped`: the state then holds the
         position to resume from."""
-        state, device = self.state, self.parts.watch.losses.device
+        state, device = self.state, self.parts.losses.device
         if state.batch_in_epoch > len(batches):
             raise UserError(f"the checkpoint's position, batch {state.batch_in_epoch} of epoch "
                             f"{state.epoch + 1}, is past the end of an epoch of {len(batches)} "
@@ -75,13 +124,13 @@ class Loop:
         try:
             finished = self._steps(batches)
         except torch.OutOfMemoryError:
-            device = self.parts.watch.losses.device
-            raise out_of_memory(device, batch_size, accumulate, self.parts.watch.saved) from None
+            device = self.parts.losses.device
+            raise out_of_memory(device, batch_size, accumulate, self.saved()) from None
         except RuntimeError as error:  # debug=anomaly names the op that made a NaN
             raise (debug.anomaly_error(error) or error) from None
         if finished:  # reading the loss waits for the device, so the clock below is true
             micro_batches = len(batches) // accumulate * accumulate
-            losses = self.parts.watch.losses
+            losses = self.parts.losses
             epoch_loss = losses.epoch_mean(state.global_step, micro_batches)
             state.metrics["train/loss"] = distributed.all_mean(epoch_loss, losses.device)
         seconds = time.perf_counter() - epoch_start
@@ -105,7 +154,7 @@ class Loop:
         return {
             "train/samples_per_second": samples / seconds if seconds else 0.0,
             "train/data_wait_fraction": waited,
-            "train/skipped_steps": self.parts.watch.skipped,
+            "train/skipped_steps": self.state.skipped_steps,
         }
 
     def _steps(self, batches: Any) -> bool:
@@ -115,7 +164,7 @@ class Loop:
         schedule, precision, watch = self.parts.schedule, self.parts.precision, self.parts.watch
         ema = self.parts.ema
         trainer, state, writer, progress = self.trainer, self.state, self.writer, self.progress
-        losses = watch.losses
+        losses = self.parts.losses
         model.train()
         accumulate = trainer.accumulate_grad_batches
         # Every optimizer step sees exactly `accumulate` micro-batches; a remainder is dropped.
@@ -157,18 +206,19 @@ class Loop:
                     ema.update()  # toward the weights just written (utils/ema.py)
             else:
                 precision.discard_step()
+                state.skipped_steps += 1  # saved with the state: a resumed run keeps counting
             optimizer.zero_grad(set_to_none=True)
             state.global_step += 1
 
             if log_due:
                 step, seconds = state.global_step, time.perf_counter() - window_start
                 mean_loss = distributed.all_mean(losses.window_mean(step), labels.device)  # sync
-                watch.check(step, model, optimizer, precision.scaler)
+                watch.check(step, self.parts, self.saved())
                 samples_per_second = timed_batches * len(labels) / seconds
                 writer.add_scalar("train/loss", mean_loss, step)
                 writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], step)
                 writer.add_scalar("train/grad_norm", grad_norm.item(), step)
-                writer.add_scalar("train/skipped_steps", watch.skipped, step)
+                writer.add_scalar("train/skipped_steps", state.skipped_steps, step)
                 progress.update(state.epoch, step, mean_loss, samples_per_second)
                 collect_cycles()  # here, not at a random step (utils/memory.py)
                 timed_batches, window_start = 0, time.perf_counter()

@@ -12,6 +12,8 @@ error too, not a silent stall.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -38,9 +40,7 @@ class NonFiniteWatch:
         self.max_consecutive_skips = max_consecutive_skips
         self.losses = losses
         self.step_bad = torch.zeros((), dtype=torch.bool, device=losses.device)  # skip
-        self.skipped = 0
-        self.consecutive = 0
-        self.saved = "no checkpoint was written yet"  # what the last checkpoint holds
+        self.consecutive = 0  # skipped steps in a row (the total is TrainState.skipped_steps)
 
     def observe(self, loss: torch.Tensor) -> torch.Tensor:
         """Called for every micro-batch's loss; no host sync. Returns the detached loss for the
@@ -53,8 +53,9 @@ class NonFiniteWatch:
         return torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
 
     def step_allowed(self, step: int, optimizer) -> bool:
-        """At the end of a step's micro-batches: whether the optimizer may step. Under
-        ``skip`` this reads one flag from the device (agreed by all processes)."""
+        """At the end of a step's micro-batches: whether the optimizer may step (the caller
+        counts the skipped steps). Under ``skip`` this reads one flag from the device (agreed
+        by all processes)."""
         if self.policy == "stop":
             return True
         bad = distributed.agree(bool(self.step_bad.item()), self.step_bad.device)
@@ -62,7 +63,6 @@ class NonFiniteWatch:
         if not bad:
             self.consecutive = 0
             return True
-        self.skipped += 1
         self.consecutive += 1
         optimizer.zero_grad(set_to_none=True)
         if self.consecutive > self.max_consecutive_skips:
@@ -74,11 +74,12 @@ class NonFiniteWatch:
             )
         return False
 
-    def check(self, step: int, model: nn.Module, optimizer, scaler, weights: bool = False) -> None:
+    def check(self, step: int, parts: Any, saved: str, weights: bool = False) -> None:
         """Where the loop syncs anyway, after optimizer step ``step``: end the run if a step
         went non-finite (or, with ``weights``, before a checkpoint, if any weight is), or if
-        the fp16 loss scale collapsed."""
-        saved = self.saved
+        the fp16 loss scale collapsed. ``parts``: the step's (utils/loop.py); ``saved``: what
+        the last good checkpoint holds, for the message."""
+        model, optimizer, scaler = parts.model, parts.optimizer, parts.precision.scaler
         bad_step = self.losses.first_nonfinite_step(step) if self.policy == "stop" else -1
         weights_bad = weights and not self.weights_finite(model)
         if distributed.agree(bad_step >= 0 or weights_bad, self.losses.device):

@@ -56,7 +56,7 @@ def final_metrics(state, summary: Mapping, test_split: str, checkpointer, starte
         "global_step": state.global_step,
         "wall_time_seconds": time.perf_counter() - started,
         "best_checkpoint": str(checkpointer.folder / "best.pt"),
-        "overrides": checkpointer.record.overrides,
+        "overrides": checkpointer.run.record.overrides,
     }
 
 

@@ -23,20 +23,35 @@ from omegaconf import DictConfig
 from data.batches import Placement
 from utils import distributed, sweep
 from utils.checkpoint import (
-    check_new_run,
-    check_resumable,
+    check_training_checkpoint,
+    load_checkpoint,
+    load_latest,
     prepare_dir,
-    remove_files,
     remove_stale_temporary_files,
-    resume_point,
 )
-from utils.checkpointer import RunRecord
 from utils.config import output_dirs, to_plain
 from utils.device import configure_device, configure_threads, resolve_device
-from utils.resume_changes import ResumeChanges
-from utils.seeding import configure_determinism, seed_everything
+from utils.errors import UserError
+from utils.resume_changes import ResumeChanges, config_changes
+from utils.seeding import configure_determinism, seed_everything, seed_rank_stream
 
 log = logging.getLogger("torchloom")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a checkpoint records besides the state: the resolved config, the command line's
+    overrides, and how inputs reach the model (utils/predictions.py InputRecord)."""
+
+    # Not named `config`: the joblib launcher sends train.py's functions with cloudpickle,
+    # which takes `torch.distributed.config` for a submodule train() uses when `distributed`
+    # and `config` are both among its names, and cannot pickle it.
+    resolved: dict
+    overrides: list[str]
+    inputs: dict | None = None  # InputRecord.to_dict(): shape, normalisation, targets, task
+
+    def with_inputs(self, inputs: dict) -> RunRecord:
+        return RunRecord(self.resolved, self.overrides, inputs)
 
 
 @dataclass
@@ -91,14 +106,105 @@ def start_run(cfg: DictConfig, trainer: Any) -> RunStart:
     return run
 
 
+# --- Continue, replace or refuse -------------------------------------------------------------
+
+
+def resume_point(resume: str | None, checkpoint_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """What ``resume=`` names: a checkpoint file, a folder of them, or ``auto`` (the run's own
+    folder if it holds a readable checkpoint, else a fresh start)."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        found = load_latest(checkpoint_dir) if checkpoint_dir.is_dir() else None
+        if found is None:
+            log.info("resume=auto: no checkpoint in %s yet; starting fresh", checkpoint_dir)
+        return found
+    path = Path(resume)
+    if path.is_dir():
+        found = load_latest(path)
+        if found is None:
+            raise UserError(f"resume={resume}: no readable checkpoint in that folder")
+        return found
+    return path, load_checkpoint(path)
+
+
+# What an earlier run of the same name leaves that is worth keeping: its checkpoints and its
+# final metrics. Its TensorBoard events alone (a run that ended before its first checkpoint)
+# are removed, so two attempts never mix in one TensorBoard run.
+SAVED_FILES = (("checkpoints", "last.pt"), ("checkpoints", "best.pt"),
+               ("checkpoints", "epoch=*.pt"), ("run", "metrics.json"))  # fmt: skip
+EVENT_FILES = "events.out.tfevents.*"
+
+
+def check_new_run(run_dir: Path, checkpoint_dir: Path, overwrite: bool) -> list[Path]:
+    """A run that does not resume starts in folders without another run: an earlier run of
+    the same name is refused (it would lose its best.pt and mix two runs' TensorBoard
+    events). Returns the files to remove (with ``overwrite``, the earlier run's) once the new
+    run is set up, so a new run that fails at start-up loses nothing."""
+    folders = {"run": run_dir, "checkpoints": checkpoint_dir}
+    saved = [p for where, pattern in SAVED_FILES for p in sorted(folders[where].glob(pattern))]
+    if saved and not overwrite:
+        raise UserError(
+            f"{_shown_path(run_dir)} already holds a run ({_shown_path(saved[0])}); continue "
+            "it with resume=auto, choose a new run_name=..., or pass overwrite=true to replace it"
+        )
+    return saved + sorted(run_dir.glob(EVENT_FILES))
+
+
+def remove_files(paths: list[Path]) -> None:
+    if paths:
+        log.info("removing %d files of an earlier run of this name: %s", len(paths),
+                 ", ".join(p.name for p in paths))  # fmt: skip
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def _shown_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def check_resumable(
+    path: Path, checkpoint: dict[str, Any], config: dict, allow: bool, overrides: list[str]
+) -> ResumeChanges:
+    """How the new config differs from the checkpoint's (:class:`ResumeChanges`).
+    Refused: a change the saved state cannot carry (the optimizer or schedule type, the
+    monitor); one of the model, data, batch size or seed unless ``allow``; in a sweep, a
+    checkpoint of another job."""
+    check_training_checkpoint(path, checkpoint)
+    if sweep.in_sweep():
+        sweep.check_same_job(path, checkpoint.get("overrides", []), overrides)
+
+    changes = config_changes(checkpoint["config"], config)
+    if changes.never:
+        raise UserError(
+            f"refusing to resume {path}: {'; '.join(changes.never)} cannot change on resume "
+            f"(the saved optimizer, schedule and best-so-far state depend on it); start a new "
+            f"run from its weights with init_from={path}"
+        )
+    if changes.need_allow and not allow:
+        raise UserError(
+            f"refusing to resume {path}: the config changed ({'; '.join(changes.need_allow)}); "
+            "pass resume_allow_changes=true to resume anyway"
+        )
+    return changes
+
+
 @dataclass(frozen=True)
 class RunContext:
-    """The process a run computes in: its place among torchrun's processes (joined), its
-    device (with fast defaults), and its share of the CPU threads."""
+    """The process a run computes in, and so the one answer to "which process am I, what do
+    I write?": its place among torchrun's processes (joined; rank 0 reports), whether it
+    ``writes`` the run's files (checkpoints, TensorBoard events: rank 0 of a run with
+    ``trainer.write_outputs``), its device (with fast defaults) and its share of the CPU
+    threads."""
 
     processes: distributed.Processes
     device: torch.device
     threads: int
+    writes: bool = False
+    seed: int = 0  # the run's seed (a training run's)
 
     @classmethod
     def open(
@@ -109,19 +215,26 @@ class RunContext:
         threads = configure_threads(cpu_threads, sweep.parallel_jobs())
         log.info("device: %s, %d CPU threads, %d process(es)", joined, threads,
                  processes.world_size)  # fmt: skip
-        return cls(processes, joined, threads)
+        return cls(processes, joined, threads, writes=processes.is_main)
 
     @classmethod
     def for_training(cls, processes: distributed.Processes, trainer: Any, seed: int) -> RunContext:
         """Seeded (the model's initial weights come from ``seed``), deterministic kernels if
-        asked, then opened."""
+        asked, then opened; it writes files when rank 0 and ``trainer.write_outputs``."""
         seed_everything(seed)
         configure_determinism(trainer.deterministic)
-        return cls.open(processes, trainer.device, trainer.cpu_threads)
+        opened = cls.open(processes, trainer.device, trainer.cpu_threads)
+        writes = processes.is_main and trainer.write_outputs
+        return cls(processes, opened.device, opened.threads, writes, seed)
 
     @property
     def is_main(self) -> bool:
         return self.processes.is_main
+
+    def seed_own_stream(self) -> None:
+        """A fresh run: this process's own stream for what the forward pass draws (rank 0
+        keeps the run's), once the model is built the same way on every process."""
+        seed_rank_stream(self.seed, self.processes.rank)
 
     def placement(self, channels_last: bool = False) -> Placement:
         """Where this process's batches go."""

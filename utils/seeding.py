@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -86,14 +87,11 @@ def all_rng_states() -> list[dict]:
     return states
 
 
-def restore_rng(checkpoint: dict) -> None:
+def restore_rng(checkpoint: dict, processes: Any) -> None:
     """This process's RNG from ``checkpoint``: its own rank's stream when the checkpoint was
-    written by as many processes, else rank 0's, re-split per rank at the saved step (another
-    world size is not bit-exact anyway)."""
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    written by as many ``processes`` (utils/distributed.py), else rank 0's, re-split per rank at
+    the saved step (another world size is not bit-exact anyway)."""
+    rank, world = processes.rank, processes.world_size
     per_rank = checkpoint.get("rng_per_rank") or [checkpoint["rng"]]
     if len(per_rank) == world:
         set_rng_state(per_rank[rank])
