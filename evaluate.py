@@ -77,11 +77,11 @@ def checkpoint_files(ckpt: Any) -> list[Path]:
     return files
 
 
-def export(modules: Modules, task: Any, stored: tuple[dict, dict | None], path: Path,
+def export(modules: Modules, task: Any, stored: tuple[dict, InputRecord], path: Path,
            out: Outputs) -> None:  # fmt: skip
     """The evaluated weights to ``path``: a verified ONNX graph (.onnx; a regression model's
-    outputs in the targets' units), or .safetensors with the ``stored`` config and inputs
-    record (and the task's record: the target scale) beside them."""
+    outputs in the targets' units), or .safetensors with the ``stored`` config and the inputs
+    record of the evaluated data and task (with the target scale) beside them."""
     if path.suffix == ".onnx":
         model, output, unit = task.exportable(modules.model)
         difference = export_onnx(model, modules.input_shape, path, output, unit)
@@ -89,9 +89,8 @@ def export(modules: Modules, task: Any, stored: tuple[dict, dict | None], path: 
         out.print(f"exported the model to {path}; onnxruntime on batches of 1 and 8 differs "
                   f"from PyTorch by at most {difference:.1e} (fp32{units}, bar 1e-4)")  # fmt: skip
     else:  # .safetensors (checked before anything was evaluated)
-        config, inputs = stored
-        record = {**(inputs or {}), **task.record()} or None
-        export_safetensors(modules.model, config, record, path)
+        config, record = stored
+        export_safetensors(modules.model, config, record.to_dict(), path)
         out.print(f"exported weights to {path}")
 
 
@@ -122,26 +121,27 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         data_node = data_config(config["data"], cfg.data)
         with reading_stored_data(data_node, cfg.data):  # errors name the path, not its content
             data = build(data_node, **task.data_arguments(data_node))
-        if inputs is not None:  # normalised as trained, even on moved or new files
-            data.follow_record(InputRecord.of({"inputs": inputs}, path), path)
-        task = task.fitted(data, context.device, stored=inputs)  # the target scale it trained on
+        stored = None if inputs is None else InputRecord.read(inputs, path)
+        if stored is not None:  # normalised as trained, even on moved or new files
+            data.follow_record(stored, path)
+        task = task.fitted(data, context.device, stored)  # the target scale it trained on
         model_node = OmegaConf.create(model_config(config["model"]))
         shapes = model_shapes(data.input_shape, data.num_classes)
         check_stored_model(model_node, shapes, weights)  # before anything it asks is allocated
-        modules = Modules.build(model_node, data, context.device, channels_last=None)
+        modules = Modules.build(model_node, data, context.device, None, task)
         load_weights(modules.model, weights)
         placement = context.placement(modules.channels_last)
         batches = data.batches(cfg.split, placement, seed=config["seed"], train=False)
         metrics = evaluate(modules.model, batches.epoch(0), precision, task.scores(detailed=True))
         confusion = metrics.get("confusion")  # classification
-        results[str(path)] = tables.checkpoint_tables(out, str(path), metrics, cfg.split,
-                                                      data.targets)  # fmt: skip
+        results[str(path)] = task.tables(out, str(path), metrics, cfg.split)
         if confusion is not None:
             out.writer.add_image(f"confusion/{index}", tables.confusion_image(confusion), 0)
             csv_name = "confusion.csv" if len(files) == 1 else f"confusion-{index}.csv"
             out.write_text(csv_name, tables.confusion_csv(confusion))
         if cfg.export and context.is_main:
-            export(modules, task, (config, inputs), Path(cfg.export), out)
+            export(modules, task, (config, InputRecord.from_run(data, task)), Path(cfg.export),
+                   out)  # fmt: skip
     out.close()
     if len(results) > 1:
         out.print(tables.comparison(results, cfg.split))

@@ -29,13 +29,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from utils.checkpoint import atomic_file, checkpoint_to_evaluate, load_checkpoint, load_weights
 from utils.cli import one_line_errors, run_cli
+from utils.config import build
 from utils.distributed import Processes
 from utils.errors import UserError
 from utils.modules import Modules, model_shapes
 from utils.outputs import Outputs, check_output
-from utils.predictions import InputRecord, label_sets, read_inputs, top_classes
+from utils.predictions import InputRecord, read_inputs
 from utils.run import RunContext
-from utils.stored import check_stored_model, chosen_weights, model_config
+from utils.stored import check_stored_model, chosen_weights, model_config, task_config
 from utils.text import cell, shown
 from utils.trust import check_stored_config, require_keys
 
@@ -71,14 +72,15 @@ def predict(cfg: DictConfig) -> None:
     config = checkpoint.get("config")
     require_keys(config, path, {"model": dict, "data": dict})
     check_stored_config(config, path)
-    record = InputRecord.of(checkpoint, path)
+    record = InputRecord.read(checkpoint.get("inputs"), path)
     context = RunContext.open(Processes(), cfg.device)
     out = Outputs(Path(HydraConfig.get().runtime.output_dir), True, events=False)
+    task = build(task_config(config)).fitted(record, torch.device("cpu"), record)  # as trained
     model_node = OmegaConf.create(model_config(config["model"]))
     weights = chosen_weights(checkpoint, cfg.weights, path)
     shapes = model_shapes(record.input_shape, record.num_classes)
     check_stored_model(model_node, shapes, weights)  # before anything it asks is allocated
-    modules = Modules.build(model_node, record, context.device, channels_last=None)
+    modules = Modules.build(model_node, record, context.device, None, task)
     load_weights(modules.model, weights)
     names, inputs = read_inputs(Path(str(cfg.input)), record)
     model = modules.model.eval()
@@ -87,7 +89,7 @@ def predict(cfg: DictConfig) -> None:
         for lo in range(0, len(inputs), cfg.batch_size):
             batch = transform.normalize(inputs[lo : lo + cfg.batch_size])
             outputs.append(model(batch).float().cpu())
-    header, rows, lines = prediction_rows(torch.cat(outputs), record, cfg)
+    header, rows, lines = task.decode(torch.cat(outputs), cfg)  # by task: topk, threshold
     write_predictions(
         Path(str(cfg.out)), header, [[n, *r] for n, r in zip(names, rows, strict=True)]
     )
@@ -99,47 +101,8 @@ def predict(cfg: DictConfig) -> None:
     context.close()
 
 
-def prediction_rows(
-    outputs: torch.Tensor, record: InputRecord, cfg: DictConfig
-) -> tuple[list[str], list[list[str]], list[str]]:
-    """(CSV header, CSV rows, one printed line a row) for the model's ``outputs`` by task:
-    the top-k classes and probabilities; the label set at the threshold and every label's
-    probability; or the predicted values in the targets' own units. Numbers are written in
-    full (``repr``: they read back as the same float), names as spreadsheet text."""
-    kind, names = record.targets.kind, record.class_names
-    if kind == "values":
-        from utils.tasks import TargetScale
-
-        scale = TargetScale.from_record(record.task.get("target_scale"), record.num_classes, "cpu")
-        values = scale.undo(outputs).tolist()
-        rows = [[repr(v) for v in row] for row in values]
-        return (
-            [cell(n) for n in names],
-            rows,
-            ["  ".join(f"{n}={v:.6g}" for n, v in zip(names, row, strict=True)) for row in values],
-        )
-    if kind == "label_sets":
-        threshold = (
-            cfg.threshold if cfg.threshold is not None else record.task.get("threshold", 0.5)
-        )
-        if not (isinstance(threshold, float | int) and 0 < threshold < 1):
-            raise UserError(f"threshold={threshold} must be above 0 and below 1")
-        probabilities = torch.sigmoid(outputs)
-        chosen = label_sets(probabilities, names, float(threshold))
-        rows = [[cell(";".join(n for n, _ in sets)), *map(repr, row)]
-                for sets, row in zip(chosen, probabilities.tolist(), strict=True)]  # fmt: skip
-        lines = ["  ".join(f"{n} {p:.3f}" for n, p in sets) or f"(none at {threshold:g})"
-                 for sets in chosen]  # fmt: skip
-        return ["labels", *(cell(f"p_{n}") for n in names)], rows, lines
-    k = min(cfg.topk, record.num_classes)
-    top = top_classes(torch.softmax(outputs, dim=1), names, k)
-    header = [f"{what}{i}" for i in range(1, k + 1) for what in ("class", "p")]
-    rows = [[v for label, p in row for v in (cell(label), repr(p))] for row in top]
-    return header, rows, ["  ".join(f"{label} {p:.3f}" for label, p in row) for row in top]
-
-
 def write_predictions(out: Path, header: list[str], rows: list[list[str]]) -> None:
-    """One row per input: its name, then what :func:`prediction_rows` made of its output."""
+    """One row per input: its name, then what the task decoded of its output."""
     text = io.StringIO()
     writer = csv.writer(text)
     writer.writerow(["input", *header])

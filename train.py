@@ -43,6 +43,7 @@ from utils.modules import Modules
 from utils.monitor import Monitor
 from utils.optim import build_optimizer
 from utils.outputs import Outputs
+from utils.predictions import InputRecord
 from utils.progress import TrainingProgress
 from utils.run import RunContext, start_run
 from utils.signals import EXIT_INTERRUPTED, Interrupted, StopRequest
@@ -100,15 +101,15 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     loss = task.loss()  # cross-entropy, binary cross-entropy, or MSE/Huber/L1
     if note := loss.training_note(data.mixing):  # train/loss and val/loss measure other things
         log.info(note)
-    modules = Modules.build(cfg.model, data, context.device, trainer.channels_last)
-    out.print(report.model_summary(modules.model, data.input_shape, data.targets))
+    modules = Modules.build(cfg.model, data, context.device, trainer.channels_last, task)
+    out.print(report.model_summary(modules.model, data.input_shape, task))
     if trainer.shapes_only:  # debug=shapes
         return debug.show_shapes(modules, out)
     modules.wrap_for_steps(context.processes, trainer)  # DDP, torch.compile
     batches = debug.wrap_batches(data.batches_for(context.placement(modules.channels_last),
                                                   cfg.seed), trainer)  # fmt: skip
     start = check_start_up(
-        modules.model, data, batches.train, trainer, context.processes.world_size
+        modules.model, data, batches.train, trainer, task, context.processes.world_size
     )
 
     # --- Optimizer, schedule and what a step changes; then fresh or where a checkpoint left off
@@ -119,12 +120,12 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         return tune(cfg.tune, parts, batches.train, data, out)
     state = TrainState()  # every counter that resumes: position, best, patience, skips
     early = EarlyStopping.of(trainer.early_stopping, monitor, state)
-    run.record = run.record.with_inputs(data.input_record() | task.record())  # for predict.py
+    run.record = run.record.with_inputs(InputRecord.from_run(data, task).to_dict())  # predict
     checkpointer = Checkpointer(run, context, parts, state, monitor, trainer)
     checkpointer.start(cfg.init_from)  # the resumed position, or a fresh run
     run.remove_replaced()  # overwrite=true: the earlier run's files, now that this one is set up
     out.open_events(purge_after=state.global_step if run.resumed else None)
-    report.log_sample_grid(out.writer, *start.first_batches[0], data)  # what the model sees
+    report.log_sample_grid(out.writer, start.first_batches[0], data, task)  # what it sees
     debugging = debug.Debugging(trainer, run.run_dir)  # debug=anomaly, debug=profile
     judged = parts.judged(modules.eval_model, trainer.ema)  # the EMA's weights, when on
 

@@ -415,9 +415,7 @@ class Data:
             classes if isinstance(classes, Targets)
             else Targets("classes", num_classes, tuple(classes) if classes is not None else None)
         )  # fmt: skip
-        names = self.targets.names
-        # Class names, or label names: what predictions are called (None for values).
-        self.classes = list(names) if names and self.targets.kind != "values" else None
+        self.classes = self.targets.class_names  # what a checkpoint's inputs record calls them
         self.table: dict | None = None  # a table's column encoding (data/tabular.py)
         self.splits = {"train": splits.train, "val": splits.val, "test": splits.test}
         self.num_classes = self.targets.count
@@ -445,11 +443,6 @@ class Data:
                 f"{name}'s inputs are {tuple(self.input_shape)}, not (C, H, W); turn them off"
             )
         self.mixing = Mixing.from_augment(batching.augment)  # MixUp/CutMix; None when off
-        if self.mixing and self.targets.kind == "values":
-            raise UserError(
-                "data.augment.mixup_alpha and cutmix_alpha blend class targets, and "
-                f"{name}'s targets are values (task=regression): set both to 0"
-            )
         if self.mixing and self.mixing.cutmix_alpha > 0 and len(self.input_shape) != 3:
             raise UserError(
                 f"data.augment.cutmix_alpha={self.mixing.cutmix_alpha}: CutMix pastes image "
@@ -479,13 +472,6 @@ class Data:
     def test_split(self) -> str:
         """The split a run is finally tested on: test, or val when the dataset has none."""
         return "test" if self.splits["test"] is not None else "val"
-
-    def input_record(self) -> dict:
-        """How inputs reach the model, for checkpoints: predict.py rebuilds the evaluation
-        transform from this alone (utils/predictions.py)."""
-        return {"shape": list(self.input_shape), "mean": list(self.mean), "std": list(self.std),
-                "num_classes": self.num_classes, "classes": self.classes, "table": self.table,
-                "targets": self.targets.record()}  # fmt: skip
 
     def follow_record(self, record: Any, source: Any) -> None:
         """Normalise as the checkpoint ``source`` recorded (``record``: its checked

@@ -38,6 +38,12 @@ class Targets:
             raise ValueError(f"{len(self.names)} target names for {self.count} targets")
 
     @property
+    def class_names(self) -> list[str] | None:
+        """Class or label names, as the inputs record's ``classes`` holds them (None for
+        values, whose names are in :meth:`record`)."""
+        return list(self.names) if self.names and self.kind != "values" else None
+
+    @property
     def shown_names(self) -> list[str]:
         return list(self.names) if self.names else [str(i) for i in range(self.count)]
 

@@ -118,13 +118,16 @@ def test_guards_run_in_train_py_and_unknown_names_are_refused(tmp_path):
     assert "unknown guard(s) ['softmax']" in unknown.stderr
 
 
-@pytest.mark.parametrize(("kind", "warns"), [("classes", True), ("label_sets", False),
-                                             ("values", False)])  # fmt: skip
-def test_the_softmax_guard_applies_to_classification_only(caplog, kind, warns):
+@pytest.mark.parametrize(("task", "kind", "warns"), [
+    ("Classification", "classes", True), ("MultiLabel", "label_sets", False),
+    ("Regression", "values", False),
+])  # fmt: skip
+def test_the_softmax_guard_applies_to_classification_only(caplog, task, kind, warns):
     """Multi-label and regression outputs may be anything, rows summing to 1 included."""
     from types import SimpleNamespace
 
     from data.targets import Targets
+    from utils import tasks
     from utils.guards import check_start_up
 
     batches = type("Batches", (), {"epoch": lambda self, e: iter(clean_batches()),
@@ -133,5 +136,6 @@ def test_the_softmax_guard_applies_to_classification_only(caplog, kind, warns):
                            name="probe", sizes=lambda: {"train": 16})  # fmt: skip
     trainer = SimpleNamespace(silence_guards=[], accumulate_grad_batches=1, max_epochs=1)
     with caplog.at_level(logging.WARNING, logger="torchloom"):
-        check_start_up(SoftmaxAtTheEnd(), data, batches, trainer, world_size=1)
+        check_start_up(SoftmaxAtTheEnd(), data, batches, trainer, getattr(tasks, task),
+                       world_size=1)  # fmt: skip
     assert ("remove the final softmax" in caplog.text) == warns

@@ -54,3 +54,74 @@ def test_data_uses_only_the_foundation_of_utils(path):
 def test_file_handling_never_imports_the_training_loop(name):
     used = imported(ROOT / "utils" / f"{name}.py")
     assert not used & TRAINING, f"utils/{name}.py imports {sorted(used & TRAINING)}"
+
+
+def test_starting_a_run_never_imports_the_training_loop_or_the_checkpointer():
+    # run.py decides where a run lives and whether it continues; what a step changes and what
+    # is saved come after it (utils/loop.py, utils/checkpointer.py).
+    assert not imported(ROOT / "utils" / "run.py") & {"utils.loop", "utils.checkpointer"}
+
+
+# The task owns what the model's outputs mean (utils/tasks.py). data/targets.py defines the
+# kinds of target; the readers of tables, tensors and manifests parse a file's targets by the
+# kind they were asked for. Nothing else asks which kind of task it is: a new task is a class
+# in utils/tasks.py and its YAML.
+KINDS = {"classes", "label_sets", "values"}
+KIND_OWNERS = {"utils/tasks.py", "data/targets.py", "data/tabular.py", "data/tensors.py",
+               "data/image_manifest.py"}  # fmt: skip
+TASK_CLASSES = {"Classification", "MultiLabel", "Regression"}
+
+
+def is_target_kind(node: ast.AST) -> bool:
+    """``<...>.targets.kind`` or ``targets.kind``."""
+    if not (isinstance(node, ast.Attribute) and node.attr == "kind"):
+        return False
+    owner = node.value
+    return (isinstance(owner, ast.Attribute) and owner.attr == "targets") or (
+        isinstance(owner, ast.Name) and owner.id == "targets"
+    )
+
+
+def kind_branches(path) -> list[str]:
+    """Where a file compares something with a kind of target or a task class, or maps kinds
+    to values."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(isinstance(o, ast.Constant) and o.value in KINDS for o in operands) or any(
+                is_target_kind(o) for o in operands
+            ):
+                found.append(f"{path.name}:{node.lineno} compares a target kind")
+        elif isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            if len(keys & KINDS) >= 2:
+                found.append(f"{path.name}:{node.lineno} maps target kinds")
+        elif isinstance(node, ast.Name) and node.id in TASK_CLASSES:
+            found.append(f"{path.name}:{node.lineno} names {node.id}")
+    return found
+
+
+SOURCES = sorted(p for folder in ("utils", "data", "models") for p in (ROOT / folder).glob("*.py"))
+
+
+@pytest.mark.parametrize("path", [*SOURCES, *(ROOT / f for f in ("train.py", "evaluate.py",
+                                                               "predict.py"))],
+                         ids=lambda p: str(p.relative_to(ROOT)))  # fmt: skip
+def test_only_the_task_asks_which_kind_of_task_it_is(path):
+    if str(path.relative_to(ROOT)) in KIND_OWNERS:
+        assert path.exists()
+        return
+    assert kind_branches(path) == []
+
+
+def test_the_kind_check_finds_a_branch_on_the_kind(tmp_path):
+    # The test above would pass on a check that finds nothing: it finds these.
+    probe = tmp_path / "probe.py"
+    probe.write_text('if data.targets.kind != "classes":\n    pass\n'
+                     'if record.targets.kind == wanted:\n    pass\n'
+                     'words = {"classes": "c", "values": "v"}\n'
+                     'if isinstance(task, Regression):\n    pass\n'
+                     'if draw.kind == "mixup" or p.kind is p.VAR_KEYWORD:\n    pass\n')  # fmt: skip
+    found = sorted(line.split(" ", 1)[0] for line in kind_branches(probe))
+    assert found == ["probe.py:1", "probe.py:3", "probe.py:5", "probe.py:6"]  # not line 8

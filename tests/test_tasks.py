@@ -463,8 +463,8 @@ def test_a_record_written_before_tasks_existed_is_a_classifiers():
 
     record = {"shape": [1, 8, 8], "mean": [0.5], "std": [0.2], "num_classes": 10,
               "classes": None, "table": None}  # fmt: skip
-    read = InputRecord.of({"inputs": record}, Path("old.pt"))
+    read = InputRecord.read(record, Path("old.pt"))
     assert read.targets.kind == "classes" and read.class_names[:2] == ["0", "1"]
     record["targets"] = {"kind": "values", "count": 3, "names": None}
     with pytest.raises(Exception, match="targets record is not what torchloom writes"):
-        InputRecord.of({"inputs": record}, Path("edited.pt"))
+        InputRecord.read(record, Path("edited.pt"))

@@ -28,8 +28,15 @@ class EarlyStopping:
     """The rule; its count lives in the training state (``state.early_stopping``, saved and
     resumed with it), so it is read afresh at every question and nothing is copied back."""
 
-    def __init__(self, patience: int | None, min_delta: float, monitor: Monitor, state: Any) -> None:
-        self.patience, self.min_delta, self.monitor, self.state = patience, min_delta, monitor, state
+    def __init__(
+        self, patience: int | None, min_delta: float, monitor: Monitor, state: Any
+    ) -> None:
+        self.patience, self.min_delta, self.monitor, self.state = (
+            patience,
+            min_delta,
+            monitor,
+            state,
+        )
         self.told = False  # a resumed stop that no longer applies is logged once
 
     @classmethod

@@ -1,7 +1,7 @@
-"""What ``evaluate.py`` shows for each checkpoint: the metrics, then by task per-class
-precision, recall and F1 with the confusion matrix (as a table, a CSV and a TensorBoard image),
-per-label AP, or per-target errors and residuals; and a comparison table when several
-checkpoints are evaluated."""
+"""What ``evaluate.py`` shows for each checkpoint: the metrics, then per-class precision, recall
+and F1 with the confusion matrix (as a table, a CSV and a TensorBoard image), per-label AP, or
+per-target errors and residuals — each task picks its tables (utils/tasks.py ``Task.tables``);
+and a comparison table when several checkpoints are evaluated."""
 
 from __future__ import annotations
 
@@ -24,17 +24,6 @@ def confusion_image(confusion: torch.Tensor, cell: int = 12) -> torch.Tensor:
     cell = max(1, min(cell, MAX_IMAGE_SIDE // len(confusion)))  # 1,000 classes: 1 px a cell
     image = (1 - rows).repeat_interleave(cell, 0).repeat_interleave(cell, 1)
     return image.unsqueeze(0)
-
-
-def checkpoint_tables(out: Any, name: str, metrics: dict, split: str, targets: Any) -> dict:
-    """Print one checkpoint's tables through ``out``, as its task's detailed scores hold them
-    (utils/evaluation.py); return its JSON-ready metrics. ``targets``: the data's
-    (data/targets.py), whose names label the rows."""
-    if "per_label" in metrics:
-        return label_tables(out, name, metrics, split, targets.shown_names)
-    if "per_target" in metrics:
-        return value_tables(out, name, metrics, split, targets.shown_names)
-    return class_tables(out, name, metrics, split, targets.shown_names)
 
 
 def overview_table(out: Any, title: str, summary: dict[str, Any], split: str) -> None:

@@ -132,14 +132,13 @@ class StartUp:
 
 
 def check_start_up(
-    model: nn.Module, data: Any, batches: Any, trainer: Any, world_size: int
+    model: nn.Module, data: Any, batches: Any, trainer: Any, task: Any, world_size: int
 ) -> StartUp:
-    """The guards on the first two training batches, then the step counts: an epoch must
-    hold at least one optimizer step. Logs what one step trains on."""
+    """The guards on the first two training batches (less those the ``task`` says do not
+    apply), then the step counts: an epoch must hold at least one optimizer step. Logs what
+    one step trains on."""
     first = list(itertools.islice(batches.epoch(0), 2))
-    silenced = list(trainer.silence_guards)
-    if data.targets.kind != "classes":  # softmax before cross-entropy: classification's pitfall
-        silenced.append("probability_outputs")
+    silenced = [*trainer.silence_guards, *task.quiet_guards]
     run_guards(model, data.input_shape, data.batch_size, first, silenced)
     accumulate = trainer.accumulate_grad_batches
     steps_per_epoch = len(batches) // accumulate

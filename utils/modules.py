@@ -2,7 +2,7 @@
 the model the training step calls (DDP and torch.compile around it), and the one evaluation
 calls (never DDP: evaluation shards need not have equal batch counts, so no collectives).
 
-    modules = Modules.build(cfg.model, data, context.device, trainer.channels_last)
+    modules = Modules.build(cfg.model, data, context.device, trainer.channels_last, task)
     modules.wrap_for_steps(context.processes, trainer)
 """
 
@@ -22,9 +22,6 @@ from utils.errors import UserError
 from utils.model_check import check_forward
 
 # What the output columns are, for the dummy forward's message (data/targets.py kinds).
-OUTPUTS = {"classes": "class scores (the dataset's classes)",
-           "label_sets": "label scores (the dataset's labels)",
-           "values": "values (the dataset's targets)"}  # fmt: skip
 
 
 @dataclass
@@ -38,17 +35,17 @@ class Modules:
 
     @classmethod
     def build(
-        cls, node: Any, data: Any, device: torch.device, channels_last: bool | None
+        cls, node: Any, data: Any, device: torch.device, channels_last: bool | None, task: Any
     ) -> Modules:
         """The model of config ``node``, its shapes taken from ``data``, on ``device`` in the
-        layout ``channels_last`` asks for (null: the fast one), checked by one dummy forward."""
+        layout ``channels_last`` asks for (null: the fast one), checked by one dummy forward
+        against the outputs the fitted ``task`` needs (utils/tasks.py)."""
         shapes = model_shapes(data.input_shape, data.num_classes)
         model = build(node, **accepted_by(node["_target_"], shapes))
         layout = wants_channels_last(model, device, channels_last)
         model = model.to(device, memory_format=torch.channels_last if layout else None)
-        outputs = OUTPUTS[data.targets.kind]
         check_forward(model, data.input_shape, data.num_classes, device, str(node["_target_"]),
-                      outputs)  # fmt: skip
+                      task.outputs)  # fmt: skip
         return cls(model, layout, device, tuple(data.input_shape), model, model)
 
     def wrap_for_steps(self, processes: distributed.Processes, trainer: Any) -> None:

@@ -16,15 +16,14 @@ from utils.errors import UserError
 LOWER_IS_BETTER = ("loss", "error", "err", "mae", "mse", "rmse", "nll", "perplexity")
 HIGHER_IS_BETTER = ("acc", "accuracy", "f1", "precision", "recall", "auc", "map", "r2")
 MODES = ("auto", "min", "max")
-# trainer.monitor's default (conf/train.yaml: ${default_monitor:${task._target_}}): each task's
-# main validation metric (utils/tasks.py).
-DEFAULT_MONITORS = {"utils.tasks.classification": "val/acc", "utils.tasks.multilabel": "val/map",
-                    "utils.tasks.regression": "val/mae"}  # fmt: skip
 
 
 def default_monitor(task_target: str) -> str:
-    """The main validation metric of the task built by ``task_target``."""
-    return DEFAULT_MONITORS.get(str(task_target), "val/loss")
+    """trainer.monitor's default (conf/train.yaml: ``${default_monitor:${task._target_}}``): the
+    main validation metric of the task ``task_target`` builds, as its class says."""
+    from utils import tasks  # torch: imported once a config is resolved, not with the schema
+
+    return tasks.default_monitor(task_target)
 
 
 def natural_mode(monitor: str) -> str | None:

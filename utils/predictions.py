@@ -1,6 +1,11 @@
 """What predict.py needs besides the weights: the checkpoint's record of its inputs (shape,
-normalisation, class names, a table's columns), checked as untrusted data, and the inputs to
-predict on, read as the training data was."""
+normalisation, targets, a table's columns, the task's own part), and the inputs to predict on,
+read as the training data was.
+
+:class:`InputRecord` is the record's one schema: :meth:`InputRecord.from_run` and
+:meth:`InputRecord.to_dict` are its one writer (train.py, evaluate.py's safetensors export),
+:meth:`InputRecord.read` its one reader, which checks it as untrusted data (train.py's resume,
+evaluate.py and predict.py all read through it)."""
 
 from __future__ import annotations
 
@@ -33,11 +38,26 @@ class InputRecord:
     classes: list[str] | None
     table: dict | None
     targets: Any = None  # data/targets.py Targets
-    task: dict | None = None  # the task's own record: threshold or target_scale
+    task: dict | None = None  # the task's own record (Task.record): threshold, target_scale
+    mixing = None  # a record is never augmented: Task.check reads it like a dataset's
+    name = "the checkpoint's inputs record"
 
     @classmethod
-    def of(cls, checkpoint: dict, path: Path) -> InputRecord:
-        record = checkpoint.get("inputs")
+    def from_run(cls, data: Any, task: Any) -> InputRecord:
+        """How ``data`` reaches the model (data/batches.py Data), and what the fitted ``task``
+        (utils/tasks.py) needs to read the outputs back."""
+        return cls(tuple(data.input_shape), list(data.mean), list(data.std), data.num_classes,
+                   data.classes, data.table, data.targets, task.record())  # fmt: skip
+
+    def to_dict(self) -> dict:
+        """What a checkpoint's ``inputs`` holds; :meth:`read` reads it back."""
+        return {"shape": list(self.input_shape), "mean": list(self.mean), "std": list(self.std),
+                "num_classes": self.num_classes, "classes": self.classes, "table": self.table,
+                "targets": self.targets.record(), **(self.task or {})}  # fmt: skip
+
+    @classmethod
+    def read(cls, record: Any, path: Path) -> InputRecord:
+        """A checkpoint's ``inputs`` (untrusted: checked), from the file ``path``."""
         if record is None:
             raise UserError(f"{path} holds no record of its inputs (it was saved before "
                             "predict.py); evaluate.py reads it, or train it one more epoch "

@@ -31,13 +31,14 @@ def config_tree(config: Mapping, label: str = "config") -> Tree:
     return tree
 
 
-def model_summary(model: nn.Module, input_shape, targets: Any) -> str:
-    """One line: the model, its input and output (``targets``, data/targets.py), its size."""
+def model_summary(model: nn.Module, input_shape, task: Any) -> str:
+    """One line: the model, its input and output (the fitted ``task``'s, utils/tasks.py), its
+    size."""
     total, trainable, size = parameter_counts(model)
-    outputs = {"classes": "classes", "label_sets": "labels", "values": "values"}[targets.kind]
     return (
-        f"model [bold]{model.__class__.__name__}[/]: input {list(input_shape)} → {targets.count} "
-        f"{outputs}, {total:,} parameters ({trainable:,} trainable), {size / 2**20:.2f} MiB"
+        f"model [bold]{model.__class__.__name__}[/]: input {list(input_shape)} → "
+        f"{len(task.names)} {task.unit}, {total:,} parameters ({trainable:,} trainable), "
+        f"{size / 2**20:.2f} MiB"
     )
 
 
@@ -116,28 +117,16 @@ def image_grid(images: torch.Tensor, columns: int, padding: int = 2) -> torch.Te
     return grid
 
 
-def log_sample_grid(writer, images: torch.Tensor, labels: torch.Tensor, data, count: int = 16):
+def log_sample_grid(writer, first_batch: tuple, data, task, count: int = 16):
     """The first training samples as the model sees them (augmented, then shown un-normalised)
-    with their labels, in TensorBoard: a label that does not match its image shows at once."""
-    images, labels = images[:count].float().cpu(), labels[:count].cpu()
-    kind = data.targets.kind
-    if labels.is_floating_point() and kind == "classes":  # MixUp/CutMix: the larger share's class
-        labels = labels.argmax(dim=1)
+    with their targets as the ``task`` shows them, in TensorBoard: a label that does not match
+    its image shows at once."""
+    images, labels = first_batch[0][:count].float().cpu(), first_batch[1][:count].cpu()
     if images.dim() == 4:  # images (a table's rows have no picture)
         mean = torch.tensor(data.mean).view(1, -1, 1, 1)
         std = torch.tensor(data.std).view(1, -1, 1, 1)
         shown = (images * std + mean).clamp(0, 1)
         writer.add_image("train/samples", image_grid(shown, columns=8), 0)
-    shown = [_target_text(label, kind) for label in labels.tolist()]
+    shown = task.shown_targets(labels)
     rows = [" ".join(f"{text:>3}" for text in shown[i : i + 8]) for i in (0, 8)]
     writer.add_text("train/sample_labels", "row by row: " + " / ".join(rows), 0)
-
-
-def _target_text(target: Any, kind: str) -> str:
-    """A sample's target as the sample grid shows it: its class, its labels' indices (a;b), or
-    its values."""
-    if kind == "classes":
-        return str(target)
-    if kind == "label_sets":
-        return ";".join(str(i) for i, on in enumerate(target) if on >= 0.5) or "-"
-    return ";".join(f"{v:.3g}" for v in target)

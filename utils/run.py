@@ -32,6 +32,7 @@ from utils.checkpoint import (
 from utils.config import output_dirs, to_plain
 from utils.device import configure_device, configure_threads, resolve_device
 from utils.errors import UserError
+from utils.predictions import InputRecord
 from utils.resume_changes import ResumeChanges, config_changes
 from utils.seeding import configure_determinism, seed_everything, seed_rank_stream
 
@@ -66,11 +67,14 @@ class RunStart:
     finished: float | None = None  # a re-run sweep's finished job: its value; skip it
 
     @property
-    def stored_inputs(self) -> dict | None:
-        """The resumed checkpoint's record of its inputs and targets (None for a fresh run):
-        a resumed regression run keeps the target scale it started with."""
-        inputs = self.resumed[1].get("inputs") if self.resumed else None
-        return inputs if isinstance(inputs, dict) else None
+    def stored_inputs(self) -> InputRecord | None:
+        """The resumed checkpoint's record of its inputs and targets (None for a fresh run or
+        one saved before the record existed): a resumed regression run keeps the target scale
+        it started with."""
+        if not self.resumed or self.resumed[1].get("inputs") is None:
+            return None
+        path, checkpoint = self.resumed
+        return InputRecord.read(checkpoint["inputs"], path)
 
     def remove_replaced(self) -> None:
         """``overwrite=true``: remove the earlier run's files, once this run is set up (so a

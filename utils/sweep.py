@@ -41,10 +41,15 @@ from utils.report import write_json
 
 log = logging.getLogger("torchloom")
 EXIT_JOBS_FAILED = 1  # the sweep finished, but at least one of its jobs failed
-# Metrics shown in the summary besides the monitored one, when the jobs measured them: each
-# task's main test and validation metrics (utils/tasks.py), then the losses.
-SHOWN_METRICS = ("test/acc", "test/map", "test/mae", "test/r2", "test/loss", "val/acc", "val/map",
-                 "val/mae", "val/loss", "train/loss")  # fmt: skip
+
+
+def shown_metrics() -> tuple[str, ...]:
+    """Metrics the summary shows besides the monitored one, when the jobs measured them: each
+    task's main test metric (utils/tasks.py), R², the losses, then the same on val."""
+    from utils.tasks import main_metrics
+
+    return (*main_metrics("test"), "test/r2", "test/loss", *main_metrics("val"), "val/loss",
+            "train/loss")  # fmt: skip
 
 
 def in_sweep() -> bool:
@@ -252,7 +257,7 @@ def summarize(sweep_dir: Path, monitor: str, mode: str, console: Console) -> lis
     first."""
     rows = sort_jobs(collect_jobs(sweep_dir), monitor, mode)
     present = {key for row in rows for key in row}
-    metrics = [monitor] + [m for m in SHOWN_METRICS if m != monitor and m in present]
+    metrics = [monitor] + [m for m in shown_metrics() if m != monitor and m in present]
     columns = ["job", "overrides", *metrics, "status", "wall_time_seconds", "best_checkpoint"]
     if any(row.get("stopped_early_at_epoch") for row in rows):  # trainer.early_stopping
         columns.append("stopped_early_at_epoch")

@@ -21,9 +21,13 @@ what validation measures and which metric picks best.pt by default.
   scale is stored in every checkpoint, so evaluate.py and predict.py undo it the same way.
   Monitor: ``val/mae``.
 
-A task is built from its config, then ``fitted`` to one dataset and device: its targets must be of
-the task's kind (data/targets.py), and the fitted task makes the loss, the scores validation
-adds up (utils/evaluation.py) and the record predict.py reads.
+A task is built from its config, then ``fitted`` to one dataset (or to a checkpoint's inputs
+record, for predict.py) and device: its targets must be of the task's kind (data/targets.py),
+and the fitted task owns what the model's outputs mean, end to end: the loss, the scores
+validation adds up (utils/evaluation.py), evaluate.py's tables, how a prediction row reads
+(:meth:`decode`), the words the reports use, and its part of the inputs record
+(utils/predictions.py). No other module asks which kind of task it is (tests/test_layering.py
+checks): a new task is a class here and its YAML.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data.targets import TASK_OF, Targets, target_kinds
+from utils import eval_tables
 from utils.arguments import BELOW_ONE, POSITIVE, Rule, checked, one_of
 from utils.errors import UserError
 from utils.evaluation import (
@@ -47,6 +52,8 @@ from utils.evaluation import (
     ValueScores,
     measured_metrics,
 )
+from utils.predictions import label_sets, top_classes
+from utils.text import cell
 from utils.trust import FLOAT32_MAX, stored_floats
 
 log = logging.getLogger("torchloom")
@@ -95,11 +102,17 @@ def regression(loss: str, huber_delta: float, standardize_targets: bool) -> Regr
 
 
 class Task:
-    """What every task shares: the kind of targets it learns, and a check that a dataset's
-    targets are of that kind."""
+    """What every task shares: the kind of targets it learns, a check that a dataset's
+    targets are of that kind, and the words and defaults the rest of torchloom asks for."""
 
     targets = "classes"  # data/targets.py KINDS
     name = "classification"
+    unit = "classes"  # the model's outputs, counted: "10 classes"
+    outputs = "class scores (the dataset's classes)"  # what a model must output
+    monitor = "val/acc"  # trainer.monitor's default: the main validation metric
+    mixes = True  # MixUp/CutMix may blend its targets
+    quiet_guards: tuple[str, ...] = ()  # start-up guards (utils/guards.py) that do not apply
+    fitted_to: Targets | None = None  # the targets of the data or record it was fitted to
 
     def data_arguments(self, node: Any) -> dict[str, str]:
         """What the data builder of config ``node`` is passed besides its keys: the kind of
@@ -120,6 +133,11 @@ class Task:
             raise UserError(f"task={self.name} learns {HINTS[self.targets]}, and {data.name} "
                             f"gives {targets.kind.replace('_', ' ')} (for task="
                             f"{TASK_OF[targets.kind]}); choose the task or data that match")  # fmt: skip
+        if data.mixing and not self.mixes:
+            raise UserError(
+                "data.augment.mixup_alpha and cutmix_alpha blend class targets, and "
+                f"{data.name}'s targets are {targets.kind} (task={self.name}): set both to 0"
+            )
         if targets.count > MAX_OUTPUTS:
             raise UserError(f"{data.name} gives {targets.count:,} {targets.kind.replace('_', ' ')}"
                             f", more than the {MAX_OUTPUTS:,} a model output may have; class "
@@ -134,10 +152,38 @@ class Task:
                             f"{least} or more; check data.target or the data")  # fmt: skip
         return targets
 
+    @property
+    def names(self) -> list[str]:
+        """The names of the model's outputs (class, label or target names, else numbers)."""
+        return self.fitted_to.shown_names
+
     def record(self) -> dict:
-        """What evaluate.py and predict.py need besides the inputs record (nothing, unless a
-        task says so)."""
+        """The task's part of the inputs record (utils/predictions.py): what evaluate.py and
+        predict.py need to read outputs as training did (nothing, unless a task says so)."""
         return {}
+
+    def shown_targets(self, targets: torch.Tensor) -> list[str]:
+        """Each sample's target as the TensorBoard sample grid labels it: its class index (the
+        larger share of a MixUp/CutMix-mixed one)."""
+        if targets.is_floating_point():
+            targets = targets.argmax(dim=1)
+        return [str(t) for t in targets.tolist()]
+
+    def tables(self, out: Any, title: str, metrics: dict, split: str) -> dict:
+        """Print evaluate.py's tables of one checkpoint's detailed ``metrics`` through
+        ``out``; returns its JSON-ready metrics."""
+        return eval_tables.class_tables(out, title, metrics, split, self.names)
+
+    def decode(self, outputs: torch.Tensor, options: Any) -> tuple[list[str], list, list[str]]:
+        """(CSV header, CSV rows, one printed line a row) of predict.py for the model's
+        ``outputs``: the ``options.topk`` classes and probabilities. Numbers are written in
+        full (``repr``: they read back as the same float), names as spreadsheet text."""
+        names = self.names
+        k = min(options.topk, len(names))
+        top = top_classes(torch.softmax(outputs, dim=1), names, k)
+        header = [f"{what}{i}" for i in range(1, k + 1) for what in ("class", "p")]
+        rows = [[v for label, p in row for v in (cell(label), repr(p))] for row in top]
+        return header, rows, ["  ".join(f"{label} {p:.3f}" for label, p in row) for row in top]
 
     def exportable(self, model: nn.Module) -> tuple[nn.Module, str, torch.Tensor | None]:
         """(what an ONNX export holds, its output's name, the unit its parity is measured in;
@@ -152,7 +198,8 @@ class Classification(Task):
 
     def fitted(self, data: Any, device: torch.device, stored: dict | None = None) -> Classification:
         fitted = Classification(self.label_smoothing, self.class_weights)
-        fitted.classes, fitted.data, fitted.device = self.check(data).count, data, device
+        fitted.fitted_to = self.check(data)
+        fitted.classes, fitted.data, fitted.device = fitted.fitted_to.count, data, device
         return fitted
 
     def measured(self) -> list[str]:
@@ -234,6 +281,10 @@ class ClassificationLoss:
 class MultiLabel(Task):
     targets = "label_sets"
     name = "multilabel"
+    unit = "labels"
+    outputs = "label scores (the dataset's labels)"
+    monitor = "val/map"
+    quiet_guards = ("probability_outputs",)  # softmax before cross-entropy: a classifier's
 
     def __init__(self, pos_weight: Any, threshold: float) -> None:
         self.pos_weight, self.threshold = pos_weight, threshold
@@ -241,7 +292,8 @@ class MultiLabel(Task):
 
     def fitted(self, data: Any, device: torch.device, stored: dict | None = None) -> MultiLabel:
         fitted = MultiLabel(self.pos_weight, self.threshold)
-        fitted.labels, fitted.data, fitted.device = self.check(data).count, data, device
+        fitted.fitted_to = self.check(data)
+        fitted.labels, fitted.data, fitted.device = fitted.fitted_to.count, data, device
         return fitted
 
     def measured(self) -> list[str]:
@@ -252,6 +304,28 @@ class MultiLabel(Task):
 
     def record(self) -> dict:
         return {"threshold": self.threshold}
+
+    def shown_targets(self, targets: torch.Tensor) -> list[str]:
+        """Its labels' indices, a;b (- for none)."""
+        return [";".join(str(i) for i, on in enumerate(row) if on >= 0.5) or "-"
+                for row in targets.tolist()]  # fmt: skip
+
+    def tables(self, out: Any, title: str, metrics: dict, split: str) -> dict:
+        return eval_tables.label_tables(out, title, metrics, split, self.names)
+
+    def decode(self, outputs: torch.Tensor, options: Any) -> tuple[list[str], list, list[str]]:
+        """The label set at the threshold (``options.threshold``, else the task's), then every
+        label's probability."""
+        threshold = self.threshold if options.threshold is None else options.threshold
+        if not BELOW_ONE.test(threshold):
+            raise UserError(f"threshold={threshold} must be above 0 and below 1")
+        names, probabilities = self.names, torch.sigmoid(outputs)
+        chosen = label_sets(probabilities, names, float(threshold))
+        rows = [[cell(";".join(n for n, _ in sets)), *map(repr, row)]
+                for sets, row in zip(chosen, probabilities.tolist(), strict=True)]  # fmt: skip
+        lines = ["  ".join(f"{n} {p:.3f}" for n, p in sets) or f"(none at {threshold:g})"
+                 for sets in chosen]  # fmt: skip
+        return ["labels", *(cell(f"p_{n}") for n in names)], rows, lines
 
     def loss(self) -> MultiLabelLoss:
         """BCE with logits per label; ``pos_weight=auto`` weighs each label's positives by its
@@ -329,6 +403,11 @@ class TargetScale:
 class Regression(Task):
     targets = "values"
     name = "regression"
+    unit = "values"
+    outputs = "values (the dataset's targets)"
+    monitor = "val/mae"
+    mixes = False  # a blend of two targets is not a target
+    quiet_guards = ("probability_outputs",)
 
     def __init__(self, loss: str, huber_delta: float, standardize_targets: bool) -> None:
         self.criterion, self.huber_delta = loss, huber_delta
@@ -337,11 +416,13 @@ class Regression(Task):
 
     def fitted(self, data: Any, device: torch.device, stored: dict | None = None) -> Regression:
         """Fitted to ``data`` on ``device``: the target scale of the train split, or the one a
-        checkpoint ``stored`` (its inputs record): evaluation undoes what training applied."""
-        count = self.check(data).count
+        checkpoint ``stored`` (its :class:`utils.predictions.InputRecord`): evaluation undoes
+        what training applied."""
         fitted = Regression(self.criterion, self.huber_delta, self.standardize_targets)
+        fitted.fitted_to = self.check(data)
+        count = fitted.fitted_to.count
         if stored is not None:
-            fitted.scale = TargetScale.from_record(stored.get("target_scale"), count, device)
+            fitted.scale = TargetScale.from_record(stored.task.get("target_scale"), count, device)
             return fitted
         train = data.train_targets().double()
         center = train.mean(dim=0)
@@ -365,6 +446,20 @@ class Regression(Task):
 
     def record(self) -> dict:
         return {"target_scale": self.scale.record()}
+
+    def shown_targets(self, targets: torch.Tensor) -> list[str]:
+        return [";".join(f"{v:.3g}" for v in row) for row in targets.tolist()]
+
+    def tables(self, out: Any, title: str, metrics: dict, split: str) -> dict:
+        return eval_tables.value_tables(out, title, metrics, split, self.names)
+
+    def decode(self, outputs: torch.Tensor, options: Any) -> tuple[list[str], list, list[str]]:
+        """Each target's predicted value, in the targets' own units (the scale undone)."""
+        names, values = self.names, self.scale.undo(outputs.to(self.scale.mean.device)).tolist()
+        rows = [[repr(v) for v in row] for row in values]
+        lines = ["  ".join(f"{n}={v:.6g}" for n, v in zip(names, row, strict=True))
+                 for row in values]  # fmt: skip
+        return [cell(n) for n in names], rows, lines
 
     def exportable(self, model: nn.Module) -> tuple[nn.Module, str, torch.Tensor | None]:
         """The model with the target scale undone inside it, so an export's ``values`` are in
@@ -411,3 +506,19 @@ class RegressionLoss:
         if self.criterion == "l1":
             return F.l1_loss(outputs, scaled, reduction=reduction)
         return F.huber_loss(outputs, scaled, reduction=reduction, delta=self.huber_delta)
+
+
+TASKS = {"utils.tasks.classification": Classification, "utils.tasks.multilabel": MultiLabel,
+         "utils.tasks.regression": Regression}  # fmt: skip
+
+
+def default_monitor(task_target: str) -> str:
+    """The main validation metric of the task built by ``task_target`` (``val/loss`` for a
+    builder torchloom does not know)."""
+    task = TASKS.get(str(task_target))
+    return task.monitor if task else "val/loss"
+
+
+def main_metrics(split: str) -> tuple[str, ...]:
+    """Each task's main metric on ``split`` (``test/acc``, ``test/map``, ``test/mae``)."""
+    return tuple(f"{split}/{task.monitor.split('/', 1)[1]}" for task in TASKS.values())
