@@ -98,9 +98,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     data = build(cfg.data, **task.data_arguments(cfg.data))  # csv, tensors, image_csv: the kind
     task = task.fitted(data, context.device, run.stored_inputs)  # kind checked; target scale
     monitor.check_measured([f"val/{name}" for name in task.measured()])
-    loss = task.loss()  # cross-entropy, binary cross-entropy, or MSE/Huber/L1
-    if note := loss.training_note(data.mixing):  # train/loss and val/loss measure other things
-        log.info(note)
+    loss = task.training_loss()  # cross-entropy, binary cross-entropy, or MSE/Huber/L1
     modules = Modules.build(cfg.model, data, context.device, trainer.channels_last, task)
     out.print(report.model_summary(modules.model, data.input_shape, task))
     if trainer.shapes_only:  # debug=shapes
@@ -143,8 +141,6 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
             early.update(value, state.epoch)  # counted in the state: saved with the epoch
         checkpointer.save_epoch(value)
         log.info(state.epoch_line(trainer.max_epochs))
-    if early.reason:
-        log.info("early stopping after epoch %d: %s", early.stopped_at, early.reason)
     if loop.stopped:  # a signal: save the exact position, flush, say how to continue
         checkpointer.stop_here(stop, out)
     debugging.report(out)

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -58,10 +59,23 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def hand_written(data, model_and_optimizer, device, precision: str, channels_last: bool,
-                 compile_model: bool, epochs: int, seed: int, loader: bool = False) -> list[float]:  # fmt: skip
+@dataclass(frozen=True)
+class Setting:
+    """How one case runs: where, at which precision and layout, compiled or not, how long."""
+
+    device: torch.device
+    precision: str
+    channels_last: bool
+    compile_model: bool
+    epochs: int
+
+
+def hand_written(data, model_and_optimizer, setting: Setting, seed: int,
+                 loader: bool = False) -> list[float]:  # fmt: skip
     """The loop a careful user writes by hand: one autocast, one GradScaler (enabled for fp16
     only), the data either whole on the device or from a pinned-memory DataLoader."""
+    device, precision, channels_last = setting.device, setting.precision, setting.channels_last
+    compile_model, epochs = setting.compile_model, setting.epochs
     inputs, labels = normalised_train_split(data)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model, optimizer = model_and_optimizer()
@@ -103,19 +117,19 @@ def hand_written(data, model_and_optimizer, device, precision: str, channels_las
     return rates[1:]
 
 
-def compare(name: str, overrides: list[str], device, precision: str, channels_last: bool,
-            compile_model: bool, epochs: int, workdir: Path, loader_too: bool = False) -> dict:  # fmt: skip
+def compare(name: str, overrides: list[str], setting: Setting, workdir: Path,
+            loader_too: bool = False) -> dict:  # fmt: skip
+    device, precision, channels_last = setting.device, setting.precision, setting.channels_last
+    compile_model, epochs = setting.compile_model, setting.epochs
     config = [*overrides, f"precision={precision}", f"trainer.device={device}",
               f"trainer.channels_last={str(channels_last).lower()}",
               f"trainer.compile={str(compile_model).lower()}"]  # fmt: skip
     cfg, data, model_and_optimizer = build_case(config)
     rates = {
-        "hand_written": hand_written(data, model_and_optimizer, device, precision,
-                                     channels_last, compile_model, epochs, cfg.seed),
+        "hand_written": hand_written(data, model_and_optimizer, setting, cfg.seed),
     }  # fmt: skip
     if loader_too:
-        rates["dataloader"] = hand_written(data, model_and_optimizer, device, precision,
-                                           channels_last, compile_model, epochs, cfg.seed,
+        rates["dataloader"] = hand_written(data, model_and_optimizer, setting, cfg.seed,
                                            loader=True)  # fmt: skip
     rates["torchloom"] = torchloom_run(config, epochs, workdir, name)[0][1:]
     floor = statistics.median(rates["hand_written"])
@@ -189,12 +203,12 @@ def main() -> None:
                 for compile_model in (False, True) if precision in compiled else (False,):
                     name = (f"resnet18 {precision}{' channels_last' if channels_last else ''}"
                             f"{' compile' if compile_model else ''}")  # fmt: skip
-                    results.append(compare(name.replace(" ", "_"), resnet, device, precision,
-                                           channels_last, compile_model, epochs,
-                                           workdir))  # fmt: skip
+                    setting = Setting(device, precision, channels_last, compile_model, epochs)
+                    results.append(compare(name.replace(" ", "_"), resnet, setting, workdir))
         print("\nData path: MNIST-sized, MLP 784-256-10, batch 128, fp32", flush=True)
-        results.append(compare("mnist_mlp_data_path", mnist_overrides(mnist_samples), device,
-                               "fp32", False, False, epochs, workdir, loader_too=True))  # fmt: skip
+        setting = Setting(device, "fp32", False, False, epochs)
+        results.append(compare("mnist_mlp_data_path", mnist_overrides(mnist_samples), setting,
+                               workdir, loader_too=True))  # fmt: skip
         if not args.smoke:
             print(flush=True)
             results.append(fp16_end_to_end(device, resnet, workdir))

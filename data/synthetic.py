@@ -31,15 +31,12 @@ def make_samples(
 
 
 def load_synthetic(
-    num_samples: int,
-    shape: Sequence[int],
-    num_classes: int,
-    noise: float,
-    val_size: int,
-    test_size: int,
-    seed: int,
-    **batching,
+    num_samples: int, shape: Sequence[int], num_classes: int, noise: float, seed: int, **options
 ) -> Data:
+    """conf/data/synthetic.yaml: ``num_samples`` training samples of ``shape``, plus
+    ``options["val_size"]`` and ``options["test_size"]`` held out; the other ``options`` are
+    the batching keys (data/batches.py Batching)."""
+    val_size, test_size = options.pop("val_size"), options.pop("test_size")
     if len(shape) != 3 or min(shape) < 1:
         raise UserError(f"data.shape={list(shape)} must be [channels, height, width]")
     if num_classes < 2:
@@ -51,4 +48,4 @@ def load_synthetic(
                "lower data.num_samples, val_size, test_size or data.shape")  # fmt: skip
     samples = make_samples(total, shape, num_classes, noise, seed)
     train, val, test = holdout(samples, [val_size, test_size], seed)
-    return Data("synthetic", Splits(train, val, test), num_classes, Batching(**batching))
+    return Data("synthetic", Splits(train, val, test), num_classes, Batching(**options))

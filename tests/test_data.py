@@ -161,7 +161,9 @@ def test_bad_labels_name_the_dataset_and_value(tmp_path, bad, message):
 
 
 def test_synthetic_is_seeded_and_shaped():
-    make = lambda seed: load_synthetic(64, [3, 8, 8], 4, 0.2, 16, 16, seed, **RGB)  # noqa: E731
+    make = lambda seed: load_synthetic(
+        64, [3, 8, 8], 4, 0.2, seed, val_size=16, test_size=16, **RGB
+    )  # noqa: E731
     a, b, c = make(0), make(0), make(1)
     assert a.input_shape == (3, 8, 8) and a.num_classes == 4
     assert torch.equal(a.splits["train"].inputs, b.splits["train"].inputs)
@@ -170,7 +172,7 @@ def test_synthetic_is_seeded_and_shaped():
 
 def synthetic_data(**augment):
     batching = {**BATCHING, "augment": {"crop_padding": 0, "horizontal_flip": False, **augment}}
-    return load_synthetic(100, [1, 6, 6], 3, 0.3, 10, 10, 0, **batching)
+    return load_synthetic(100, [1, 6, 6], 3, 0.3, 0, val_size=10, test_size=10, **batching)
 
 
 def test_training_batches_cover_each_sample_once_per_epoch_in_a_new_order():

@@ -85,6 +85,8 @@ class EarlyStopping:
             count["bad_validations"] += 1
         count["stopped_at"] = epoch if count["bad_validations"] >= self.patience else None
         self.state.early_stopping = count
+        if self.done():
+            log.info("early stopping after epoch %d: %s", epoch, self.reason)
 
     @property
     def reason(self) -> str | None:

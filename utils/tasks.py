@@ -152,6 +152,14 @@ class Task:
                             f"{least} or more; check data.target or the data")  # fmt: skip
         return targets
 
+    def training_loss(self) -> Any:
+        """What the training step computes (:meth:`loss`), logging what train/loss measures
+        when it is not what val/loss measures (MixUp/CutMix, smoothing, weights)."""
+        loss = self.loss()
+        if note := loss.training_note(self.data.mixing):
+            log.info(note)
+        return loss
+
     @property
     def names(self) -> list[str]:
         """The names of the model's outputs (class, label or target names, else numbers)."""
@@ -413,13 +421,14 @@ class Regression(Task):
         self.criterion, self.huber_delta = loss, huber_delta
         self.standardize_targets = standardize_targets
         self.scale: TargetScale | None = None
+        self.data: Any = None
 
     def fitted(self, data: Any, device: torch.device, stored: dict | None = None) -> Regression:
         """Fitted to ``data`` on ``device``: the target scale of the train split, or the one a
         checkpoint ``stored`` (its :class:`utils.predictions.InputRecord`): evaluation undoes
         what training applied."""
         fitted = Regression(self.criterion, self.huber_delta, self.standardize_targets)
-        fitted.fitted_to = self.check(data)
+        fitted.fitted_to, fitted.data = self.check(data), data
         count = fitted.fitted_to.count
         if stored is not None:
             fitted.scale = TargetScale.from_record(stored.task.get("target_scale"), count, device)
