@@ -8,19 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EVALUATE, read_metrics, run_python, run_train
+from conftest import (
+    EVALUATE,
+    assert_same_run,
+    interrupt_and_resume,
+    read_metrics,
+    run_python,
+    run_train,
+    user_conf,
+    write_table,
+)
 
 from data.batches import Placement
 from utils.checkpoint import load_checkpoint
-
-
-def user_conf(root: Path, files: dict[str, str]) -> str:
-    """A config folder of the user's own YAMLs, found through Hydra's search path."""
-    for name, text in files.items():
-        path = root / "conf" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return f"hydra.searchpath=[file://{root / 'conf'}]"
 
 
 def test_the_pytorch_examples_net_trains_unchanged_with_a_one_line_yaml(tmp_path, mnist_root):
@@ -42,15 +42,6 @@ def test_the_pytorch_examples_net_trains_unchanged_with_a_one_line_yaml(tmp_path
     assert [g["weight_decay"] for g in groups] == [0.0, 0.0] and groups[0]["lr"] > 0
 
 
-def test_a_model_with_the_wrong_number_of_outputs_names_expected_and_actual(tmp_path):
-    search = user_conf(tmp_path, {"model/three.yaml": "_target_: examples_net.three_outputs\n"})
-    result = run_train(tmp_path, search, "model=three", "trainer.max_epochs=1", ok=False)
-    assert result.returncode == 2
-    assert ("examples_net.three_outputs outputs [3] per sample, expected [10] class scores"
-            in result.stderr)  # fmt: skip
-    assert not list(tmp_path.rglob("*.pt"))
-
-
 def test_builders_that_take_the_shapes_still_get_them():
     from utils.modules import accepted_by
 
@@ -63,20 +54,6 @@ def test_builders_that_take_the_shapes_still_get_them():
 
 
 # --- Bring your own data: a CSV table, arrays in a file ------------------------------------
-
-
-def write_table(path: Path, rows: int = 240, seed: int = 0, delimiter: str = ",") -> Path:
-    """Two numeric features on very different scales, a categorical one, named labels."""
-    import random
-
-    rng = random.Random(seed)
-    lines = [delimiter.join(["size", "weight", "colour", "kind"])]
-    for _ in range(rows):
-        size, weight, colour = rng.gauss(0, 1), rng.gauss(500, 100), rng.choice("rgb")
-        kind = "big" if size + (weight - 500) / 100 + (colour == "r") > 0.3 else "small"
-        lines.append(delimiter.join([f"{size:.4f}", f"{weight:.2f}", colour, kind]))
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 CSV_RUN = ["data=csv", "data.path=table.csv", "data.target=kind", "data.categorical=[colour]",
@@ -180,7 +157,6 @@ def test_a_tensors_file_that_would_run_code_is_refused(tmp_path):
 
 
 def test_an_interrupted_csv_run_resumes_bit_identically(tmp_path):
-    from test_resume import assert_same_run, interrupt_and_resume
 
     write_table(tmp_path / "table.csv")
     run = [*CSV_RUN, "model._target_=signalling_model.mlp", "model.dropout=0.3",

@@ -14,9 +14,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EVALUATE, ROOT, read_metrics, run_python, run_train, scalars
+from conftest import (
+    EVALUATE,
+    ROOT,
+    interrupt_and_resume,
+    read_metrics,
+    run_python,
+    run_train,
+    scalars,
+    user_conf,
+)
 from PIL import Image
-from test_resume import interrupt_and_resume
 
 from utils.checkpoint import load_checkpoint
 
@@ -296,7 +304,6 @@ def test_an_interrupted_multilabel_run_resumes_bit_identically(tmp_path):
 
 
 def test_a_builder_naming_num_outputs_gets_the_number_of_values(tmp_path):
-    from test_bring_your_own import user_conf
 
     search = user_conf(tmp_path, {"model/linear.yaml": "_target_: examples_net.linear\n"})
     x = torch.randn(400, 3, generator=torch.Generator().manual_seed(0))
@@ -311,16 +318,40 @@ def test_a_builder_naming_num_outputs_gets_the_number_of_values(tmp_path):
     assert weights["1.weight"].shape == (2, 3)
 
 
-def test_a_wrong_output_width_names_what_the_columns_are(tmp_path):
-    from test_bring_your_own import user_conf
-
+# One rule, every task: a model whose output width is wrong is refused at start-up, naming
+# the builder, what it outputs and what the task needs; nothing is saved.
+@pytest.mark.parametrize(("task", "expected"), [
+    ([], "expected [10] class scores (the dataset's classes)"),
+    (REGRESSION[:5], "expected [2] values (the dataset's targets)"),
+    (["task=multilabel", "data=tensors", "data.path=labels.pt"],
+     "expected [5] label scores (the dataset's labels)"),
+], ids=["classification", "regression", "multilabel"])  # fmt: skip
+def test_a_wrong_output_width_names_the_builder_and_what_the_task_needs(tmp_path, task, expected):
     search = user_conf(tmp_path, {"model/three.yaml": "_target_: examples_net.three_outputs\n"})
     write_houses(tmp_path / "houses.csv", rows=60)
-    result = run_train(tmp_path, search, "model=three", *REGRESSION[:5], "data.batch_size=8",
+    generator = torch.Generator().manual_seed(0)
+    torch.save({"x": torch.randn(60, 4, generator=generator),
+                "y": (torch.rand(60, 5, generator=generator) > 0.5).float()},
+               tmp_path / "labels.pt")  # fmt: skip
+    result = run_train(tmp_path, search, "model=three", *task, "data.batch_size=8",
                        "trainer.max_epochs=1", ok=False)  # fmt: skip
     assert result.returncode == 2
-    assert ("examples_net.three_outputs outputs [3] per sample, expected [2] values (the "
-            "dataset's targets)") in result.stderr  # fmt: skip
+    assert f"examples_net.three_outputs outputs [3] per sample, {expected}" in result.stderr
+    assert not list((tmp_path / "checkpoints").rglob("*.pt"))  # nothing saved
+
+
+def test_a_lazy_model_of_the_right_width_trains_saves_and_evaluates(tmp_path):
+    # nn.LazyLinear takes its shape in the start-up check's dummy forward: its weights must
+    # be ordinary parameters afterwards (under inference_mode they could not even be checked
+    # for NaN before the first checkpoint).
+    search = user_conf(tmp_path, {"model/three.yaml": "_target_: examples_net.three_outputs\n"})
+    write_houses(tmp_path / "houses.csv", rows=60)
+    run_train(tmp_path, search, "model=three", "task=multilabel", "data=csv",
+              "data.path=houses.csv", "data.target=tags", FEATURES, "data.batch_size=8",
+              "trainer.max_epochs=2", "run_name=lazy")  # fmt: skip
+    weights = load_checkpoint(tmp_path / "checkpoints" / "lazy" / "best.pt")["model"]
+    assert weights["1.weight"].shape == (3, 4)  # the 4 features, the 3 labels
+    assert "test/map" in read_metrics(tmp_path / "runs" / "lazy")
 
 
 def test_zero_one_columns_are_label_sets_and_tensors_hold_every_kind(tmp_path):

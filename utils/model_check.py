@@ -26,7 +26,10 @@ def check_forward(
     was_training = model.training
     model.eval()  # no BatchNorm statistics are updated by the dummy batch
     try:
-        with torch.inference_mode():
+        # no_grad, not inference_mode: lazy layers (nn.LazyLinear) take their shapes in this
+        # first forward, and parameters made under inference mode can never train or be read
+        # outside it.
+        with torch.no_grad():
             output = model(torch.zeros(2, *input_shape, device=device))
     except RuntimeError as error:
         name, module = entered[-1] if entered else ("(model)", model)
