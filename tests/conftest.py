@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import pickle
+import socket
 import struct
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+from utils.signals import EXIT_INTERRUPTED
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPERS = ROOT / "tests" / "helpers"
@@ -309,3 +312,93 @@ def slow(*values):
     one variant of each finding, CI runs them all."""
     return [pytest.param(*v if isinstance(v, tuple) else (v,), marks=pytest.mark.slow)
             for v in values]  # fmt: skip
+
+
+# --- Shared by several test modules ----------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(cwd, *overrides, env=None, ok=True, script=TRAIN):
+    """``torchrun`` with two processes on this machine, running ``script`` with ``overrides``."""
+    launch = ["--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
+    return run_python(
+        cwd, "-m", "torch.distributed.run", *launch, str(script), *overrides, ok=ok, env=env
+    )
+
+
+def run_evaluate(cwd: Path, *overrides: str, ok: bool = True):
+    return run_python(cwd, str(EVALUATE), *overrides, ok=ok)
+
+
+def checkpoint(cwd: Path, run_name: str, name: str = "last.pt") -> dict:
+    return torch.load(cwd / "checkpoints" / run_name / name, map_location="cpu", weights_only=True)
+
+
+def interrupt_and_resume(
+    cwd: Path, run: list[str], run_name: str, at: int, signal_name: str = "SIGTERM"
+):
+    """Signal the run at its ``at``-th training micro-batch, then ``resume=auto`` it."""
+    first = run_train(
+        cwd,
+        *run,
+        f"run_name={run_name}",
+        ok=False,
+        env={"SIGNAL_AT_FORWARD": str(at), "SIGNAL_NAME": signal_name},
+    )
+    assert first.returncode == EXIT_INTERRUPTED, first.stderr[-2000:]
+    assert f"{signal_name} received" in first.stderr
+    assert (
+        "continue with:" in first.stdout
+        and f"resume=checkpoints/{run_name}/last.pt" in first.stdout
+    )
+    position = checkpoint(cwd, run_name)
+    resumed = run_train(cwd, *run, f"run_name={run_name}", "resume=auto")
+    assert f"resumed from checkpoints/{run_name}/last.pt" in resumed.stdout
+    return position
+
+
+def assert_same_run(cwd: Path, straight: str, resumed: str) -> None:
+    a, b = checkpoint(cwd, straight), checkpoint(cwd, resumed)
+    assert a["global_step"] == b["global_step"]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for key in ("exp_avg", "exp_avg_sq"):
+        for index in a["optimizer"]["state"]:
+            assert torch.equal(
+                a["optimizer"]["state"][index][key], b["optimizer"]["state"][index][key]
+            )
+    logged_a, logged_b = scalars(cwd / "runs" / straight), scalars(cwd / "runs" / resumed)
+    for tag in ("train/loss", "train/lr", "val/loss", "val/acc"):
+        assert logged_a[tag] == logged_b[tag], tag  # same steps, same values, no duplicates
+    assert (
+        read_metrics(cwd / "runs" / straight)["test/acc"]
+        == read_metrics(cwd / "runs" / resumed)["test/acc"]
+    )
+
+
+def user_conf(root: Path, files: dict[str, str]) -> str:
+    """A config folder of the user's own YAMLs, found through Hydra's search path."""
+    for name, text in files.items():
+        path = root / "conf" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return f"hydra.searchpath=[file://{root / 'conf'}]"
+
+
+def write_table(path: Path, rows: int = 240, seed: int = 0, delimiter: str = ",") -> Path:
+    """Two numeric features on very different scales, a categorical one, named labels."""
+    import random
+
+    rng = random.Random(seed)
+    lines = [delimiter.join(["size", "weight", "colour", "kind"])]
+    for _ in range(rows):
+        size, weight, colour = rng.gauss(0, 1), rng.gauss(500, 100), rng.choice("rgb")
+        kind = "big" if size + (weight - 500) / 100 + (colour == "r") > 0.3 else "small"
+        lines.append(delimiter.join([f"{size:.4f}", f"{weight:.2f}", colour, kind]))
+    path.write_text("\n".join(lines) + "\n")
+    return path

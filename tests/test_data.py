@@ -161,9 +161,9 @@ def test_bad_labels_name_the_dataset_and_value(tmp_path, bad, message):
 
 
 def test_synthetic_is_seeded_and_shaped():
-    make = lambda seed: load_synthetic(
-        64, [3, 8, 8], 4, 0.2, seed, val_size=16, test_size=16, **RGB
-    )  # noqa: E731
+    def make(seed):
+        return load_synthetic(64, [3, 8, 8], 4, 0.2, seed, val_size=16, test_size=16, **RGB)
+
     a, b, c = make(0), make(0), make(1)
     assert a.input_shape == (3, 8, 8) and a.num_classes == 4
     assert torch.equal(a.splits["train"].inputs, b.splits["train"].inputs)

@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import EVALUATE, HELPERS, TRAIN, run_python, run_train
+from conftest import EVALUATE, HELPERS, TRAIN, free_port, run_python, run_train, torchrun
 
 from utils.checkpoint import load_checkpoint
 from utils.distributed import rescale_position
@@ -34,20 +33,6 @@ JOB = (
     "trainer.accumulate_grad_batches=2",
     "trainer.log_every_n_steps=5",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(cwd, *overrides, env=None, ok=True, script=TRAIN):
-    """``torchrun`` with two processes on this machine, running ``script`` with ``overrides``."""
-    launch = ["--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
-    return run_python(
-        cwd, "-m", "torch.distributed.run", *launch, str(script), *overrides, ok=ok, env=env
-    )
 
 
 def weights(path):

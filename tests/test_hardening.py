@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import error_line, read_metrics, run_train, scalars
+from conftest import error_line, read_metrics, run_evaluate, run_train, scalars
 
 from utils.checkpoint import load_checkpoint, remove_stale_temporary_files, save_atomic
 from utils.checkpointer import checked_top_k, own_top_k_file, top_k_name
@@ -93,7 +93,6 @@ def load_checkpoint_config() -> dict:
 
 
 def test_evaluate_runs_nothing_from_an_interpolation_or_a_chained_target(base, tmp_path):
-    from test_trust import run_evaluate
 
     state = load_checkpoint(base / "checkpoints/base/best.pt")
     marker = tmp_path / "evil.py"
@@ -115,7 +114,6 @@ def test_evaluate_runs_nothing_from_an_interpolation_or_a_chained_target(base, t
 def test_evaluate_never_downloads_because_a_stored_config_says_so(base, tmp_path):
     import yaml
     from conftest import CONF
-    from test_trust import run_evaluate
 
     state = load_checkpoint(base / "checkpoints/base/best.pt")
     mnist = yaml.safe_load((CONF / "data/mnist.yaml").read_text())
@@ -313,7 +311,6 @@ def test_a_change_the_saved_state_cannot_carry_is_refused_in_one_line(
 
 
 def test_a_weights_only_file_cannot_be_resumed_or_evaluated(base, tmp_path):
-    from test_trust import run_evaluate
 
     weights = {"model": load_checkpoint(base / "checkpoints/base/best.pt")["model"]}
     torch.save(weights, tmp_path / "weights.pt")

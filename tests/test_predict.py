@@ -9,8 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import EVALUATE, ROOT, run_python, run_train, write_imagefolder
-from test_bring_your_own import write_table
+from conftest import EVALUATE, ROOT, run_python, run_train, write_imagefolder, write_table
 
 PREDICT = ROOT / "predict.py"
 IMAGES = ["data=imagefolder", "data.root=images", "data.image_size=[12,10]", "model=cnn",

@@ -11,9 +11,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import EVALUATE, HELPERS, read_metrics, run_python, run_train, scalars
-from test_distributed import torchrun
-from test_resume import interrupt_and_resume
+from conftest import (
+    EVALUATE,
+    HELPERS,
+    interrupt_and_resume,
+    read_metrics,
+    run_python,
+    run_train,
+    scalars,
+    torchrun,
+)
 
 from data.batches import TensorBatches
 from data.mixing import Draw, MixedBatches, Mixing, mixed

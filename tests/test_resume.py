@@ -9,11 +9,20 @@ import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import HELPERS, TRAIN, read_metrics, run_train, scalars, write_imagefolder
+from conftest import (
+    HELPERS,
+    TRAIN,
+    assert_same_run,
+    checkpoint,
+    interrupt_and_resume,
+    read_metrics,
+    run_train,
+    scalars,
+    write_imagefolder,
+)
 
 from utils.signals import EXIT_INTERRUPTED
 
@@ -35,52 +44,6 @@ TENSOR_RUN = [
     "trainer.log_every_n_steps=3",
     "trainer.max_epochs=3",
 ]
-
-
-def checkpoint(cwd: Path, run_name: str, name: str = "last.pt") -> dict:
-    return torch.load(cwd / "checkpoints" / run_name / name, map_location="cpu", weights_only=True)
-
-
-def assert_same_run(cwd: Path, straight: str, resumed: str) -> None:
-    a, b = checkpoint(cwd, straight), checkpoint(cwd, resumed)
-    assert a["global_step"] == b["global_step"]
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), key
-    for key in ("exp_avg", "exp_avg_sq"):
-        for index in a["optimizer"]["state"]:
-            assert torch.equal(
-                a["optimizer"]["state"][index][key], b["optimizer"]["state"][index][key]
-            )
-    logged_a, logged_b = scalars(cwd / "runs" / straight), scalars(cwd / "runs" / resumed)
-    for tag in ("train/loss", "train/lr", "val/loss", "val/acc"):
-        assert logged_a[tag] == logged_b[tag], tag  # same steps, same values, no duplicates
-    assert (
-        read_metrics(cwd / "runs" / straight)["test/acc"]
-        == read_metrics(cwd / "runs" / resumed)["test/acc"]
-    )
-
-
-def interrupt_and_resume(
-    cwd: Path, run: list[str], run_name: str, at: int, signal_name: str = "SIGTERM"
-):
-    """Signal the run at its ``at``-th training micro-batch, then ``resume=auto`` it."""
-    first = run_train(
-        cwd,
-        *run,
-        f"run_name={run_name}",
-        ok=False,
-        env={"SIGNAL_AT_FORWARD": str(at), "SIGNAL_NAME": signal_name},
-    )
-    assert first.returncode == EXIT_INTERRUPTED, first.stderr[-2000:]
-    assert f"{signal_name} received" in first.stderr
-    assert (
-        "continue with:" in first.stdout
-        and f"resume=checkpoints/{run_name}/last.pt" in first.stdout
-    )
-    position = checkpoint(cwd, run_name)
-    resumed = run_train(cwd, *run, f"run_name={run_name}", "resume=auto")
-    assert f"resumed from checkpoints/{run_name}/last.pt" in resumed.stdout
-    return position
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, read_metrics, run_python, run_train
+from conftest import ROOT, read_metrics, run_evaluate, run_train
 
 from utils import checkpoint as checkpoint_module
 from utils.checkpoint import load_checkpoint, load_weights, save_atomic, strip_wrapper_prefixes
@@ -20,10 +20,6 @@ from utils.trust import check_stored_config
 
 EVALUATE = ROOT / "evaluate.py"
 SHORT = ["trainer.max_epochs=3", "model.hidden_sizes=[64]"]
-
-
-def run_evaluate(cwd: Path, *overrides: str, ok: bool = True):
-    return run_python(cwd, str(EVALUATE), *overrides, ok=ok)
 
 
 def only_error_line(result) -> str:

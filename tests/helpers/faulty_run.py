@@ -3,6 +3,11 @@
 KILL_AT=train_step:37        SIGKILL in the 37th training micro-batch of this process
 KILL_AT=eval_batch:2         SIGKILL in the 2nd evaluation batch
 KILL_AT=checkpoint_write:1   SIGKILL half-way through writing the 1st checkpoint
+KILL_AT=startup:2            SIGKILL at start-up milestone 2 (0: before train.py runs; then
+                             check_config, start_run, the model build, check_start_up)
+STOP_AT=<same points>        SIGSTOP itself there (half-way through a checkpoint write): the
+                             caller sends its signal, then SIGCONT, so the signal lands at
+                             exactly that point whatever this machine's speed
 FAIL_SAVE=2                  the 2nd checkpoint write fails: no space left on device
 
 python tests/helpers/faulty_run.py train.py trainer.max_epochs=3
@@ -24,42 +29,73 @@ catch_early_signals()  # as train.py does, before torch is imported
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import utils.config  # noqa: E402
+import utils.guards  # noqa: E402
+import utils.modules  # noqa: E402
+import utils.run  # noqa: E402
 
-def kill_now() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
+
+def point(name: str) -> tuple[str, int]:
+    phase, _, at = os.environ.get(name, ":-1").partition(":")
+    return phase, int(at)
+
+
+KILL, STOP = point("KILL_AT"), point("STOP_AT")
+
+
+def reached(phase: str, count: int) -> None:
+    """The ``count``-th event of ``phase``: die or pause here if asked."""
+    if (phase, count) == KILL:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if (phase, count) == STOP:
+        os.kill(os.getpid(), signal.SIGSTOP)  # the caller signals, then continues us
+
+
+def milestone(index: int, function):
+    def reached_first(*args, **kwargs):
+        reached("startup", index)
+        return function(*args, **kwargs)
+
+    return reached_first
 
 
 def main() -> None:
-    phase, _, at = os.environ.get("KILL_AT", ":0").partition(":")
     fail_save = int(os.environ.get("FAIL_SAVE", "0"))
     counts = {"train_step": 0, "eval_batch": 0, "checkpoint_write": 0}
     cross_entropy, save = F.cross_entropy, torch.save
+    build = utils.modules.Modules.build.__func__
+    utils.config.check_config = milestone(1, utils.config.check_config)
+    utils.run.start_run = milestone(2, utils.run.start_run)
+    utils.modules.Modules.build = classmethod(milestone(3, build))
+    utils.guards.check_start_up = milestone(4, utils.guards.check_start_up)
 
     def counted_cross_entropy(*args, **kwargs):
         kind = "train_step" if torch.is_grad_enabled() else "eval_batch"
         counts[kind] += 1
-        if kind == phase and counts[kind] == int(at):
-            kill_now()
+        reached(kind, counts[kind])
         return cross_entropy(*args, **kwargs)
 
     def faulty_save(obj, f, *args, **kwargs):
         counts["checkpoint_write"] += 1
         if counts["checkpoint_write"] == fail_save:
             raise OSError(errno.ENOSPC, "No space left on device")
-        if phase == "checkpoint_write" and counts["checkpoint_write"] == int(at):
+        if ("checkpoint_write", counts["checkpoint_write"]) in (KILL, STOP):
             buffer = io.BytesIO()
             save(obj, buffer, *args, **kwargs)
             data = buffer.getvalue()
             f.write(data[: len(data) // 2])  # half the file reaches the disk, then the end
             f.flush()
             os.fsync(f.fileno())
-            kill_now()
+            reached("checkpoint_write", counts["checkpoint_write"])
+            f.write(data[len(data) // 2 :])  # continued after a stop: the rest
+            return None
         return save(obj, f, *args, **kwargs)
 
     F.cross_entropy = counted_cross_entropy
     torch.save = faulty_save
     script, *sys.argv[1:] = sys.argv[1:]
     sys.argv[0] = script
+    reached("startup", 0)
     runpy.run_path(script, run_name="__main__")
 
 

@@ -7,8 +7,10 @@ left behind, comparing final states, and reporting what held.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,28 +28,37 @@ JOB = ("model.hidden_sizes=[64]", "data.batch_size=32", "trainer.max_epochs=3",
        "trainer.log_every_n_steps=10")  # fmt: skip
 
 
-def start(cwd: Path, *overrides: str, env: dict | None = None) -> subprocess.Popen:
-    """``train.py`` through the fault injector (inert without KILL_AT / FAIL_SAVE)."""
-    return subprocess.Popen(
-        [sys.executable, str(FAULTY_RUN), str(TRAIN), *JOB, *overrides],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
+def paused(process: subprocess.Popen) -> bool:
+    """Whether ``process`` has stopped itself (SIGSTOP: state T in /proc)."""
+    try:
+        stat = Path(f"/proc/{process.pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
 
-def run(cwd: Path, *overrides: str, env: dict | None = None, signal_after: tuple | None = None):
-    """Run to the end, or send ``signal_after = (signum, seconds)`` from outside."""
-    process = start(cwd, *overrides, env=env)
-    if signal_after:
-        signum, seconds = signal_after
-        time.sleep(seconds)
-        if process.poll() is None:
-            process.send_signal(signum)
-    out, err = process.communicate(timeout=300)
-    return process.returncode, out, err
+def run(cwd: Path, *overrides: str, env: dict | None = None, signal_at: tuple | None = None):
+    """``train.py`` through the fault injector (inert without KILL_AT / STOP_AT / FAIL_SAVE),
+    to the end; with ``signal_at = (signum, "phase:N")`` the run pauses itself at that point
+    (tests/helpers/faulty_run.py), receives ``signum`` there, and goes on. Its output goes to
+    files, so a full pipe never holds it up before the point."""
+    env = {**os.environ, **(env or {})}
+    if signal_at:
+        env["STOP_AT"] = signal_at[1]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen([sys.executable, str(FAULTY_RUN), str(TRAIN), *JOB, *overrides],
+                                   cwd=cwd, stdout=out, stderr=err, text=True, env=env)  # fmt: skip
+        if signal_at:
+            deadline = time.monotonic() + 300  # a hang, not a timing window: the run pauses
+            while process.poll() is None and not paused(process):
+                assert time.monotonic() < deadline, f"never reached {signal_at[1]}"
+                time.sleep(0.02)
+            if process.poll() is None:
+                process.send_signal(signal_at[0])
+                process.send_signal(signal.SIGCONT)
+        process.wait(timeout=300)
+        out.seek(0), err.seek(0)
+        return process.returncode, out.read(), err.read()
 
 
 def unreadable_checkpoints(folder: Path) -> list[str]:
