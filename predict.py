@@ -5,6 +5,7 @@ checkpoint alone, never from the data it was trained on.
     python predict.py ckpt=checkpoints/<run_name> input=cat.png topk=3
     python predict.py ckpt=checkpoints/<run_name>/best.pt input=new_rows.csv   # a data=csv run
     python predict.py ckpt=best.pt input=photos/ weights=raw                   # not the EMA
+    python predict.py ckpt=model.safetensors input=photos/                     # an export
 
 ``input`` is an image file, a folder of images (searched recursively, sorted by path), or, for
 a model trained on a table (``data=csv``), a CSV/TSV file with the same feature columns (the
@@ -27,7 +28,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from utils.checkpoint import atomic_file, checkpoint_to_evaluate, load_checkpoint, load_weights
+from utils.checkpoint import atomic_file, checkpoint_to_evaluate, load_weights
 from utils.cli import one_line_errors, run_cli
 from utils.config import build
 from utils.distributed import Processes
@@ -36,9 +37,8 @@ from utils.modules import Modules, model_shapes
 from utils.outputs import Outputs, check_output
 from utils.predictions import InputRecord, read_inputs
 from utils.run import RunContext
-from utils.stored import check_stored_model, chosen_weights, model_config, task_config
+from utils.stored import check_stored_model, model_config, read_checkpoint, task_config
 from utils.text import cell, shown
-from utils.trust import check_stored_config, require_keys
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
@@ -68,16 +68,12 @@ def predict(cfg: DictConfig) -> None:
     path = checkpoint_file(str(cfg.ckpt))
     check_output(Path(str(cfg.out)), "out", inputs=[path, Path(str(cfg.input))],
                  suffixes=(".csv", ".tsv"))  # fmt: skip
-    checkpoint = load_checkpoint(path)
-    config = checkpoint.get("config")
-    require_keys(config, path, {"model": dict, "data": dict})
-    check_stored_config(config, path)
-    record = InputRecord.read(checkpoint.get("inputs"), path)
+    config, weights, inputs = read_checkpoint(path, None, cfg.weights)  # as evaluate.py reads
+    record = InputRecord.read(inputs, path)  # a .pt checkpoint's, or a .safetensors export's
     context = RunContext.open(Processes(), cfg.device)
     out = Outputs(Path(HydraConfig.get().runtime.output_dir), True, events=False)
     task = build(task_config(config)).fitted(record, torch.device("cpu"), record)  # as trained
     model_node = OmegaConf.create(model_config(config["model"]))
-    weights = chosen_weights(checkpoint, cfg.weights, path)
     shapes = model_shapes(record.input_shape, record.num_classes)
     check_stored_model(model_node, shapes, weights)  # before anything it asks is allocated
     modules = Modules.build(model_node, record, context.device, None, task)

@@ -9,9 +9,8 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import EVALUATE, ROOT, run_python, run_train, write_imagefolder, write_table
+from conftest import EVALUATE, PREDICT, run_python, run_train, write_imagefolder, write_table
 
-PREDICT = ROOT / "predict.py"
 IMAGES = ["data=imagefolder", "data.root=images", "data.image_size=[12,10]", "model=cnn",
           "data.batch_size=8", "data.num_workers=0", "trainer.ema.decay=0.9",
           "trainer.max_epochs=3"]  # fmt: skip
@@ -153,3 +152,29 @@ def test_an_edited_checkpoint_asking_for_vast_sizes_is_refused_before_allocating
                  else f"data.root={image_run / 'images'}")  # fmt: skip
         result = run_python(tmp_path, str(script), "ckpt=edited.pt", where, "runs=r", ok=False)
         assert result.returncode == 2 and message in result.stderr, result.stderr[-600:]
+
+
+def test_an_export_predicts_exactly_what_its_checkpoint_predicts_in_the_targets_units(tmp_path):
+    # predict.py reads checkpoints as evaluate.py does, a .safetensors export included: the
+    # export carries the inputs record and the target scale, so its rows are the same.
+    pytest.importorskip("safetensors")
+    import random
+
+    from conftest import write_rows
+
+    rng = random.Random(0)
+    rows = [[x, z, 500 + 80 * x - 30 * z + rng.gauss(0, 1)]
+            for x, z in ((rng.gauss(0, 1), rng.gauss(0, 1)) for _ in range(200))]  # fmt: skip
+    write_rows(tmp_path / "prices.csv", ["x", "z", "price"], rows)
+    write_rows(tmp_path / "new.csv", ["x", "z"], [r[:2] for r in rows[:5]])
+    run_train(tmp_path, "task=regression", "data=csv", "data.path=prices.csv",
+              "data.target=price", "trainer.max_epochs=3", "run_name=prices")  # fmt: skip
+    run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/prices", "export=prices.safetensors",
+               "runs=r")  # fmt: skip
+    for ckpt, out in (("checkpoints/prices", "a.csv"), ("prices.safetensors", "b.csv")):
+        run_python(tmp_path, str(PREDICT), f"ckpt={ckpt}", "input=new.csv", f"out={out}",
+                   "runs=r")  # fmt: skip
+    a, b = ((tmp_path / name).read_text() for name in ("a.csv", "b.csv"))
+    assert a == b and a.startswith("input,price\n")
+    values = [float(line.split(",")[1]) for line in a.splitlines()[1:]]
+    assert all(200 < v < 800 for v in values)  # in dollars, not standardised units
