@@ -133,12 +133,8 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         placement = context.placement(modules.channels_last)
         batches = data.batches(cfg.split, placement, seed=config["seed"], train=False)
         metrics = evaluate(modules.model, batches.epoch(0), precision, task.scores(detailed=True))
-        confusion = metrics.get("confusion")  # classification
-        results[str(path)] = task.tables(out, str(path), metrics, cfg.split)
-        if confusion is not None:
-            out.writer.add_image(f"confusion/{index}", tables.confusion_image(confusion), 0)
-            csv_name = "confusion.csv" if len(files) == 1 else f"confusion-{index}.csv"
-            out.write_text(csv_name, tables.confusion_csv(confusion))
+        where = (str(path), index if len(files) > 1 else None)  # title; the files' number
+        results[str(path)] = task.tables(out, where, metrics, cfg.split)
         if cfg.export and context.is_main:
             export(modules, task, (config, InputRecord.from_run(data, task)), Path(cfg.export),
                    out)  # fmt: skip

@@ -177,9 +177,15 @@ class Task:
             targets = targets.argmax(dim=1)
         return [str(t) for t in targets.tolist()]
 
-    def tables(self, out: Any, title: str, metrics: dict, split: str) -> dict:
-        """Print evaluate.py's tables of one checkpoint's detailed ``metrics`` through
-        ``out``; returns its JSON-ready metrics."""
+    def tables(self, out: Any, where: tuple[str, int | None], metrics: dict, split: str) -> dict:
+        """Print evaluate.py's tables of one checkpoint's detailed ``metrics`` through ``out``
+        (``where``: its title, and its number among several checkpoints, else None), with the
+        confusion matrix as a CSV and a TensorBoard image; returns its JSON-ready metrics."""
+        title, index = where
+        confusion = metrics["confusion"]
+        out.writer.add_image(f"confusion/{index or 0}", eval_tables.confusion_image(confusion), 0)
+        name = "confusion.csv" if index is None else f"confusion-{index}.csv"
+        out.write_text(name, eval_tables.confusion_csv(confusion))
         return eval_tables.class_tables(out, title, metrics, split, self.names)
 
     def decode(self, outputs: torch.Tensor, options: Any) -> tuple[list[str], list, list[str]]:
@@ -318,8 +324,8 @@ class MultiLabel(Task):
         return [";".join(str(i) for i, on in enumerate(row) if on >= 0.5) or "-"
                 for row in targets.tolist()]  # fmt: skip
 
-    def tables(self, out: Any, title: str, metrics: dict, split: str) -> dict:
-        return eval_tables.label_tables(out, title, metrics, split, self.names)
+    def tables(self, out: Any, where: tuple[str, int | None], metrics: dict, split: str) -> dict:
+        return eval_tables.label_tables(out, where[0], metrics, split, self.names)
 
     def decode(self, outputs: torch.Tensor, options: Any) -> tuple[list[str], list, list[str]]:
         """The label set at the threshold (``options.threshold``, else the task's), then every
@@ -459,8 +465,8 @@ class Regression(Task):
     def shown_targets(self, targets: torch.Tensor) -> list[str]:
         return [";".join(f"{v:.3g}" for v in row) for row in targets.tolist()]
 
-    def tables(self, out: Any, title: str, metrics: dict, split: str) -> dict:
-        return eval_tables.value_tables(out, title, metrics, split, self.names)
+    def tables(self, out: Any, where: tuple[str, int | None], metrics: dict, split: str) -> dict:
+        return eval_tables.value_tables(out, where[0], metrics, split, self.names)
 
     def decode(self, outputs: torch.Tensor, options: Any) -> tuple[list[str], list, list[str]]:
         """Each target's predicted value, in the targets' own units (the scale undone)."""
