@@ -161,6 +161,11 @@ class Task:
         return loss
 
     @property
+    def count(self) -> int:
+        """How many outputs the model has (classes, labels or values; 0 before fitting)."""
+        return self.fitted_to.count if self.fitted_to else 0
+
+    @property
     def names(self) -> list[str]:
         """The names of the model's outputs (class, label or target names, else numbers)."""
         return self.fitted_to.shown_names
@@ -208,24 +213,24 @@ class Task:
 class Classification(Task):
     def __init__(self, label_smoothing: float, class_weights: Any) -> None:
         self.label_smoothing, self.class_weights = label_smoothing, class_weights
-        self.classes, self.data, self.device = 0, None, torch.device("cpu")
+        self.data, self.device = None, torch.device("cpu")
 
     def fitted(self, data: Any, device: torch.device, stored: dict | None = None) -> Classification:
         fitted = Classification(self.label_smoothing, self.class_weights)
         fitted.fitted_to = self.check(data)
-        fitted.classes, fitted.data, fitted.device = fitted.fitted_to.count, data, device
+        fitted.data, fitted.device = data, device
         return fitted
 
     def measured(self) -> list[str]:
-        return measured_metrics(self.classes)
+        return measured_metrics(self.count)
 
     def scores(self, detailed: bool = False) -> ClassScores:
-        return ClassScores(self.classes, confusion=detailed)
+        return ClassScores(self.count, confusion=detailed)
 
     def loss(self) -> ClassificationLoss:
         """The loss over the classes, with its class weights: ``auto`` weighs each class by
         the inverse of its frequency in the train split (mean weight 1), logged."""
-        classes, weights, data, device = self.classes, self.class_weights, self.data, self.device
+        classes, weights, data, device = self.count, self.class_weights, self.data, self.device
         if weights == "auto":
             counts = torch.bincount(data.train_targets(), minlength=classes).double()
             if (counts == 0).any():
@@ -302,19 +307,19 @@ class MultiLabel(Task):
 
     def __init__(self, pos_weight: Any, threshold: float) -> None:
         self.pos_weight, self.threshold = pos_weight, threshold
-        self.labels, self.data, self.device = 0, None, torch.device("cpu")
+        self.data, self.device = None, torch.device("cpu")
 
     def fitted(self, data: Any, device: torch.device, stored: dict | None = None) -> MultiLabel:
         fitted = MultiLabel(self.pos_weight, self.threshold)
         fitted.fitted_to = self.check(data)
-        fitted.labels, fitted.data, fitted.device = fitted.fitted_to.count, data, device
+        fitted.data, fitted.device = data, device
         return fitted
 
     def measured(self) -> list[str]:
         return list(LABEL_SET_METRICS)
 
     def scores(self, detailed: bool = False) -> LabelSetScores:
-        return LabelSetScores(self.labels, self.threshold, detailed)
+        return LabelSetScores(self.count, self.threshold, detailed)
 
     def record(self) -> dict:
         return {"threshold": self.threshold}
