@@ -13,8 +13,10 @@ one or more columns of numbers; for ``task=multilabel``, one column of ``a;b`` l
 empty cell is the empty set), or a list of 0/1 columns. The features are the other columns, or
 the ``features`` listed; each must hold numbers, except the ``categorical`` ones,
 which are one-hot encoded with the categories of the ``path`` file (a category only a separate
-val or test file holds encodes as all zeros). A value that is not a number, or is empty, is refused naming
-its file, column and line. Features are standardised with the mean and standard deviation of
+val or test file holds encodes as all zeros; an empty cell is a category of its own). A value
+that is not a number is refused naming its file, column and line; a gap (an empty cell, ``NA``,
+``?``...) is too, unless ``data.na`` says what it becomes (data/missing.py: dropped, or filled
+with a statistic of the train split alone). Features are standardised with the mean and standard deviation of
 the train split alone, so no statistic of val or test leaks into training. Splits: separate
 files (``split.val_path``, ``split.test_path``), or fractions of ``path`` held out by the
 seeded ``split.seed``. Inputs have shape (F,), which ``model=mlp`` takes; they are held whole
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 
 from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics, fill_splits
+from data.missing import NA_KEYS, MissingValues, is_gap
 from data.targets import KINDS, Targets, label_set, multi_hot, reads_targets, sorted_names
 from utils.errors import UserError
 
@@ -105,11 +109,12 @@ class Columns:
         self.categories = {
             name: sorted({row[header.index(name)].strip() for row in rows}) for name in categorical
         }
+        self.missing = MissingValues.of(choice["na"], self.numeric, path)  # data.na: gaps
 
     def record(self) -> dict:
         """What rebuilds this encoding without the train file (checkpoints keep it)."""
         return {"target": self.target, "numeric": self.numeric, "categories": self.categories,
-                "classes": self.classes, "kind": self.kind}  # fmt: skip
+                "classes": self.classes, "kind": self.kind, "na": self.missing.record()}  # fmt: skip
 
     @classmethod
     def from_record(cls, record: dict) -> Columns:
@@ -131,6 +136,7 @@ class Columns:
         columns.target, columns.numeric = target, record["numeric"]
         columns.categorical, columns.categories = list(categories), categories
         columns.classes, columns.kind = record["classes"], record.get("kind", "classes")
+        columns.missing = MissingValues.from_record(record.get("na"))
         return columns
 
     @property
@@ -138,7 +144,8 @@ class Columns:
         one_hot = [
             f"{name}={value}" for name, values in self.categories.items() for value in values
         ]
-        return [*self.numeric, *one_hot]
+        indicators = [f"{name}=missing" for name in self.missing.indicators]
+        return [*self.numeric, *one_hot, *indicators]
 
     def encode(self, header: list[str], rows: list[list[str]], path: Path) -> TensorSplit:
         """``rows`` of a file with ``header`` as features [N, F] (float32) and targets: class
@@ -147,7 +154,8 @@ class Columns:
         for name in targets:
             if name not in header:
                 raise UserError(f"{path} has no column {name!r}, which the train file has")
-        return TensorSplit(self.features(header, rows, path), self.targets(header, rows, path))
+        return TensorSplit(self.raw_features(header, rows, path),
+                           self.targets(header, rows, path))  # fmt: skip
 
     def targets(self, header: list[str], rows: list[list[str]], path: Path) -> torch.Tensor:
         columns = [self.target] if isinstance(self.target, str) else self.target
@@ -172,17 +180,59 @@ class Columns:
         class_of = {name: i for i, name in enumerate(self.classes)}
         return torch.tensor([class_of[row[at[0]].strip()] for row in rows], dtype=torch.long)
 
+    def fit_gaps(self, train: TensorSplit, path: Path) -> None:
+        """What the gaps of every split become, fitted on the ``train`` split alone
+        (data/missing.py)."""
+        self.missing.fit(train.inputs, self.numeric, path)
+
+    def filled(self, split: TensorSplit, name: str) -> TensorSplit:
+        """``split`` (of :meth:`encode`) with its gaps filled, its indicator columns added and
+        the rows a ``drop`` column has a gap in left out."""
+        inputs, keep = self.missing.apply(split.inputs, self.numeric)
+        if len(keep) and not bool(keep.any()):
+            raise UserError(f"the {name} split has no rows left: each has a gap in a column of "
+                            "data.na=drop; fill the gaps instead (data.na=median)")  # fmt: skip
+        if not bool(keep.all()):
+            dropped, share = int((~keep).sum()), float((~keep).float().mean())
+            log.log(logging.WARNING if share > 0.5 else logging.INFO,
+                    "%s%s split: %d of %d rows left out for their gaps (data.na=drop)%s",
+                    "warning: " if share > 0.5 else "", name, dropped, len(keep),
+                    "; data.na=median keeps them" if share > 0.5 else "")  # fmt: skip
+            return TensorSplit(inputs[keep], split.labels[keep])
+        return TensorSplit(inputs, split.labels)
+
     def features(self, header: list[str], rows: list[list[str]], path: Path) -> torch.Tensor:
-        """The feature columns of ``rows`` encoded as training encoded them: [N, F] float32."""
+        """The feature columns of ``rows`` encoded as training encoded them, gaps filled as
+        training filled them: [N, F] float32 (predict.py). A row with a gap that training
+        left such rows out for is refused naming its line."""
+        inputs, keep = self.missing.apply(self.raw_features(header, rows, path), self.numeric)
+        if not bool(keep.all()):
+            line = int((~keep).nonzero()[0]) + 2
+            raise UserError(f"{path} line {line} has a gap in a column that training left rows "
+                            "out for (data.na=drop); fill it to predict this row")  # fmt: skip
+        return inputs
+
+    def raw_features(self, header: list[str], rows: list[list[str]], path: Path) -> torch.Tensor:
+        """The feature columns of ``rows`` as numbers: [N, F] float32, NaN at the gaps that
+        their column's ``data.na`` mode allows (refused at the first other one)."""
         for name in [*self.numeric, *self.categorical]:
             if name not in header:
                 raise UserError(f"{path} has no column {name!r}, which the train file has")
         index = {name: i for i, name in enumerate(header)}
-        features = torch.zeros(len(rows), len(self.feature_names))
+        features = torch.zeros(
+            len(rows), len(self.numeric) + sum(map(len, self.categories.values()))
+        )
+        allowed = {name: self.missing.mode(name) != "error" for name in self.numeric}
         for n, row in enumerate(rows):
             line = n + 2  # the header is line 1
             for f, name in enumerate(self.numeric):
-                features[n, f] = _number(row[index[name]], name, path, line)
+                text = row[index[name]]
+                if not is_gap(text):
+                    features[n, f] = _number(text, name, path, line)
+                elif allowed[name]:
+                    features[n, f] = math.nan
+                else:
+                    raise self.missing.refused(name, path, line, text)
             offset = len(self.numeric)
             for name, values in self.categories.items():
                 value = row[index[name]].strip()
@@ -227,18 +277,22 @@ def _number(text: str, column: str, path: Path, line: int) -> float:
 def load_csv(path: str, target: Any, features: Sequence[str] | None,
              categorical: Sequence[str], split: Mapping[str, Any], **options) -> Data:  # fmt: skip
     """conf/data/csv.yaml. ``options``: the keys of :class:`data.batches.Batching` but ``mean``
-    and ``std``, which come from the train split, and ``targets``, the kind of target the task
+    and ``std``, which come from the train split; the ``na`` keys (data/missing.py); and ``targets``, the kind of target the task
     learns (data/targets.py; train.py passes it)."""
     kind = options.pop("targets", "classes")
+    gaps = {key: options.pop(key) for key in NA_KEYS if key in options}  # data/missing.py
     target = target if isinstance(target, str) else list(target)
     train_path = Path(path)
     header, rows = read_table(train_path)
     columns = Columns(header, rows, {"target": target, "features": features, "kind": kind,
-                                     "categorical": categorical}, train_path)  # fmt: skip
+                                     "categorical": categorical, "na": gaps}, train_path)  # fmt: skip
     samples = columns.encode(header, rows, train_path)
     paths = {name: Path(split[f"{name}_path"]) for name in ("val", "test") if split[f"{name}_path"]}
     given = {name: columns.encode(*read_table(other), other) for name, other in paths.items()}
-    train, val, test = fill_splits(samples, given, split)  # the others held out of `path`
+    parts = fill_splits(samples, given, split)  # the others held out of `path`
+    columns.fit_gaps(parts[0], train_path)  # fill values from the train split alone
+    train, val, test = (columns.filled(part, name)
+                        for part, name in zip(parts, ("train", "val", "test"), strict=True))  # fmt: skip
     mean, std = channel_statistics(train.inputs)  # a constant feature keeps std 1
     shown = ", ".join(columns.feature_names[:8]) + ("..." if len(columns.feature_names) > 8 else "")
     log.info("csv %s: %d features (%s), %d %s; standardised with the train split's "

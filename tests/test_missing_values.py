@@ -1,0 +1,155 @@
+"""Gaps in a table (data.na): each mode against a hand-worked table, fill values from the train
+split alone, the record that lets predict.py fill a row as training did, and the refusals."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+from conftest import PREDICT, error_line, run_python, run_train, write_rows
+
+from data.tabular import load_csv
+
+AUGMENT = {"crop_padding": 0, "horizontal_flip": False}
+TRAIN_ROWS = [  # a, b, colour, y: a has gaps in three spellings, b in one
+    ["1", "10", "r", "x"],
+    ["", "20", "g", "y"],
+    ["3", "NA", "", "x"],
+    ["?", "40", "r", "y"],
+    ["7", "50", "g", "x"],
+    ["9", "60", "r", "y"],
+]
+VAL_ROWS = [["1000", "", "r", "x"], ["", "5000", "g", "y"]]  # far off: a leak would show
+
+
+def load(tmp_path: Path, val_rows=VAL_ROWS, **na):
+    train = write_rows(tmp_path / "train.csv", ["a", "b", "colour", "y"], TRAIN_ROWS)
+    val = write_rows(tmp_path / "val.csv", ["a", "b", "colour", "y"], val_rows)
+    split = {"val_path": str(val), "test_path": str(val), "val": 0.2, "test": 0.2, "seed": 0}
+    return load_csv(str(train), "y", None, ["colour"], split, batch_size=2, eval_batch_size=8,
+                    augment=AUGMENT, **na)  # fmt: skip
+
+
+@pytest.mark.parametrize(("mode", "a_fill", "b_fill"), [
+    ("mean", (1 + 3 + 7 + 9) / 4, (10 + 20 + 40 + 50 + 60) / 5),
+    ("median", (3 + 7) / 2, 40.0),
+    ("constant", -1.0, -1.0),
+])  # fmt: skip
+def test_each_fill_mode_fills_with_the_train_splits_statistic(tmp_path, mode, a_fill, b_fill):
+    data = load(tmp_path, na=mode, na_fill=-1.0)
+    train = data.splits["train"].inputs  # held unnormalised: batches normalise
+    assert train[:, 0].tolist() == pytest.approx([1, a_fill, 3, a_fill, 7, 9])
+    assert train[:, 1].tolist() == pytest.approx([10, 20, b_fill, 40, 50, 60])
+    val = data.splits["val"].inputs  # val's gaps get train's values; its own never count
+    assert val[:, 0].tolist() == pytest.approx([1000, a_fill])
+    assert val[:, 1].tolist() == pytest.approx([b_fill, 5000])
+    assert data.table["na"]["fills"] == pytest.approx({"a": a_fill, "b": b_fill})
+
+
+def test_drop_leaves_out_the_rows_with_gaps_in_every_split(tmp_path):
+    data = load(tmp_path, [*VAL_ROWS, ["5", "5", "g", "x"]], na="drop")
+    assert data.splits["train"].inputs[:, :2].tolist() == [[1, 10], [7, 50], [9, 60]]
+    assert data.splits["val"].inputs[:, :2].tolist() == [[5, 5]]
+    from utils.errors import UserError
+
+    with pytest.raises(UserError, match="val split has no rows left: each has a gap"):
+        load(tmp_path, na="drop")
+
+
+def test_per_column_modes_and_indicator_columns(tmp_path):
+    data = load(tmp_path, na="mean", na_columns={"b": "median"}, na_indicator=True)
+    train = data.splits["train"].inputs
+    assert train[:, 1].tolist() == pytest.approx([10, 20, 40, 40, 50, 60])
+    names = data.table  # the encoding: a, b, colour one-hot (empty is its own category), gaps
+    assert names["categories"]["colour"] == ["", "g", "r"]
+    assert train.shape[1] == 2 + 3 + 2
+    assert train[:, -2].tolist() == [0, 1, 0, 1, 0, 0]  # a=missing
+    assert train[:, -1].tolist() == [0, 0, 1, 0, 0, 0]  # b=missing
+    assert data.splits["val"].inputs[:, -2:].tolist() == [[0, 1], [1, 0]]
+
+
+@pytest.mark.parametrize(("na", "message"), [
+    ({}, "train.csv line 3, column 'a': empty is a missing value"),
+    ({"na": "guess"}, "data.na='guess': choose one of error, drop, mean, median, constant"),
+    ({"na": "mean", "na_columns": {"colour": "mean"}}, "data.na_columns names 'colour'"),
+    ({"na": "constant", "na_fill": math.inf}, "data.na_fill=inf: give a finite number"),
+])  # fmt: skip
+def test_gaps_and_bad_modes_are_refused_naming_the_key(tmp_path, na, message):
+    from utils.errors import UserError
+
+    with pytest.raises(UserError) as refused:
+        load(tmp_path, **na)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_column_empty_in_every_train_row_is_refused(tmp_path):
+    from utils.errors import UserError
+
+    train = write_rows(tmp_path / "t.csv", ["a", "e", "y"], [[str(i), "", "xy"[i % 2]]
+                                                             for i in range(20)])  # fmt: skip
+    split = {"val_path": None, "test_path": None, "val": 0.2, "test": 0.2, "seed": 0}
+    with pytest.raises(UserError, match="column 'e' is empty in every train row"):
+        load_csv(str(train), "y", None, [], split, batch_size=2, eval_batch_size=8,
+                 augment=AUGMENT, na="median")  # fmt: skip
+
+
+def test_predict_fills_a_rows_gaps_as_training_did(tmp_path):
+    """Trained with na=median: predicting rows with gaps gives exactly what it gives on the
+    same rows with the stored medians (those of the train split) written in by hand."""
+    import random
+
+    rng = random.Random(0)
+    rows = []
+    for _ in range(200):
+        a, b = rng.gauss(0, 1), rng.gauss(50, 10)
+        label = "hi" if a + (b - 50) / 10 > 0 else "lo"
+        rows.append([f"{a:.3f}" if rng.random() > 0.2 else "", f"{b:.2f}"
+                     if rng.random() > 0.2 else "NA", label])  # fmt: skip
+    write_rows(tmp_path / "gaps.csv", ["a", "b", "y"], rows)
+    run_train(tmp_path, "data=csv", "data.path=gaps.csv", "data.target=y", "data.na=median",
+              "trainer.max_epochs=2", "run_name=gaps", "model.hidden_sizes=[8]")  # fmt: skip
+    from utils.checkpoint import load_checkpoint
+
+    fills = load_checkpoint(tmp_path / "checkpoints" / "gaps" / "best.pt")["inputs"]["table"][
+        "na"]["fills"]  # fmt: skip
+    gappy = [["", "60"], ["0.5", "?"], ["", ""]]
+    write_rows(tmp_path / "rows.csv", ["a", "b"], gappy)
+    write_rows(tmp_path / "filled.csv", ["a", "b"], [[fills["a"], 60], [0.5, fills["b"]],
+                                                      [fills["a"], fills["b"]]])  # fmt: skip
+    out = {}
+    for name in ("rows", "filled"):
+        run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/gaps/best.pt", f"input={name}.csv",
+                   f"out={name}-out.csv", "runs=predict-runs")  # fmt: skip
+        with open(tmp_path / f"{name}-out.csv", newline="") as f:
+            out[name] = list(csv.DictReader(f))
+    assert len(out["rows"]) == 3 and out["rows"] == out["filled"]
+
+
+def test_a_gap_in_a_column_training_dropped_rows_for_is_refused_at_predict(tmp_path):
+    rows = [[str(i % 7), "" if i % 9 == 0 else str(i), "xy"[i % 2]] for i in range(120)]
+    write_rows(tmp_path / "t.csv", ["a", "b", "y"], rows)
+    run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "data.na=drop",
+              "trainer.max_epochs=1", "run_name=drop", "data.batch_size=8")  # fmt: skip
+    write_rows(tmp_path / "rows.csv", ["a", "b"], [["1", "2"], ["3", ""]])
+    result = run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/drop/best.pt",
+                        "input=rows.csv", "runs=predict-runs", ok=False)  # fmt: skip
+    assert "rows.csv line 3 has a gap in a column that training left rows out for" in (
+        error_line(result)
+    )
+
+
+@pytest.mark.parametrize("edit", [
+    {"fills": {"a": "1; import os"}}, {"fills": {"a": math.nan}}, {"default": "exec"},
+    {"indicators": "a"}, {"columns": {"a": "mean", 3: "drop"}},
+])  # fmt: skip
+def test_an_edited_gaps_record_is_refused(edit):
+    from data.missing import MissingValues
+    from utils.errors import UserError
+
+    record = {"default": "mean", "columns": {}, "constant": 0.0, "fills": {"a": 1.0},
+              "indicators": []}  # fmt: skip
+    assert MissingValues.from_record(record).fills == {"a": 1.0}
+    with pytest.raises(UserError, match="table record of missing values is not what torchloom"):
+        MissingValues.from_record({**record, **edit})
