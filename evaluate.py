@@ -118,10 +118,10 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     for index, path in enumerate(files):
         config, weights, inputs = read_checkpoint(path, cfg.config, cfg.weights)
         task = build(task_config(config))  # what it was trained to predict
-        data_node = data_config(config["data"], cfg.data)
+        stored = None if inputs is None else InputRecord.read(inputs, path)
+        data_node = data_config(config["data"], cfg.data, stored)
         with reading_stored_data(data_node, cfg.data):  # errors name the path, not its content
             data = build(data_node, **task.data_arguments(data_node))
-        stored = None if inputs is None else InputRecord.read(inputs, path)
         if stored is not None:  # normalised as trained, even on moved or new files
             data.follow_record(stored, path)
         task = task.fitted(data, context.device, stored)  # the target scale it trained on

@@ -100,6 +100,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     monitor.check_measured([f"val/{name}" for name in task.measured()])
     loss = task.training_loss()  # cross-entropy, binary cross-entropy, or MSE/Huber/L1
     modules = Modules.build(cfg.model, data, context.device, trainer.channels_last, task)
+    data.fit_augmentation(modules.flattens_input)  # no random crops or flips for an MLP
     out.print(report.model_summary(modules.model, data.input_shape, task))
     if trainer.shapes_only:  # debug=shapes
         return debug.show_shapes(modules, out)

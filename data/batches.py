@@ -18,6 +18,7 @@ the batches before it.
 from __future__ import annotations
 
 import atexit
+import logging
 import math
 import multiprocessing
 import signal
@@ -32,10 +33,13 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data.mixing import MixedBatches, Mixing
 from data.targets import Targets
-from utils.arguments import POSITIVE_INT, check_values
+from utils.arguments import POSITIVE_INT, check_values, one_of
 from utils.errors import UserError
 from utils.seeding import mix_seed
 from utils.signals import STOP_SIGNALS
+
+log = logging.getLogger("torchloom")
+SPATIAL = ("auto", "on", "off")  # data.augment.spatial: crops and flips for which models
 
 
 @dataclass
@@ -437,6 +441,11 @@ class Data:
         self.eval_batch_size = batching.eval_batch_size
         self.crop_padding = int(batching.augment["crop_padding"])
         self.horizontal_flip = bool(batching.augment["horizontal_flip"])
+        # Configs stored before data.augment.spatial existed crop and flip as they asked.
+        self.spatial = batching.augment.get("spatial", "on")
+        check_values("data.augment", {"spatial": self.spatial}, {"spatial": one_of(*SPATIAL)})
+        if self.spatial == "off":
+            self.crop_padding, self.horizontal_flip = 0, False
         if (self.crop_padding or self.horizontal_flip) and len(self.input_shape) != 3:
             raise UserError(
                 f"data.augment.crop_padding and horizontal_flip crop and flip images, and "
@@ -458,6 +467,28 @@ class Data:
         for split_name, split in self.splits.items():
             if isinstance(split, TensorSplit):
                 self.targets.check(split.labels, f"{name} {split_name} split")
+
+    def fit_augmentation(self, flattens_input: bool) -> None:
+        """``data.augment.spatial`` for a model whose first layer flattens each sample (an
+        MLP; utils/model_check.py) or not: ``auto`` turns random crops and flips off for the
+        first, which has no translation invariance for them to teach and loses accuracy to
+        them, and keeps them for the second; ``on`` keeps them for both, with a warning for
+        the first; ``off`` has none (set in ``__init__``)."""
+        crops = (f"data.augment.crop_padding={self.crop_padding}" if self.crop_padding else "",
+                 "data.augment.horizontal_flip=true" if self.horizontal_flip else "")  # fmt: skip
+        asked = " and ".join(part for part in crops if part)
+        if not asked or not flattens_input:
+            return
+        if self.spatial == "auto":
+            self.crop_padding, self.horizontal_flip = 0, False
+            log.info("data.augment.spatial=auto: the model's first layer flattens each image, "
+                     "so %s are off (random crops and flips only cost such a model accuracy; "
+                     "data.augment.spatial=on keeps them)", asked)  # fmt: skip
+        else:
+            log.warning("warning: %s train a model whose first layer flattens each image: it "
+                        "has no spatial structure for them to help, and they usually cost it "
+                        "accuracy; set data.augment.spatial=auto (or off), or use model=cnn",
+                        asked)  # fmt: skip
 
     @property
     def in_memory(self) -> bool:

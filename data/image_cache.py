@@ -43,9 +43,11 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader, Dataset
@@ -64,6 +66,7 @@ HEADER_BYTES = 4096  # magic, then the JSON header, padded; the pixels follow
 MODES = ("auto", "memory", "disk", "off")
 # <split>-<C>x<H>x<W>-<source>-<key>.u8; the manifest- prefix for data=image_csv
 CACHE_NAME = re.compile(r"(manifest-)?(train|val|test)-\d+x\d+x\d+-[0-9a-f]{8}-[0-9a-f]{20}\.u8")
+VALUES_PER_CHUNK = 2**24  # pixel values a statistics pass holds as float64 at once (128 MiB)
 SAMPLES_CHECKED = 8  # images decoded again each start and compared with the cache's pixels
 # data.cache_max_gb=null: this share of the memory available now (and, on a machine with a
 # GPU, of its free memory), for what the memory path holds: the uint8 split and its float32
@@ -94,7 +97,7 @@ class ImageCache:
         shape = "x".join(map(str, files.input_shape))
         path = self.folder / f"{name}-{shape}-{self.source}-{cache_key(files)}.u8"
         try:
-            self._cached(name, files, path)
+            once_per_machine(lambda: self._cached(name, files, path))
         except Unwritable as error:
             if not in_memory:
                 why = "data.cache=disk" if self.mode == "disk" else "over data.cache_max_gb"
@@ -137,9 +140,65 @@ class ImageCache:
         for old in stale:
             old.unlink(missing_ok=True)  # only our own <split>-<shape>-<key>.u8 files
 
+    def statistics(self, split: Any, name: str) -> tuple[list[float], list[float]]:
+        """Mean and std of each channel of the ``split`` as held (in [0, 1] pixel units, as
+        ``data.mean`` and ``data.std``): one pass over its uint8 pixels, in chunks, summed in
+        float64; a split read lazily (``data.cache=off``) is decoded once for it."""
+        step = max(1, VALUES_PER_CHUNK // math.prod(split.input_shape))
+        if isinstance(split, TensorSplit):
+            chunks: Iterator[torch.Tensor] = (split.inputs[i : i + step]
+                                              for i in range(0, len(split), step))  # fmt: skip
+        elif isinstance(split, MappedSplit):
+            chunks = (torch.from_numpy(np.array(split.images[i : i + step]))
+                      for i in range(0, len(split), step))  # fmt: skip
+        else:
+            chunks = decoded_batches(split, self.workers, name, "for data.mean/std=auto")
+        return pixel_statistics(chunks)
+
+
+def pixel_statistics(chunks: Iterator[torch.Tensor]) -> tuple[list[float], list[float]]:
+    """Per-channel mean and (unbiased) std of uint8 image batches [n, C, H, W], / 255."""
+    total = squares = None
+    count = 0
+    for chunk in chunks:
+        values = chunk.to(torch.float64).transpose(0, 1).reshape(chunk.shape[1], -1) / 255
+        total = values.sum(dim=1) if total is None else total + values.sum(dim=1)
+        squares = (values * values).sum(dim=1) + (0 if squares is None else squares)
+        count += values.shape[1]
+    mean = total / count
+    variance = (squares - count * mean * mean).clamp_min(0) / max(count - 1, 1)
+    std = variance.sqrt()
+    std = torch.where(std > 0, std, torch.ones_like(std))  # one colour everywhere: keep scale 1
+    return mean.tolist(), std.tolist()
+
 
 class Unwritable(Exception):
     """The cache folder cannot be written (a read-only mount, a path through a file)."""
+
+
+def once_per_machine(make: Any) -> None:
+    """``make()`` the cache files, on one process per machine under torchrun: local rank 0
+    builds (or checks) them while the others wait, then every process maps the same files.
+    What ended the build on any machine (bad input, a cache folder that cannot be written, a
+    stop signal) ends every process the same way, with the same line. Machines sharing one
+    cache folder build it each at once, safely: a cache file is renamed into place whole."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        make()
+        return
+    outcome = None
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        try:
+            make()
+        except (UserError, Unwritable) as error:
+            outcome = (type(error).__name__, str(error))
+        except Interrupted:
+            outcome = ("Interrupted", "")
+    outcomes: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, outcome)  # the waiting processes wait here
+    failed = next((found for found in outcomes if found is not None), None)
+    if failed is not None:
+        kind, message = failed
+        raise {"UserError": UserError, "Unwritable": Unwritable}.get(kind, Interrupted)(message)
 
 
 def memory_budget(max_gb: float | None) -> float:
@@ -208,7 +267,8 @@ def differing_sample(path: Path, files: Dataset) -> str | None:
     return None
 
 
-def decoded_batches(files: Dataset, workers: int, name: str) -> Iterator[torch.Tensor]:
+def decoded_batches(files: Dataset, workers: int, name: str,
+                    purpose: str = "once into the cache") -> Iterator[torch.Tensor]:  # fmt: skip
     """Every image of ``files`` in order, as uint8 batches decoded by ``workers`` processes,
     with a progress bar on a terminal (log lines every 5 s elsewhere); a file that cannot be
     decoded is one line naming it."""
@@ -222,7 +282,7 @@ def decoded_batches(files: Dataset, workers: int, name: str) -> Iterator[torch.T
     task = bar.add_task("", total=len(files))
     started = shown = time.perf_counter()
     done = 0
-    log.info("%s: decoding %d images once into the cache (%d processes)", name, len(files),
+    log.info("%s: decoding %d images %s (%d processes)", name, len(files), purpose,
              max(workers, 1))  # fmt: skip
     with bar if console.is_terminal else contextlib.nullcontext():
         for images, _ in _reraised(loader):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from data.batches import Data
-from data.imagefolder import ImageList, held_data
+from data.imagefolder import ImageList, choose_channels, held_data
 from data.tabular import read_table
 from data.targets import (
     SET_SEPARATOR,
@@ -106,14 +106,14 @@ def _values(text: str, manifest: str, line: int) -> tuple[float, ...]:
 
 @reads_targets("label_sets", "values")
 def load_image_csv(root: str, manifest: str, split: Mapping[str, Any], image_size: Sequence[int],
-                   channels: int, **options) -> Data:  # fmt: skip
+                   channels: int | str, **options) -> Data:  # fmt: skip
     """conf/data/image_csv.yaml. ``options``: the cache keys (``cache``, ``cache_max_gb``,
     ``cache_dir``), those of :class:`data.batches.Batching`, and ``targets``, the kind of
     target the task learns (data/targets.py; train.py passes it)."""
     kind = options.pop("targets", "classes")
     check_values("data", {"image_size": image_size, "channels": channels, "cache": options["cache"],
                           "cache_max_gb": options["cache_max_gb"]},
-                 {"image_size": pair_of_positive_ints(), "channels": one_of(1, 3),
+                 {"image_size": pair_of_positive_ints(), "channels": one_of(1, 3, "auto"),
                   "cache": one_of("auto", "memory", "disk", "off"),
                   "cache_max_gb": POSITIVE_OR_NULL})  # fmt: skip
     base = Path(root)
@@ -137,6 +137,7 @@ def load_image_csv(root: str, manifest: str, split: Mapping[str, Any], image_siz
             entries[name], rows = sorted(rows[:size], key=lambda e: e[2]), rows[size:]
         entries["train"] = sorted(rows, key=lambda e: e[2])
     samples, targets = manifest_targets(entries, kind, manifest, split)
+    channels = choose_channels(channels, samples["train"], f"image_csv {Path(manifest).name}")
     files = {name: ImageList(rows, base, image_size, channels) for name, rows in samples.items()}
     classes = targets if kind != "classes" else list(targets.names)
     cache_dir = options.pop("cache_dir")

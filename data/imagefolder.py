@@ -10,6 +10,7 @@ python train.py data=imagefolder data.root=/data/flowers data.image_size=[64,64]
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Sequence
@@ -26,6 +27,8 @@ from data.image_cache import MODES, ImageCache
 from data.targets import Targets
 from utils.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
 from utils.errors import UserError
+
+log = logging.getLogger("torchloom")
 
 EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
 
@@ -67,29 +70,63 @@ class ImageList(Dataset):
         return decode(self.samples[index][0], self.image_size, self.channels), self.targets[index]
 
 
-class ImageFiles(ImageList):
-    """The images of ``split_dir/<class>/``, labelled by their folder's place in ``classes``."""
+def folder_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
+    """(file, label) of the images of ``split_dir/<class>/``, labelled by their folder's place
+    in ``classes``."""
+    unknown = sorted(set(find_classes(split_dir)) - set(classes))
+    if unknown:
+        raise UserError(f"{split_dir} has class folders not in train/: {unknown}")
+    samples: list[tuple[str, int]] = []
+    for label, name in enumerate(classes):
+        folder = split_dir / name
+        if not folder.is_dir():
+            continue  # a class may be absent from val/test
+        files = sorted(
+            entry.path
+            for entry in os.scandir(folder)
+            if entry.is_file() and Path(entry.name).suffix.lower() in EXTENSIONS
+        )
+        if not files:
+            raise UserError(f"empty class folder: {folder} has no {'/'.join(EXTENSIONS)} files")
+        samples += [(path, label) for path in files]
+    return samples
 
-    def __init__(
-        self, split_dir: Path, classes: list[str], image_size: Sequence[int], channels: int
-    ) -> None:
-        unknown = sorted(set(find_classes(split_dir)) - set(classes))
-        if unknown:
-            raise UserError(f"{split_dir} has class folders not in train/: {unknown}")
-        samples: list[tuple[str, int]] = []
-        for label, name in enumerate(classes):
-            folder = split_dir / name
-            if not folder.is_dir():
-                continue  # a class may be absent from val/test
-            files = sorted(
-                entry.path
-                for entry in os.scandir(folder)
-                if entry.is_file() and Path(entry.name).suffix.lower() in EXTENSIONS
-            )
-            if not files:
-                raise UserError(f"empty class folder: {folder} has no {'/'.join(EXTENSIONS)} files")
-            samples += [(path, label) for path in files]
-        super().__init__(samples, split_dir, image_size, channels)
+
+# PIL modes that hold one grey channel (with or without alpha, at any depth).
+GREY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"}
+
+
+def is_grey(path: str) -> bool:
+    """Whether the image at ``path`` has one channel, read from its header (no pixels are
+    decoded): a grey mode, or a palette of greys only. An unreadable file counts as colour;
+    decoding it names it."""
+    try:
+        with Image.open(path) as image:
+            if image.mode == "P":
+                palette = image.getpalette() or []
+                return all(palette[i] == palette[i + 1] == palette[i + 2]
+                           for i in range(0, len(palette) - 2, 3))  # fmt: skip
+            return image.mode in GREY_MODES
+    except Exception:  # a hostile or broken file: decode() refuses it by name later
+        return False
+
+
+def choose_channels(channels: int | str, train: list[tuple[str, Any]], name: str) -> int:
+    """``data.channels``, with ``auto`` chosen from the train split's images: 1 when every one
+    is grey, else 3 (RGB; a grey image then repeats its channel), said in the log."""
+    if channels != "auto":
+        return int(channels)
+    colour = [path for path, _ in train if not is_grey(path)]
+    if not colour:
+        log.info("%s: data.channels=auto chose 1 (every training image is grey)", name)
+        return 1
+    if len(colour) < len(train):
+        log.info("%s: data.channels=auto chose 3 (RGB): %d of %d training images are colour "
+                 "(%s, ...) and the grey ones are read as RGB", name, len(colour), len(train),
+                 colour[0])  # fmt: skip
+    else:
+        log.info("%s: data.channels=auto chose 3 (RGB images)", name)
+    return 3
 
 
 def decode(path: str, image_size: Sequence[int], channels: int) -> torch.Tensor:
@@ -119,13 +156,15 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> torch.Tensor:
 def load_imagefolder(
     root: str,
     image_size: Sequence[int],
-    channels: int,
+    channels: int | str,
     cache: str = "auto",
     cache_max_gb: float | None = None,
     cache_dir: str | None = None,
     **batching,
 ) -> Data:
-    """``cache``: how the decoded images are held (data/image_cache.py): ``auto``, ``memory``,
+    """``channels``: 1, 3 or ``auto`` (:func:`choose_channels`); ``mean`` and ``std`` in
+    ``batching`` may be ``auto``, the train split's own (:func:`held_data`). ``cache``: how the
+    decoded images are held (data/image_cache.py): ``auto``, ``memory``,
     ``disk`` or ``off``; ``cache_max_gb``: the memory ``auto`` may use (null: half of what is
     available); ``cache_dir``: where cache files go (null: ``<root>/.torchloom-cache``).
     ``batching`` holds the keys of :class:`data.batches.Batching`; ``num_workers``, the
@@ -133,7 +172,7 @@ def load_imagefolder(
     existed get its defaults."""
     check_values("data", {"image_size": image_size, "channels": channels, "cache": cache,
                           "cache_max_gb": cache_max_gb},
-                 {"image_size": pair_of_positive_ints(), "channels": one_of(1, 3),
+                 {"image_size": pair_of_positive_ints(), "channels": one_of(1, 3, "auto"),
                   "cache": one_of(*MODES), "cache_max_gb": POSITIVE_OR_NULL})  # fmt: skip
     base = Path(root)
     if not base.is_dir():
@@ -141,11 +180,14 @@ def load_imagefolder(
             f"image folder root not found: {base} (set data.root=<folder with train/ and val/>)"
         )
     classes = find_classes(base / "train")
-    files = {
-        name: ImageFiles(base / name, classes, image_size, channels)
+    samples = {
+        name: folder_samples(base / name, classes)
         for name in ("train", "val", "test")
         if name != "test" or (base / "test").is_dir()
     }
+    channels = choose_channels(channels, samples["train"], f"imagefolder {base}")
+    files = {name: ImageList(rows, base / name, image_size, channels)
+             for name, rows in samples.items()}  # fmt: skip
     folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
     cache_settings = {"mode": cache, "max_gb": cache_max_gb, "folder": folder, "prefix": "",
                       "source": base}  # fmt: skip
@@ -157,7 +199,8 @@ def held_data(name: str, files: dict, classes: list[str] | Targets, cache: dict,
     """Image ``files`` by split (train, val, optional test), held as ``cache`` says (data.cache
     as ``mode``, ``max_gb``, the cache ``folder``, a ``prefix`` for its file names and the
     ``source`` the images are listed by, an image folder or a manifest): decoded
-    once into a cache, or read lazily. ``classes``: the class names, or the :class:`Targets`
+    once into a cache, or read lazily. ``mean`` or ``std`` ``auto`` in ``batching`` is the train
+    split's own, computed from the pixels it holds. ``classes``: the class names, or the :class:`Targets`
     of label sets or values. ``num_workers`` null is one per core, at most 8."""
     if batching.get("num_workers") is None:
         batching["num_workers"] = min(8, os.cpu_count() or 1)
@@ -165,5 +208,11 @@ def held_data(name: str, files: dict, classes: list[str] | Targets, cache: dict,
                       cache["source"])  # fmt: skip
     splits = {split: held.hold(cache["prefix"] + split, images) for split, images in files.items()}
     splits = Splits(splits["train"], splits["val"], splits.get("test"))
+    if "auto" in (batching["mean"], batching["std"]):  # the train split's own, per channel
+        mean, std = held.statistics(splits.train, cache["prefix"] + "train")
+        batching["mean"] = mean if batching["mean"] == "auto" else batching["mean"]
+        batching["std"] = std if batching["std"] == "auto" else batching["std"]
+        log.info("%s: data.mean/std=auto: mean %s, std %s (of the %d training images)", name,
+                 [round(v, 4) for v in mean], [round(v, 4) for v in std], len(splits.train))  # fmt: skip
     count = classes.count if isinstance(classes, Targets) else len(classes)
     return Data(name, splits, count, Batching(**batching), classes)

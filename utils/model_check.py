@@ -1,7 +1,9 @@
-"""Start-up checks of the model: one dummy forward, and its size."""
+"""Start-up checks of the model: one dummy forward (and what it shows: whether the first layer
+flattens each sample), and its size."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -13,13 +15,22 @@ from utils.errors import UserError
 def check_forward(
     model: nn.Module, input_shape: Sequence[int], num_classes: int, device: torch.device,
     builder: str = "the model", outputs: str = "class scores (the dataset's classes)",
-) -> None:  # fmt: skip
+) -> bool:  # fmt: skip
     """Run a 2-sample dummy batch through ``model`` so an input shape it cannot take fails now,
     naming the layer, instead of at the first training step. ``num_classes`` is the width the
-    output must have, ``outputs`` what those columns are."""
+    output must have, ``outputs`` what those columns are. Returns whether the first layer the
+    forward calls flattens each sample (:func:`flattens`): a model with no spatial structure,
+    which random crops and flips only hurt."""
     entered: list[tuple[str, nn.Module]] = []
+    first_input: list[torch.Size] = []
+
+    def enter(module: nn.Module, args: tuple, name: str) -> None:
+        if not entered and args and isinstance(args[0], torch.Tensor):
+            first_input.append(args[0].shape)
+        entered.append((name, module))
+
     hooks = [
-        module.register_forward_pre_hook(lambda mod, args, name=name: entered.append((name, mod)))
+        module.register_forward_pre_hook(lambda mod, args, name=name: enter(mod, args, name))
         for name, module in model.named_modules()
         if name and not any(module.children())
     ]
@@ -50,6 +61,23 @@ def check_forward(
             f"its last layer give {num_classes} outputs, or take a num_classes (or "
             "num_outputs) argument"
         )
+    return bool(entered) and flattens(entered[0][1], first_input[:1], input_shape)
+
+
+def flattens(layer: nn.Module, seen: list[torch.Size], input_shape: Sequence[int]) -> bool:
+    """Whether ``layer``, the first the forward called (with inputs of shape ``seen``), treats
+    each sample as a flat vector of its values: an ``nn.Flatten``, or an ``nn.Linear`` given
+    the whole sample flattened (``x.view(len(x), -1)`` first). A linear layer over patches
+    or over the last axis alone is not."""
+    if isinstance(layer, nn.Flatten):
+        return len(input_shape) > 1
+    flat = [2, math.prod(input_shape)]
+    return (
+        isinstance(layer, nn.Linear)
+        and len(input_shape) > 1
+        and bool(seen)
+        and list(seen[0]) == flat
+    )
 
 
 def parameter_counts(model: nn.Module) -> tuple[int, int, int]:

@@ -32,6 +32,7 @@ class Modules:
     input_shape: tuple[int, ...]
     step_model: nn.Module
     eval_model: nn.Module
+    flattens_input: bool = False  # its first layer flattens each sample (an MLP): no crops
 
     @classmethod
     def build(
@@ -44,9 +45,9 @@ class Modules:
         model = build(node, **accepted_by(node["_target_"], shapes))
         layout = wants_channels_last(model, device, channels_last)
         model = model.to(device, memory_format=torch.channels_last if layout else None)
-        check_forward(model, data.input_shape, data.num_classes, device, str(node["_target_"]),
-                      task.outputs)  # fmt: skip
-        return cls(model, layout, device, tuple(data.input_shape), model, model)
+        flat = check_forward(model, data.input_shape, data.num_classes, device,
+                             str(node["_target_"]), task.outputs)  # fmt: skip
+        return cls(model, layout, device, tuple(data.input_shape), model, model, flat)
 
     def wrap_for_steps(self, processes: distributed.Processes, trainer: Any) -> None:
         """DDP around the model for several processes, then torch.compile if asked."""

@@ -151,8 +151,10 @@ def export_safetensors(model: torch.nn.Module, config: dict, inputs: dict | None
                         "there (choose another export=...)") from None  # fmt: skip
 
 
-def data_config(stored: dict, overrides: DictConfig) -> DictConfig:
-    """The checkpoint's data config with the non-null ``data.*`` overrides applied. A stored
+def data_config(stored: dict, overrides: DictConfig, record: Any = None) -> DictConfig:
+    """The checkpoint's data config with the non-null ``data.*`` overrides applied; ``auto``
+    channels and statistics are those its inputs ``record`` (a checked
+    :class:`utils.predictions.InputRecord`) says training chose, not refitted. A stored
     ``download: true`` is not followed: only ``data.download=true`` on this command line
     downloads. Nor is a stored image cache: evaluation reads each image once anyway, and
     writes a cache (into ``<data.root>/.torchloom-cache``) only for ``data.cache=...`` given
@@ -162,6 +164,9 @@ def data_config(stored: dict, overrides: DictConfig) -> DictConfig:
         merged["download"] = False
     if "cache" in merged:
         merged["cache"], merged["cache_dir"] = "off", None
+    if record is not None:
+        chosen = {"channels": record.input_shape[0], "mean": record.mean, "std": record.std}
+        merged.update({key: value for key, value in chosen.items() if merged.get(key) == "auto"})
     for key, value in OmegaConf.to_container(overrides).items():
         if value is None:
             continue
