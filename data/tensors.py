@@ -3,8 +3,10 @@
 
     python train.py data=tensors data.path=features.npz model=mlp
     python train.py data=tensors data.path=images.pt model=cnn
+    python train.py data=tensors data.path=traces.npz model=cnn1d     # x: [N, C, L] sequences
 
-``x`` is [N, C, H, W] uint8 images or [N, ...] numbers; ``y`` is [N] integer class indices, or
+``x`` is [N, C, H, W] uint8 images, [N, C, L] sequences (``model=cnn1d``) or [N, ...]
+numbers (sequences of different lengths are refused: pad them to one); ``y`` is [N] integer class indices, or
 for ``task=multilabel`` a 0/1 matrix [N, labels], or for ``task=regression`` numbers [N] or
 [N, values].
 ``x_val``/``y_val`` and ``x_test``/``y_test`` in the same file are the val and test splits;
@@ -27,6 +29,11 @@ from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics
 from data.targets import Targets, reads_targets
 from utils.errors import UserError
 
+PAD = (
+    "give x as one array [N, C, L]: pad each sequence to the longest with zeros "
+    "(torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True), or numpy.pad) or cut them "
+    "to one length"
+)
 SPLIT_KEYS = {"train": ("x", "y"), "val": ("x_val", "y_val"), "test": ("x_test", "y_test")}
 
 
@@ -46,8 +53,18 @@ def read_arrays(path: Path) -> dict[str, torch.Tensor]:
         raise
     except Exception as error:
         reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else "unreadable"
+        if "Object arrays" in reason:  # what numpy.savez makes of sequences of unequal lengths
+            raise UserError(f"cannot read {path}: it holds an object array (sequences of "
+                            f"different lengths?), which could run code; {PAD}") from None  # fmt: skip
         raise UserError(f"cannot read {path} as arrays ({reason}); save x and y with numpy.savez "
                         "or torch.save of a dict of tensors") from None  # fmt: skip
+    ragged = [key for key, value in (loaded.items() if isinstance(loaded, Mapping) else ())
+              if isinstance(value, list | tuple) and value and isinstance(value[0], torch.Tensor)]  # fmt: skip
+    if ragged:
+        lengths = sorted({tuple(t.shape) for t in loaded[ragged[0]]})
+        raise UserError(f"{path}: {ragged[0]} is a list of {len(loaded[ragged[0]])} tensors "
+                        f"(shapes {lengths[:3]}{'...' if len(lengths) > 3 else ''}), not one "
+                        f"tensor; {PAD}")  # fmt: skip
     if not isinstance(loaded, Mapping) or not all(
         isinstance(v, torch.Tensor) for v in loaded.values()
     ):

@@ -24,7 +24,7 @@ def initialize(model: nn.Module, scheme: str) -> nn.Module:
     if scheme not in SCHEMES:
         raise UserError(f"model.init={scheme!r} must be one of default, {', '.join(SCHEMES)}")
     for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Conv2d)):
+        if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d)):
             SCHEMES[scheme](module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)

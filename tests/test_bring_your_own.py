@@ -386,6 +386,7 @@ def test_a_manifest_row_outside_the_root_or_missing_is_one_line(tmp_path, row, m
 
 def test_grey_images_with_rgb_statistics_say_what_to_give(tmp_path):
     write_manifest(tmp_path)
-    result = run_train(tmp_path, *MANIFEST, "data.channels=1", "trainer.max_epochs=1", ok=False)
+    result = run_train(tmp_path, *MANIFEST, "data.channels=1", "data.mean=[0.485,0.456,0.406]",
+                       "data.std=[0.229,0.224,0.225]", "trainer.max_epochs=1", ok=False)  # fmt: skip
     assert result.returncode == 2 and "data.mean has 3 values and data.std 3, but image_csv " \
         "labels.csv has 1 channel(s): give one value each" in result.stderr  # fmt: skip

@@ -142,3 +142,9 @@ class DropoutProbe(nn.Module):
 
 def dropout_probe(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
     return DropoutProbe(plain_mlp(input_shape, num_classes, hidden_sizes, dropout, init))
+
+
+def cnn1d(input_shape, num_classes, channels, kernel_size, dropout, init) -> nn.Module:
+    from models.cnn1d import cnn1d as plain_cnn1d
+
+    return SignalAt(plain_cnn1d(input_shape, num_classes, channels, kernel_size, dropout, init))
