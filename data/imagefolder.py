@@ -101,7 +101,10 @@ def is_grey(path: str) -> bool:
     decoded): a grey mode, or a palette of greys only. An unreadable file counts as colour;
     decoding it names it."""
     try:
-        with Image.open(path) as image:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(path)
+        with image:  # a bomb: decode() refuses
             if image.mode == "P":
                 palette = image.getpalette() or []
                 return all(palette[i] == palette[i + 1] == palette[i + 2]
@@ -116,14 +119,13 @@ def choose_channels(channels: int | str, train: list[tuple[str, Any]], name: str
     is grey, else 3 (RGB; a grey image then repeats its channel), said in the log."""
     if channels != "auto":
         return int(channels)
-    colour = [path for path, _ in train if not is_grey(path)]
-    if not colour:
+    colour = next((i for i, (path, _) in enumerate(train) if not is_grey(path)), None)
+    if colour is None:  # every file was read: a grey folder
         log.info("%s: data.channels=auto chose 1 (every training image is grey)", name)
         return 1
-    if len(colour) < len(train):
-        log.info("%s: data.channels=auto chose 3 (RGB): %d of %d training images are colour "
-                 "(%s, ...) and the grey ones are read as RGB", name, len(colour), len(train),
-                 colour[0])  # fmt: skip
+    if colour > 0:  # the scan stops at the first colour image: an RGB folder costs one read
+        log.info("%s: data.channels=auto chose 3 (RGB): some training images are grey and "
+                 "some colour (%s), so the grey ones are read as RGB", name, train[colour][0])  # fmt: skip
     else:
         log.info("%s: data.channels=auto chose 3 (RGB images)", name)
     return 3

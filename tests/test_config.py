@@ -34,7 +34,7 @@ def make_config(*overrides: str):
 
 
 def test_each_group_has_the_options_the_readme_promises():
-    assert options("model") == ["cnn", "mlp", "resnet18", "torchvision"]
+    assert options("model") == ["cnn", "cnn1d", "mlp", "resnet18", "torchvision"]
     assert options("data") == [
         "cifar10",
         "csv",
@@ -53,11 +53,20 @@ def test_each_group_has_the_options_the_readme_promises():
     assert options("precision") == ["auto", "bf16", "fp16", "fp32"]
 
 
-@pytest.mark.parametrize("model", options("model"))
+IMAGE_MODELS = [name for name in options("model") if name != "cnn1d"]  # cnn1d: test_sequences
+
+
+@pytest.mark.parametrize("model", IMAGE_MODELS)
 @pytest.mark.parametrize("shape", [(1, 8, 8), (1, 28, 28), (3, 32, 32)])
 def test_every_model_builds_for_every_image_size(model, shape):
     cfg = make_config(f"model={model}")
     net = instantiate(cfg.model, input_shape=shape, num_classes=10)
+    check_forward(net, shape, 10, CPU)
+
+
+@pytest.mark.parametrize("shape", [(1, 8), (3, 128), (40,)])
+def test_cnn1d_builds_for_every_sequence_length(shape):
+    net = instantiate(make_config("model=cnn1d").model, input_shape=shape, num_classes=10)
     check_forward(net, shape, 10, CPU)
 
 

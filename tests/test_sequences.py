@@ -15,6 +15,7 @@ from conftest import (
     read_metrics,
     run_python,
     run_train,
+    slow,
     write_rows,
 )
 
@@ -37,7 +38,7 @@ def waves(path, channels, samples=240, length=64, seed=0):
     return x, y
 
 
-@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize("channels", [3, *slow(1)])
 def test_cnn1d_learns_waves_of_one_or_three_channels(tmp_path, channels):
     waves(tmp_path / "waves.npz", channels)
     result = run_train(tmp_path, "data=tensors", "data.path=waves.npz", *SMALL, "run_name=w")
@@ -70,6 +71,7 @@ def test_cnn1d_exports_to_onnx_and_shows_its_shapes(tmp_path):
     assert "Conv1d" in shapes.stdout and "[N, 8, 64]" in shapes.stdout
 
 
+@pytest.mark.slow
 def test_a_tables_rows_are_one_channel_sequences(tmp_path):
     rng = np.random.default_rng(1)
     rows = []
