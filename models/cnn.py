@@ -40,10 +40,12 @@ def cnn(
             layers.append(nn.MaxPool2d(2))
             height, width = height // 2, width // 2
         in_channels = out_channels
-    layers += [
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Dropout(dropout),
-        nn.Linear(in_channels, num_classes),
-    ]
+    layers += pooled_head(nn.AdaptiveAvgPool2d(1), in_channels, num_classes, dropout)
     return initialize(nn.Sequential(*layers), init)
+
+
+def pooled_head(
+    pool: nn.Module, channels: int, num_classes: int, dropout: float
+) -> list[nn.Module]:
+    """Global average ``pool``, then dropout and the linear classifier (models/cnn1d.py too)."""
+    return [pool, nn.Flatten(), nn.Dropout(dropout), nn.Linear(channels, num_classes)]

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from models.cnn import pooled_head
 from models.init import SCHEME_NAMES, initialize
 from utils.arguments import DROPOUT, POSITIVE_INTS, checked, one_of
 from utils.errors import UserError
@@ -58,10 +59,5 @@ def cnn1d(
             layers.append(nn.MaxPool1d(2))
             length //= 2
         in_channels = out_channels
-    layers += [
-        nn.AdaptiveAvgPool1d(1),
-        nn.Flatten(),
-        nn.Dropout(dropout),
-        nn.Linear(in_channels, num_classes),
-    ]
+    layers += pooled_head(nn.AdaptiveAvgPool1d(1), in_channels, num_classes, dropout)
     return initialize(nn.Sequential(*layers), init)
