@@ -198,6 +198,7 @@ def test_sharded_multilabel_and_regression_scores_match_one_process(tmp_path):
         assert got == pytest.approx(values["per_target"][key], rel=1e-5), key
 
 
+@pytest.mark.slow
 def test_ranks_draw_their_own_dropout_masks_and_save_each_stream(tmp_path):
     probe = ("model._target_=signalling_model.dropout_probe", "model.hidden_sizes=[16]",
              "trainer.max_epochs=1", "data.batch_size=16")  # fmt: skip

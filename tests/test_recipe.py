@@ -103,6 +103,7 @@ def test_an_interrupted_recipe_run_resumes_bit_identically(straight, at, epoch, 
     assert metrics_a["stopped_early_at_epoch"] == metrics_b["stopped_early_at_epoch"] == 3
 
 
+@pytest.mark.slow
 def test_two_processes_hold_the_same_ema(tmp_path):
     dump = tmp_path / "ema"
     torchrun(tmp_path, *RECIPE[:3], "trainer.max_epochs=2", "trainer.ema.decay=0.9",

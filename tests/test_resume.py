@@ -21,6 +21,7 @@ from conftest import (
     read_metrics,
     run_train,
     scalars,
+    slow,
     write_imagefolder,
 )
 
@@ -102,7 +103,7 @@ def test_resuming_from_an_older_checkpoint_replaces_the_later_tensorboard_points
 
 
 # data.cache=memory is the whole-tensor path resumed above; disk reads the memory-mapped cache.
-@pytest.mark.parametrize(("cache", "workers"), [("off", 0), ("off", 2), ("disk", 0)])
+@pytest.mark.parametrize(("cache", "workers"), [("off", 0), ("disk", 0), *slow(("off", 2))])
 def test_image_folders_resume_bit_identically_cached_or_not(tmp_path, cache, workers):
     root = write_imagefolder(tmp_path / "images", per_class=16, size=(8, 8), test=False)
     run = [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_events, read_metrics, run_train, scalars
+from conftest import read_events, read_metrics, run_train, scalars, slow
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -146,7 +146,7 @@ def test_fixed_seed_loss_regression(default_run):
 
 @pytest.mark.parametrize(
     "dataset",
-    ["digits", "synthetic", "mnist", "fashion_mnist", "cifar10", "imagefolder"],
+    ["digits", "mnist", "cifar10", "imagefolder", *slow("synthetic", "fashion_mnist")],
 )
 def test_every_model_trains_one_epoch_on_each_dataset(
     dataset, tmp_path, mnist_root, fashion_root, cifar_root, imagefolder_root
@@ -184,14 +184,15 @@ def test_every_model_trains_one_epoch_on_each_dataset(
         assert (tmp_path / "checkpoints" / "matrix" / str(job) / "last.pt").is_file()
 
 
-def test_precisions_schedulers_and_clipping_run_on_cpu(tmp_path):
+@pytest.mark.parametrize("schedulers", ["plateau,onecycle", *slow("none,step,plateau,onecycle")])
+def test_precisions_schedulers_and_clipping_run_on_cpu(tmp_path, schedulers):
     run_train(
         tmp_path, "-m", "run_name=options", "precision=fp16,bf16",
-        "scheduler=none,step,plateau,onecycle", "optim=sgd", "scheduler.warmup_steps=3",
+        f"scheduler={schedulers}", "optim=sgd", "scheduler.warmup_steps=3",
         "trainer.gradient_clip_val=1.0", "trainer.max_epochs=2", "trainer.log_every_n_steps=5",
         "model=cnn", "model.channels=[8,16]",
     )  # fmt: skip
-    for job in range(8):
+    for job in range(2 * len(schedulers.split(","))):
         metrics = read_metrics(tmp_path / "runs" / "options" / str(job))
         assert metrics["train/loss"] == pytest.approx(metrics["train/loss"])  # finite, not NaN
         assert metrics["test/acc"] > 0.3  # learning happened in 2 short epochs
