@@ -515,11 +515,17 @@ class Data:
         for what, theirs, ours in (("shape", list(record.input_shape), list(self.input_shape)),
                                    ("targets (kind, count)", *kinds),
                                    ("classes", record.classes, self.classes),
-                                   ("table", record.table, self.table)):  # fmt: skip
+                                   ("table", _encoding(record.table), _encoding(self.table))):  # fmt: skip
             if theirs is not None and ours is not None and theirs != ours:
                 shown = theirs if what != "table" else "its columns, categories and classes"
                 raise UserError(f"{source} was trained on {what} {shown}, and {self.name} holds "
                                 f"other ones; evaluate it on data encoded as it was trained")  # fmt: skip
+        gaps = [(table or {}).get("na") for table in (record.table, self.table)]
+        if record.table is not None and self.table is not None and gaps[0] != gaps[1]:
+            raise UserError(f"{source} filled a table's gaps with statistics of its own train "
+                            f"split, and {self.name}'s train split gives others; evaluate it "
+                            "with the train file it was trained on (data.split.test_path=... "
+                            "for new rows), or use predict.py, which fills gaps as training did")  # fmt: skip
         self.mean, self.std = list(record.mean), list(record.std)
 
     def train_targets(self) -> torch.Tensor:
@@ -579,6 +585,12 @@ class RunBatches:
     train: TensorBatches | LoaderBatches
     val: TensorBatches | LoaderBatches
     test: Callable[[], TensorBatches | LoaderBatches]
+
+
+def _encoding(table: dict | None) -> dict | None:
+    """A table record's encoding (columns, categories, classes), without what was fitted to
+    fill its gaps."""
+    return None if table is None else {k: v for k, v in table.items() if k != "na"}
 
 
 def holdout(split: TensorSplit, sizes: Sequence[int], seed: int) -> list[TensorSplit]:

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import PREDICT, error_line, run_python, run_train, write_rows
+from conftest import EVALUATE, PREDICT, error_line, run_python, run_train, write_rows
 
 from data.tabular import load_csv
 
@@ -153,3 +153,16 @@ def test_an_edited_gaps_record_is_refused(edit):
     assert MissingValues.from_record(record).fills == {"a": 1.0}
     with pytest.raises(UserError, match="table record of missing values is not what torchloom"):
         MissingValues.from_record({**record, **edit})
+
+
+def test_evaluate_follows_the_stored_fills_or_says_why_it_cannot(tmp_path):
+    rows = [[str(i % 7), "" if i % 9 == 0 else str(i), "xy"[i % 2]] for i in range(120)]
+    write_rows(tmp_path / "t.csv", ["a", "b", "y"], rows)
+    run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "data.na=mean",
+              "trainer.max_epochs=1", "run_name=mean", "data.batch_size=8")  # fmt: skip
+    run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/mean/best.pt", "runs=eval")
+    other = [[str(i % 5), "" if i % 4 == 0 else str(3 * i), "xy"[i % 2]] for i in range(120)]
+    write_rows(tmp_path / "other.csv", ["a", "b", "y"], other)
+    result = run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/mean/best.pt",
+                        "data.path=other.csv", "runs=eval", ok=False)  # fmt: skip
+    assert "filled a table's gaps with statistics of its own train split" in error_line(result)
