@@ -96,6 +96,8 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     # --- Task, data and model: the task says what targets are; shapes flow to the model ----
     task = build(cfg.task)  # conf/task/: classification, multilabel or regression
     data = build(cfg.data, **task.data_arguments(cfg.data))  # csv, tensors, image_csv: the kind
+    if run.stored_inputs is not None:  # a resumed run normalises exactly as it started
+        data.follow_record(run.stored_inputs, "the resumed checkpoint", use="resume it")
     task = task.fitted(data, context.device, run.stored_inputs)  # kind checked; target scale
     monitor.check_measured([f"val/{name}" for name in task.measured()])
     loss = task.training_loss()  # cross-entropy, binary cross-entropy, or MSE/Huber/L1

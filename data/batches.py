@@ -504,7 +504,7 @@ class Data:
         """The split a run is finally tested on: test, or val when the dataset has none."""
         return "test" if self.splits["test"] is not None else "val"
 
-    def follow_record(self, record: Any, source: Any) -> None:
+    def follow_record(self, record: Any, source: Any, use: str = "evaluate it") -> None:
         """Normalise as the checkpoint ``source`` recorded (``record``: its checked
         :class:`utils.predictions.InputRecord`), not with statistics refitted to this data, and
         refuse data whose inputs, classes or table encoding differ from the record's:
@@ -519,13 +519,16 @@ class Data:
             if theirs is not None and ours is not None and theirs != ours:
                 shown = theirs if what != "table" else "its columns, categories and classes"
                 raise UserError(f"{source} was trained on {what} {shown}, and {self.name} holds "
-                                f"other ones; evaluate it on data encoded as it was trained")  # fmt: skip
-        gaps = [(table or {}).get("na") for table in (record.table, self.table)]
-        if record.table is not None and self.table is not None and gaps[0] != gaps[1]:
+                                f"other ones; {use} on data encoded as it was trained")  # fmt: skip
+        tables = (record.table, self.table)
+        if None not in tables and _gap_fills(tables[0]) != _gap_fills(tables[1]):
             raise UserError(f"{source} filled a table's gaps with statistics of its own train "
-                            f"split, and {self.name}'s train split gives others; evaluate it "
-                            "with the train file it was trained on (data.split.test_path=... "
-                            "for new rows), or use predict.py, which fills gaps as training did")  # fmt: skip
+                            f"split, and {self.name}'s train split gives others; {use} with the "
+                            "train file it was trained on (data.split.test_path=... for new "
+                            "rows; predict.py fills rows' gaps as training did)")  # fmt: skip
+        if (list(record.mean), list(record.std)) != (list(self.mean), list(self.std)):
+            log.info("normalising with the statistics %s recorded, not those of %s as it is now",
+                     source, self.name)  # fmt: skip
         self.mean, self.std = list(record.mean), list(record.std)
 
     def train_targets(self) -> torch.Tensor:
@@ -591,6 +594,13 @@ def _encoding(table: dict | None) -> dict | None:
     """A table record's encoding (columns, categories, classes), without what was fitted to
     fill its gaps."""
     return None if table is None else {k: v for k, v in table.items() if k != "na"}
+
+
+def _gap_fills(table: dict) -> tuple[dict, list]:
+    """What a table record says its gaps were filled with (none for a record written before
+    data.na existed, or with data.na=error)."""
+    gaps = table.get("na") or {}
+    return gaps.get("fills") or {}, gaps.get("indicators") or []
 
 
 def holdout(split: TensorSplit, sizes: Sequence[int], seed: int) -> list[TensorSplit]:

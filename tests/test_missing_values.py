@@ -166,3 +166,30 @@ def test_evaluate_follows_the_stored_fills_or_says_why_it_cannot(tmp_path):
     result = run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/mean/best.pt",
                         "data.path=other.csv", "runs=eval", ok=False)  # fmt: skip
     assert "filled a table's gaps with statistics of its own train split" in error_line(result)
+
+
+def test_a_resumed_run_normalises_and_fills_as_it_started(tmp_path):
+    """The table is edited between the stop and the resume (its numbers shifted, so its
+    statistics change): the resumed run keeps the mean and std it started with, and a change
+    to what its gaps are filled with is refused in one line."""
+    from conftest import EXIT_INTERRUPTED, checkpoint
+
+    rows = [[str(i % 7), "" if i % 9 == 0 else str(i), "xy"[i % 2]] for i in range(200)]
+    write_rows(tmp_path / "t.csv", ["a", "b", "y"], rows)
+    run = ["data=csv", "data.path=t.csv", "data.target=y", "data.na_columns={b: mean}",
+           "data.batch_size=8", "trainer.max_epochs=3", "model._target_=signalling_model.mlp",
+           "run_name=cut"]  # fmt: skip
+    first = run_train(tmp_path, *run, ok=False, env={"SIGNAL_AT_FORWARD": "20"})
+    assert first.returncode == EXIT_INTERRUPTED
+    started = checkpoint(tmp_path, "cut")["inputs"]
+    shifted = [[str(int(a) + 100), b, y] for a, b, y in rows]  # a (no gaps, no fill): its scale
+    write_rows(tmp_path / "t.csv", ["a", "b", "y"], shifted)
+    resumed = run_train(tmp_path, *run, "resume=auto")
+    assert "normalising with the statistics the resumed checkpoint recorded" in resumed.stdout
+    ended = checkpoint(tmp_path, "cut")["inputs"]
+    assert (ended["mean"], ended["std"]) == (started["mean"], started["std"])
+    refilled = [[a, "" if i % 9 == 0 else str(5 * i), y] for i, (a, _, y) in enumerate(rows)]
+    write_rows(tmp_path / "t.csv", ["a", "b", "y"], refilled)  # b's mean, its fill, changes
+    refused = run_train(tmp_path, *run, "trainer.max_epochs=4", "resume=auto", ok=False)
+    assert "filled a table's gaps with statistics of its own train split" in error_line(refused)
+    assert "resume it with the train file" in error_line(refused)
