@@ -214,7 +214,8 @@ def held_data(name: str, files: dict, classes: list[str] | Targets, cache: dict,
         mean, std = held.statistics(splits.train, cache["prefix"] + "train")
         batching["mean"] = mean if batching["mean"] == "auto" else batching["mean"]
         batching["std"] = std if batching["std"] == "auto" else batching["std"]
+        shown = [[round(v, 4) for v in batching[key]] for key in ("mean", "std")]
         log.info("%s: data.mean/std=auto: mean %s, std %s (of the %d training images)", name,
-                 [round(v, 4) for v in mean], [round(v, 4) for v in std], len(splits.train))  # fmt: skip
+                 *shown, len(splits.train))  # fmt: skip
     count = classes.count if isinstance(classes, Targets) else len(classes)
     return Data(name, splits, count, Batching(**batching), classes)
