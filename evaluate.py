@@ -30,7 +30,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from utils import eval_tables as tables
-from utils.checkpoint import checkpoint_to_evaluate, load_weights
+from utils.checkpoint import checkpoint_to_evaluate, load_checkpoint, load_weights
 from utils.cli import one_line_errors, run_cli
 from utils.config import build
 from utils.distributed import processes_from_env
@@ -51,6 +51,9 @@ from utils.stored import (
     reading_stored_data,
     task_config,
 )
+from utils.tracker_mlflow import log_evaluation
+from utils.trackers import TensorBoard
+from utils.tracking import Tracker, require
 
 
 def checkpoint_files(ckpt: Any) -> list[Path]:
@@ -94,6 +97,39 @@ def export(modules: Modules, task: Any, stored: tuple[dict, InputRecord], path: 
         out.print(f"exported weights to {path}")
 
 
+def training_run_logger(logger: Any) -> Any:
+    """``logger=mlflow``: the node whose store receives each checkpoint's metrics; None
+    without a logger. Other loggers track training runs only."""
+    nodes = dict(logger or {})
+    others = [name for name in nodes if name != "mlflow"]
+    if others:
+        raise UserError(f"logger={others[0]}: evaluate.py adds its metrics to the training "
+                        "run in MLflow only (logger=mlflow)")  # fmt: skip
+    if not nodes:
+        return None
+    require("mlflow", "mlflow", "logger=mlflow")
+    return nodes["mlflow"]
+
+
+def add_to_training_run(node: Any, path: Path, config: dict, metrics: dict, split: str) -> None:
+    """The checkpoint's metrics into the MLflow run that trained it, as
+    ``evaluate/<split>/<metric>`` at the checkpoint's step (``split``: for the message)."""
+    checkpoint = load_checkpoint(path) if path.suffix != ".safetensors" else {}
+    tracking = checkpoint.get("tracking") if isinstance(checkpoint.get("tracking"), dict) else {}
+    backends = tracking.get("backends") if isinstance(tracking.get("backends"), dict) else {}
+    run_id = (backends.get("mlflow") or {}).get("run_id")
+    token = tracking.get("token")
+    if "mlflow" not in backends:
+        raise UserError(f"logger=mlflow: {path} was not trained with logger=mlflow, so there is "
+                        "no MLflow run to add its metrics to")  # fmt: skip
+    runs = Path(str((config.get("paths") or {}).get("runs", "runs")))
+    step = checkpoint.get("global_step", 0)
+    where = (runs, step if isinstance(step, int) else 0)
+    run_id, uri = log_evaluation(node, (run_id, token), where,
+                                 metrics, "evaluate")  # fmt: skip
+    print(f"added the {split} metrics of {path} to MLflow run {run_id} ({uri})")
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     one_line_errors(evaluate_checkpoints, cfg)
@@ -106,14 +142,15 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         raise UserError(f"split={cfg.split!r} must be train, val or test")
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     context = RunContext.open(processes_from_env(), cfg.device)  # each process takes a shard
-    out = Outputs(run_dir, context.is_main, events=True)  # rank 0 reports
+    out = Outputs(run_dir, context.is_main, Tracker([TensorBoard()] if context.is_main else []))
+    to_training_run = training_run_logger(cfg.logger)  # logger=mlflow: add to the run
     precision = Precision(cfg.precision, context.device)
     files = checkpoint_files(cfg.ckpt)
     if cfg.export and len(files) != 1:
         raise UserError(f"export takes one checkpoint; ckpt names {len(files)}")
     if cfg.export:  # never over the checkpoint it is made from
         check_output(Path(cfg.export), "export", files, suffixes=(".onnx", ".safetensors"))
-    out.open_events()
+    out.track()
     results: dict[str, dict] = {}
     for index, path in enumerate(files):
         config, weights, inputs = read_checkpoint(path, cfg.config, cfg.weights)
@@ -135,6 +172,8 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         metrics = evaluate(modules.model, batches.epoch(0), precision, task.scores(detailed=True))
         where = (str(path), index if len(files) > 1 else None)  # title; the files' number
         results[str(path)] = task.tables(out, where, metrics, cfg.split)
+        if to_training_run is not None and context.is_main:
+            add_to_training_run(to_training_run, path, config, results[str(path)], cfg.split)
         if cfg.export and context.is_main:
             export(modules, task, (config, InputRecord.from_run(data, task)), Path(cfg.export),
                    out)  # fmt: skip

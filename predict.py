@@ -71,7 +71,7 @@ def predict(cfg: DictConfig) -> None:
     config, weights, inputs = read_checkpoint(path, None, cfg.weights)  # as evaluate.py reads
     record = InputRecord.read(inputs, path)  # a .pt checkpoint's, or a .safetensors export's
     context = RunContext.open(Processes(), cfg.device)
-    out = Outputs(Path(HydraConfig.get().runtime.output_dir), True, events=False)
+    out = Outputs(Path(HydraConfig.get().runtime.output_dir), True)
     task = build(task_config(config)).fitted(record, torch.device("cpu"), record)  # as trained
     model_node = OmegaConf.create(model_config(config["model"]))
     shapes = model_shapes(record.input_shape, record.num_classes)

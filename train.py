@@ -9,7 +9,8 @@
     torchrun --nproc_per_node=8 train.py model=resnet18 data=cifar10   # DDP; batch per process
     tensorboard --logdir runs
 
-Outputs: runs/<run_name>/ (config, log, TensorBoard events, metrics.json) and
+Outputs: runs/<run_name>/ (config, log, TensorBoard events or the loggers of logger=[...],
+metrics.json) and
 checkpoints/<run_name>/ (last.pt after every epoch and on SIGTERM/SIGUSR1/Ctrl-C, best.pt when
 the monitored metric improves).
 """
@@ -48,6 +49,7 @@ from utils.progress import TrainingProgress
 from utils.run import RunContext, start_run
 from utils.signals import EXIT_INTERRUPTED, Interrupted, StopRequest
 from utils.state import TrainState
+from utils.tracking import Tracker
 
 log = logging.getLogger("torchloom")
 
@@ -88,7 +90,7 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     if run.finished is not None:
         return run.finished
     context = RunContext.for_training(run.processes, trainer, cfg.seed)  # seed, device, writes
-    out = Outputs(run.run_dir, context.is_main, events=context.writes)
+    out = Outputs(run.run_dir, context.is_main, Tracker.of(cfg.logger, context.writes))
     out.print(report.config_tree(run.record.resolved))
     log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)
     precision = build(cfg.precision, device=context.device)
@@ -123,39 +125,40 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
     early = EarlyStopping.of(trainer.early_stopping, monitor, state)
     run.record = run.record.with_inputs(InputRecord.from_run(data, task).to_dict())  # predict
     checkpointer = Checkpointer(run, context, parts, state, monitor, trainer)
-    checkpointer.start(cfg.init_from)  # the resumed position, or a fresh run
+    checkpointer.start(cfg.init_from, out.tracker)  # the resumed position, or a fresh run
     run.remove_replaced()  # overwrite=true: the earlier run's files, now that this one is set up
-    out.open_events(purge_after=state.global_step if run.resumed else None)
-    report.log_sample_grid(out.writer, start.first_batches[0], data, task)  # what it sees
     debugging = debug.Debugging(trainer, run.run_dir)  # debug=anomaly, debug=profile
     judged = parts.judged(modules.eval_model, trainer.ema)  # the EMA's weights, when on
 
-    # --- Train -----------------------------------------------------------------------------
-    progress = TrainingProgress(out.console, start.steps.total, trainer.max_epochs)
-    loop = Loop(checkpointer, trainer, stop, out.writer, progress)
-    for _ in loop.epochs(debugging.batches(batches.train), data.batch_size, done=early.done):
-        value = None  # the monitored metric, when this epoch is validated
-        if state.validation_due(trainer.val_every_n_epochs, trainer.max_epochs):
-            val = evaluate(judged, batches.val.epoch(0), precision, task.scores())
-            state.record("val", val)
-            out.scalars("val", val, state.global_step)
-            schedule.after_validation(state.metrics)
-            value = state.metrics[monitor.name]
-            early.update(value, state.epoch)  # counted in the state: saved with the epoch
-        checkpointer.save_epoch(value)
-        log.info(state.epoch_line(trainer.max_epochs))
-    if loop.stopped:  # a signal: save the exact position, flush, say how to continue
-        checkpointer.stop_here(stop, out)
-    debugging.report(out)
+    # --- Train, tracked (conf/logger/): never ahead of last.pt; failed or killed if it raises
+    with out.track(run.tracked, state, run.stored_tracking).tracking() as tracker:
+        if not run.resumed:
+            report.log_sample_grid(tracker, start.first_batches[0], data, task)  # what it sees
+        progress = TrainingProgress(out.console, start.steps.total, trainer.max_epochs)
+        loop = Loop(checkpointer, trainer, stop, tracker, progress)
+        for _ in loop.epochs(debugging.batches(batches.train), data.batch_size, done=early.done):
+            value = None  # the monitored metric, when this epoch is validated
+            if state.validation_due(trainer.val_every_n_epochs, trainer.max_epochs):
+                val = evaluate(judged, batches.val.epoch(0), precision, task.scores())
+                state.record("val", val)
+                out.scalars("val", val, state.global_step)
+                schedule.after_validation(state.metrics)
+                value = state.metrics[monitor.name]
+                early.update(value, state.epoch)  # counted in the state: saved with the epoch
+            checkpointer.save_epoch(value)  # last.pt, then the history it covers is sent
+            log.info(state.epoch_line(trainer.max_epochs))
+        if loop.stopped:  # a signal: save the exact position, say how to continue
+            checkpointer.stop_here(stop)
+        debugging.report(out)
 
-    # --- Test the best checkpoint (val when the dataset has no test split) ----------------
-    checkpointer.load_best()
-    test = evaluate(judged, batches.test().epoch(0), precision, task.scores())
-    state.record("test", test)
-    out.scalars("test", test, state.global_step)
-    summary = loop.summary(data)  # throughput and data wait, with advice when it waited
-    metrics = report.final_metrics(state, summary, data.test_split, checkpointer, started)
-    out.finish({**metrics, **early.summary()}, run.record.resolved, state.metrics)
+        # --- Test the best checkpoint (val when the dataset has no test split) ------------
+        checkpointer.load_best()
+        test = evaluate(judged, batches.test().epoch(0), precision, task.scores())
+        state.record("test", test)
+        out.scalars("test", test, state.global_step)
+        summary = loop.summary(data)  # throughput and data wait, with advice when it waited
+        metrics = report.final_metrics(state, summary, data.test_split, checkpointer, started)
+        out.finish({**metrics, **early.summary()}, run.record.resolved, state.metrics)
     context.close()
     log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)
     debug.after_fit(trainer, state, batches.train)  # debug=overfit: did the loss fall?

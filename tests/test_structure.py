@@ -28,6 +28,7 @@ from utils.run import RunContext, RunRecord
 from utils.schedulers import StepCounts, none
 from utils.signals import _hold
 from utils.state import TrainState
+from utils.tracking import Tracker
 
 # The top-level keys every checkpoint so far has held for the training state.
 STATE_KEYS = {"epoch", "batch_in_epoch", "global_step", "best_metric", "best_epoch", "top_k",
@@ -124,8 +125,9 @@ def test_zero_epochs_sets_everything_up_and_tests_the_initial_weights(tmp_path):
 def test_outputs_decide_once_who_prints_and_who_writes_events(
     tmp_path, rank, write_outputs, prints, events
 ):
-    out = Outputs(tmp_path, is_main=rank == 0, events=write_outputs)
-    out.open_events()
+    tensorboard = {"tensorboard": {"_target_": "utils.trackers.TensorBoard"}}
+    out = Outputs(tmp_path, rank == 0, Tracker.of(tensorboard, rank == 0 and write_outputs))
+    out.track()
     out.scalars("val", {"acc": 0.5}, 1)
     out.write_json("metrics.json", {"a": 1})
     out.close()

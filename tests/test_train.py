@@ -19,6 +19,7 @@ CHECKPOINT_KEYS = {
     "ema",
     "classes",
     "inputs",
+    "tracking",
     "model",
     "optimizer",
     "scheduler",

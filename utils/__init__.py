@@ -39,8 +39,13 @@ Training
     signals      stop requests and exit code 3
     sweep        sweep jobs: skip finished, record failures, the summary table
 Showing and measuring
-    outputs      who prints and who writes (TensorBoard, metrics.json, hparams), decided once;
+    outputs      who prints and who writes (the history, metrics.json, tables), decided once;
                  an output path is never one of the command's inputs
+    tracking     where the history goes (conf/logger) and how far it may run ahead of last.pt:
+                 held points, the tracked run a resume continues, finished/failed/killed
+    trackers     the history in the run dir: TensorBoard events, the long-form metrics.csv
+    tracker_mlflow  logger=mlflow: a run in an MLflow store (sqlite under runs/ by default)
+    tracker_wandb   logger=wandb: a W&B run, offline unless an API key is set up
     text         names from data as terminal text and as spreadsheet cells
     report       what the config tree, model summary, final table and metrics.json hold
     progress     the progress bar and plain progress lines

@@ -46,6 +46,7 @@ class Checkpointer:
         self.folder, self.run, self.context = run.checkpoint_dir, run, context
         self.parts, self.state, self.monitor, self.trainer = parts, state, monitor, trainer
         self.intact: tuple[Path, int | None] | None = None  # the last good checkpoint, epoch
+        self.history: Any = None  # the run's tracker: what each checkpoint's history covers
 
     @property
     def last(self) -> Path:
@@ -64,10 +65,12 @@ class Checkpointer:
 
     # --- Continuing ------------------------------------------------------------------------
 
-    def start(self, init_from: str | None) -> None:
+    def start(self, init_from: str | None, history: Any = None) -> None:
         """Continue the checkpoint the run resumes, with its config changes applied; or start
         fresh (each process its own forward-pass RNG stream), from the weights of
-        ``init_from`` when given."""
+        ``init_from`` when given. ``history`` is the run's tracker (utils/tracking.py): each
+        checkpoint records how far it got, and it is sent on once the checkpoint is written."""
+        self.history = history
         if self.run.resumed:
             self.resume(*self.run.resumed, self.run.changes)
             return
@@ -90,6 +93,7 @@ class Checkpointer:
         state.top_k = checked_top_k(state.top_k, self.folder)
         if self.writes:
             prune_top_k(self.folder, state.top_k, self.trainer.keep_top_k, state.epoch)
+            self._finish_copies(path)
         state.batch_in_epoch = distributed.rescale_position(
             state.batch_in_epoch, checkpoint.get("world_size", 1),
             self.context.processes.world_size, self.trainer.accumulate_grad_batches,
@@ -97,6 +101,21 @@ class Checkpointer:
         self.intact = (path, None)
         log.info("resumed from %s: epoch %d, batch %d, step %d", path, state.epoch + 1,
                  state.batch_in_epoch, state.global_step)  # fmt: skip
+
+    def _finish_copies(self, path: Path) -> None:
+        """A kill after last.pt was written but before its copies: when the resumed last.pt
+        is the run's best epoch (or one of its top-k), that copy is made now, since the
+        resumed run never validates that epoch again."""
+        state = self.state
+        if path.resolve() != self.last.resolve() or state.batch_in_epoch:
+            return
+        if state.best_epoch == state.epoch and state.best_metric is not None:
+            copy_atomic(self.last, self.folder / "best.pt")
+        for _, name in state.top_k:
+            copy = own_top_k_file(self.folder, name)
+            match = TOP_K_NAME.fullmatch(name)
+            if copy and not copy.exists() and match and int(match.group(1)) == state.epoch:
+                copy_atomic(self.last, copy)
 
     def _restore(self, path: Path, checkpoint: dict[str, Any], reschedule: bool) -> None:
         """Put every piece of a training checkpoint back: weights, optimizer, schedule (unless
@@ -163,6 +182,7 @@ class Checkpointer:
             "rng": rng[0],
             "rng_per_rank": rng,
             "world_size": len(rng),
+            "tracking": self.history.checkpoint_record() if self.history else None,
         }
 
     def save(self) -> None:
@@ -193,6 +213,13 @@ class Checkpointer:
         self.intact = (self.last, state.epoch)
         if self.writes:  # best.pt, top-k: copies of last.pt
             keep_copies(self.folder, best=improved, top_k_file=top_k_file, dropped=dropped)
+        self.sent_on()
+
+    def sent_on(self) -> None:
+        """last.pt and its copies are complete: the history they cover goes to the trackers
+        that get points only then (utils/tracking.py)."""
+        if self.writes and self.history:
+            self.history.checkpoint_written(self.state.global_step)
 
     def save_on_stop(self) -> None:
         """A stop: the exact position, unless last.pt already holds it (all processes agree)."""
@@ -201,13 +228,14 @@ class Checkpointer:
             bool(unsaved), self.context.device
         ):  # saving is collective: all or none
             self.save()
+            self.sent_on()
 
-    def stop_here(self, stop: Any, out: Any) -> None:
-        """A stop every process agreed on: the exact position in last.pt, the outputs
-        flushed, the command that continues the run; then :class:`Interrupted`."""
+    def stop_here(self, stop: Any) -> None:
+        """A stop every process agreed on: the exact position in last.pt (and the history it
+        covers), the command that continues the run; then :class:`Interrupted` (the tracked
+        run is marked killed)."""
         context, record = self.context, self.run.record
         self.save_on_stop()
-        out.close()
         if context.is_main:
             state = self.state
             command = (sweep.continue_command(record.resolved["run_name"]) if sweep.in_sweep()
@@ -263,16 +291,15 @@ def checked_top_k(ranked: Any, folder: Path) -> list:
 
 def prune_top_k(folder: Path, ranked: list, k: int, epoch: int) -> None:
     """After a resume: trim ``ranked`` to ``k`` (``keep_top_k`` may have been lowered), and
-    delete the top-k files the run no longer tracks: the trimmed ones, and those of epochs
-    after the resume point (left by the run's own later epochs, which it now trains again)."""
-    dropped = [name for _, name in ranked[k:]]
+    delete the top-k files the run no longer tracks: the trimmed ones, those of epochs after
+    the resume point (left by the run's own later epochs, which it now trains again), and
+    those a kill kept from being deleted once they fell out."""
     del ranked[k:]
     tracked = {name for _, name in ranked}
     for path in sorted(folder.glob("epoch=*.pt")):
-        match = TOP_K_NAME.fullmatch(path.name)
-        later = match is not None and int(match.group(1)) > epoch and path.name not in tracked
-        if path.name in dropped or later:
-            log.info("removing %s: no longer among the top %d from this resume point", path, k)
+        if TOP_K_NAME.fullmatch(path.name) and path.name not in tracked:
+            log.info("removing %s: not among the top %d from this resume point (epoch %d)",
+                     path, k, epoch)  # fmt: skip
             path.unlink(missing_ok=True)
 
 

@@ -91,6 +91,7 @@ class TrainConfig:
     scheduler: Any = MISSING
     precision: Any = MISSING
     task: Any = MISSING
+    logger: Any = None  # one node per chosen backend (conf/logger/)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = MISSING
@@ -128,6 +129,7 @@ class EvaluateConfig:
     precision: str = MISSING
     data: DataOverrides = field(default_factory=DataOverrides)
     runs: str = MISSING
+    logger: Any = None  # logger=mlflow (conf/logger/)
 
 
 ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)

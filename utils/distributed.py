@@ -161,10 +161,3 @@ def rescale_position(batch_in_epoch: int, saved_world: int, world: int, accumula
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-class NullWriter:
-    """What ranks other than 0 get instead of a SummaryWriter: every call does nothing."""
-
-    def __getattr__(self, name: str):
-        return lambda *args, **kwargs: None

@@ -179,7 +179,7 @@ def tune(kind: str, parts: Any, batches: Any, data: Any, out: Any) -> float:
     device, run_dir, console = precision.device, out.run_dir, out.console
     if kind == "lr":
         lrs, losses, suggested = lr_range_test(model, optimizer, batches, precision, parts.loss)
-        out.open_events()
+        out.track()
         for step, (lr, loss) in enumerate(zip(lrs, losses, strict=True)):
             out.scalars("tune", {"lr": lr, "smoothed_loss": loss}, step)
         out.close()

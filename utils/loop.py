@@ -73,16 +73,17 @@ class Parts:
 
 class Loop:
     def __init__(
-        self, checkpointer: Any, trainer: Any, stop: Any, writer: Any, progress: Any
+        self, checkpointer: Any, trainer: Any, stop: Any, tracker: Any, progress: Any
     ) -> None:
         """Steps the parts ``checkpointer`` saves (utils/checkpointer.py), from and into its
-        state; a failure's message says what its last good checkpoint holds."""
+        state; a failure's message says what its last good checkpoint holds. Its points go
+        to ``tracker`` (utils/tracking.py)."""
         self.parts, self.state, self.saved = (
             checkpointer.parts,
             checkpointer.state,
             checkpointer.describe,
         )
-        self.trainer, self.stop, self.writer, self.progress = trainer, stop, writer, progress
+        self.trainer, self.stop, self.tracker, self.progress = trainer, stop, tracker, progress
         self.train_seconds = 0.0  # inside epochs, evaluation excluded
         self.trained_steps = 0  # by this invocation (a resumed run counts from its resume)
         self.stopped = False  # every process agreed to stop before the last epoch ended
@@ -114,7 +115,7 @@ class Loop:
         """Train from the state's data position to the end of its epoch, then log its loss,
         speed and data wait. Returns False when a stop was requested first; the state then
         holds the position to resume from."""
-        state, progress, writer = self.state, self.progress, self.writer
+        state, progress, tracker = self.state, self.progress, self.tracker
         accumulate = self.trainer.accumulate_grad_batches
         epoch_start, step_before = time.perf_counter(), state.global_step
         wait_before = progress.data_wait.seconds
@@ -138,9 +139,9 @@ class Loop:
         self.trained_steps += state.global_step - step_before
         if finished:
             samples = (state.global_step - step_before) * accumulate * batch_size
-            writer.add_scalar("train/samples_per_second", samples / seconds, state.global_step)
+            tracker.scalar("train/samples_per_second", samples / seconds, state.global_step)
             waited = (progress.data_wait.seconds - wait_before) / seconds
-            writer.add_scalar("train/data_wait_fraction", waited, state.global_step)
+            tracker.scalar("train/data_wait_fraction", waited, state.global_step)
         return finished
 
     def summary(self, data: Any) -> dict[str, float]:
@@ -163,7 +164,7 @@ class Loop:
         model, optimizer, loss_of = self.parts.model, self.parts.optimizer, self.parts.loss
         schedule, precision, watch = self.parts.schedule, self.parts.precision, self.parts.watch
         ema = self.parts.ema
-        trainer, state, writer, progress = self.trainer, self.state, self.writer, self.progress
+        trainer, state, tracker, progress = self.trainer, self.state, self.tracker, self.progress
         losses = self.parts.losses
         model.train()
         accumulate = trainer.accumulate_grad_batches
@@ -197,7 +198,7 @@ class Loop:
                     grad_norm = torch.nn.utils.get_total_norm(grads)
                 if log_due and trainer.log_grad_norms == "per_layer":
                     for name, norm in report.per_layer_grad_norms(model).items():
-                        writer.add_scalar(f"grad_norm/{name}", norm, state.global_step + 1)
+                        tracker.scalar(f"grad_norm/{name}", norm, state.global_step + 1)
             if watch.step_allowed(state.global_step + 1, optimizer):
                 precision.scaler.step(optimizer)
                 precision.scaler.update()
@@ -215,10 +216,10 @@ class Loop:
                 mean_loss = distributed.all_mean(losses.window_mean(step), labels.device)  # sync
                 watch.check(step, self.parts, self.saved())
                 samples_per_second = timed_batches * len(labels) / seconds
-                writer.add_scalar("train/loss", mean_loss, step)
-                writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], step)
-                writer.add_scalar("train/grad_norm", grad_norm.item(), step)
-                writer.add_scalar("train/skipped_steps", state.skipped_steps, step)
+                tracker.scalar("train/loss", mean_loss, step)
+                tracker.scalar("train/lr", optimizer.param_groups[0]["lr"], step)
+                tracker.scalar("train/grad_norm", grad_norm.item(), step)
+                tracker.scalar("train/skipped_steps", state.skipped_steps, step)
                 progress.update(state.epoch, step, mean_loss, samples_per_second)
                 collect_cycles()  # here, not at a random step (utils/memory.py)
                 timed_batches, window_start = 0, time.perf_counter()

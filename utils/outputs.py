@@ -1,9 +1,9 @@
 """Who writes what, decided once for a run of ``train.py`` or ``evaluate.py``.
 
 - Rank 0 prints (the console of other ranks is quiet) and writes ``metrics.json`` and tables.
-- Rank 0 of a run that writes outputs also writes TensorBoard events and the hparams record;
-  ``trainer.write_outputs=false`` (``debug=fast_dev_run``) and other ranks get a writer that
-  does nothing.
+- Rank 0 of a run that writes outputs also writes the history (``logger=``: TensorBoard
+  events by default, utils/tracking.py); ``trainer.write_outputs=false``
+  (``debug=fast_dev_run``) and other ranks get a tracker without backends.
 
 What the files hold is formatted in :mod:`utils.report`; this module only decides where it goes.
 """
@@ -18,34 +18,37 @@ from typing import Any
 from rich.console import Console
 
 from utils import report
-from utils.distributed import NullWriter
 from utils.errors import UserError
+from utils.tracking import FINISHED, TrackedRun, Tracker
 
 
 class Outputs:
-    def __init__(self, run_dir: Path, is_main: bool, events: bool) -> None:
+    def __init__(self, run_dir: Path, is_main: bool, tracker: Tracker | None = None) -> None:
+        """``tracker``: where the history goes (utils/tracking.py); it has backends only in
+        the process that writes the run's files."""
         self.run_dir = run_dir
         self.is_main = is_main  # prints, metrics.json, tables
-        self.writes_events = is_main and events  # TensorBoard and hparams
         self.console = Console(quiet=not is_main)
-        self.writer: Any = NullWriter()
+        self.tracker = tracker if tracker is not None else Tracker([])
 
-    def open_events(self, purge_after: int | None = None) -> None:
-        """Start the TensorBoard writer. A resumed run passes the step it resumed at: points
-        the interrupted run logged after its checkpoint are dropped."""
-        if not self.writes_events:
-            return
-        from torch.utils.tensorboard import SummaryWriter  # slow import; only once it is used
+    @property
+    def writes_events(self) -> bool:
+        return bool(self.tracker.backends)
 
-        purge = None if purge_after is None else purge_after + 1
-        self.writer = SummaryWriter(self.run_dir, purge_step=purge)
+    def track(self, run: TrackedRun | None = None, state: Any = None,
+              resumed: dict | None = None) -> Tracker:  # fmt: skip
+        """Open the history of ``run`` (a resumed run passes its checkpoint's tracking
+        record); without one, of the run dir alone (evaluate.py, tune=)."""
+        if run is None:
+            run = TrackedRun(self.run_dir.name, None, self.run_dir, {}, self.run_dir.parent)
+        self.tracker.open(run, state, resumed)
+        return self.tracker
 
     def print(self, *renderables: Any) -> None:
         self.console.print(*renderables)
 
     def scalars(self, prefix: str, metrics: Mapping[str, float], step: int) -> None:
-        for name, value in metrics.items():
-            self.writer.add_scalar(f"{prefix}/{name}", value, step)
+        self.tracker.scalars(prefix, metrics, step)
 
     def write_json(self, name: str, data: Mapping) -> None:
         if self.is_main:
@@ -56,16 +59,14 @@ class Outputs:
             (self.run_dir / name).write_text(text)
 
     def finish(self, metrics: Mapping[str, Any], config: Mapping, final: Mapping) -> None:
-        """A finished training run: ``metrics.json``, the hparams record of the config with
-        the ``final`` train/val/test metrics, and the final table."""
+        """A finished training run: ``metrics.json``, the final ``train/val/test`` metrics
+        beside the config in the history (marked finished), and the final table."""
         self.write_json("metrics.json", metrics)
-        if self.writes_events:
-            report.write_hparams(self.writer, config, final)
-        self.close()
+        self.tracker.finish(config, final, metrics)
         self.print(report.metrics_table(metrics))
 
     def close(self) -> None:
-        self.writer.close()
+        self.tracker.end(FINISHED)
 
 
 def check_output(path: Path, key: str, inputs: Sequence[Path], suffixes: Sequence[str]) -> None:

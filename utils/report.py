@@ -117,16 +117,16 @@ def image_grid(images: torch.Tensor, columns: int, padding: int = 2) -> torch.Te
     return grid
 
 
-def log_sample_grid(writer, first_batch: tuple, data, task, count: int = 16):
+def log_sample_grid(tracker, first_batch: tuple, data, task, count: int = 16):
     """The first training samples as the model sees them (augmented, then shown un-normalised)
-    with their targets as the ``task`` shows them, in TensorBoard: a label that does not match
-    its image shows at once."""
+    with their targets as the ``task`` shows them, in the history (TensorBoard's images and
+    text): a label that does not match its image shows at once."""
     images, labels = first_batch[0][:count].float().cpu(), first_batch[1][:count].cpu()
     if images.dim() == 4:  # images (a table's rows have no picture)
         mean = torch.tensor(data.mean).view(1, -1, 1, 1)
         std = torch.tensor(data.std).view(1, -1, 1, 1)
         shown = (images * std + mean).clamp(0, 1)
-        writer.add_image("train/samples", image_grid(shown, columns=8), 0)
+        tracker.image("train/samples", image_grid(shown, columns=8), 0)
     shown = task.shown_targets(labels)
     rows = [" ".join(f"{text:>3}" for text in shown[i : i + 8]) for i in (0, 8)]
-    writer.add_text("train/sample_labels", "row by row: " + " / ".join(rows), 0)
+    tracker.text("train/sample_labels", "row by row: " + " / ".join(rows), 0)

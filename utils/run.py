@@ -35,6 +35,7 @@ from utils.errors import UserError
 from utils.predictions import InputRecord
 from utils.resume_changes import ResumeChanges, config_changes
 from utils.seeding import configure_determinism, seed_everything, seed_rank_stream
+from utils.tracking import TrackedRun
 
 log = logging.getLogger("torchloom")
 
@@ -75,6 +76,20 @@ class RunStart:
             return None
         path, checkpoint = self.resumed
         return InputRecord.read(checkpoint["inputs"], path)
+
+    @property
+    def stored_tracking(self) -> dict | None:
+        """The resumed checkpoint's tracking record (utils/tracking.py): the tracked runs it
+        continues and the points it holds; None for a fresh run."""
+        return None if not self.resumed else self.resumed[1].get("tracking", {})
+
+    @property
+    def tracked(self) -> TrackedRun:
+        """The run as its history names it: run name, sweep job, config."""
+        config = self.record.resolved
+        job = str(HydraConfig.get().job.num) if sweep.in_sweep() else None
+        return TrackedRun(config["run_name"], job, self.run_dir, config,
+                          Path(config["paths"]["runs"]))  # fmt: skip
 
     def remove_replaced(self) -> None:
         """``overwrite=true``: remove the earlier run's files, once this run is set up (so a
@@ -133,11 +148,11 @@ def resume_point(resume: str | None, checkpoint_dir: Path) -> tuple[Path, dict[s
 
 
 # What an earlier run of the same name leaves that is worth keeping: its checkpoints and its
-# final metrics. Its TensorBoard events alone (a run that ended before its first checkpoint)
-# are removed, so two attempts never mix in one TensorBoard run.
+# final metrics. Its history files alone (TensorBoard events, metrics.csv: a run that ended
+# before its first checkpoint) are removed, so two attempts never mix in one history.
 SAVED_FILES = (("checkpoints", "last.pt"), ("checkpoints", "best.pt"),
                ("checkpoints", "epoch=*.pt"), ("run", "metrics.json"))  # fmt: skip
-EVENT_FILES = "events.out.tfevents.*"
+HISTORY_FILES = ("events.out.tfevents.*", "metrics.csv", ".tracking.json")
 
 
 def check_new_run(run_dir: Path, checkpoint_dir: Path, overwrite: bool) -> list[Path]:
@@ -152,7 +167,7 @@ def check_new_run(run_dir: Path, checkpoint_dir: Path, overwrite: bool) -> list[
             f"{_shown_path(run_dir)} already holds a run ({_shown_path(saved[0])}); continue "
             "it with resume=auto, choose a new run_name=..., or pass overwrite=true to replace it"
         )
-    return saved + sorted(run_dir.glob(EVENT_FILES))
+    return saved + [p for pattern in HISTORY_FILES for p in sorted(run_dir.glob(pattern))]
 
 
 def remove_files(paths: list[Path]) -> None:

@@ -188,7 +188,7 @@ class Task:
         confusion matrix as a CSV and a TensorBoard image; returns its JSON-ready metrics."""
         title, index = where
         confusion = metrics["confusion"]
-        out.writer.add_image(f"confusion/{index or 0}", eval_tables.confusion_image(confusion), 0)
+        out.tracker.image(f"confusion/{index or 0}", eval_tables.confusion_image(confusion), 0)
         name = "confusion.csv" if index is None else f"confusion-{index}.csv"
         out.write_text(name, eval_tables.confusion_csv(confusion))
         return eval_tables.class_tables(out, title, metrics, split, self.names)

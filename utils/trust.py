@@ -26,7 +26,8 @@ from utils.errors import UserError
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # The groups a stored config holds builders of (conf/hydra and the callbacks in train.yaml are
 # Hydra's own, never stored).
-BUILDER_GROUPS = ("model", "data", "optim", "scheduler", "precision", "task", "experiment")
+BUILDER_GROUPS = ("model", "data", "optim", "scheduler", "precision", "task", "experiment",
+                  "logger")  # fmt: skip
 OPTIMIZERS = (
     "SGD", "Adam", "AdamW", "Adamax", "Adadelta", "Adagrad", "ASGD", "NAdam", "RAdam", "RMSprop",
     "Rprop", "LBFGS", "SparseAdam", "Adafactor", "Muon",

@@ -3,6 +3,11 @@
 KILL_AT=train_step:37        SIGKILL in the 37th training micro-batch of this process
 KILL_AT=eval_batch:2         SIGKILL in the 2nd evaluation batch
 KILL_AT=checkpoint_write:1   SIGKILL half-way through writing the 1st checkpoint
+KILL_AT=copies:3             SIGKILL after the 3rd last.pt is written, before best.pt and the
+                             top-k copies are made of it
+KILL_AT=history_send:1       SIGKILL once the 1st checkpoint is written, before the history
+                             it covers is sent to MLflow or W&B (utils/tracking.py)
+KILL_AT=mlflow_sent:1        SIGKILL just after the 1st batch of points reached MLflow
 KILL_AT=startup:2            SIGKILL at start-up milestone 2 (0: before train.py runs; then
                              check_config, start_run, the model build, check_start_up)
 STOP_AT=<same points>        SIGSTOP itself there (half-way through a checkpoint write): the
@@ -29,10 +34,12 @@ catch_early_signals()  # as train.py does, before torch is imported
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import utils.checkpointer  # noqa: E402
 import utils.config  # noqa: E402
 import utils.guards  # noqa: E402
 import utils.modules  # noqa: E402
 import utils.run  # noqa: E402
+import utils.tracking  # noqa: E402
 
 
 def point(name: str) -> tuple[str, int]:
@@ -61,7 +68,14 @@ def milestone(index: int, function):
 
 def main() -> None:
     fail_save = int(os.environ.get("FAIL_SAVE", "0"))
-    counts = {"train_step": 0, "eval_batch": 0, "checkpoint_write": 0}
+    counts = {
+        "train_step": 0,
+        "eval_batch": 0,
+        "checkpoint_write": 0,
+        "history_send": 0,
+        "mlflow_sent": 0,
+        "copies": 0,
+    }
     cross_entropy, save = F.cross_entropy, torch.save
     build = utils.modules.Modules.build.__func__
     utils.config.check_config = milestone(1, utils.config.check_config)
@@ -91,6 +105,25 @@ def main() -> None:
             return None
         return save(obj, f, *args, **kwargs)
 
+    def counted(phase: str, function, before: bool):
+        def wrapper(*args, **kwargs):
+            counts[phase] += 1
+            if before:
+                reached(phase, counts[phase])
+            result = function(*args, **kwargs)
+            if not before:
+                reached(phase, counts[phase])
+            return result
+
+        return wrapper
+
+    utils.checkpointer.keep_copies = counted("copies", utils.checkpointer.keep_copies, True)
+    tracker = utils.tracking.Tracker
+    tracker.checkpoint_written = counted("history_send", tracker.checkpoint_written, True)
+    if "mlflow" in " ".join(sys.argv):
+        from utils.tracker_mlflow import Mlflow as mlflow
+
+        mlflow.send = counted("mlflow_sent", mlflow.send, False)
     F.cross_entropy = counted_cross_entropy
     torch.save = faulty_save
     script, *sys.argv[1:] = sys.argv[1:]

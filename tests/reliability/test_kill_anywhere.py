@@ -10,6 +10,8 @@ import signal
 import pytest
 from harness import reference, report, run, same_ending, unreadable_checkpoints
 
+from utils.checkpoint import load_checkpoint
+
 # the SIGKILL matrix: slow; .ci/run runs them, `pytest -m "not slow"` leaves them out
 pytestmark = pytest.mark.slow
 
@@ -53,3 +55,20 @@ def test_sigkill_anywhere_then_resume_ends_as_an_uninterrupted_run(tmp_path, ref
     assert len(plan) >= 20
     assert corrupt == 0
     assert all(endings)
+
+
+def test_a_kill_between_last_pt_and_its_copies_still_tests_the_best_epoch(tmp_path, reference):
+    # The 3rd epoch is the best; the kill comes once its last.pt is complete, before best.pt
+    # and the top-k copy are made of it. The resumed run never validates that epoch again,
+    # so it makes the copies at resume; the final test judges the same weights.
+    code, _, _ = run(tmp_path, "run_name=copies", "trainer.keep_top_k=2",
+                     env={"KILL_AT": "copies:3"})  # fmt: skip
+    assert code == -signal.SIGKILL
+    code, _, err = run(tmp_path, "run_name=copies", "resume=auto", "trainer.keep_top_k=2")
+    assert code == 0, err[-3000:]
+    folder = tmp_path / "checkpoints" / "copies"
+    best, last = load_checkpoint(folder / "best.pt"), load_checkpoint(folder / "last.pt")
+    straight_best = load_checkpoint(reference.parent / "best.pt")
+    assert best["epoch"] == straight_best["epoch"] == last["epoch"] == 3
+    assert same_ending(folder / "best.pt", reference.parent / "best.pt")
+    assert len(list(folder.glob("epoch=*.pt"))) == 2

@@ -1,0 +1,73 @@
+"""SIGKILL at the moments a tracked history could run ahead of, or fall behind, the checkpoint
+— mid-step, half-way through a checkpoint write, after a checkpoint is written but before
+MLflow and W&B get its points, after MLflow got them but W&B not, mid-evaluation — each
+followed by ``resume=auto``: every backend ends with one run whose history equals an
+uninterrupted run's, step for step, with no duplicates and no gaps."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import pytest
+from harness import ROOT, report, run
+
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+from histories import (
+    comparable,
+    csv_history,
+    csv_rows,
+    mlflow_history,
+    mlflow_runs,
+    tensorboard_history,
+    wandb_attempts,
+    wandb_history,
+)
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("mlflow")
+pytest.importorskip("wandb")
+
+LOGGERS = ("logger=[tensorboard,csv,mlflow,wandb]",)
+ENV = {"WANDB_SILENT": "true"}
+# Each resumed attempt counts its own events from 1 (3 epochs of 39 steps, a checkpoint each).
+KILLS = ("train_step:50", "history_send:1", "mlflow_sent:1", "checkpoint_write:1",
+         "mlflow_sent:2", "eval_batch:1")  # fmt: skip
+
+
+def histories(cwd, name: str) -> dict:
+    run_dir, store = cwd / "runs" / name, f"sqlite:///{cwd / 'runs' / 'mlflow.db'}"
+    runs = mlflow_runs(store, name)
+    ids = {a["id"] for a in wandb_attempts(run_dir)}
+    assert len(runs) == 1 and len(ids) == 1, (len(runs), ids)
+    return {
+        "tensorboard": comparable(tensorboard_history(run_dir)),
+        "csv": comparable(csv_history(run_dir)),
+        "mlflow": comparable(mlflow_history(store, runs[0].info.run_id)),
+        "wandb": comparable(wandb_history(run_dir, ids.pop())),
+        "status": runs[0].info.status,
+    }
+
+
+def test_sigkill_around_checkpoints_leaves_every_history_as_an_uninterrupted_run(tmp_path):
+    code, _, err = run(tmp_path, "run_name=straight", *LOGGERS, env=ENV)
+    assert code == 0, err[-3000:]
+    reference = histories(tmp_path, "straight")
+    killed = 0
+    for kill in KILLS:
+        code, _, err = run(tmp_path, "run_name=chain", "resume=auto", *LOGGERS,
+                           env={**ENV, "KILL_AT": kill})  # fmt: skip
+        assert code in (0, -signal.SIGKILL), f"{kill}: exited {code}\n{err[-3000:]}"
+        killed += code == -signal.SIGKILL
+    code, _, err = run(tmp_path, "run_name=chain", "resume=auto", *LOGGERS, env=ENV)
+    assert code == 0, err[-3000:]
+    resumed = histories(tmp_path, "chain")
+    rows = [(r["step"], r["tag"]) for r in csv_rows(tmp_path / "runs" / "chain")]
+    equal = [b for b in ("tensorboard", "csv", "mlflow", "wandb") if resumed[b] == reference[b]]
+    report("tracked history", kills=killed, equal_backends=f"{len(equal)}/4",
+           csv_duplicates=len(rows) - len(set(rows)))  # fmt: skip
+    assert killed == len(KILLS)
+    assert resumed["status"] == "FINISHED"
+    assert len(rows) == len(set(rows))
+    for backend in ("tensorboard", "csv", "mlflow", "wandb"):
+        assert resumed[backend] == reference[backend], backend

@@ -1,0 +1,272 @@
+"""Experiment tracking through the real ``train.py`` and ``evaluate.py`` (conf/logger/), read
+back with each backend's own reader (tests/helpers/histories.py): MLflow on a local sqlite
+store, W&B in offline mode, TensorBoard, the CSV file. A history never runs ahead of
+``last.pt``: a stopped or killed run resumed with ``resume=auto`` is one tracked run whose
+history equals an uninterrupted run's."""
+
+from __future__ import annotations
+
+import importlib.abc
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+from conftest import EXIT_INTERRUPTED, HELPERS, free_port, run_evaluate, run_train, torchrun
+
+sys.path.insert(0, str(HELPERS))
+from histories import (
+    TIMED,
+    comparable,
+    csv_history,
+    csv_rows,
+    mlflow_history,
+    mlflow_runs,
+    tensorboard_history,
+    wandb_attempts,
+    wandb_history,
+)
+
+pytest.importorskip("mlflow")
+pytest.importorskip("wandb")
+
+# 19 optimizer steps an epoch on the digits, a point every 5 steps, 3 epochs.
+JOB = ("model.hidden_sizes=[32]", "trainer.max_epochs=3", "trainer.log_every_n_steps=5",
+       "logger=[tensorboard,csv,mlflow,wandb]")  # fmt: skip
+ENV = {"WANDB_SILENT": "true"}  # and no WANDB_API_KEY: offline
+
+
+def store(cwd) -> str:
+    return f"sqlite:///{cwd / 'runs' / 'mlflow.db'}"
+
+
+def histories(cwd, run_name: str) -> dict[str, dict]:
+    """Every backend's history of one run, comparable across runs."""
+    run_dir = cwd / "runs" / run_name
+    (run,) = mlflow_runs(store(cwd), run_name)
+    (wandb_id,) = {a["id"] for a in wandb_attempts(run_dir)}
+    return {
+        "tensorboard": comparable(tensorboard_history(run_dir)),
+        "csv": comparable(csv_history(run_dir)),
+        "mlflow": comparable(mlflow_history(store(cwd), run.info.run_id)),
+        "wandb": comparable(wandb_history(run_dir, wandb_id)),
+    }
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("tracked")
+    run_train(cwd, *JOB, "run_name=straight", env=ENV)
+    return cwd, histories(cwd, "straight")
+
+
+def test_every_logger_holds_the_same_history_and_marks_the_run_finished(straight):
+    cwd, logged = straight
+    train_loss = logged["tensorboard"]["train/loss"]
+    assert [step for step, _ in train_loss] == [5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55]
+    for backend in ("csv", "mlflow"):  # every tag at the same steps with the same values
+        assert logged[backend] == logged["tensorboard"], backend
+    wandb = logged["wandb"]  # the test's figures are the W&B run's summary, not its history
+    assert wandb == {t: v for t, v in logged["tensorboard"].items() if not t.startswith("test/")}
+    (run,) = mlflow_runs(store(cwd), "straight")
+    assert run.info.status == "FINISHED"
+    assert run.data.params["optim.lr"] == "0.002" and run.data.params["logger.csv._target_"]
+    assert run.data.tags["torchloom.best_checkpoint"] == "checkpoints/straight/best.pt"
+    (attempt,) = wandb_attempts(cwd / "runs" / "straight")
+    assert attempt["exit_code"] == 0 and "test/acc" in attempt["summary"]
+    checkpoint = torch.load(cwd / "checkpoints" / "straight" / "last.pt", weights_only=True)
+    assert checkpoint["tracking"]["backends"]["mlflow"]["run_id"] == run.info.run_id
+    assert checkpoint["tracking"]["backends"]["wandb"]["id"] == attempt["id"]
+
+
+def test_the_csv_is_long_form_and_stays_valid_when_a_tag_appears_mid_run(tmp_path):
+    # val/ tags first appear at epoch 2; per-layer gradient norms from the first point on
+    run_train(tmp_path, "model.hidden_sizes=[32]", "trainer.max_epochs=2", "logger=csv",
+              "trainer.val_every_n_epochs=2", "trainer.log_every_n_steps=5",
+              "trainer.log_grad_norms=per_layer", "run_name=longform")  # fmt: skip
+    rows = csv_rows(tmp_path / "runs" / "longform")
+    text = (tmp_path / "runs" / "longform" / "metrics.csv").read_text()
+    assert text.startswith("step,epoch,tag,value\n")
+    assert all(len(row) == 4 and None not in row.values() for row in rows)
+    first_val = next(i for i, row in enumerate(rows) if row["tag"].startswith("val/"))
+    assert rows[first_val]["epoch"] == "2" and first_val > 10
+    tags = {row["tag"] for row in rows}
+    assert "train/loss" in tags and any(tag.startswith("grad_norm/") for tag in tags)
+    assert [int(r["epoch"]) for r in rows if r["tag"] == "train/loss"] == [1, 1, 1, 2, 2, 2, 2]
+
+
+def test_a_stopped_run_is_killed_then_the_same_run_finishes_with_the_same_history(
+    tmp_path, straight
+):
+    _, reference = straight
+    stopped = run_train(tmp_path, *JOB, "model._target_=signalling_model.mlp",
+                        "run_name=stopped", ok=False,
+                        env={**ENV, "SIGNAL_AT_FORWARD": "30"})  # fmt: skip
+    assert stopped.returncode == EXIT_INTERRUPTED, stopped.stderr[-2000:]
+    (run,) = mlflow_runs(store(tmp_path), "stopped")
+    assert run.info.status == "KILLED"
+    (attempt,) = wandb_attempts(tmp_path / "runs" / "stopped")
+    assert attempt["exit_code"] == 3
+    run_train(tmp_path, *JOB, "model._target_=signalling_model.mlp", "run_name=stopped",
+              "resume=auto", env=ENV)  # fmt: skip
+    (run,) = mlflow_runs(store(tmp_path), "stopped")  # one MLflow run, reattached
+    assert run.info.status == "FINISHED"
+    assert len({a["id"] for a in wandb_attempts(tmp_path / "runs" / "stopped")}) == 1
+    resumed = histories(tmp_path, "stopped")
+    for backend in ("tensorboard", "csv", "mlflow", "wandb"):
+        assert resumed[backend] == reference[backend], backend
+
+
+def test_a_failed_run_is_marked_failed(tmp_path):
+    failed = run_train(tmp_path, "model._target_=signalling_model.crashing_mlp",
+                       "trainer.max_epochs=1", "logger=[mlflow,wandb]", "run_name=crash",
+                       ok=False, env=ENV)  # fmt: skip
+    assert failed.returncode != 0
+    (run,) = mlflow_runs(store(tmp_path), "crash")
+    assert run.info.status == "FAILED" and run.data.params["run_name"] == "crash"
+    (attempt,) = wandb_attempts(tmp_path / "runs" / "crash")
+    assert attempt["exit_code"] not in (0, None)
+
+
+def test_a_three_job_sweep_is_three_tracked_runs_grouped_by_the_sweep(tmp_path):
+    run_train(tmp_path, "-m", "run_name=grid/seeds", "seed=0,1,2", "model.hidden_sizes=[16]",
+              "trainer.max_epochs=1", "logger=[mlflow,wandb]", env=ENV)  # fmt: skip
+    runs = mlflow_runs(store(tmp_path), "grid/seeds")
+    assert sorted(r.data.tags["torchloom.job"] for r in runs) == ["0", "1", "2"]
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert {r.data.params["seed"] for r in runs} == {"0", "1", "2"}
+    from mlflow import MlflowClient
+
+    experiment = MlflowClient(store(tmp_path)).get_experiment(runs[0].info.experiment_id)
+    assert experiment.name == "grid"  # the run name's first part
+    attempts = [a for job in "012" for a in wandb_attempts(tmp_path / "runs" / "grid/seeds" / job)]
+    assert len({a["id"] for a in attempts}) == 3
+    assert {a["group"] for a in attempts} == {"grid/seeds"} and {
+        a["exit_code"] for a in attempts
+    } == {0}
+
+
+def test_a_config_value_of_10000_characters_is_shortened_with_one_warning(tmp_path):
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+    long = "x" * 10_000
+    result = run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1",
+                       "logger=mlflow", "run_name=long", f"+notes={long}")  # fmt: skip
+    (run,) = mlflow_runs(store(tmp_path), "long")
+    assert len(run.data.params["notes"]) == MAX_PARAM_VAL_LENGTH
+    assert run.data.params["notes"].endswith("…") and run.info.status == "FINISHED"
+    assert (result.stdout + result.stderr).count("shortened in its params") == 1
+
+
+def test_evaluate_adds_its_metrics_to_the_training_run(tmp_path):
+    run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "logger=mlflow",
+              "run_name=judged")  # fmt: skip
+    run_evaluate(tmp_path, "ckpt=checkpoints/judged/best.pt", "logger=mlflow", "split=val")
+    (run,) = mlflow_runs(store(tmp_path), "judged")
+    assert run.data.metrics["evaluate/val/acc"] == pytest.approx(run.data.metrics["val/acc"])
+    run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "run_name=untracked")
+    refused = run_evaluate(tmp_path, "ckpt=checkpoints/untracked/best.pt", "logger=mlflow",
+                           ok=False)  # fmt: skip
+    assert refused.returncode == 2
+    assert "was not trained with logger=mlflow" in refused.stderr.strip().splitlines()[-1]
+
+
+class Hidden(importlib.abc.MetaPathFinder):
+    """As if ``package`` were not installed."""
+
+    def __init__(self, package: str) -> None:
+        self.package = package
+
+    def find_spec(self, name, path=None, target=None):
+        if name == self.package or name.startswith(self.package + "."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return None
+
+
+@pytest.mark.parametrize("package", ["mlflow", "wandb"])
+def test_a_missing_package_is_one_line_naming_the_extra(tmp_path, monkeypatch, package):
+    monkeypatch.setattr(sys, "meta_path", [Hidden(package), *sys.meta_path])
+    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+    result = run_train(tmp_path, f"logger=[tensorboard,{package}]", "run_name=none", ok=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f'error: logger={package} needs the {package} package: pip install -e ".[{package}]"'
+    )
+    assert not (tmp_path / "checkpoints" / "none" / "last.pt").exists()
+
+
+def test_wandb_online_without_a_key_is_refused_rather_than_prompting(tmp_path):
+    result = run_train(tmp_path, "logger=wandb", "logger.wandb.mode=online", "run_name=online",
+                       ok=False, env={**ENV, "NETRC": str(tmp_path / "none")})  # fmt: skip
+    assert result.returncode == 2
+    assert "needs an API key" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("record", [
+    {"pending": [["step", 0, "train/loss", 1.0]], "backends": {}},
+    {"token": "../../x", "pending": [], "backends": {}},
+    {"pending": [], "backends": {"mlflow": {"run_id": ["not", "a", "string"]}}},
+    "not a record",
+])  # fmt: skip
+def test_an_edited_tracking_record_is_ignored_with_one_warning(tmp_path, record):
+    run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "logger=[csv,mlflow]",
+              "run_name=edited")  # fmt: skip
+    path = tmp_path / "checkpoints" / "edited" / "last.pt"
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["tracking"] = record
+    torch.save(checkpoint, path)
+    result = run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=2",
+                       "logger=[csv,mlflow]", "run_name=edited", "resume=auto")  # fmt: skip
+    assert (result.stdout + result.stderr).count("tracking record is not what torchloom") == 1
+    statuses = {r.info.status for r in mlflow_runs(store(tmp_path), "edited")}
+    assert statuses == {"FINISHED"}  # the first run, and the one the resume started anew
+    assert [tag for tag in TIMED if tag in csv_history(tmp_path / "runs" / "edited")]
+
+
+@pytest.mark.slow
+def test_two_torchrun_processes_are_one_tracked_run(tmp_path):
+    torchrun(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=2", "run_name=ddp",
+             "trainer.log_every_n_steps=3", "logger=[csv,mlflow,wandb]", env=ENV)  # fmt: skip
+    (run,) = mlflow_runs(store(tmp_path), "ddp")
+    assert run.info.status == "FINISHED"
+    assert len(wandb_attempts(tmp_path / "runs" / "ddp")) == 1
+    rows = [(r["step"], r["tag"]) for r in csv_rows(tmp_path / "runs" / "ddp")]
+    assert rows and len(rows) == len(set(rows))  # one process wrote them
+
+
+@pytest.mark.slow
+def test_a_real_mlflow_server_on_localhost_holds_the_run_and_its_evaluation(tmp_path):
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+         "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120  # a server that never starts, not a timing window
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "no server"
+                time.sleep(0.5)
+        run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=2", "logger=mlflow",
+                  f"logger.mlflow.tracking_uri={uri}", "run_name=served/first")  # fmt: skip
+        run_evaluate(tmp_path, "ckpt=checkpoints/served/first/best.pt", "logger=mlflow",
+                     f"logger.mlflow.tracking_uri={uri}")  # fmt: skip
+        (run,) = mlflow_runs(uri, "served/first")
+        assert run.info.status == "FINISHED"
+        assert run.data.metrics["evaluate/test/acc"] == pytest.approx(run.data.metrics["test/acc"])
+        history = mlflow_history(uri, run.info.run_id)
+        assert [step for step, _ in history["val/acc"]] == [19, 38]
+        assert not (tmp_path / "runs" / "mlflow.db").exists()  # nothing local with a server
+    finally:
+        server.terminate()
+        server.wait(timeout=60)

@@ -1,0 +1,113 @@
+"""``logger=wandb``: the run in Weights & Biases. Offline (files under the run dir, uploaded
+later with ``wandb sync``) unless an API key is set up or ``logger.wandb.mode=online``; it
+never prompts, on any rank. A sweep's jobs are grouped by the sweep's run name, each its own
+W&B run, finished before the next starts. The W&B run id goes into every checkpoint, and a
+resume continues that run. W&B cannot drop points, so it gets a checkpoint's points once the
+checkpoint is written (utils/tracking.py). W&B writes what it is sent only when the run
+finishes, so each checkpoint also carries every point this process sent it (a kill -9 loses
+them all), and a resume sends them again; W&B keeps the first row of each step (it drops a
+resumed run's rows whose step is not past its last one), so none is logged twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import netrc
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from utils.errors import UserError
+from utils.trackers import Backend
+from utils.tracking import FAILED, FINAL, KILLED, TrackedRun
+
+log = logging.getLogger("torchloom")
+MODES = ("auto", "offline", "online")
+EXIT_CODES = {"FINISHED": 0, FAILED: 2, KILLED: 3}  # as train.py's own exit codes
+
+
+def has_api_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+class Wandb(Backend):
+    name = "wandb"
+    holds = True
+
+    def __init__(self, project: str | None = None, entity: str | None = None,
+                 mode: str = "auto") -> None:  # fmt: skip
+        if mode not in MODES:
+            raise UserError(f"logger.wandb.mode={mode!r}: choose auto, offline or online")
+        if mode == "online" and not has_api_key():
+            raise UserError("logger.wandb.mode=online needs an API key: set WANDB_API_KEY or run "
+                            "`wandb login` first (this run never prompts for one)")  # fmt: skip
+        self.project, self.entity = project, entity
+        self.mode = mode if mode != "auto" else ("online" if has_api_key() else "offline")
+        self.run_id: str | None = None
+        self.run: Any = None
+        self.tracked: TrackedRun | None = None
+        self.sent: list = []  # since this process started the run: on disk only at its finish
+
+    def open(self, run: TrackedRun, stored: dict | None, step: int | None) -> None:
+        self.tracked = run
+        stored_id = (stored or {}).get("id")  # else the token: a run killed before a checkpoint
+        ok = isinstance(stored_id, str) and stored_id.isalnum()  # said its id continues it too
+        self.run_id = stored_id if ok else run.token
+
+    def _start(self) -> None:
+        import wandb
+
+        run = self.tracked
+        self.run = wandb.init(
+            project=self.project or run.experiment, entity=self.entity, name=run.display_name,
+            group=run.name if run.job is not None else None, id=self.run_id, resume="allow",
+            dir=str(run.run_dir), mode=self.mode, config=run.config, reinit="create_new",
+            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True,
+                                    init_timeout=60),
+        )  # fmt: skip
+        self.run_id = self.run.id
+        log.info("logger.wandb: run %s (%s) in %s", self.run_id, self.mode, run.run_dir / "wandb")
+
+    def send(self, points: list) -> None:
+        if not points:
+            return
+        if self.run is None:
+            self._start()
+        self.sent += points
+        rows: dict[int, dict[str, float]] = {}
+        for point in points:
+            if point.tag.startswith(FINAL):  # the test's figures: the run's summary, since W&B
+                self.run.summary[point.tag] = point.value  # drops a resumed run's earlier steps
+                continue
+            rows.setdefault(point.step, {})[point.tag] = point.value
+        for step in sorted(rows):
+            self.run.log(rows[step], step=step)
+
+    def image(self, tag: str, image: Any, step: int) -> None:
+        pass  # W&B gets scalars and the summary; TensorBoard shows the images
+
+    def position(self) -> dict:
+        return {"id": self.run_id} if self.run_id else {}
+
+    def unconfirmed(self) -> list:
+        """W&B keeps what it is sent in memory until the run finishes (its offline file gets
+        nothing before), so a kill -9 loses all of it: each checkpoint carries it again."""
+        return self.sent
+
+    def summary(self, config: Mapping, final: Mapping[str, float], metrics: Mapping) -> None:
+        if self.run is None:
+            self._start()
+        self.run.summary.update({k: v for k, v in metrics.items()
+                                 if isinstance(v, (int, float, str))})  # fmt: skip
+
+    def close(self, status: str) -> None:
+        if self.run is None and status == FAILED and self.tracked is not None:
+            self._start()  # an attempt that failed before its first checkpoint
+        if self.run is not None:
+            self.run.finish(exit_code=EXIT_CODES.get(status, 1))
+            self.run, self.sent = None, []
