@@ -7,6 +7,7 @@
     python train.py run_name=job7 resume=auto                     # what a requeued job runs
     python train.py -m optim=sgd,adamw optim.lr=0.01,0.001
     torchrun --nproc_per_node=8 train.py model=resnet18 data=cifar10   # DDP; batch per process
+    python train.py logger=[tensorboard,csv,mlflow]   # conf/logger/; mlflow ui --backend-store-uri sqlite:///runs/mlflow.db
     tensorboard --logdir runs
 
 Outputs: runs/<run_name>/ (config, log, TensorBoard events or the loggers of logger=[...],

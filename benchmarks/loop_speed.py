@@ -4,6 +4,7 @@ model, optimizer, batch size and seed; and train.py's start-up time against ``im
     python benchmarks/loop_speed.py                      # every case
     python benchmarks/loop_speed.py --cases mlp --rounds 5
     python benchmarks/loop_speed.py --cases mlp mlp_ema cnn cnn_mix   # the EMA's and mixing's cost
+    python benchmarks/loop_speed.py --cases mlp mlp_logged            # three loggers' cost
 
 For each case it times, in one process:
 
@@ -68,13 +69,15 @@ CASES = {
 FEATURE_CASES = {
     "mlp_ema": ("mlp", ["trainer.ema.decay=0.999"]),
     "cnn_mix": ("cnn", ["data.augment.mixup_alpha=0.2", "data.augment.cutmix_alpha=1.0"]),
+    # Three loggers at once (pip install -e ".[mlflow]"): MLflow is sent points at checkpoints.
+    "mlp_logged": ("mlp", ["logger=[tensorboard,csv,mlflow]"]),
 }
 for _case, (_base, _extra) in FEATURE_CASES.items():
     CASES[_case] = [*CASES[_base], *_extra]
 COMMON = ["optim=adamw", "scheduler=none", "precision=fp32", "trainer.device=cpu"]
 # Epochs per run: each method trains for a few seconds or more (a cnn epoch takes about 1 s on
 # 2 cores, an MLP epoch 0.3 s, a digits epoch of 19 steps 35 ms).
-EPOCHS = {"mlp": 16, "cnn": 16, "digits": 40, "mlp_ema": 16, "cnn_mix": 16}
+EPOCHS = {"mlp": 16, "cnn": 16, "digits": 40, "mlp_ema": 16, "cnn_mix": 16, "mlp_logged": 16}
 
 
 def compose(overrides: list[str]):

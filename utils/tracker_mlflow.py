@@ -116,9 +116,10 @@ class Mlflow(Backend):
 def connect(uri: str) -> Any:
     """A client of the store ``uri``, with MLflow's and its database's start-up chatter kept
     off the console."""
+    from mlflow import MlflowClient  # its import sets up its own loggers: quieted after
+
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     try:

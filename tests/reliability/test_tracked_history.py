@@ -13,16 +13,7 @@ import pytest
 from harness import ROOT, report, run
 
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
-from histories import (
-    comparable,
-    csv_history,
-    csv_rows,
-    mlflow_history,
-    mlflow_runs,
-    tensorboard_history,
-    wandb_attempts,
-    wandb_history,
-)
+import histories as read
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("mlflow")
@@ -35,16 +26,16 @@ KILLS = ("train_step:50", "history_send:1", "mlflow_sent:1", "checkpoint_write:1
          "mlflow_sent:2", "eval_batch:1")  # fmt: skip
 
 
-def histories(cwd, name: str) -> dict:
+def logged(cwd, name: str) -> dict:
     run_dir, store = cwd / "runs" / name, f"sqlite:///{cwd / 'runs' / 'mlflow.db'}"
-    runs = mlflow_runs(store, name)
-    ids = {a["id"] for a in wandb_attempts(run_dir)}
+    runs = read.mlflow_runs(store, name)
+    ids = {a["id"] for a in read.wandb_attempts(run_dir)}
     assert len(runs) == 1 and len(ids) == 1, (len(runs), ids)
     return {
-        "tensorboard": comparable(tensorboard_history(run_dir)),
-        "csv": comparable(csv_history(run_dir)),
-        "mlflow": comparable(mlflow_history(store, runs[0].info.run_id)),
-        "wandb": comparable(wandb_history(run_dir, ids.pop())),
+        "tensorboard": read.comparable(read.tensorboard_history(run_dir)),
+        "csv": read.comparable(read.csv_history(run_dir)),
+        "mlflow": read.comparable(read.mlflow_history(store, runs[0].info.run_id)),
+        "wandb": read.comparable(read.wandb_history(run_dir, ids.pop())),
         "status": runs[0].info.status,
     }
 
@@ -52,7 +43,7 @@ def histories(cwd, name: str) -> dict:
 def test_sigkill_around_checkpoints_leaves_every_history_as_an_uninterrupted_run(tmp_path):
     code, _, err = run(tmp_path, "run_name=straight", *LOGGERS, env=ENV)
     assert code == 0, err[-3000:]
-    reference = histories(tmp_path, "straight")
+    reference = logged(tmp_path, "straight")
     killed = 0
     for kill in KILLS:
         code, _, err = run(tmp_path, "run_name=chain", "resume=auto", *LOGGERS,
@@ -61,8 +52,8 @@ def test_sigkill_around_checkpoints_leaves_every_history_as_an_uninterrupted_run
         killed += code == -signal.SIGKILL
     code, _, err = run(tmp_path, "run_name=chain", "resume=auto", *LOGGERS, env=ENV)
     assert code == 0, err[-3000:]
-    resumed = histories(tmp_path, "chain")
-    rows = [(r["step"], r["tag"]) for r in csv_rows(tmp_path / "runs" / "chain")]
+    resumed = logged(tmp_path, "chain")
+    rows = [(r["step"], r["tag"]) for r in read.csv_rows(tmp_path / "runs" / "chain")]
     equal = [b for b in ("tensorboard", "csv", "mlflow", "wandb") if resumed[b] == reference[b]]
     report("tracked history", kills=killed, equal_backends=f"{len(equal)}/4",
            csv_duplicates=len(rows) - len(set(rows)))  # fmt: skip
