@@ -81,7 +81,7 @@ class RunStart:
     def stored_tracking(self) -> dict | None:
         """The resumed checkpoint's tracking record (utils/tracking.py): the tracked runs it
         continues and the points it holds; None for a fresh run."""
-        return None if not self.resumed else self.resumed[1].get("tracking", {})
+        return None if not self.resumed else self.resumed[1].get("tracking") or {}
 
     @property
     def tracked(self) -> TrackedRun:

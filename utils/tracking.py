@@ -120,12 +120,12 @@ class Tracker:
         checkpoint's tracking record when the run continues one: live backends drop what ran
         ahead of it, held ones reattach to their run and are sent the points the checkpoint
         holds that they lack."""
-        record = checked_record(resumed) if resumed is not None else None
+        record = None if resumed is None else checked_record(resumed or empty_record())
         step = None if state is None or record is None else state.global_step
         if record is not None and self.held and tracked_past(run.run_dir, step):
             log.warning("warning: this checkpoint (step %d) is older than the last one the run "
                         "tracked; its history continues in a new MLflow/W&B run", step)  # fmt: skip
-            record = {"token": "", "pending": [], "backends": {}, "unconfirmed": {}}
+            record = empty_record()
         token = (record or {}).get("token") or uuid.uuid4().hex
         self.run, self.state = replace(run, token=token), state
         run = self.run
@@ -234,10 +234,15 @@ class Tracker:
         self.end(FINISHED)
 
 
+def empty_record() -> dict:
+    """The record of a checkpoint written before tracking was (or saved without a tracker)."""
+    return {"token": "", "pending": [], "backends": {}, "unconfirmed": {}}
+
+
 def checked_record(record: Any) -> dict:
     """The tracking record of a checkpoint, which is untrusted input: anything but what
     torchloom writes is dropped with one warning (the run's history then starts anew)."""
-    fresh = {"token": "", "pending": [], "backends": {}, "unconfirmed": {}}
+    fresh = empty_record()
     if not isinstance(record, dict):
         return _dropped(fresh)
     pending, backends = record.get("pending"), record.get("backends")
