@@ -72,6 +72,7 @@ def test_rank_zero_alone_reports_and_writes(runs):
     assert not any(key.startswith("module.") for key in weights(cwd / "checkpoints/two/best.pt"))
 
 
+@pytest.mark.slow  # 27 s; the quick suite keeps the other torchrun runs
 def test_sigterm_to_torchrun_stops_every_rank_at_one_step_and_resume_is_exact(runs):
     cwd, _ = runs
     job = (*JOB, "data.batch_size=16", "run_name=stopped")

@@ -96,6 +96,7 @@ def test_the_csv_is_long_form_and_stays_valid_when_a_tag_appears_mid_run(tmp_pat
     assert [int(r["epoch"]) for r in rows if r["tag"] == "train/loss"] == [1, 1, 1, 2, 2, 2, 2]
 
 
+@pytest.mark.slow  # a stop needs its own process: 20 s
 def test_a_stopped_run_is_killed_then_the_same_run_finishes_with_the_same_history(
     tmp_path, straight
 ):

@@ -147,7 +147,7 @@ def test_fixed_seed_loss_regression(default_run):
 
 @pytest.mark.parametrize(
     "dataset",
-    ["digits", "mnist", "cifar10", "imagefolder", *slow("synthetic", "fashion_mnist")],
+    ["digits", "mnist", "imagefolder", *slow("cifar10", "synthetic", "fashion_mnist")],
 )
 def test_every_model_trains_one_epoch_on_each_dataset(
     dataset, tmp_path, mnist_root, fashion_root, cifar_root, imagefolder_root
@@ -273,6 +273,7 @@ def test_compile_trains_and_matches_eager_accuracy_closely(tmp_path):
     assert compiled["test/acc"] == pytest.approx(eager["test/acc"], abs=0.02)
 
 
+@pytest.mark.slow  # 15 s of compile attempts
 def test_compile_failure_falls_back_to_eager_with_one_warning(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))  # inductor's C++ compiler
     result = run_train(

@@ -12,8 +12,10 @@ then too: a run killed before its first checkpoint leaves no run behind.
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -114,20 +116,36 @@ class Mlflow(Backend):
 
 
 def connect(uri: str) -> Any:
-    """A client of the store ``uri``, with MLflow's and its database's start-up chatter kept
-    off the console."""
+    """A client of the store ``uri``, checked once at start-up (a server that does not answer
+    is one line, after MLflow's own retries), with MLflow's and its database's start-up
+    chatter kept off the console."""
     from mlflow import MlflowClient  # its import sets up its own loggers: quieted after
 
-    for name in ("mlflow", "alembic"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-    client = MlflowClient(tracking_uri=uri)
+    for name in ("mlflow", "alembic", "urllib3"):
+        logging.getLogger(name).setLevel(logging.ERROR if name == "urllib3" else logging.WARNING)
     try:
-        client.search_experiments(max_results=1)  # creates a new sqlite store's tables now
+        client = MlflowClient(tracking_uri=uri)
+        with few_retries():
+            client.search_experiments(max_results=1)  # creates a new sqlite store's tables now
     except Exception as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise UserError(f"logger.mlflow.tracking_uri={uri}: MLflow cannot use that store "
-                        f"({str(error).splitlines()[0][:200]}); check the URI or the server") from None  # fmt: skip
+                        f"({first[:200]}); check the URI or the server") from None  # fmt: skip
     return client
+
+
+@contextmanager
+def few_retries() -> Iterator[None]:
+    """MLflow retries an HTTP request for minutes by default: right for a run's points, too
+    long for the start-up check. The user's own MLFLOW_HTTP_REQUEST_* settings still win."""
+    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+    added = {k: v for k, v in quick.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def experiment_id(client: Any, name: str, artifacts: str | None) -> str:

@@ -186,7 +186,13 @@ class Tracker:
         """The checkpoint holding ``pending`` is complete: send it on, and note the step."""
         points, self.pending = self.pending, []
         for backend in self.held:
-            backend.send(points)
+            try:
+                backend.send(points)
+            except Exception as error:  # the points are in last.pt: a resume sends them
+                first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+                raise UserError(f"logger.{backend.name} could not take the history ({first}); "
+                                "the checkpoint holds it: continue with resume=auto once it is "
+                                "reachable") from None  # fmt: skip
         if self.held and self.run is not None:
             from utils.report import write_json
 
