@@ -95,6 +95,7 @@ def test_sigterm_to_torchrun_stops_every_rank_at_one_step_and_resume_is_exact(ru
         assert torch.equal(resumed[name], uninterrupted[name]), name
 
 
+@pytest.mark.slow  # continues the checkpoint the SIGTERM test above leaves
 def test_one_process_continues_what_two_began(runs):
     cwd, _ = runs
     saved = load_checkpoint(cwd / "stopped_by_two.pt")
