@@ -283,3 +283,18 @@ def test_a_checkpoint_from_before_tracking_resumes_into_a_new_tracked_run_quietl
     assert "tracking record" not in result.stdout + result.stderr
     val = [step for step, _ in csv_history(tmp_path / "runs" / "older")["val/acc"]]
     assert val == [19, 38]  # the CSV continues; nothing was cut or doubled
+
+
+def test_resuming_an_older_checkpoint_starts_new_tracked_runs_and_cuts_the_csv(tmp_path):
+    job = ("model.hidden_sizes=[16]", "trainer.max_epochs=3", "trainer.keep_top_k=3",
+           "logger=[csv,mlflow]", "run_name=older_point")  # fmt: skip
+    run_train(tmp_path, *job)
+    (first,) = tmp_path.glob("checkpoints/older_point/epoch=001-*.pt")
+    result = run_train(tmp_path, *job, f"resume='{first}'")
+    assert (result.stdout + result.stderr).count("older than the last one the run tracked") == 1
+    runs = mlflow_runs(store(tmp_path), "older_point")
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
+    newer = max(runs, key=lambda r: r.info.start_time)
+    assert [s for s, _ in mlflow_history(store(tmp_path), newer.info.run_id)["val/acc"]] == [38, 57]
+    val = [step for step, _ in csv_history(tmp_path / "runs" / "older_point")["val/acc"]]
+    assert val == [19, 38, 57]  # the later rows were cut, then logged once by the resumed run

@@ -125,7 +125,9 @@ class Tracker:
         if record is not None and self.held and tracked_past(run.run_dir, step):
             log.warning("warning: this checkpoint (step %d) is older than the last one the run "
                         "tracked; its history continues in a new MLflow/W&B run", step)  # fmt: skip
-            record = empty_record()
+            live = {b.name for b in self.live}  # TensorBoard and the CSV still drop what is later
+            kept = {name: p for name, p in record["backends"].items() if name in live}
+            record = {**empty_record(), "backends": kept}
         token = (record or {}).get("token") or uuid.uuid4().hex
         self.run, self.state = replace(run, token=token), state
         run = self.run
