@@ -33,7 +33,8 @@ class Outputs:
 
     @property
     def writes_events(self) -> bool:
-        return bool(self.tracker.backends)
+        """Whether this process writes the run's files (the history, tune='s curve)."""
+        return self.tracker.writes
 
     def track(self, run: TrackedRun | None = None, state: Any = None,
               resumed: dict | None = None) -> Tracker:  # fmt: skip

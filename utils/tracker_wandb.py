@@ -88,9 +88,6 @@ class Wandb(Backend):
         for step in sorted(rows):
             self.run.log(rows[step], step=step)
 
-    def image(self, tag: str, image: Any, step: int) -> None:
-        pass  # W&B gets scalars and the summary; TensorBoard shows the images
-
     def position(self) -> dict:
         return {"id": self.run_id} if self.run_id else {}
 

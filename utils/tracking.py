@@ -86,8 +86,11 @@ def require(module: str, extra: str, what: str) -> None:
 class Tracker:
     """The backends of one run and the points a checkpoint has not yet covered."""
 
-    def __init__(self, backends: list[Any]) -> None:
+    def __init__(self, backends: list[Any], writes: bool | None = None) -> None:
+        """``writes``: whether this process writes the run's files (with ``logger=[]`` too);
+        by default, whether it has backends."""
         self.backends = backends
+        self.writes = bool(backends) if writes is None else writes
         self.live = [b for b in backends if not b.holds]  # get points at once; drop on resume
         self.held = [b for b in backends if b.holds]  # get points once a checkpoint has them
         self.pending: list[Point] = []  # for ``held``: logged since the last checkpoint
@@ -111,7 +114,7 @@ class Tracker:
             module, extra = BACKENDS[name]
             if module:
                 require(module, extra, f"logger={name}")
-        return cls([build(node) for node in nodes.values()] if writes else [])
+        return cls([build(node) for node in nodes.values()] if writes else [], writes)
 
     # --- Opening ------------------------------------------------------------------------
 
