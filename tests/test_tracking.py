@@ -298,3 +298,27 @@ def test_resuming_an_older_checkpoint_starts_new_tracked_runs_and_cuts_the_csv(t
     assert [s for s, _ in mlflow_history(store(tmp_path), newer.info.run_id)["val/acc"]] == [38, 57]
     val = [step for step, _ in csv_history(tmp_path / "runs" / "older_point")["val/acc"]]
     assert val == [19, 38, 57]  # the later rows were cut, then logged once by the resumed run
+
+
+def test_an_edited_run_id_never_writes_into_another_tracked_run(tmp_path):
+    # A checkpoint edited (or copied) to name another run's MLflow run and W&B id: the resume
+    # leaves those runs as they were and continues its history in a run of its own.
+    job = ("model.hidden_sizes=[16]", "logger=[mlflow,wandb]")
+    run_train(tmp_path, *job, "trainer.max_epochs=1", "run_name=victim", env=ENV)
+    run_train(tmp_path, *job, "trainer.max_epochs=1", "run_name=edited_id", env=ENV)
+    (victim,) = mlflow_runs(store(tmp_path), "victim")
+    before = mlflow_history(store(tmp_path), victim.info.run_id)
+    (victim_attempt,) = wandb_attempts(tmp_path / "runs" / "victim")
+    path = tmp_path / "checkpoints" / "edited_id" / "last.pt"
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["tracking"]["backends"] = {"mlflow": {"run_id": victim.info.run_id},
+                                          "wandb": {"id": victim_attempt["id"]}}  # fmt: skip
+    torch.save(checkpoint, path)
+    result = run_train(tmp_path, *job, "trainer.max_epochs=2", "run_name=edited_id",
+                       "resume=auto", env=ENV)  # fmt: skip
+    said = result.stdout + result.stderr
+    assert "is not this run's (another token)" in said and "W&B id" in said
+    assert mlflow_history(store(tmp_path), victim.info.run_id) == before
+    assert mlflow_runs(store(tmp_path), "victim")[0].info.status == "FINISHED"
+    ids = {a["id"] for a in wandb_attempts(tmp_path / "runs" / "edited_id")}
+    assert victim_attempt["id"] not in ids and len(ids) == 1

@@ -54,7 +54,7 @@ class Mlflow(Backend):
         if stored is not None and not (isinstance(run_id, str) and run_id):
             run_id = run_by_token(self.client, [self.experiment_id], run.token)  # killed while
         if isinstance(run_id, str) and run_id:  # its first checkpoint's points were sent
-            self.run_id = reattach(self.client, run_id)
+            self.run_id = reattach(self.client, run_id, run.token)
 
     def _start(self) -> None:
         """The run, its tags and the flattened config as its parameters."""
@@ -171,11 +171,17 @@ def run_by_token(client: Any, experiments: list[str], token: Any) -> str | None:
     return found[0].info.run_id if found else None
 
 
-def reattach(client: Any, run_id: str) -> str | None:
-    """The stored run, running again; None (a new run) when the store does not have it."""
+def reattach(client: Any, run_id: str, token: str) -> str | None:
+    """The stored run, running again; None (a new run) when the store does not have it, or
+    when it is not this run's (its token differs: the checkpoint was edited or copied)."""
     if not exists(client, run_id):
         log.warning("warning: logger.mlflow: the checkpoint's run %s is not in %s; the history "
                     "continues in a new run", run_id, client.tracking_uri)  # fmt: skip
+        return None
+    if client.get_run(run_id).data.tags.get("torchloom.token") != token:
+        log.warning("warning: logger.mlflow: run %s in %s is not this run's (another token); "
+                    "not writing into it: the history continues in a new run", run_id,
+                    client.tracking_uri)  # fmt: skip
         return None
     client.update_run(run_id, status="RUNNING")
     log.info("logger.mlflow: continuing run %s", run_id)

@@ -55,9 +55,13 @@ class Wandb(Backend):
 
     def open(self, run: TrackedRun, stored: dict | None, step: int | None) -> None:
         self.tracked = run
-        stored_id = (stored or {}).get("id")  # else the token: a run killed before a checkpoint
-        ok = isinstance(stored_id, str) and stored_id.isalnum()  # said its id continues it too
-        self.run_id = stored_id if ok else run.token
+        # The W&B id is the run's token: a run killed before a checkpoint said its id is
+        # continued too, and an edited id never points this run into another W&B run.
+        stored_id = (stored or {}).get("id")
+        if stored_id not in (None, run.token):
+            log.warning("warning: logger.wandb: the checkpoint's W&B id %r is not this run's; "
+                        "continuing W&B run %s", stored_id, run.token)  # fmt: skip
+        self.run_id = run.token
 
     def _start(self) -> None:
         import wandb
