@@ -174,11 +174,12 @@ def run_by_token(client: Any, experiments: list[str], token: Any) -> str | None:
 def reattach(client: Any, run_id: str, token: str) -> str | None:
     """The stored run, running again; None (a new run) when the store does not have it, or
     when it is not this run's (its token differs: the checkpoint was edited or copied)."""
-    if not exists(client, run_id):
+    found = fetched(client, run_id)
+    if found is None:
         log.warning("warning: logger.mlflow: the checkpoint's run %s is not in %s; the history "
                     "continues in a new run", run_id, client.tracking_uri)  # fmt: skip
         return None
-    if client.get_run(run_id).data.tags.get("torchloom.token") != token:
+    if found.data.tags.get("torchloom.token") != token:
         log.warning("warning: logger.mlflow: run %s in %s is not this run's (another token); "
                     "not writing into it: the history continues in a new run", run_id,
                     client.tracking_uri)  # fmt: skip
@@ -222,7 +223,7 @@ def log_evaluation(node: Any, names: tuple, where: tuple[Path, int], metrics: Ma
     if not isinstance(run_id, str):
         experiments = [e.experiment_id for e in client.search_experiments()]
         run_id = run_by_token(client, experiments, token) if experiments else None
-    if run_id is None or not exists(client, run_id):
+    if run_id is None or fetched(client, run_id) is None:
         raise UserError("logger=mlflow: the checkpoint's training run is not in "
                         f"{client.tracking_uri}; pass logger.mlflow.tracking_uri= the store it "
                         "was trained with")  # fmt: skip
@@ -233,9 +234,9 @@ def log_evaluation(node: Any, names: tuple, where: tuple[Path, int], metrics: Ma
     return run_id, client.tracking_uri
 
 
-def exists(client: Any, run_id: str) -> bool:
+def fetched(client: Any, run_id: str) -> Any:
+    """The run ``run_id`` of the store, or None when it has no such run."""
     try:
-        client.get_run(run_id)
+        return client.get_run(run_id)
     except Exception:
-        return False
-    return True
+        return None
