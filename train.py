@@ -6,6 +6,7 @@
     python train.py resume=checkpoints/<run_name>/last.pt          # continue a run exactly
     python train.py run_name=job7 resume=auto                     # what a requeued job runs
     python train.py -m optim=sgd,adamw optim.lr=0.01,0.001
+    python train.py cv=5                  # 5-fold cross-validation: runs/<run>/oof.csv, mean ± std
     torchrun --nproc_per_node=8 train.py model=resnet18 data=cifar10   # DDP; batch per process
     python train.py logger=[tensorboard,csv,mlflow]   # conf/logger/; mlflow ui --backend-store-uri sqlite:///runs/mlflow.db
     tensorboard --logdir runs
@@ -35,6 +36,7 @@ from utils import debug, report, sweep
 from utils.checkpointer import Checkpointer
 from utils.cli import run_cli
 from utils.config import build, check_config
+from utils.cross_validation import cross_validate, save_fold_predictions
 from utils.early_stopping import EarlyStopping
 from utils.errors import EXIT_USER_ERROR, UserError, user_error_in
 from utils.evaluation import evaluate  # bound here: benchmarks patch evaluate
@@ -62,6 +64,8 @@ def main(cfg: DictConfig) -> float:
     try:
         with StopRequest() as stop:
             try:
+                if cfg.cv:  # cv=K: every fold, each a run of train() in runs/<run>/fold-<k>/
+                    return cross_validate(cfg, stop, train)
                 return train(cfg, stop)
             except Interrupted:  # last.pt holds the exact position
                 stop.hand_on()  # a job scheduler's requeue, now that the checkpoint is safe
@@ -80,14 +84,15 @@ def main(cfg: DictConfig) -> float:
     return sweep.record_failure(run_dir, failure, sweep.job_monitor_mode(cfg))
 
 
-def train(cfg: DictConfig, stop: StopRequest) -> float:
+def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> float:
     """Compose → check → set up the run → data and parts → (debug and tune exits) → epochs
     {train, validate, checkpoint, log} → test best.pt → report. Returns the best monitored
-    value; raises UserError on bad input and Interrupted once a stop's last.pt is written."""
+    value; raises UserError on bad input and Interrupted once a stop's last.pt is written.
+    ``run_dir``: a cross-validation fold's folder (else Hydra's run dir)."""
     started = time.perf_counter()
     trainer = check_config(cfg)
     monitor = Monitor.from_config(trainer.monitor, trainer.monitor_mode)
-    run = start_run(cfg, trainer)  # folders; a re-run sweep's finished job, a resume or a new run
+    run = start_run(cfg, trainer, run_dir)  # folders; a finished sweep job, a resume or a new run
     if run.finished is not None:
         return run.finished
     context = RunContext.for_training(run.processes, trainer, cfg.seed)  # seed, device, writes
@@ -157,6 +162,8 @@ def train(cfg: DictConfig, stop: StopRequest) -> float:
         test = evaluate(judged, batches.test().epoch(0), precision, task.scores())
         state.record("test", test)
         out.scalars("test", test, state.global_step)
+        if data.fold_ids is not None:  # data.split.folds: best.pt's val predictions (oof.csv)
+            save_fold_predictions(out, judged, batches.val, precision, task, data)
         summary = loop.summary(data)  # throughput and data wait, with advice when it waited
         metrics = report.final_metrics(state, summary, data.test_split, checkpointer, started)
         out.finish({**metrics, **early.summary()}, run.record.resolved, state.metrics)

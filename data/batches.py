@@ -423,6 +423,7 @@ class Data:
         self.table: dict | None = None  # a table's column encoding (data/tabular.py)
         self.splits = {"train": splits.train, "val": splits.val, "test": splits.test}
         self.num_classes = self.targets.count
+        self.fold_ids = None  # data/folds.py FoldIds: data.split.folds's val samples, named
         self.input_shape = splits.train.input_shape  # (C, H, W)
         channels = self.input_shape[0]
         mean, std = list(batching.mean), list(batching.std)

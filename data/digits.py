@@ -8,12 +8,15 @@ See ``data/assets/README.md`` for provenance and licence (UCI, CC BY 4.0).
 from __future__ import annotations
 
 import gzip
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from data.batches import Batching, Data, Splits, TensorSplit, holdout
+from data.folds import FoldIds, FoldPlan, tensor_splits
 from utils.errors import UserError
 
 BUNDLED = Path(__file__).parent / "assets" / "digits.csv.gz"
@@ -44,11 +47,19 @@ def read_digits_csv(path: Path) -> TensorSplit:
     )
 
 
-def load_digits(
-    path: str | None, val_size: int, test_size: int, split_seed: int, **batching
-) -> Data:
-    """``path``: a digits CSV (gzip), or null for the bundled one. ``batching``: the keys of
-    :class:`data.batches.Data` (batch_size, eval_batch_size, augment, mean, std)."""
+def load_digits(path: str | None, val_size: int, test_size: int, split_seed: int,
+                split: Mapping[str, Any] | None = None, **batching) -> Data:  # fmt: skip
+    """``path``: a digits CSV (gzip), or null for the bundled one. ``split``: the fold keys
+    (data/folds.py; with folds, the test_size is held out first and val is a fold of the rest).
+    ``batching``: the keys of :class:`data.batches.Data` (batch_size, eval_batch_size, augment,
+    mean, std)."""
     samples = read_digits_csv(Path(path) if path else BUNDLED)
-    train, val, test = holdout(samples, [val_size, test_size], split_seed)
-    return Data("digits", Splits(train, val, test), 10, Batching(**batching))
+    plan = FoldPlan.of(split, True, split_seed)
+    if plan.folds is None:
+        train, val, test = holdout(samples, [val_size, test_size], split_seed)
+        return Data("digits", Splits(train, val, test), 10, Batching(**batching))
+    shares = {"val": 0, "test": test_size / len(samples)}  # val: a fold
+    train, val, test, val_rows = tensor_splits(samples, {}, shares, plan)
+    data = Data("digits", Splits(train, val, test), 10, Batching(**batching))
+    data.fold_ids = FoldIds(plan.fold, [f"row {i}" for i in val_rows.tolist()])
+    return data

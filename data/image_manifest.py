@@ -17,12 +17,14 @@ the seeded ``split.seed``.
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from data.batches import Data
+from data.folds import FoldIds, FoldPlan
 from data.imagefolder import ImageList, choose_channels, held_data
 from data.tabular import read_table
 from data.targets import (
@@ -59,10 +61,12 @@ def read_manifest(path: Path, root: Path) -> list[tuple[str, str, int]]:
 
 
 def manifest_targets(entries: dict[str, list], kind: str, manifest: str,
-                     split: Mapping[str, Any]) -> tuple[dict[str, list], Targets]:  # fmt: skip
+                     split: Mapping[str, Any], pool: Sequence[str] = ("train",)
+                     ) -> tuple[dict[str, list], Targets]:  # fmt: skip
     """Each split's (file, target) samples from its manifest rows, and the targets: a class
-    index, a 0/1 tuple over the train rows' labels (``a;b``), or a tuple of values (``1.5`` or
-    ``1.5;-2``)."""
+    index, a 0/1 tuple over the labels of the ``pool`` splits' rows (the train rows; with
+    folds, train and val, so every fold has the same classes) (``a;b``), or a tuple of values
+    (``1.5`` or ``1.5;-2``)."""
     if kind == "values":
         samples = {name: [(file, _values(text, split.get(f"{name}_path") or manifest, line))
                           for file, text, line in rows] for name, rows in entries.items()}  # fmt: skip
@@ -72,7 +76,7 @@ def manifest_targets(entries: dict[str, list], kind: str, manifest: str,
                             "the same number")  # fmt: skip
         return samples, Targets("values", widths.pop())
     sets = kind == "label_sets"
-    names = sorted_names({label for _, text, _ in entries["train"]
+    names = sorted_names({label for split_name in pool for _, text, _ in entries[split_name]
                           for label in (label_set(text) if sets else [text])})  # fmt: skip
     index = {name: i for i, name in enumerate(names)}
     samples = {}
@@ -126,6 +130,12 @@ def load_image_csv(root: str, manifest: str, split: Mapping[str, Any], image_siz
         if split[f"{name}_path"]:
             entries[name] = read_manifest(Path(split[f"{name}_path"]), base)
     cut = [name for name in ("val", "test") if name not in entries]
+    plan = FoldPlan.of(
+        split, kind == "classes", split["seed"], groups_allowed=True
+    )  # data/folds.py
+    if plan.folds is not None or plan.group is not None:
+        entries, fold_ids = _fold_entries(entries, split, plan, Path(manifest))
+        cut = []
     if cut:  # held out of the train manifest by a seeded shuffle of its rows
         rows = entries["train"][:]
         random.Random(split["seed"]).shuffle(rows)
@@ -136,7 +146,8 @@ def load_image_csv(root: str, manifest: str, split: Mapping[str, Any], image_siz
         for name, size in zip(cut, sizes, strict=True):
             entries[name], rows = sorted(rows[:size], key=lambda e: e[2]), rows[size:]
         entries["train"] = sorted(rows, key=lambda e: e[2])
-    samples, targets = manifest_targets(entries, kind, manifest, split)
+    pool = ("train", "val") if plan.folds is not None else ("train",)  # every fold's classes
+    samples, targets = manifest_targets(entries, kind, manifest, split, pool)
     channels = choose_channels(channels, samples["train"], f"image_csv {Path(manifest).name}")
     files = {name: ImageList(rows, base, image_size, channels) for name, rows in samples.items()}
     classes = targets if kind != "classes" else list(targets.names)
@@ -144,4 +155,47 @@ def load_image_csv(root: str, manifest: str, split: Mapping[str, Any], image_siz
     folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
     cache = {"mode": options.pop("cache"), "max_gb": options.pop("cache_max_gb"),
              "folder": folder, "prefix": "manifest-", "source": Path(manifest)}  # fmt: skip
-    return held_data(f"image_csv {Path(manifest).name}", files, classes, cache, options)
+    data = held_data(f"image_csv {Path(manifest).name}", files, classes, cache, options)
+    if plan.folds is not None:  # cv=K's oof.csv names each val image by its manifest path
+        data.fold_ids = FoldIds(plan.fold, [os.path.relpath(file, base) for file in fold_ids])
+    return data
+
+
+def _fold_entries(entries: dict[str, list], split: Mapping[str, Any], plan: FoldPlan,
+                  manifest: Path) -> tuple[dict[str, list], list[str]]:  # fmt: skip
+    """The manifest's rows cut by ``plan``: a test manifest as given, or the test share of
+    whole groups held out first; val a fold of the rest (or its share, without folds).
+    Returns the entries and the val rows' files."""
+    if plan.folds is not None and "val" in entries:
+        raise UserError("data.split.folds cuts val out of data.manifest; drop "
+                        "data.split.val_path (the folds cover train and val)")  # fmt: skip
+    rows = entries["train"]
+    groups = manifest_groups(manifest, plan.group)
+    sizes = {name: max(1, round(split[name] * len(rows))) for name in ("val", "test")
+             if name not in entries and (name == "test" or plan.folds is None)}  # fmt: skip
+    rest, *parts = plan.held_out(len(rows), list(sizes.values()), groups)
+    held = dict(zip(sizes, parts, strict=True))
+    if plan.folds is not None:
+        labels = [rows[i][1] for i in rest.tolist()] if plan.stratify else None
+        pool_groups = None if groups is None else [groups[i] for i in rest.tolist()]
+        rest, held["val"] = plan.cut(rest, labels, pool_groups)
+    cut = {name: [rows[i] for i in part.tolist()] for name, part in held.items()}
+    return {**entries, **cut, "train": [rows[i] for i in rest.tolist()]}, [
+        file for file, _, _ in cut.get("val", [])
+    ]
+
+
+def manifest_groups(path: Path, group: str | None) -> list[str] | None:
+    """Each manifest row's value of the ``group`` column (data.split.group), in row order."""
+    if group is None:
+        return None
+    header, rows = read_table(path)
+    if group not in header:
+        raise UserError(f"data.split.group={group}: {path} has no such column; its columns are "
+                        f"{', '.join(header)}")  # fmt: skip
+    at = header.index(group)
+    for line, row in enumerate(rows, start=2):
+        if not row[at].strip():
+            raise UserError(f"{path} line {line}: no value in column {group!r} "
+                            "(data.split.group): give every row its group")  # fmt: skip
+    return [row[at].strip() for row in rows]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from data.batches import Batching, Data, Splits
+from data.folds import FoldIds, FoldPlan
 from data.image_cache import MODES, ImageCache
 from data.targets import Targets
 from utils.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
@@ -162,6 +163,7 @@ def load_imagefolder(
     cache: str = "auto",
     cache_max_gb: float | None = None,
     cache_dir: str | None = None,
+    split: Mapping[str, Any] | None = None,
     **batching,
 ) -> Data:
     """``channels``: 1, 3 or ``auto`` (:func:`choose_channels`); ``mean`` and ``std`` in
@@ -170,8 +172,10 @@ def load_imagefolder(
     ``disk`` or ``off``; ``cache_max_gb``: the memory ``auto`` may use (null: half of what is
     available); ``cache_dir``: where cache files go (null: ``<root>/.torchloom-cache``).
     ``batching`` holds the keys of :class:`data.batches.Batching`; ``num_workers``, the
-    decoding processes, is null for one per core, at most 8. Configs stored before the cache
-    existed get its defaults."""
+    decoding processes, is null for one per core, at most 8. ``split``: the fold keys
+    (data/folds.py): with ``folds``, train/ and val/ (when there is one) are pooled and val is a
+    fold of them; the test is test/, or without one the ``split.test`` share held out first.
+    Configs stored before the cache or folds existed get their defaults."""
     check_values("data", {"image_size": image_size, "channels": channels, "cache": cache,
                           "cache_max_gb": cache_max_gb},
                  {"image_size": pair_of_positive_ints(), "channels": one_of(1, 3, "auto"),
@@ -182,18 +186,43 @@ def load_imagefolder(
             f"image folder root not found: {base} (set data.root=<folder with train/ and val/>)"
         )
     classes = find_classes(base / "train")
+    plan = FoldPlan.of(split, True, (split or {}).get("seed", 0))
     samples = {
         name: folder_samples(base / name, classes)
         for name in ("train", "val", "test")
-        if name != "test" or (base / "test").is_dir()
+        if name == "train" or (base / name).is_dir() or (name == "val" and plan.folds is None)
     }
+    if plan.folds is not None:  # val: a fold of train/ and val/
+        samples, fold_files = _fold_samples(samples, plan, (split or {}).get("test", 0.15))
     channels = choose_channels(channels, samples["train"], f"imagefolder {base}")
     files = {name: ImageList(rows, base / name, image_size, channels)
              for name, rows in samples.items()}  # fmt: skip
     folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
     cache_settings = {"mode": cache, "max_gb": cache_max_gb, "folder": folder, "prefix": "",
                       "source": base}  # fmt: skip
-    return held_data(f"imagefolder {base}", files, classes, cache_settings, batching)
+    data = held_data(f"imagefolder {base}", files, classes, cache_settings, batching)
+    if plan.folds is not None:  # cv=K's oof.csv names each val image by its file under root
+        data.fold_ids = FoldIds(plan.fold, [os.path.relpath(f, base) for f in fold_files])
+    return data
+
+
+def _fold_samples(samples: dict[str, list], plan: FoldPlan,
+                  test_share: float) -> tuple[dict[str, list], list[str]]:  # fmt: skip
+    """train/ and val/ pooled and cut into fold ``plan.fold`` (val) and the rest (train); the
+    test folder's images, or the ``test_share`` held out of the pool first. Returns the
+    samples by split and the val images' files."""
+    pool = samples["train"] + samples.get("val", [])
+    given_test = "test" in samples
+    sizes = [] if given_test else [max(1, round(test_share * len(pool)))]
+    rest, *test = plan.held_out(len(pool), sizes)
+    labels = [pool[i][1] for i in rest.tolist()]
+    train, val = plan.cut(rest, labels)
+    cut = {
+        "train": [pool[i] for i in train.tolist()],
+        "val": [pool[i] for i in val.tolist()],
+        "test": samples["test"] if given_test else [pool[i] for i in test[0].tolist()],
+    }
+    return cut, [file for file, _ in cut["val"]]
 
 
 def held_data(name: str, files: dict, classes: list[str] | Targets, cache: dict,

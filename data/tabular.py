@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics, fill_splits
+from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics
+from data.folds import FoldIds, FoldPlan, tensor_splits
 from data.missing import NA_KEYS, MissingValues, is_gap
 from data.targets import KINDS, Targets, label_set, multi_hot, reads_targets, sorted_names
 from utils.errors import UserError
@@ -97,7 +98,18 @@ class Columns:
                             "takes one (several are task=multilabel's 0/1 columns or "
                             "task=regression's values)")  # fmt: skip
         self.kind, self.target = kind, target if isinstance(target, str) else targets
-        named = features if features is not None else [c for c in header if c not in targets]
+        group = choice.get("group")  # data.split.group: never a feature unless listed
+        if group is not None and group not in header:
+            raise UserError(f"data.split.group={group}: {path} has no such column; its columns "
+                            f"are {', '.join(header)}")  # fmt: skip
+        if group in targets:
+            raise UserError(f"data.split.group={group} is the target column; name the column "
+                            "that ties samples together (a patient, a session)")  # fmt: skip
+        named = (
+            features
+            if features is not None
+            else [c for c in header if c not in targets and c != group]
+        )
         self.numeric = [c for c in named if c not in categorical]
         self.categorical = categorical
         self.classes = targets  # what each output is called: classes, labels or values
@@ -110,6 +122,22 @@ class Columns:
             name: sorted({row[header.index(name)].strip() for row in rows}) for name in categorical
         }
         self.missing = MissingValues.of(choice["na"], self.numeric, path)  # data.na: gaps
+        self.kept: dict[str, torch.Tensor] = {}  # of each split, the rows :meth:`filled` kept
+
+    @staticmethod
+    def groups(header: list[str], rows: list[list[str]], path: Path,
+               group: str | None) -> list[str] | None:  # fmt: skip
+        """Each row's value of the ``group`` column (None without one); a row without one is
+        refused, naming its line."""
+        if group is None:
+            return None
+        at = header.index(group)
+        values = [row[at].strip() for row in rows]
+        for line, value in enumerate(values, start=2):
+            if not value:
+                raise UserError(f"{path} line {line}: no value in column {group!r} "
+                                "(data.split.group): give every row its group")  # fmt: skip
+        return values
 
     def record(self) -> dict:
         """What rebuilds this encoding without the train file (checkpoints keep it)."""
@@ -189,6 +217,7 @@ class Columns:
         """``split`` (of :meth:`encode`) with its gaps filled, its indicator columns added and
         the rows a ``drop`` column has a gap in left out."""
         inputs, keep = self.missing.apply(split.inputs, self.numeric)
+        self.kept[name] = keep  # which rows stay: cv=K's oof.csv names the val rows kept
         if len(keep) and not bool(keep.any()):
             raise UserError(f"the {name} split has no rows left: each has a gap in a column of "
                             "data.na=drop; fill the gaps instead (data.na=median)")  # fmt: skip
@@ -285,11 +314,16 @@ def load_csv(path: str, target: Any, features: Sequence[str] | None,
     train_path = Path(path)
     header, rows = read_table(train_path)
     columns = Columns(header, rows, {"target": target, "features": features, "kind": kind,
-                                     "categorical": categorical, "na": gaps}, train_path)  # fmt: skip
+                                     "categorical": categorical, "na": gaps,
+                                     "group": (split or {}).get("group")}, train_path)  # fmt: skip
     samples = columns.encode(header, rows, train_path)
     paths = {name: Path(split[f"{name}_path"]) for name in ("val", "test") if split[f"{name}_path"]}
     given = {name: columns.encode(*read_table(other), other) for name, other in paths.items()}
-    parts = fill_splits(samples, given, split)  # the others held out of `path`
+    plan = FoldPlan.of(
+        split, kind == "classes", split["seed"], groups_allowed=True
+    )  # data/folds.py
+    groups = columns.groups(header, rows, train_path, plan.group)
+    *parts, val_rows = tensor_splits(samples, given, split, plan, groups)  # test first, then val
     columns.fit_gaps(parts[0], train_path)  # fill values from the train split alone
     train, val, test = (columns.filled(part, name)
                         for part, name in zip(parts, ("train", "val", "test"), strict=True))  # fmt: skip
@@ -303,4 +337,7 @@ def load_csv(path: str, target: Any, features: Sequence[str] | None,
     data = Data(f"csv {train_path.name}", Splits(train, val, test), targets.count, batching,
                 targets)  # fmt: skip
     data.table = columns.record()
+    if plan.folds is not None:  # cv=K's oof.csv names each val row by its line in the file
+        kept = val_rows[columns.kept["val"]].tolist()
+        data.fold_ids = FoldIds(plan.fold, [f"line {i + 2}" for i in kept])
     return data

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics, fill_splits
+from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics
+from data.folds import FoldIds, FoldPlan, tensor_splits
 from data.targets import Targets, reads_targets
 from utils.errors import UserError
 
@@ -119,7 +120,8 @@ def load_tensors(path: str, num_classes: int | None, split: Mapping[str, Any],
             raise UserError(f"{file}: {SPLIT_KEYS[name][0]} has samples of shape "
                             f"{list(part.inputs.shape[1:])}, and x of "
                             f"{list(samples.inputs.shape[1:])}; give every split the same")  # fmt: skip
-    train, val, test = fill_splits(samples, given, split)
+    plan = FoldPlan.of(split, kind == "classes", split["seed"])  # data/folds.py
+    train, val, test, val_rows = tensor_splits(samples, given, split, plan)
     labels = torch.cat([train.labels, val.labels, test.labels])
     if kind == "classes":
         classes = num_classes if num_classes is not None else int(labels.max()) + 1
@@ -133,8 +135,11 @@ def load_tensors(path: str, num_classes: int | None, split: Mapping[str, Any],
     if mean is None or std is None:
         mean, std = channel_statistics(train.inputs)
     batching = Batching(mean=list(mean), std=list(std), **options)
-    return Data(f"tensors {file.name}", Splits(train, val, test), targets.count, batching,
+    data = Data(f"tensors {file.name}", Splits(train, val, test), targets.count, batching,
                 targets)  # fmt: skip
+    if plan.folds is not None:  # cv=K's oof.csv names each val sample by its row of x
+        data.fold_ids = FoldIds(plan.fold, [f"row {i}" for i in val_rows.tolist()])
+    return data
 
 
 def as_targets(part: TensorSplit, kind: str, path: Path) -> TensorSplit:

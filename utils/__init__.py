@@ -37,7 +37,10 @@ Training
     checkpointer what is saved, when and where; resume, stop, best, which top-k copies stay
     checkpoint   file level: atomic writes, safe loading, which file in a folder, fitting weights
     signals      stop requests and exit code 3
-    sweep        sweep jobs: skip finished, record failures, the summary table
+    sweep        sweep jobs: skip finished, record failures, the summary table (seeds and
+                 folds grouped)
+    cross_validation  cv=K: every fold a run of its own, resumable; oof.csv, the pooled
+                 out-of-fold metrics, the mean returned
 Showing and measuring
     outputs      who prints and who writes (the history, metrics.json, tables), decided once;
                  an output path is never one of the command's inputs

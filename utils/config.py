@@ -101,6 +101,7 @@ class TrainConfig:
     overwrite: bool = MISSING
     init_from: str | None = MISSING
     tune: str | None = MISSING
+    cv: Any = MISSING  # cv=K: every fold of a K-fold cross-validation (utils/cross_validation.py)
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
@@ -252,6 +253,10 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
         )
     if cfg.tune not in (None, "lr", "batch_size"):
         raise UserError(f"tune={cfg.tune!r} is unknown; use tune=lr or tune=batch_size")
+    if cfg.cv is not None:
+        from utils.cross_validation import check_cv
+
+        check_cv(cfg)
     monitor_mode(cfg.trainer.monitor, cfg.trainer.monitor_mode)
     clip = cfg.trainer.gradient_clip_val
     if clip is not None and not (math.isfinite(clip) and clip > 0):

@@ -57,6 +57,24 @@ def evaluate(
     return scores.result(device)
 
 
+@torch.inference_mode()
+def outputs_of(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+               precision: Precision) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(outputs, targets) of every sample of ``batches`` in order, in eval mode, fp32 on the
+    CPU; under torchrun the processes' shards in rank order, so every process has them all."""
+    was_training = model.training
+    model.eval()
+    outputs, targets = [], []
+    for inputs, target in batches:
+        with precision.autocast():
+            outputs.append(model(inputs).float())
+        targets.append(target)
+    model.train(was_training)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    joined = torch.cat(outputs) if outputs else torch.zeros(0, device=device)
+    return all_rows(joined).cpu(), all_rows(torch.cat(targets) if targets else joined).cpu()
+
+
 class ClassScores:
     """Loss and top-1/top-5 hits; with ``confusion``, the confusion matrix (rows: true class,
     columns: predicted)."""

@@ -29,7 +29,7 @@ DATA_KEYS_FREE_TO_CHANGE = ("root", "download", "num_workers", "eval_batch_size"
 CHANGES_RESCHEDULE = ("optim", "scheduler", "trainer.max_epochs", "data.batch_size")
 # Keys that say how to start this invocation, not what the run is.
 INVOCATION_KEYS = ("resume", "resume_allow_changes", "overwrite", "init_from", "tune", "run_name",
-                   "logger")  # fmt: skip
+                   "logger", "cv")  # fmt: skip
 
 
 @dataclass

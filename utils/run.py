@@ -98,11 +98,13 @@ class RunStart:
             remove_files(self.replaced)
 
 
-def start_run(cfg: DictConfig, trainer: Any) -> RunStart:
+def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> RunStart:
+    """``run_dir``: where the run lives (a cross-validation's fold); None: Hydra's run dir."""
     processes = distributed.processes_from_env()
     if not processes.is_main:
         log.setLevel(logging.WARNING)
-    run_dir, checkpoint_dir = output_dirs(cfg, Path(HydraConfig.get().runtime.output_dir))
+    given = run_dir or Path(HydraConfig.get().runtime.output_dir)
+    run_dir, checkpoint_dir = output_dirs(cfg, given)
     prepare_dir(run_dir, "the run")
     if trainer.write_outputs:  # debug=fast_dev_run writes no checkpoints or TensorBoard
         prepare_dir(checkpoint_dir, "checkpoints")

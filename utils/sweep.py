@@ -174,12 +174,17 @@ def sort_jobs(rows: list[dict[str, Any]], monitor: str, mode: str) -> list[dict[
     return sorted(rows, key=key)
 
 
+# Overrides that repeat one experiment rather than change it: the summary groups the jobs that
+# differ only in these (seeds, and the folds of a cross-validation, data/folds.py).
+REPEATS = ("seed=", "data.split.fold=")
+
+
 def seed_groups(rows: list[dict[str, Any]], metrics: list[str]) -> list[dict[str, Any]]:
-    """Jobs that differ only in ``seed=``, grouped: mean ± std (sample) of each metric over the
-    completed ones, and their count."""
+    """Jobs that differ only in ``seed=`` or ``data.split.fold=`` (:data:`REPEATS`), grouped:
+    mean ± std (sample) of each metric over the completed ones, and their count."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
-        key = tuple(o for o in row["overrides"] if not o.startswith("seed="))
+        key = tuple(o for o in row["overrides"] if not o.startswith(REPEATS))
         groups[key].append(row)
     summaries = []
     for key, members in groups.items():
@@ -239,8 +244,8 @@ def summary_table(rows: list[dict[str, Any]], columns: list[str], title: str) ->
     return table
 
 
-def seed_table(groups: list[dict[str, Any]], metrics: list[str]) -> Table:
-    table = Table(title="over seeds: mean ± std")
+def seed_table(groups: list[dict[str, Any]], metrics: list[str], over: str) -> Table:
+    table = Table(title=f"over {over}: mean ± std")
     for column in ["overrides", "completed", *metrics]:
         table.add_column(column, overflow="fold")
     for group in groups:
@@ -263,12 +268,13 @@ def summarize(sweep_dir: Path, monitor: str, mode: str, console: Console) -> lis
         columns.append("stopped_early_at_epoch")
     if any(row.get("error") for row in rows):
         columns.append("error")
-    varies_seed = any(o.startswith("seed=") for row in rows for o in row["overrides"])
-    groups = seed_groups(rows, metrics) if varies_seed else None
+    varied = [word for word, prefix in zip(("seeds", "folds"), REPEATS, strict=True)
+              if any(o.startswith(prefix) for row in rows for o in row["overrides"])]  # fmt: skip
+    groups = seed_groups(rows, metrics) if varied else None
     write_summary(sweep_dir, rows, columns, groups)
     console.print(summary_table(rows, columns, f"sweep {sweep_dir}: {len(rows)} jobs"))
     if groups:
-        console.print(seed_table(groups, metrics))
+        console.print(seed_table(groups, metrics, " and ".join(varied)))
     console.print(f"summary: {sweep_dir / 'summary.csv'}, {sweep_dir / 'summary.json'}")
     return rows
 

@@ -209,6 +209,21 @@ class Task:
         None: the outputs' own): the model's logits, unless a task says otherwise."""
         return model, "logits", None
 
+    def target_cells(self, targets: torch.Tensor) -> list[str]:
+        """Each sample's target as a CSV cell (cv=K's oof.csv): its class name."""
+        names = self.names
+        return [cell(names[t]) for t in targets.tolist()]
+
+    def portable(self, outputs: torch.Tensor) -> torch.Tensor:
+        """The outputs in units every fold of a cross-validation shares, so the folds' outputs
+        pool (:meth:`pooled_scores`): the outputs themselves, unless a task says otherwise."""
+        return outputs
+
+    def pooled_scores(self) -> Any:
+        """The scores of :meth:`portable` outputs pooled over folds (cv=K's out-of-fold
+        metrics)."""
+        return self.scores()
+
 
 class Classification(Task):
     def __init__(self, label_smoothing: float, class_weights: Any) -> None:
@@ -331,6 +346,12 @@ class MultiLabel(Task):
 
     def tables(self, out: Any, where: tuple[str, int | None], metrics: dict, split: str) -> dict:
         return eval_tables.label_tables(out, where[0], metrics, split, self.names)
+
+    def target_cells(self, targets: torch.Tensor) -> list[str]:
+        """Its label set, ``a;b`` (empty for none)."""
+        names = self.names
+        return [cell(";".join(names[i] for i, on in enumerate(row) if on >= 0.5))
+                for row in targets.tolist()]  # fmt: skip
 
     def decode(self, outputs: torch.Tensor, options: Any) -> tuple[list[str], list, list[str]]:
         """The label set at the threshold (``options.threshold``, else the task's), then every
@@ -472,6 +493,20 @@ class Regression(Task):
 
     def tables(self, out: Any, where: tuple[str, int | None], metrics: dict, split: str) -> dict:
         return eval_tables.value_tables(out, where[0], metrics, split, self.names)
+
+    def target_cells(self, targets: torch.Tensor) -> list[str]:
+        """Its values in full (``repr``), ``;`` between targets."""
+        return [";".join(repr(v) for v in row) for row in targets.double().tolist()]
+
+    def portable(self, outputs: torch.Tensor) -> torch.Tensor:
+        """In the targets' own units: each fold's target scale is its own train part's."""
+        return self.scale.undo(outputs.to(self.scale.mean.device)).cpu()
+
+    def pooled_scores(self) -> ValueScores:
+        """Scores of values in the targets' units (the loss too)."""
+        count, center = self.scale.count, self.scale.center.tolist()
+        identity = TargetScale([0.0] * count, [1.0] * count, center, torch.device("cpu"))
+        return ValueScores(RegressionLoss(self.criterion, self.huber_delta, identity), identity)
 
     def decode(self, outputs: torch.Tensor, options: Any) -> tuple[list[str], list, list[str]]:
         """Each target's predicted value, in the targets' own units (the scale undone)."""
