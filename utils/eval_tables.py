@@ -26,6 +26,36 @@ def confusion_image(confusion: torch.Tensor, cell: int = 12) -> torch.Tensor:
     return image.unsqueeze(0)
 
 
+def reliability_csv(rows: list[dict]) -> str:
+    """The reliability table: each confidence bin's range, count, accuracy, mean confidence and
+    gap (numbers in full)."""
+    lines = ["lo,hi,count,accuracy,confidence,gap"]
+    for row in rows:
+        gap = abs(row["accuracy"] - row["confidence"]) if row["count"] else 0.0
+        lines.append(",".join([repr(row["lo"]), repr(row["hi"]), str(row["count"]),
+                               repr(row["accuracy"]), repr(row["confidence"]), repr(gap)]))  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def reliability_image(rows: list[dict], side: int = 150) -> torch.Tensor:
+    """A reliability diagram as a [3, side, side] image in [0, 1]: each bin's accuracy as a
+    blue bar (empty bins none), its mean confidence as a red mark, the diagonal (perfect
+    calibration) in grey; bottom-left is confidence 0, accuracy 0."""
+    image = torch.ones(3, side, side)
+    width = side // len(rows)
+    for b, row in enumerate(rows):
+        if not row["count"]:
+            continue
+        lo, hi = b * width, (b + 1) * width - 1
+        top = side - round(row["accuracy"] * side)
+        image[:, top:, lo:hi] = torch.tensor([0.25, 0.45, 0.85])[:, None, None]
+        mark = min(side - 1, side - round(row["confidence"] * side))
+        image[:, max(0, mark - 1) : mark + 1, lo:hi] = torch.tensor([0.85, 0.2, 0.2])[:, None, None]
+    diagonal = torch.arange(side)
+    image[:, side - 1 - diagonal, diagonal] = 0.5
+    return image
+
+
 def overview_table(out: Any, title: str, summary: dict[str, Any], split: str) -> None:
     overview = Table(title=shown(title))
     overview.add_column("metric")
@@ -74,6 +104,7 @@ def class_tables(out: Any, name: str, metrics: dict, split: str, names: list[str
     """task=classification: the metrics, per-class precision, recall and F1, and the
     confusion matrix (up to 20 classes)."""
     confusion = metrics.pop("confusion")
+    metrics.pop("reliability", None)  # written by the task (reliability.csv and its image)
     scores = per_class_scores(confusion)
     support = confusion.sum(dim=1).tolist()
     classes = len(support)

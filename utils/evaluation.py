@@ -75,15 +75,47 @@ def outputs_of(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Ten
     return all_rows(joined).cpu(), all_rows(torch.cat(targets) if targets else joined).cpu()
 
 
+CALIBRATION_BINS = 15
+
+
+def calibration(confidence: torch.Tensor, correct: torch.Tensor,
+                bins: int = CALIBRATION_BINS) -> dict:  # fmt: skip
+    """Expected and maximum calibration error of top-1 ``confidence`` against ``correct``,
+    over ``bins`` equal-width bins ``(lo, hi]``: the first also holds a confidence of 0 and the
+    last is closed at 1, so float32 softmax's saturated 1.0 counts (no hidden extra bin).
+    ECE = Σ (n_b / N) · |accuracy_b − confidence_b|; MCE = the largest gap of a non-empty bin.
+    ``reliability``: each bin's lo, hi, count, accuracy and mean confidence."""
+    confidence = confidence.double().cpu().nan_to_num(0.0, 0.0, 0.0)  # NaN outputs: no confidence
+    correct = correct.double().cpu()
+    index = (torch.ceil(confidence * bins) - 1).clamp(0, bins - 1).long()
+    count = torch.bincount(index, minlength=bins).double()
+    hits = torch.bincount(index, weights=correct, minlength=bins)
+    sure = torch.bincount(index, weights=confidence, minlength=bins)
+    filled = count > 0
+    accuracy = torch.where(filled, hits / count.clamp(min=1), torch.zeros_like(count))
+    mean_confidence = torch.where(filled, sure / count.clamp(min=1), torch.zeros_like(count))
+    gap = (accuracy - mean_confidence).abs()
+    total = max(1.0, float(count.sum()))
+    rows = [{"lo": b / bins, "hi": (b + 1) / bins, "count": int(count[b]),
+             "accuracy": float(accuracy[b]), "confidence": float(mean_confidence[b])}
+            for b in range(bins)]  # fmt: skip
+    return {"ece": float((count / total * gap).sum()),
+            "mce": float(gap[filled].max()) if bool(filled.any()) else 0.0,
+            "reliability": rows}  # fmt: skip
+
+
 class ClassScores:
-    """Loss and top-1/top-5 hits; with ``confusion``, the confusion matrix (rows: true class,
-    columns: predicted)."""
+    """Loss and top-1/top-5 hits; with ``confusion`` (evaluate.py's detailed scores), the
+    confusion matrix (rows: true class, columns: predicted) and how far the probabilities can
+    be trusted: NLL, the Brier score, ECE and MCE (:func:`calibration`) and the reliability
+    table."""
 
     def __init__(self, classes: int, confusion: bool = False) -> None:
         self.classes, self.confusion = classes, confusion
         self.top_k = 5 if TOP5 in measured_metrics(classes) else 1
         self.sums: torch.Tensor | None = None  # [loss, top-1 hits, top-k hits]
         self.counts: torch.Tensor | None = None  # confusion counts, flattened
+        self.kept: list[torch.Tensor] = []  # detailed: [confidence, correct, brier] rows
         self.count = 0
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
@@ -95,6 +127,10 @@ class ClassScores:
             pairs = labels * self.classes + logits.argmax(dim=1)
             counts = torch.bincount(pairs, minlength=self.classes * self.classes)
             self.counts = counts if self.counts is None else self.counts + counts
+            probabilities = torch.softmax(logits, dim=1)
+            confidence = probabilities.max(dim=1).values
+            brier = (probabilities - F.one_hot(labels, self.classes)).square().sum(dim=1)
+            self.kept.append(torch.stack([confidence, hits[:, 0].float(), brier], dim=1))
         self.count += len(labels)
 
     def result(self, device: torch.device) -> dict:
@@ -111,6 +147,10 @@ class ClassScores:
             if counts is None:  # this process's shard was empty; the others' still count
                 counts = torch.zeros(self.classes**2, dtype=torch.long, device=sums.device)
             metrics["confusion"] = all_sum(counts).view(self.classes, self.classes).cpu()
+            kept = torch.cat(self.kept) if self.kept else torch.zeros(0, 3, device=sums.device)
+            kept = all_rows(kept).cpu()
+            metrics.update({"nll": loss, "brier": float(kept[:, 2].double().mean())})
+            metrics.update(calibration(kept[:, 0], kept[:, 1]))
         return metrics
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 
 from utils import report
@@ -58,6 +59,13 @@ class Outputs:
     def write_text(self, name: str, text: str) -> None:
         if self.is_main:
             (self.run_dir / name).write_text(text)
+
+    def write_png(self, name: str, image: Any) -> None:
+        """A [C, H, W] image in [0, 1] as a PNG in the run dir."""
+        if self.is_main:
+            from torchvision.io import write_png
+
+            write_png((image.clamp(0, 1) * 255).round().to(torch.uint8), str(self.run_dir / name))
 
     def finish(self, metrics: Mapping[str, Any], config: Mapping, final: Mapping) -> None:
         """A finished training run: ``metrics.json``, the final ``train/val/test`` metrics

@@ -191,6 +191,12 @@ class Task:
         out.tracker.image(f"confusion/{index or 0}", eval_tables.confusion_image(confusion), 0)
         name = "confusion.csv" if index is None else f"confusion-{index}.csv"
         out.write_text(name, eval_tables.confusion_csv(confusion))
+        suffix = "" if index is None else f"-{index}"  # the reliability table and diagram
+        rows = metrics["reliability"]
+        out.write_text(f"reliability{suffix}.csv", eval_tables.reliability_csv(rows))
+        diagram = eval_tables.reliability_image(rows)
+        out.tracker.image(f"reliability/{index or 0}", diagram, 0)
+        out.write_png(f"reliability{suffix}.png", diagram)
         return eval_tables.class_tables(out, title, metrics, split, self.names)
 
     def decode(self, outputs: torch.Tensor, options: Any) -> tuple[list[str], list, list[str]]:
