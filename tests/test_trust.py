@@ -56,7 +56,7 @@ def test_evaluate_reproduces_trainings_test_accuracy(trained):
 
     events = EventAccumulator(str(eval_dir))
     events.Reload()
-    assert events.Tags()["images"] == ["confusion/0"]
+    assert sorted(events.Tags()["images"]) == ["confusion/0", "reliability/0"]
 
 
 def test_evaluate_compares_several_checkpoints(trained):
