@@ -106,6 +106,25 @@ class FoldPlan:
                             f"few to hold out {list(sizes)} samples whole")  # fmt: skip
         return [torch.tensor(left)] + [torch.tensor(sorted(part)) for part in parts]
 
+    def parts(self, count: int, sizes: Mapping[str, int], labels: Sequence[Any] | None = None,
+              groups: Sequence[Any] | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+        """Indices of ``count`` samples by split: the held-out ``sizes`` by name (of whole
+        ``groups`` when given), then, with folds, fold :attr:`fold` of the rest as ``val``
+        (stratified by ``labels``) and the others as ``train``."""
+        rest, *held = self.held_out(count, list(sizes.values()), groups)
+        parts = dict(zip(sizes, held, strict=True))
+        if self.folds is not None:
+            pool = None
+            if self.stratify and labels is not None:
+                pool = (
+                    labels[rest]
+                    if isinstance(labels, torch.Tensor)
+                    else [labels[i] for i in rest.tolist()]
+                )
+            pool_groups = None if groups is None else [groups[i] for i in rest.tolist()]
+            rest, parts["val"] = self.cut(rest, pool, pool_groups)
+        return {"train": rest, **parts}
+
     def cut(self, pool: torch.Tensor, labels: Sequence[Any] | None,
             groups: Sequence[Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """(train, val) indices of fold :attr:`fold`, out of the ``pool`` indices (train ∪
@@ -186,11 +205,23 @@ def tensor_splits(samples: Any, given: Mapping[str, Any], split: Mapping[str, An
     take = lambda rows: TensorSplit(samples.inputs[rows], samples.labels[rows])  # noqa: E731
     sizes = {name: max(1, round(split[name] * len(samples))) for name in ("val", "test")
              if name not in given and (name == "test" or plan.folds is None)}  # fmt: skip
-    rest, *parts = plan.held_out(len(samples), list(sizes.values()), groups)
-    held = dict(zip(sizes, parts, strict=True))
-    if plan.folds is not None:
-        labels = samples.labels[rest] if plan.stratify else None
-        pool_groups = None if groups is None else [groups[i] for i in rest.tolist()]
-        rest, held["val"] = plan.cut(rest, labels, pool_groups)
-    splits = {**given, **{name: take(rows) for name, rows in held.items()}}
-    return take(rest), splits["val"], splits["test"], held.get("val")
+    parts = plan.parts(len(samples), sizes, samples.labels, groups)
+    splits = {**given, **{name: take(rows) for name, rows in parts.items()}}
+    return splits["train"], splits["val"], splits["test"], parts.get("val")
+
+
+def group_values(header: list[str], rows: list[list[str]], path: Any,
+                 group: str | None) -> list[str] | None:  # fmt: skip
+    """Each row's value of the ``group`` column (data.split.group), in row order; None without
+    one. A missing column, or a row without a value, is refused naming it."""
+    if group is None:
+        return None
+    if group not in header:
+        raise UserError(f"data.split.group={group}: {path} has no such column; its columns are "
+                        f"{', '.join(header)}")  # fmt: skip
+    at = header.index(group)
+    for line, row in enumerate(rows, start=2):
+        if not row[at].strip():
+            raise UserError(f"{path} line {line}: no value in column {group!r} "
+                            "(data.split.group): give every row its group")  # fmt: skip
+    return [row[at].strip() for row in rows]

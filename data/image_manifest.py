@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from data.batches import Data
-from data.folds import FoldIds, FoldPlan
+from data.folds import FoldIds, FoldPlan, group_values
 from data.imagefolder import ImageList, choose_channels, held_data
 from data.tabular import read_table
 from data.targets import (
@@ -170,32 +170,10 @@ def _fold_entries(entries: dict[str, list], split: Mapping[str, Any], plan: Fold
         raise UserError("data.split.folds cuts val out of data.manifest; drop "
                         "data.split.val_path (the folds cover train and val)")  # fmt: skip
     rows = entries["train"]
-    groups = manifest_groups(manifest, plan.group)
+    groups = group_values(*read_table(manifest), manifest, plan.group)
     sizes = {name: max(1, round(split[name] * len(rows))) for name in ("val", "test")
              if name not in entries and (name == "test" or plan.folds is None)}  # fmt: skip
-    rest, *parts = plan.held_out(len(rows), list(sizes.values()), groups)
-    held = dict(zip(sizes, parts, strict=True))
-    if plan.folds is not None:
-        labels = [rows[i][1] for i in rest.tolist()] if plan.stratify else None
-        pool_groups = None if groups is None else [groups[i] for i in rest.tolist()]
-        rest, held["val"] = plan.cut(rest, labels, pool_groups)
-    cut = {name: [rows[i] for i in part.tolist()] for name, part in held.items()}
-    return {**entries, **cut, "train": [rows[i] for i in rest.tolist()]}, [
-        file for file, _, _ in cut.get("val", [])
-    ]
-
-
-def manifest_groups(path: Path, group: str | None) -> list[str] | None:
-    """Each manifest row's value of the ``group`` column (data.split.group), in row order."""
-    if group is None:
-        return None
-    header, rows = read_table(path)
-    if group not in header:
-        raise UserError(f"data.split.group={group}: {path} has no such column; its columns are "
-                        f"{', '.join(header)}")  # fmt: skip
-    at = header.index(group)
-    for line, row in enumerate(rows, start=2):
-        if not row[at].strip():
-            raise UserError(f"{path} line {line}: no value in column {group!r} "
-                            "(data.split.group): give every row its group")  # fmt: skip
-    return [row[at].strip() for row in rows]
+    labels = [label for _, label, _ in rows]
+    parts = plan.parts(len(rows), sizes, labels, groups)
+    cut = {name: [rows[i] for i in part.tolist()] for name, part in parts.items()}
+    return {**entries, **cut}, [file for file, _, _ in cut.get("val", [])]

@@ -213,15 +213,10 @@ def _fold_samples(samples: dict[str, list], plan: FoldPlan,
     samples by split and the val images' files."""
     pool = samples["train"] + samples.get("val", [])
     given_test = "test" in samples
-    sizes = [] if given_test else [max(1, round(test_share * len(pool)))]
-    rest, *test = plan.held_out(len(pool), sizes)
-    labels = [pool[i][1] for i in rest.tolist()]
-    train, val = plan.cut(rest, labels)
-    cut = {
-        "train": [pool[i] for i in train.tolist()],
-        "val": [pool[i] for i in val.tolist()],
-        "test": samples["test"] if given_test else [pool[i] for i in test[0].tolist()],
-    }
+    sizes = {} if given_test else {"test": max(1, round(test_share * len(pool)))}
+    parts = plan.parts(len(pool), sizes, [label for _, label in pool])
+    cut = {name: [pool[i] for i in part.tolist()] for name, part in parts.items()}
+    cut["test"] = samples["test"] if given_test else cut["test"]
     return cut, [file for file, _ in cut["val"]]
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics
-from data.folds import FoldIds, FoldPlan, tensor_splits
+from data.folds import FoldIds, FoldPlan, group_values, tensor_splits
 from data.missing import NA_KEYS, MissingValues, is_gap
 from data.targets import KINDS, Targets, label_set, multi_hot, reads_targets, sorted_names
 from utils.errors import UserError
@@ -99,10 +99,7 @@ class Columns:
                             "task=regression's values)")  # fmt: skip
         self.kind, self.target = kind, target if isinstance(target, str) else targets
         group = choice.get("group")  # data.split.group: never a feature unless listed
-        if group is not None and group not in header:
-            raise UserError(f"data.split.group={group}: {path} has no such column; its columns "
-                            f"are {', '.join(header)}")  # fmt: skip
-        if group in targets:
+        if group is not None and group in targets:
             raise UserError(f"data.split.group={group} is the target column; name the column "
                             "that ties samples together (a patient, a session)")  # fmt: skip
         named = (
@@ -123,21 +120,6 @@ class Columns:
         }
         self.missing = MissingValues.of(choice["na"], self.numeric, path)  # data.na: gaps
         self.kept: dict[str, torch.Tensor] = {}  # of each split, the rows :meth:`filled` kept
-
-    @staticmethod
-    def groups(header: list[str], rows: list[list[str]], path: Path,
-               group: str | None) -> list[str] | None:  # fmt: skip
-        """Each row's value of the ``group`` column (None without one); a row without one is
-        refused, naming its line."""
-        if group is None:
-            return None
-        at = header.index(group)
-        values = [row[at].strip() for row in rows]
-        for line, value in enumerate(values, start=2):
-            if not value:
-                raise UserError(f"{path} line {line}: no value in column {group!r} "
-                                "(data.split.group): give every row its group")  # fmt: skip
-        return values
 
     def record(self) -> dict:
         """What rebuilds this encoding without the train file (checkpoints keep it)."""
@@ -322,7 +304,7 @@ def load_csv(path: str, target: Any, features: Sequence[str] | None,
     plan = FoldPlan.of(
         split, kind == "classes", split["seed"], groups_allowed=True
     )  # data/folds.py
-    groups = columns.groups(header, rows, train_path, plan.group)
+    groups = group_values(header, rows, train_path, plan.group)
     *parts, val_rows = tensor_splits(samples, given, split, plan, groups)  # test first, then val
     columns.fit_gaps(parts[0], train_path)  # fill values from the train split alone
     train, val, test = (columns.filled(part, name)
