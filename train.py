@@ -38,7 +38,7 @@ from utils.cli import run_cli
 from utils.config import build, check_config
 from utils.cross_validation import cross_validate, save_fold_predictions
 from utils.early_stopping import EarlyStopping
-from utils.errors import EXIT_USER_ERROR, UserError, user_error_in
+from utils.errors import EXIT_USER_ERROR, UserError, print_error, user_error_in
 from utils.evaluation import evaluate  # bound here: benchmarks patch evaluate
 from utils.finders import tune
 from utils.guards import check_start_up
@@ -73,7 +73,7 @@ def main(cfg: DictConfig) -> float:
     except Exception as error:
         failure = user_error_in(error) or error  # an OS error on a path counts as bad input
         if isinstance(failure, UserError):
-            print(f"error: {failure}", file=sys.stderr)
+            print_error(failure)
             if not sweep.in_sweep() or isinstance(failure, sweep.ForeignJob):
                 sys.exit(EXIT_USER_ERROR)
         elif not sweep.in_sweep():

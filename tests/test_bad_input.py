@@ -3,11 +3,13 @@ traceback, and nothing already saved is lost."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from conftest import run_train
 
-from utils.errors import UserError
+from utils.errors import UserError, print_error
 from utils.evaluation import ClassScores, evaluate
 from utils.model_check import check_forward
 from utils.precision import Precision
@@ -73,3 +75,22 @@ def test_evaluation_counts_every_sample_once():
         Constant(), batches, Precision("float32", torch.device("cpu")), ClassScores(10)
     )
     assert metrics["acc"] == pytest.approx(5 / 7)
+
+
+def test_an_error_line_is_written_whole_so_torchrun_ranks_never_interleave(monkeypatch):
+    # Two ranks share one stderr; print() writes the newline apart, and an unbuffered stderr
+    # (PYTHONUNBUFFERED) sends each write alone, so two ranks' lines could run together.
+    class Stream:
+        def __init__(self):
+            self.writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+
+        def flush(self):
+            pass
+
+    stream = Stream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    print_error("cannot decode image a.png; remove or replace it")
+    assert stream.writes == ["error: cannot decode image a.png; remove or replace it\n"]

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from utils.claim import release_claims
 from utils.config import flatten
-from utils.errors import EXIT_USER_ERROR, user_error_in
+from utils.errors import EXIT_USER_ERROR, print_error, user_error_in
 
 
 def one_line_errors(command: Any, cfg: Any) -> None:
@@ -26,7 +26,7 @@ def one_line_errors(command: Any, cfg: Any) -> None:
         cause = user_error_in(error)  # a UserError, or an OS error on a path the user gave
         if cause is None:
             raise
-        print(f"error: {cause}", file=sys.stderr)
+        print_error(cause)
         sys.exit(EXIT_USER_ERROR)
 
 
@@ -40,7 +40,7 @@ def run_cli(main: Any, config_name: str) -> None:
         cause = user_error_in(error)  # an OS error on a path: Hydra making the run dir
         if cause is None:
             raise
-        print(f"error: {cause}", file=sys.stderr)
+        print_error(cause)
         sys.exit(EXIT_USER_ERROR)
     finally:
         release_claims()  # a run's folder is free again however the run ended (utils/claim.py)
@@ -59,11 +59,11 @@ def _run(main: Any, config_name: str) -> None:
     except (HydraException, OmegaConfBaseException, ValueError) as error:
         cause = user_error_in(error)
         if cause is not None:  # a resolver refused a value (run_name, monitor_mode)
-            print(f"error: {cause}", file=sys.stderr)
+            print_error(cause)
             sys.exit(EXIT_USER_ERROR)
         if isinstance(error, InstantiationException) or not _raised_by_hydra(error):
             raise
-        print(f"error: {command_line_error(error, config_name)}", file=sys.stderr)
+        print_error(command_line_error(error, config_name))
         sys.exit(1)
 
 

@@ -24,7 +24,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from utils.claim import RunClaim, release_claims
-from utils.errors import EXIT_USER_ERROR, UserError, user_error_in
+from utils.errors import EXIT_USER_ERROR, UserError, print_error, user_error_in
 from utils.monitor import default_monitor, monitor_mode
 from utils.signals import Interrupted
 
@@ -417,7 +417,7 @@ class CheckOutputDir(Callback):
             cause = user_error_in(error)
             if cause is None:
                 raise
-            print(f"error: {cause}", file=sys.stderr)
+            print_error(cause)
             sys.exit(EXIT_USER_ERROR)
 
 

@@ -48,3 +48,13 @@ def user_error_in(error: BaseException | None) -> UserError | None:
             return path_error(error)
         error, seen = error.__cause__ or error.__context__, seen + 1
     return None
+
+
+def print_error(cause: object) -> None:
+    """Write ``error: <cause>`` to stderr as one line in one write, so that torchrun's ranks,
+    which share one stderr, never interleave their lines (``print`` writes the newline apart,
+    and an unbuffered stderr sends the two writes separately)."""
+    import sys
+
+    sys.stderr.write(f"error: {cause}\n")
+    sys.stderr.flush()

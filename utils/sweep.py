@@ -35,7 +35,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from utils.config import RUN_TIMESTAMP_ENV
-from utils.errors import UserError
+from utils.errors import UserError, print_error
 from utils.monitor import Monitor, monitor_mode
 from utils.report import write_json
 
@@ -298,9 +298,10 @@ class SweepSummary(Callback):
         rows = summarize(sweep_dir, trainer.monitor, job_monitor_mode(config), console)
         failed = [row for row in rows if row["status"] != "completed"]
         if failed:
-            print(f"error: {len(failed)} of {len(rows)} jobs did not complete "
-                  f"(jobs {', '.join(str(r['job']) for r in failed)}); see {sweep_dir}/summary.csv",
-                  file=sys.stderr)  # fmt: skip
+            print_error(
+                f"{len(failed)} of {len(rows)} jobs did not complete (jobs "
+                f"{', '.join(str(r['job']) for r in failed)}); see {sweep_dir}/summary.csv"
+            )
             sys.exit(EXIT_JOBS_FAILED)
 
 
