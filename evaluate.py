@@ -9,6 +9,7 @@
     python evaluate.py ckpt=best.pt export=model.onnx                  # verified with onnxruntime
     python evaluate.py ckpt=best.pt export=model.safetensors           # weights without pickle
     python evaluate.py ckpt=model.safetensors                          # and back
+    python evaluate.py ckpt=best.pt split=val calibrate=temperature threshold=auto
     torchrun --nproc_per_node=2 evaluate.py ckpt=best.pt               # each process a shard
 
 The stored config is data read from a file, so it is untrusted: it may hold no interpolation,
@@ -18,6 +19,11 @@ Outputs in runs/eval/<timestamp>/: metrics.json and the task's tables (utils/eva
 for classification also a confusion-matrix CSV per checkpoint and TensorBoard images of the
 confusion matrices; for multilabel each label's AP, precision, recall and F1; for regression
 each target's errors and residuals, in the targets' own units (the checkpoint's target scale).
+
+``calibrate=temperature`` fits one temperature on the validation split, ``threshold=auto`` the
+threshold of best F1 of a binary classifier or of each label, there too; the metrics before and
+after are shown, and the calibration is stored in the checkpoint's record, so evaluate.py,
+predict.py and the exports apply it (utils/calibration.py).
 """
 
 from __future__ import annotations
@@ -30,12 +36,18 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from utils import eval_tables as tables
-from utils.checkpoint import checkpoint_to_evaluate, load_checkpoint, load_weights
+from utils.calibration import Calibration
+from utils.checkpoint import (
+    checkpoint_to_evaluate,
+    load_checkpoint,
+    load_weights,
+    replace_inputs_record,
+)
 from utils.cli import one_line_errors, run_cli
 from utils.config import build
 from utils.distributed import processes_from_env
 from utils.errors import UserError
-from utils.evaluation import evaluate
+from utils.evaluation import evaluate, outputs_of
 from utils.modules import Modules, model_shapes
 from utils.onnx_export import export_onnx
 from utils.outputs import Outputs, check_output
@@ -86,15 +98,61 @@ def export(modules: Modules, task: Any, stored: tuple[dict, InputRecord], path: 
     outputs in the targets' units), or .safetensors with the ``stored`` config and the inputs
     record of the evaluated data and task (with the target scale) beside them."""
     if path.suffix == ".onnx":
-        model, output, unit = task.exportable(modules.model)
-        difference = export_onnx(model, modules.input_shape, path, output, unit)
+        model, outputs, unit = task.exportable(modules.model)
+        difference = export_onnx(model, modules.input_shape, path, outputs, unit)
         units = "" if unit is None else ", in the model's scaled units"
-        out.print(f"exported the model to {path}; onnxruntime on batches of 1 and 8 differs "
-                  f"from PyTorch by at most {difference:.1e} (fp32{units}, bar 1e-4)")  # fmt: skip
+        calibrated = f"; {task.calibrated.described()}" if task.calibrated else ""
+        out.print(f"exported the model to {path} (outputs: {', '.join(outputs)}{calibrated}); "
+                  "onnxruntime on batches of 1 and 8 differs from PyTorch by at most "
+                  f"{difference:.1e} (fp32{units}, bar 1e-4)")  # fmt: skip
     else:  # .safetensors (checked before anything was evaluated)
         config, record = stored
         export_safetensors(modules.model, config, record.to_dict(), path)
         out.print(f"exported weights to {path}")
+
+
+def calibration_asked(cfg: DictConfig, files: list[Path], context: RunContext) -> tuple | None:
+    """(fit a temperature, fit thresholds) when ``calibrate=`` or ``threshold=`` asks, checked
+    before anything is read; None when neither does."""
+    if cfg.calibrate not in (None, "temperature"):
+        raise UserError(f"calibrate={cfg.calibrate} must be temperature (or null)")
+    if cfg.threshold not in (None, "auto"):
+        raise UserError(f"threshold={cfg.threshold} must be auto (or null); predict.py "
+                        "threshold=<p> sets one for its rows")  # fmt: skip
+    if cfg.calibrate is None and cfg.threshold is None:
+        return None
+    asked = "calibrate=temperature" if cfg.calibrate else "threshold=auto"
+    if cfg.split != "val":
+        raise UserError(f"{asked} fits on the validation split: add split=val (fitted on the "
+                        f"{cfg.split} split, its figures there would no longer be honest)")  # fmt: skip
+    if len(files) != 1 or files[0].suffix == ".safetensors":
+        raise UserError(f"{asked} stores what it fits in one .pt checkpoint's record; ckpt names "
+                        f"{'an export' if len(files) == 1 else f'{len(files)} checkpoints'} "
+                        "(calibrate the .pt, then export it)")  # fmt: skip
+    if context.processes.world_size > 1:
+        raise UserError(f"{asked} runs in one process: drop torchrun")
+    return cfg.calibrate is not None, cfg.threshold is not None
+
+
+def calibrate_on_val(task: Any, model: Any, batches: Any, precision: Precision,
+                     fit: tuple[tuple, str], out: Outputs) -> tuple[Any, dict, dict]:  # fmt: skip
+    """(the task with a calibration fitted on the validation ``batches``, its detailed metrics
+    there, those before): ``fit`` = (what to fit, the weights the outputs come from)."""
+    outputs, targets = outputs_of(model, batches.epoch(0), precision)
+    calibrated: Calibration = task.calibrate(outputs, targets, *fit)
+    before = scored(task.with_calibration(None), outputs, targets)
+    task = task.with_calibration(calibrated)
+    after = scored(task, outputs, targets)
+    out.print(tables.calibration_table(before, after, "val"))
+    out.print(f"calibration: {calibrated.described()}")
+    return task, after, {f"val/{k}": v for k, v in before.items() if isinstance(v, float)}
+
+
+def scored(task: Any, outputs: Any, targets: Any) -> dict:
+    """The task's detailed metrics of ``outputs`` (all of a split's, in one process)."""
+    scores = task.scores(detailed=True)
+    scores.add(outputs, targets)
+    return scores.result(outputs.device)
 
 
 def training_run_logger(logger: Any) -> Any:
@@ -150,10 +208,12 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         raise UserError(f"export takes one checkpoint; ckpt names {len(files)}")
     if cfg.export:  # never over the checkpoint it is made from
         check_output(Path(cfg.export), "export", files, suffixes=(".onnx", ".safetensors"))
+    fitting = calibration_asked(cfg, files, context)  # calibrate=temperature, threshold=auto
     out.track()
     results: dict[str, dict] = {}
     for index, path in enumerate(files):
-        config, weights, inputs = read_checkpoint(path, cfg.config, cfg.weights)
+        seen = path.stat()  # a calibration is stored only if no run replaced the file since
+        config, weights, inputs, which = read_checkpoint(path, cfg.config, cfg.weights)
         task = build(task_config(config))  # what it was trained to predict
         stored = None if inputs is None else InputRecord.read(inputs, path)
         data_node = data_config(config["data"], cfg.data, stored)
@@ -169,9 +229,24 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         load_weights(modules.model, weights)
         placement = context.placement(modules.channels_last)
         batches = data.batches(cfg.split, placement, seed=config["seed"], train=False)
-        metrics = evaluate(modules.model, batches.epoch(0), precision, task.scores(detailed=True))
+        if fitting is None:
+            metrics = evaluate(
+                modules.model, batches.epoch(0), precision, task.scores(detailed=True)
+            )
+        else:  # fitted on val, stored in the record: what predict.py and the exports apply
+            if inputs is None:
+                raise UserError(f"{path} holds no inputs record to store a calibration in (it "
+                                "was saved before predict.py); train it one more epoch with "
+                                "resume=... to write one")  # fmt: skip
+            task, metrics, before = calibrate_on_val(task, modules.model, batches, precision,
+                                                     (fitting, which), out)  # fmt: skip
+            if context.is_main:
+                replace_inputs_record(path, {**inputs, **task.record()}, seen)
+                out.print(f"stored in {path}'s record")
         where = (str(path), index if len(files) > 1 else None)  # title; the files' number
         results[str(path)] = task.tables(out, where, metrics, cfg.split)
+        if fitting is not None:
+            results[str(path)].update(calibration=task.calibrated.record(), before=before)
         if to_training_run is not None and context.is_main:
             add_to_training_run(to_training_run, path, config, results[str(path)], cfg.split)
         if cfg.export and context.is_main:

@@ -68,7 +68,7 @@ def predict(cfg: DictConfig) -> None:
     path = checkpoint_file(str(cfg.ckpt))
     check_output(Path(str(cfg.out)), "out", inputs=[path, Path(str(cfg.input))],
                  suffixes=(".csv", ".tsv"))  # fmt: skip
-    config, weights, inputs = read_checkpoint(path, None, cfg.weights)  # as evaluate.py reads
+    config, weights, inputs, _ = read_checkpoint(path, None, cfg.weights)  # as evaluate.py reads
     record = InputRecord.read(inputs, path)  # a .pt checkpoint's, or a .safetensors export's
     context = RunContext.open(Processes(), cfg.device)
     out = Outputs(Path(HydraConfig.get().runtime.output_dir), True)

@@ -1,15 +1,19 @@
-"""How far a classifier's probabilities can be trusted (utils/evaluation.py calibration):
-ECE and MCE worked by hand with confidences of exactly 0 and 1, and evaluate.py's
-reliability table and diagram."""
+"""How far a classifier's probabilities can be trusted (utils/evaluation.py calibration,
+utils/calibration.py): ECE and MCE worked by hand with confidences of exactly 0 and 1,
+evaluate.py's reliability table and diagram, ROC-AUC and AP with ties, F1-best thresholds and
+temperatures, hostile calibration records, and calibrate=/threshold= through evaluate.py,
+predict.py and the ONNX export."""
 
 from __future__ import annotations
 
 import csv
 import json
+import math
+import re
 
 import pytest
 import torch
-from conftest import run_evaluate, run_train
+from conftest import PREDICT, run_evaluate, run_python, run_train, write_rows, write_table
 
 from utils.evaluation import calibration
 
@@ -48,3 +52,188 @@ def test_evaluate_reports_calibration_and_writes_the_reliability_table(tmp_path)
     assert ece == pytest.approx(metrics["test/ece"])
     assert (run_dir / "reliability.png").stat().st_size > 100
     assert "test/ece" in result.stdout
+
+
+# --- Ranking figures, thresholds and temperatures (utils/calibration.py) -------------------
+
+
+def test_roc_auc_and_average_precision_by_hand_with_ties():
+    from utils.calibration import roc_aucs
+    from utils.evaluation import average_precisions
+
+    scores = torch.tensor([[0.9], [0.8], [0.8], [0.8], [0.1]])
+    truth = torch.tensor([[1.0], [1.0], [0.0], [0.0], [0.0]])
+    # positive 0.9 beats 3 negatives; 0.8 ties two (1/2 each) and beats 0.1: (3 + 2) / 6
+    assert roc_aucs(scores, truth) == [pytest.approx(5 / 6)]
+    # thresholds 0.9 (P 1, R 1/2) and 0.8 (P 2/4, R 1): 1/2 * 1 + 1/2 * 1/2
+    assert average_precisions(scores, truth) == [pytest.approx(0.75)]
+    assert math.isnan(roc_aucs(scores, torch.ones(5, 1))[0])  # no negative: undefined
+
+
+def test_the_f1_best_threshold_by_hand_lies_between_scores_and_gives_its_f1():
+    from utils.calibration import f1_thresholds
+
+    scores = torch.tensor([[0.9], [0.7], [0.7], [0.2]])
+    truth = torch.tensor([[1.0], [1.0], [0.0], [0.0]])
+    # p >= 0.9: F1 2/3; p >= 0.7: 4/5; p >= 0.2: 4/6. Halfway from 0.7 to the next, 0.2.
+    thresholds, f1 = f1_thresholds(scores, truth, default=0.5)
+    assert thresholds == [pytest.approx(0.45)] and f1 == [pytest.approx(0.8)]
+    thresholds, f1 = f1_thresholds(scores, torch.zeros(4, 1), default=0.3)
+    assert (thresholds, f1) == ([0.3], [0.0])  # no positive: the default stays
+
+
+def test_a_temperature_of_one_reproduces_the_uncalibrated_figures_and_a_fit_lowers_nll():
+    from utils.calibration import Calibration, fit_temperature
+    from utils.evaluation import ClassScores
+
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 4, (400,), generator=generator)
+    logits = torch.randn(400, 4, generator=generator) + 1.5 * torch.nn.functional.one_hot(labels, 4)
+    logits = logits * 6  # overconfident
+
+    def figures(calibrated):
+        scores = ClassScores(4, confusion=True, calibrated=calibrated)
+        scores.add(logits, labels)
+        return scores.result(torch.device("cpu"))
+
+    plain, one = figures(None), figures(Calibration(1.0))
+    assert all(one[k] == plain[k] for k in ("loss", "acc", "brier", "ece", "mce"))
+    temperature = fit_temperature(
+        logits, lambda z: float(torch.nn.functional.cross_entropy(z, labels))
+    )
+    fitted = figures(Calibration(temperature))
+    assert temperature > 1 and fitted["nll"] < plain["nll"] and fitted["acc"] == plain["acc"]
+
+
+HOSTILE_RECORDS = [
+    ({"temperature": 0}, "temperature 0 is not a number"),
+    ({"temperature": -2.0}, "temperature -2.0 is not a number"),
+    ({"temperature": float("nan")}, "temperature nan is not a number"),
+    ({"temperature": True}, "temperature True is not a number"),
+    ({"thresholds": [0.5, 1.0]}, "threshold 1.0 is not between 0 and 1"),
+    ({"thresholds": [0.0, 0.5]}, "threshold 0.0 is not between 0 and 1"),
+    ({"thresholds": [0.5]}, "holds 1 thresholds and the model decides 2"),
+    ({"thresholds": "0.5"}, "holds no list of thresholds"),
+    ({"weights": "teacher"}, "names weights 'teacher'"),
+    ("cool", "is not a mapping"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("record", "message"), HOSTILE_RECORDS)
+def test_a_hostile_calibration_record_is_refused_in_one_line(record, message):
+    from utils.calibration import Calibration
+    from utils.errors import UserError
+
+    with pytest.raises(UserError, match=re.escape(message)):
+        Calibration.read(record, 2, "best.pt")
+
+
+# --- Through the entry points: fitted on val, stored, applied by predict.py and ONNX --------
+
+
+def write_split_tables(root, rows=(360, 120, 120)):
+    """A binary table in three files (train, val, test) so predict.py can score each split."""
+    for name, count, seed in zip(("train", "val", "test"), rows, (0, 1, 2), strict=True):
+        write_table(root / f"{name}.csv", rows=count, seed=seed)
+
+
+BINARY = ["data=csv", "data.path=train.csv", "data.split.val_path=val.csv",
+          "data.split.test_path=test.csv", "data.target=kind", "data.categorical=[colour]",
+          "trainer.max_epochs=6", "run_name=b"]  # fmt: skip
+
+
+def predicted(cwd, name):
+    with open(cwd / name, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_calibrate_fits_on_val_stores_the_record_and_predict_reproduces_every_figure(tmp_path):
+    write_split_tables(tmp_path)
+    run_train(tmp_path, *BINARY)
+    best = tmp_path / "checkpoints/b/best.pt"
+    weights = torch.load(best, weights_only=True)["model"]
+    refused = run_evaluate(tmp_path, "ckpt=checkpoints/b", "calibrate=temperature", ok=False)
+    assert (
+        refused.returncode == 2 and "fits on the validation split: add split=val" in refused.stderr
+    )
+    run_evaluate(tmp_path, "ckpt=checkpoints/b", "split=val", "calibrate=temperature",
+                 "threshold=auto", "runs=fit")  # fmt: skip
+    stored = torch.load(best, weights_only=True)
+    record = stored["inputs"]["calibration"]
+    assert record["split"] == "val" and len(record["thresholds"]) == 1
+    assert all(torch.equal(stored["model"][k], weights[k]) for k in weights)  # weights kept
+    (fit_dir,) = (tmp_path / "fit/eval").iterdir()
+    fit = next(iter(json.loads((fit_dir / "metrics.json").read_text()).values()))
+    assert fit["val/nll"] <= fit["before"]["val/nll"]
+    # Every figure on the test split, again from predict.py's rows alone.
+    run_evaluate(tmp_path, "ckpt=checkpoints/b", "runs=test")
+    (test_dir,) = (tmp_path / "test/eval").iterdir()
+    test = next(iter(json.loads((test_dir / "metrics.json").read_text()).values()))
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/b", "input=test.csv", "out=p.csv")
+    rows, truth = predicted(tmp_path, "p.csv"), [r["kind"] for r in predicted(tmp_path, "test.csv")]
+    threshold = record["thresholds"][0]
+    second = torch.tensor([float(r["p_small"]) for r in rows], dtype=torch.float64)
+    assert [r["class"] for r in rows] == [
+        "small" if p >= threshold else "big" for p in second.tolist()
+    ]
+    labels = torch.tensor([t == "small" for t in truth], dtype=torch.float64)
+    accuracy = float(((second >= threshold).double() == labels).double().mean())
+    nll = float(-torch.where(labels == 1, second, 1 - second).clamp(min=1e-300).log().mean())
+    from utils.calibration import roc_aucs
+
+    assert test["test/acc"] == pytest.approx(accuracy, abs=1e-6)  # fp32 sums
+    assert test["test/nll"] == pytest.approx(nll, rel=1e-4, abs=1e-6)
+    assert test["test/auroc"] == pytest.approx(roc_aucs(second[:, None], labels[:, None])[0])
+    probabilities = torch.stack([1 - second, second], dim=1)
+    confidence, most = probabilities.max(dim=1)
+    ece = calibration(confidence, (most.double() == labels).double())["ece"]
+    assert test["test/ece"] == pytest.approx(ece, abs=1e-5)
+    # The ONNX export decides as predict.py does.
+    ort = pytest.importorskip("onnxruntime")
+    run_evaluate(tmp_path, "ckpt=checkpoints/b", "export=b.onnx", "runs=export")
+    session = ort.InferenceSession(str(tmp_path / "b.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["logits", "predicted"]
+
+
+def test_a_hostile_calibration_in_a_checkpoint_stops_predict_in_one_line(tmp_path):
+    write_split_tables(tmp_path, rows=(120, 60, 60))
+    run_train(tmp_path, *BINARY[:-2], "trainer.max_epochs=1", "run_name=h")
+    best = tmp_path / "checkpoints/h/best.pt"
+    checkpoint = torch.load(best, weights_only=True)
+    checkpoint["inputs"]["calibration"] = {"temperature": 0.0, "thresholds": None}
+    torch.save(checkpoint, best)
+    result = run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/h", "input=test.csv", ok=False)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and "temperature 0.0" in lines[0]
+    assert not (tmp_path / "predictions.csv").exists()
+
+
+def write_skewed_labels(path, rows, seed):
+    """Three rare labels (about 6 %, 10 % and 15 % of rows), each noisily set by a feature."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 3, generator=generator)
+    noisy = x + 0.8 * torch.randn(rows, 3, generator=generator)
+    cuts = torch.tensor([1.55, 1.28, 1.04])
+    tags = [";".join(n for n, on in zip("abc", row, strict=True) if on)
+            for row in (noisy > cuts).tolist()]  # fmt: skip
+    write_rows(path, ["f0", "f1", "f2", "tags"], [[*map(repr, v), t] for v, t in
+                                                  zip(x.tolist(), tags, strict=True)])  # fmt: skip
+
+
+def test_threshold_auto_beats_one_half_on_a_skewed_multilabel_set(tmp_path):
+    for name, rows, seed in (("train", 600, 0), ("val", 300, 1), ("test", 300, 2)):
+        write_skewed_labels(tmp_path / f"{name}.csv", rows, seed)
+    run_train(tmp_path, "task=multilabel", "data=csv", "data.path=train.csv",
+              "data.split.val_path=val.csv", "data.split.test_path=test.csv", "data.target=tags",
+              "trainer.max_epochs=8", "run_name=m")  # fmt: skip
+    run_evaluate(tmp_path, "ckpt=checkpoints/m", "split=val", "threshold=auto", "runs=fit")
+    (fit_dir,) = (tmp_path / "fit/eval").iterdir()
+    fit = next(iter(json.loads((fit_dir / "metrics.json").read_text()).values()))
+    assert fit["val/f1_macro"] > fit["before"]["val/f1_macro"]
+    thresholds = fit["calibration"]["thresholds"]
+    assert len(thresholds) == 3 and all(0 < t < 0.5 for t in thresholds)  # rare: below 1/2
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/m", "input=val.csv", "out=v.csv")
+    rows = predicted(tmp_path, "v.csv")
+    for row in rows:  # the labels are those at each label's stored threshold
+        chosen = {n for n, t in zip("abc", thresholds, strict=True) if float(row[f"p_{n}"]) >= t}
+        assert set(filter(None, row["labels"].split(";"))) == chosen

@@ -53,6 +53,7 @@ Showing and measuring
     report       what the config tree, model summary, final table and metrics.json hold
     progress     the progress bar and plain progress lines
     evaluation   each task's metrics over a split (accuracy, mAP and F1, MAE/RMSE/R²)
+    calibration  a temperature and thresholds fitted on val, their record; ROC-AUC with ties
     eval_tables  evaluate.py's tables (per class, per label, per target), confusion CSV, image
     predictions  predict.py: the checkpoint's record of its inputs, new inputs read alike
     onnx_export  evaluate.py export=model.onnx: the graph, verified with onnxruntime

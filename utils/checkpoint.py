@@ -135,6 +135,23 @@ def _write_atomic(path: Path, write: Any) -> None:
         raise UserError(f"could not write checkpoint {path}: {reason}; {previous}") from None
 
 
+def replace_inputs_record(path: Path, inputs: dict, seen: os.stat_result) -> None:
+    """``path`` with its inputs record replaced by ``inputs`` and everything else as it was,
+    written atomically (evaluate.py's calibration). Refused, with nothing written, when the
+    file changed since it was read (``seen``: its stat then), so a checkpoint a run wrote in the
+    meantime is never replaced by the older one."""
+
+    def identity(stat: os.stat_result) -> tuple:
+        return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+    if identity(path.stat()) != identity(seen):
+        raise UserError(f"{path} changed while it was evaluated (is a run still writing it?); "
+                        "nothing was stored: run it again once the run is done")  # fmt: skip
+    checkpoint = load_checkpoint(path)
+    checkpoint["inputs"] = inputs
+    save_atomic(checkpoint, path)
+
+
 def remove_stale_temporary_files(folder: Path, suffix: str = ".pt") -> None:
     """Delete temporary files (of files named ``*<suffix>``: checkpoints, image caches) left by
     a write that was killed before its rename: those of a dead process of this machine, and

@@ -125,6 +125,8 @@ class EvaluateConfig:
     split: str = MISSING
     config: str | None = MISSING
     weights: str = MISSING
+    calibrate: str | None = MISSING
+    threshold: str | None = MISSING
     export: str | None = MISSING
     device: str = MISSING
     precision: str = MISSING

@@ -139,6 +139,17 @@ def class_tables(out: Any, name: str, metrics: dict, split: str, names: list[str
     return {**summary, "per_class": scores, "support": support, "confusion": confusion.tolist()}
 
 
+def calibration_table(before: dict, after: dict, split: str) -> Table:
+    """evaluate.py calibrate=/threshold=: each metric on ``split`` before and after."""
+    table = Table(title=f"calibration — {split} (fitted here)")
+    for column in ("metric", "before", "after"):
+        table.add_column(column, justify="right")
+    for key, value in before.items():
+        if isinstance(value, float) and isinstance(after.get(key), float):
+            table.add_row(f"{split}/{key}", f"{value:.4f}", f"{after[key]:.4f}")
+    return table
+
+
 def confusion_csv(confusion: torch.Tensor) -> str:
     classes = len(confusion)
     rows = [",".join(["true\\predicted", *map(str, range(classes))])]

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from utils.calibration import Calibration, roc_aucs
 from utils.distributed import all_rows, all_sum
 from utils.precision import Precision
 
@@ -55,6 +56,12 @@ def evaluate(
         scores.add(outputs.float(), targets)
     model.train(was_training)
     return scores.result(device)
+
+
+def figures(metrics: dict) -> dict:
+    """The single numbers of detailed ``metrics`` (what a run's log and metrics.json hold):
+    without the confusion matrix, the reliability table and per-label or per-target lists."""
+    return {key: value for key, value in metrics.items() if isinstance(value, float)}
 
 
 @torch.inference_mode()
@@ -108,29 +115,44 @@ class ClassScores:
     """Loss and top-1/top-5 hits; with ``confusion`` (evaluate.py's detailed scores), the
     confusion matrix (rows: true class, columns: predicted) and how far the probabilities can
     be trusted: NLL, the Brier score, ECE and MCE (:func:`calibration`) and the reliability
-    table."""
+    table; for two classes also ROC-AUC and average precision of the second class.
 
-    def __init__(self, classes: int, confusion: bool = False) -> None:
-        self.classes, self.confusion = classes, confusion
+    A ``calibrated`` model's logits are divided by its temperature first, and a binary
+    classifier with a threshold predicts its second class when that class's probability
+    reaches it (utils/calibration.py), as predict.py's rows do."""
+
+    def __init__(self, classes: int, confusion: bool = False,
+                 calibrated: Calibration | None = None) -> None:  # fmt: skip
+        self.classes, self.confusion, self.calibrated = classes, confusion, calibrated
         self.top_k = 5 if TOP5 in measured_metrics(classes) else 1
+        thresholds = calibrated.thresholds if calibrated else None
+        self.threshold = thresholds[0] if thresholds and classes == 2 else None
         self.sums: torch.Tensor | None = None  # [loss, top-1 hits, top-k hits]
         self.counts: torch.Tensor | None = None  # confusion counts, flattened
-        self.kept: list[torch.Tensor] = []  # detailed: [confidence, correct, brier] rows
+        self.kept: list[torch.Tensor] = []  # detailed: [confidence, correct, brier(, p, y)] rows
         self.count = 0
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        hits = logits.topk(self.top_k, dim=1).indices == labels[:, None]
+        if self.calibrated is not None:
+            logits = self.calibrated.logits(logits)
+        top = logits.topk(self.top_k, dim=1).indices
+        if self.threshold is not None:  # the second class at or above its threshold
+            top = (torch.softmax(logits, dim=1)[:, 1:] >= self.threshold).long()
+        hits = top == labels[:, None]
         batch = torch.stack([F.cross_entropy(logits, labels, reduction="sum"),
                              hits[:, 0].sum().float(), hits.any(dim=1).sum().float()])  # fmt: skip
         self.sums = batch if self.sums is None else self.sums + batch
         if self.confusion:
-            pairs = labels * self.classes + logits.argmax(dim=1)
+            pairs = labels * self.classes + top[:, 0]
             counts = torch.bincount(pairs, minlength=self.classes * self.classes)
             self.counts = counts if self.counts is None else self.counts + counts
             probabilities = torch.softmax(logits, dim=1)
-            confidence = probabilities.max(dim=1).values
+            confidence, most = probabilities.max(dim=1)
             brier = (probabilities - F.one_hot(labels, self.classes)).square().sum(dim=1)
-            self.kept.append(torch.stack([confidence, hits[:, 0].float(), brier], dim=1))
+            columns = [confidence, (most == labels).float(), brier]  # top-1's calibration
+            if self.classes == 2:  # the ranking of the second class (ROC-AUC, AP)
+                columns += [probabilities[:, 1], (labels == 1).float()]
+            self.kept.append(torch.stack(columns, dim=1))
         self.count += len(labels)
 
     def result(self, device: torch.device) -> dict:
@@ -147,9 +169,13 @@ class ClassScores:
             if counts is None:  # this process's shard was empty; the others' still count
                 counts = torch.zeros(self.classes**2, dtype=torch.long, device=sums.device)
             metrics["confusion"] = all_sum(counts).view(self.classes, self.classes).cpu()
-            kept = torch.cat(self.kept) if self.kept else torch.zeros(0, 3, device=sums.device)
+            width = 5 if self.classes == 2 else 3
+            kept = torch.cat(self.kept) if self.kept else torch.zeros(0, width, device=sums.device)
             kept = all_rows(kept).cpu()
             metrics.update({"nll": loss, "brier": float(kept[:, 2].double().mean())})
+            if self.classes == 2:
+                metrics["auroc"] = roc_aucs(kept[:, 3:4], kept[:, 4:5])[0]
+                metrics["ap"] = average_precisions(kept[:, 3:4], kept[:, 4:5])[0]
             metrics.update(calibration(kept[:, 0], kept[:, 1]))
         return metrics
 
@@ -168,11 +194,16 @@ def per_class_scores(confusion: torch.Tensor) -> dict[str, list[float]]:
 class LabelSetScores:
     """Per-label counts at ``threshold`` (true and false positives, false negatives), exact
     matches and the binary cross-entropy; the sigmoid scores are kept for average precision.
-    ``detailed``: also each label's AP, precision, recall, F1 and support."""
+    ``detailed``: also each label's AP, ROC-AUC, precision, recall, F1 and support (and the
+    mean ROC-AUC). A ``calibrated`` model's logits are divided by its temperature first, and
+    its thresholds, one a label, replace ``threshold`` (utils/calibration.py)."""
 
-    def __init__(self, labels: int, threshold: float, detailed: bool = False) -> None:
-        self.labels, self.detailed = labels, detailed
-        self.cut = math.log(threshold / (1 - threshold))  # sigmoid(z) >= t  <=>  z >= cut
+    def __init__(self, labels: int, threshold: float, detailed: bool = False,
+                 calibrated: Calibration | None = None) -> None:  # fmt: skip
+        self.labels, self.detailed, self.calibrated = labels, detailed, calibrated
+        chosen = calibrated.thresholds if calibrated and calibrated.thresholds else [threshold]
+        cut = torch.tensor(chosen, dtype=torch.float64)
+        self.cut = (cut / (1 - cut)).log().float()  # sigmoid(z) >= t  <=>  z >= cut
         self.sums: torch.Tensor | None = None  # [loss, exact matches]
         self.counts: torch.Tensor | None = None  # [3, labels]: tp, fp, fn
         self.scores: list[torch.Tensor] = []
@@ -180,6 +211,10 @@ class LabelSetScores:
         self.count = 0
 
     def add(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        if self.calibrated is not None:
+            logits = self.calibrated.logits(logits)
+        if self.cut.device != logits.device:
+            self.cut = self.cut.to(logits.device)
         predicted, truth = logits >= self.cut, targets > 0.5
         loss = F.binary_cross_entropy_with_logits(logits, targets.float(), reduction="sum")
         batch = torch.stack([loss / self.labels, (predicted == truth).all(dim=1).sum().float()])
@@ -216,8 +251,12 @@ class LabelSetScores:
             "subset_acc": exact,
         }
         if self.detailed:
+            aucs = roc_aucs(scores.cpu(), truth.cpu())
+            ranked = [auc for auc in aucs if not math.isnan(auc)]
+            metrics["auroc"] = sum(ranked) / len(ranked) if ranked else float("nan")
             metrics["per_label"] = {
                 "ap": precision_at,
+                "auroc": aucs,
                 "precision": (tp / (tp + fp).clamp(min=1)).tolist(),
                 "recall": (tp / (tp + fn).clamp(min=1)).tolist(),
                 "f1": f1.tolist(),

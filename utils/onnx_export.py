@@ -28,11 +28,12 @@ OPSET = 17
 BATCHES = (1, 8)
 
 
-def export_onnx(model: nn.Module, input_shape: Sequence[int], path: Path, output: str = "logits",
-                unit: torch.Tensor | None = None) -> float:  # fmt: skip
-    """Write ``model`` to ``path``, its output named ``output``, and return the largest absolute
-    difference between onnxruntime's and PyTorch's outputs on batches of 1 and 8, in ``unit``
-    per output column (None: the outputs' own units)."""
+def export_onnx(model: nn.Module, input_shape: Sequence[int], path: Path,
+                outputs: Sequence[str] = ("logits",), unit: torch.Tensor | None = None) -> float:  # fmt: skip
+    """Write ``model`` to ``path``, its outputs named ``outputs`` (a calibrated model's second,
+    ``predicted``, is what its thresholds decide), and return the largest absolute difference
+    between onnxruntime's and PyTorch's outputs on batches of 1 and 8, in ``unit`` per column
+    of the first output (None: the outputs' own units)."""
     try:
         import onnxruntime
     except ImportError:
@@ -47,7 +48,8 @@ def export_onnx(model: nn.Module, input_shape: Sequence[int], path: Path, output
         try:
             torch.onnx.export(
                 cpu, (torch.zeros(2, *input_shape),), graph, input_names=["input"],
-                output_names=[output], dynamic_axes={"input": {0: "batch"}, output: {0: "batch"}},
+                output_names=list(outputs),
+                dynamic_axes={"input": {0: "batch"}, **{name: {0: "batch"} for name in outputs}},
                 opset_version=OPSET, dynamo=False,
             )  # fmt: skip
         except Exception as error:
@@ -76,17 +78,23 @@ def parity(model: nn.Module, session, input_shape: Sequence[int],
     with torch.inference_mode():
         for batch in BATCHES:
             inputs = torch.randn(batch, *input_shape, generator=generator)
-            expected = model(inputs).float()
-            (got,) = session.run(None, {"input": inputs.numpy()})
-            if tuple(got.shape) != tuple(expected.shape):
-                raise UserError(f"the ONNX export gives shape {list(got.shape)} for a batch of "
-                                f"{batch}, PyTorch {list(expected.shape)}")  # fmt: skip
-            got = torch.from_numpy(got)
-            for who, outputs in (("PyTorch", expected), ("onnxruntime", got)):
-                if not bool(torch.isfinite(outputs).all()):  # NaN would compare as no difference
-                    raise UserError(f"the model's outputs under {who} are not finite (NaN or "
-                                    f"inf) on a batch of {batch}: are its weights finite? "
-                                    "Nothing was exported")  # fmt: skip
-            difference = (got - expected).abs()
-            largest = max(largest, float((difference if unit is None else difference / unit).max()))
+            expected = model(inputs)
+            expected = expected if isinstance(expected, tuple) else (expected,)
+            answers = session.run(None, {"input": inputs.numpy()})
+            for index, (want, got) in enumerate(zip(expected, answers, strict=True)):
+                difference = _difference(want.float(), torch.from_numpy(got).float(), batch)
+                scaled = difference if unit is None or index else difference / unit
+                largest = max(largest, float(scaled.max()))
     return largest
+
+
+def _difference(expected: torch.Tensor, got: torch.Tensor, batch: int) -> torch.Tensor:
+    if tuple(got.shape) != tuple(expected.shape):
+        raise UserError(f"the ONNX export gives shape {list(got.shape)} for a batch of "
+                        f"{batch}, PyTorch {list(expected.shape)}")  # fmt: skip
+    for who, outputs in (("PyTorch", expected), ("onnxruntime", got)):
+        if not bool(torch.isfinite(outputs).all()):  # NaN would compare as no difference
+            raise UserError(f"the model's outputs under {who} are not finite (NaN or "
+                            f"inf) on a batch of {batch}: are its weights finite? "
+                            "Nothing was exported")  # fmt: skip
+    return (got - expected).abs()

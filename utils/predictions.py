@@ -85,7 +85,8 @@ class InputRecord:
             raise UserError(f"{path}: its inputs record asks for inputs of shape {shape}, more "
                             f"than {MAX_SAMPLE_ELEMENTS:,} values each; refusing (was it edited?)")  # fmt: skip
         targets = _targets(record, path)
-        task = {key: record[key] for key in ("threshold", "target_scale") if key in record}
+        task = {key: record[key] for key in ("threshold", "target_scale", "calibration")
+                if key in record}  # fmt: skip
         return cls(tuple(shape), list(record["mean"]), list(record["std"]),
                    record["num_classes"], classes, record["table"], targets, task)  # fmt: skip
 
@@ -157,11 +158,11 @@ def top_classes(
 
 
 def label_sets(
-    probabilities: torch.Tensor, names: list[str], threshold: float
+    probabilities: torch.Tensor, names: list[str], thresholds: list[float]
 ) -> list[list[tuple[str, float]]]:
-    """Each row's labels whose probability reaches ``threshold``, most probable first."""
+    """Each row's labels whose probability reaches its threshold, most probable first."""
     rows = []
     for row in probabilities.tolist():
-        chosen = [(names[i], p) for i, p in enumerate(row) if p >= threshold]
+        chosen = [(names[i], p) for i, p in enumerate(row) if p >= thresholds[i]]
         rows.append(sorted(chosen, key=lambda pair: -pair[1]))
     return rows

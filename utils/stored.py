@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,25 +20,28 @@ from utils.checkpoint import atomic_file, load_checkpoint
 from utils.errors import UserError
 from utils.trust import check_stored_config, require_keys
 
+log = logging.getLogger("torchloom")
 WEIGHTS = ("auto", "ema", "raw")
 
 
 def read_checkpoint(
     path: Path, config_path: str | None, which: str = "auto"
-) -> tuple[dict, dict, dict | None]:
-    """(stored config, model weights, inputs record) from a torchloom checkpoint or a
-    .safetensors export (which has no inputs record: None). The config is checked as untrusted
-    data before anything is built from it. ``which`` weights of a checkpoint: ``ema``
-    (trainer.ema's average), ``raw`` (the trained weights), or ``auto`` (the average when the
-    checkpoint holds one)."""
+) -> tuple[dict, dict, dict | None, str]:
+    """(stored config, model weights, inputs record, which weights: ema, raw or export) from a
+    torchloom checkpoint or a .safetensors export (which may have no inputs record: None). The
+    config is checked as untrusted data before anything is built from it. ``which`` weights of
+    a checkpoint: ``ema`` (trainer.ema's average), ``raw`` (the trained weights), or ``auto``
+    (the average when the checkpoint holds one). A calibration fitted on the other weights is
+    left out of the record, with a warning (utils/calibration.py)."""
     if which not in WEIGHTS:
         raise UserError(f"weights={which!r} must be auto, ema or raw")
-    inputs = None
+    inputs, name = None, "export"
     if path.suffix != ".safetensors":
         checkpoint = load_checkpoint(path)
         config, source = checkpoint.get("config"), path
         weights = chosen_weights(checkpoint, which, path)
-        inputs = checkpoint.get("inputs")
+        name = "raw" if weights is checkpoint.get("model") else "ema"
+        inputs = calibration_for(checkpoint.get("inputs"), name, path)
     else:
         if which == "ema":
             raise UserError(f"{path} holds one set of weights (an export); drop weights=ema")
@@ -53,7 +57,25 @@ def read_checkpoint(
     if inputs is not None and not isinstance(inputs, dict):
         raise UserError(f"{path}: its inputs record is not what torchloom writes (was it "
                         "edited?)")  # fmt: skip
-    return config, weights, inputs
+    return config, weights, inputs, name
+
+
+def calibration_for(inputs: Any, weights: str, path: Path) -> Any:
+    """``inputs`` without its calibration when that was fitted on other weights than
+    ``weights`` (ema or raw): a temperature belongs to the weights it was fitted to."""
+    calibrated = inputs.get("calibration") if isinstance(inputs, dict) else None
+    fitted_on = calibrated.get("weights") if isinstance(calibrated, dict) else None
+    if fitted_on in ("ema", "raw") and fitted_on != weights:
+        log.warning(
+            "%s: its calibration was fitted on the %s weights, so it is not applied to "
+            "the %s weights (weights=%s applies it)",
+            path,
+            fitted_on,
+            weights,
+            fitted_on,
+        )
+        return {key: value for key, value in inputs.items() if key != "calibration"}
+    return inputs
 
 
 def task_config(stored: dict) -> DictConfig:

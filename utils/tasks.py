@@ -43,6 +43,7 @@ from torch import nn
 from data.targets import TASK_OF, Targets, target_kinds
 from utils import eval_tables
 from utils.arguments import BELOW_ONE, POSITIVE, Rule, checked, one_of
+from utils.calibration import Calibration, f1_thresholds, fit_temperature
 from utils.errors import UserError
 from utils.evaluation import (
     LABEL_SET_METRICS,
@@ -113,6 +114,7 @@ class Task:
     mixes = True  # MixUp/CutMix may blend its targets
     quiet_guards: tuple[str, ...] = ()  # start-up guards (utils/guards.py) that do not apply
     fitted_to: Targets | None = None  # the targets of the data or record it was fitted to
+    calibrated: Calibration | None = None  # a temperature and thresholds fitted on val
 
     def data_arguments(self, node: Any) -> dict[str, str]:
         """What the data builder of config ``node`` is passed besides its keys: the kind of
@@ -172,8 +174,40 @@ class Task:
 
     def record(self) -> dict:
         """The task's part of the inputs record (utils/predictions.py): what evaluate.py and
-        predict.py need to read outputs as training did (nothing, unless a task says so)."""
-        return {}
+        predict.py need to read outputs as training did (its calibration, if any, and what
+        a task adds)."""
+        return {"calibration": self.calibrated.record()} if self.calibrated else {}
+
+    # --- Calibration (utils/calibration.py): fitted on val by evaluate.py, kept in the record
+
+    decisions = 0  # thresholds a calibration may choose: a binary classifier's 1, a label each
+
+    def read_calibration(self, stored: Any) -> None:
+        """The calibration a checkpoint's record (``stored``: an InputRecord) holds, checked
+        as untrusted data; none when fitting to data."""
+        if stored is not None:
+            record = (stored.task or {}).get("calibration")
+            self.calibrated = Calibration.read(record, self.decisions, "the checkpoint")
+
+    def with_calibration(self, calibrated: Calibration | None) -> Task:
+        """This fitted task with ``calibrated`` applied to its scores, rows and exports."""
+        import copy
+
+        task = copy.copy(self)
+        task.calibrated = calibrated
+        return task
+
+    def calibrate(self, outputs: torch.Tensor, targets: torch.Tensor, fit: tuple[bool, bool],
+                  weights: str) -> Calibration:  # fmt: skip
+        """A :class:`Calibration` fitted on these (validation) ``outputs`` and ``targets``:
+        ``fit`` = (a temperature, F1-best thresholds); ``weights``: the weights they came
+        from."""
+        raise UserError(f"calibrate=temperature and threshold=auto apply to class and label "
+                        f"scores; task={self.name} has none")  # fmt: skip
+
+    def nll(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
+        """The mean negative log-likelihood of ``targets`` (what a temperature minimises)."""
+        raise NotImplementedError
 
     def shown_targets(self, targets: torch.Tensor) -> list[str]:
         """Each sample's target as the TensorBoard sample grid labels it: its class index (the
@@ -204,16 +238,42 @@ class Task:
         ``outputs``: the ``options.topk`` classes and probabilities. Numbers are written in
         full (``repr``: they read back as the same float), names as spreadsheet text."""
         names = self.names
+        if self.calibrated is not None:
+            outputs = self.calibrated.logits(outputs)
+        probabilities = torch.softmax(outputs, dim=1)
+        if self.calibrated is not None and self.calibrated.thresholds:
+            return self._decided(probabilities, self.calibrated.thresholds[0])
         k = min(options.topk, len(names))
-        top = top_classes(torch.softmax(outputs, dim=1), names, k)
+        top = top_classes(probabilities, names, k)
         header = [f"{what}{i}" for i in range(1, k + 1) for what in ("class", "p")]
         rows = [[v for label, p in row for v in (cell(label), repr(p))] for row in top]
         return header, rows, ["  ".join(f"{label} {p:.3f}" for label, p in row) for row in top]
 
-    def exportable(self, model: nn.Module) -> tuple[nn.Module, str, torch.Tensor | None]:
-        """(what an ONNX export holds, its output's name, the unit its parity is measured in;
-        None: the outputs' own): the model's logits, unless a task says otherwise."""
-        return model, "logits", None
+    def _decided(self, probabilities: torch.Tensor, threshold: float) -> tuple:
+        """A binary classifier's rows at its stored threshold: the class decided (the second
+        when its probability reaches ``threshold``), then both probabilities."""
+        names = self.names
+        chosen = (probabilities[:, 1] >= threshold).long().tolist()
+        rows = [[cell(names[c]), *map(repr, row)]
+                for c, row in zip(chosen, probabilities.tolist(), strict=True)]  # fmt: skip
+        lines = [f"{names[c]}  (p {names[1]} {row[1]:.3f}, threshold {threshold:.3g})"
+                 for c, row in zip(chosen, probabilities.tolist(), strict=True)]  # fmt: skip
+        return ["class", *(cell(f"p_{n}") for n in names)], rows, lines
+
+    def exportable(
+        self, model: nn.Module
+    ) -> tuple[nn.Module, tuple[str, ...], torch.Tensor | None]:
+        """(what an ONNX export holds, its outputs' names, the unit its parity is measured in;
+        None: the outputs' own): the model's logits, divided by a stored temperature, and with
+        stored thresholds also what is ``predicted`` (utils/calibration.py)."""
+        if self.calibrated is None:
+            return model, ("logits",), None
+        decides = self.calibrated.thresholds is not None
+        return (
+            Calibrated(model, self.calibrated, self.probability),
+            (("logits", "predicted") if decides else ("logits",)),
+            None,
+        )
 
     def target_cells(self, targets: torch.Tensor) -> list[str]:
         """Each sample's target as a CSV cell (cv=K's oof.csv): its class name."""
@@ -240,13 +300,40 @@ class Classification(Task):
         fitted = Classification(self.label_smoothing, self.class_weights)
         fitted.fitted_to = self.check(data)
         fitted.data, fitted.device = data, device
+        fitted.read_calibration(stored)
         return fitted
+
+    @property
+    def decisions(self) -> int:  # a binary classifier's one threshold, on its second class
+        return 1 if self.count == 2 else 0
+
+    @staticmethod
+    def probability(logits: torch.Tensor) -> torch.Tensor:
+        """What a threshold is compared with: the second class's probability."""
+        return torch.softmax(logits, dim=1)[:, 1]
 
     def measured(self) -> list[str]:
         return measured_metrics(self.count)
 
     def scores(self, detailed: bool = False) -> ClassScores:
-        return ClassScores(self.count, confusion=detailed)
+        return ClassScores(self.count, confusion=detailed, calibrated=self.calibrated)
+
+    def nll(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
+        return float(F.cross_entropy(logits, targets))
+
+    def calibrate(self, outputs: torch.Tensor, targets: torch.Tensor, fit: tuple[bool, bool],
+                  weights: str) -> Calibration:  # fmt: skip
+        """A temperature over the classes; a threshold for a binary classifier only."""
+        if fit[1] and self.count != 2:
+            raise UserError(f"threshold=auto chooses a threshold for two classes (or with "
+                            f"task=multilabel); this model has {self.count} classes, and "
+                            "predicts the most probable")  # fmt: skip
+        temperature = fit_temperature(outputs, lambda z: self.nll(z, targets)) if fit[0] else 1.0
+        if not fit[1]:
+            return Calibration(temperature, None, weights)
+        positive = torch.softmax(outputs.float() / temperature, dim=1)[:, 1:]  # as predicted
+        thresholds, _ = f1_thresholds(positive, (targets == 1)[:, None], 0.5)
+        return Calibration(temperature, tuple(thresholds), weights)
 
     def loss(self) -> ClassificationLoss:
         """The loss over the classes, with its class weights: ``auto`` weighs each class by
@@ -334,16 +421,37 @@ class MultiLabel(Task):
         fitted = MultiLabel(self.pos_weight, self.threshold)
         fitted.fitted_to = self.check(data)
         fitted.data, fitted.device = data, device
+        fitted.read_calibration(stored)
         return fitted
+
+    @property
+    def decisions(self) -> int:  # a threshold a label
+        return self.count
+
+    probability = staticmethod(torch.sigmoid)  # what a label's threshold is compared with
 
     def measured(self) -> list[str]:
         return list(LABEL_SET_METRICS)
 
     def scores(self, detailed: bool = False) -> LabelSetScores:
-        return LabelSetScores(self.count, self.threshold, detailed)
+        return LabelSetScores(self.count, self.threshold, detailed, self.calibrated)
 
     def record(self) -> dict:
-        return {"threshold": self.threshold}
+        return {"threshold": self.threshold, **super().record()}
+
+    def nll(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
+        return float(F.binary_cross_entropy_with_logits(logits, targets.to(logits.dtype)))
+
+    def calibrate(self, outputs: torch.Tensor, targets: torch.Tensor, fit: tuple[bool, bool],
+                  weights: str) -> Calibration:  # fmt: skip
+        """One temperature for every label; a threshold a label (a label with no positive
+        validation sample keeps task.threshold)."""
+        temperature = fit_temperature(outputs, lambda z: self.nll(z, targets)) if fit[0] else 1.0
+        if not fit[1]:
+            return Calibration(temperature, None, weights)
+        probabilities = torch.sigmoid(outputs.float() / temperature)  # as predict.py
+        thresholds, _ = f1_thresholds(probabilities, targets > 0.5, self.threshold)
+        return Calibration(temperature, tuple(thresholds), weights)
 
     def shown_targets(self, targets: torch.Tensor) -> list[str]:
         """Its labels' indices, a;b (- for none)."""
@@ -360,16 +468,23 @@ class MultiLabel(Task):
                 for row in targets.tolist()]  # fmt: skip
 
     def decode(self, outputs: torch.Tensor, options: Any) -> tuple[list[str], list, list[str]]:
-        """The label set at the threshold (``options.threshold``, else the task's), then every
-        label's probability."""
-        threshold = self.threshold if options.threshold is None else options.threshold
-        if not BELOW_ONE.test(threshold):
-            raise UserError(f"threshold={threshold} must be above 0 and below 1")
+        """The label set at the thresholds (``options.threshold`` for every label, else the
+        calibration's one a label, else the task's), then every label's probability (with a
+        stored temperature applied)."""
+        thresholds = [self.threshold] * self.count
+        if self.calibrated is not None:
+            outputs = self.calibrated.logits(outputs)
+            thresholds = list(self.calibrated.thresholds or thresholds)
+        if options.threshold is not None:
+            if not BELOW_ONE.test(options.threshold):
+                raise UserError(f"threshold={options.threshold} must be above 0 and below 1")
+            thresholds = [float(options.threshold)] * self.count
         names, probabilities = self.names, torch.sigmoid(outputs)
-        chosen = label_sets(probabilities, names, float(threshold))
+        chosen = label_sets(probabilities, names, thresholds)
         rows = [[cell(";".join(n for n, _ in sets)), *map(repr, row)]
                 for sets, row in zip(chosen, probabilities.tolist(), strict=True)]  # fmt: skip
-        lines = ["  ".join(f"{n} {p:.3f}" for n, p in sets) or f"(none at {threshold:g})"
+        shown_at = f"{thresholds[0]:g}" if len(set(thresholds)) == 1 else "its thresholds"
+        lines = ["  ".join(f"{n} {p:.3f}" for n, p in sets) or f"(none at {shown_at})"
                  for sets in chosen]  # fmt: skip
         return ["labels", *(cell(f"p_{n}") for n in names)], rows, lines
 
@@ -522,10 +637,12 @@ class Regression(Task):
                  for row in values]  # fmt: skip
         return [cell(n) for n in names], rows, lines
 
-    def exportable(self, model: nn.Module) -> tuple[nn.Module, str, torch.Tensor | None]:
+    def exportable(
+        self, model: nn.Module
+    ) -> tuple[nn.Module, tuple[str, ...], torch.Tensor | None]:
         """The model with the target scale undone inside it, so an export's ``values`` are in
         the targets' own units; parity is measured in the model's (scaled) units."""
-        return Unscaled(model, self.scale), "values", self.scale.std.detach().cpu()
+        return Unscaled(model, self.scale), ("values",), self.scale.std.detach().cpu()
 
     def loss(self) -> RegressionLoss:
         return RegressionLoss(self.criterion, self.huber_delta, self.scale)
@@ -543,6 +660,26 @@ class Unscaled(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.model(inputs) * self.std + self.mean
+
+
+class Calibrated(nn.Module):
+    """A model whose logits are divided by a stored temperature, and, with stored thresholds,
+    that also outputs what is predicted at them: a binary classifier's class index, or each
+    label as 0/1 (for exports, which carry no record beside them)."""
+
+    def __init__(self, model: nn.Module, calibrated: Calibration, probability: Any) -> None:
+        super().__init__()
+        self.model, self.probability = model, probability
+        self.temperature = calibrated.temperature
+        thresholds = calibrated.thresholds
+        self.decides = thresholds is not None
+        self.register_buffer("thresholds", torch.tensor(thresholds or [0.5]))
+
+    def forward(self, inputs: torch.Tensor) -> Any:
+        logits = self.model(inputs) / self.temperature
+        if not self.decides:
+            return logits
+        return logits, (self.probability(logits) >= self.thresholds).long()
 
 
 def _shown(values: torch.Tensor) -> str:
