@@ -39,7 +39,7 @@ from utils.config import build, check_config
 from utils.cross_validation import cross_validate, save_fold_predictions
 from utils.early_stopping import EarlyStopping
 from utils.errors import EXIT_USER_ERROR, UserError, print_error, user_error_in
-from utils.evaluation import evaluate  # bound here: benchmarks patch evaluate
+from utils.evaluation import evaluate, figures  # bound here: benchmarks patch evaluate
 from utils.finders import tune
 from utils.guards import check_start_up
 from utils.loop import Loop, Parts
@@ -159,7 +159,8 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
 
         # --- Test the best checkpoint (val when the dataset has no test split) ------------
         checkpointer.load_best()
-        test = evaluate(judged, batches.test().epoch(0), precision, task.scores())
+        test = figures(evaluate(judged, batches.test().epoch(0), precision,
+                                task.scores(detailed=True)))  # + calibration, ROC-AUC  # fmt: skip
         state.record("test", test)
         out.scalars("test", test, state.global_step)
         if data.fold_ids is not None:  # data.split.folds: best.pt's val predictions (oof.csv)
