@@ -193,6 +193,16 @@ def test_calibrate_fits_on_val_stores_the_record_and_predict_reproduces_every_fi
     run_evaluate(tmp_path, "ckpt=checkpoints/b", "export=b.onnx", "runs=export")
     session = ort.InferenceSession(str(tmp_path / "b.onnx"), providers=["CPUExecutionProvider"])
     assert [o.name for o in session.get_outputs()] == ["logits", "predicted"]
+    from data.tabular import Columns, read_table
+
+    inputs = stored["inputs"]
+    header, table = read_table(tmp_path / "test.csv")
+    features = Columns.from_record(inputs["table"]).features(header, table, tmp_path / "test.csv")
+    features = (features - torch.tensor(inputs["mean"])) / torch.tensor(inputs["std"])
+    logits, decided = session.run(None, {"input": features.numpy()})
+    assert decided.tolist() == [int(r["class"] == "small") for r in rows]  # predict's classes
+    exported = torch.softmax(torch.from_numpy(logits).double(), dim=1)[:, 1]  # divided by T
+    assert exported.tolist() == pytest.approx(second.tolist(), abs=1e-5)
 
 
 def test_a_hostile_calibration_in_a_checkpoint_stops_predict_in_one_line(tmp_path):
