@@ -247,3 +247,18 @@ def test_threshold_auto_beats_one_half_on_a_skewed_multilabel_set(tmp_path):
     for row in rows:  # the labels are those at each label's stored threshold
         chosen = {n for n, t in zip("abc", thresholds, strict=True) if float(row[f"p_{n}"]) >= t}
         assert set(filter(None, row["labels"].split(";"))) == chosen
+
+
+def test_a_calibration_applies_to_the_weights_it_was_fitted_on_only(tmp_path):
+    write_split_tables(tmp_path, rows=(120, 60, 60))
+    run_train(tmp_path, *BINARY[:-2], "trainer.max_epochs=2", "trainer.ema.decay=0.9", "run_name=e")
+    run_evaluate(tmp_path, "ckpt=checkpoints/e", "split=val", "threshold=auto", "runs=fit")
+    record = torch.load(tmp_path / "checkpoints/e/best.pt", weights_only=True)["inputs"]
+    assert record["calibration"]["weights"] == "ema"  # weights=auto: the EMA's
+    ema = run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/e", "input=test.csv", "out=a.csv")
+    raw = run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/e", "input=test.csv", "out=r.csv",
+                     "weights=raw")  # fmt: skip
+    assert "class" in predicted(tmp_path, "a.csv")[0]  # decided at the stored threshold
+    assert "class1" in predicted(tmp_path, "r.csv")[0]  # not applied: the top classes
+    assert "fitted on the ema weights, so it is not applied to the raw" in raw.stdout + raw.stderr
+    assert "not applied" not in ema.stdout + ema.stderr
