@@ -107,6 +107,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     if run.stored_inputs is not None:  # a resumed run normalises exactly as it started
         data.follow_record(run.stored_inputs, "the resumed checkpoint", use="resume it")
     task = task.fitted(data, context.device, run.stored_inputs)  # kind checked; target scale
+    task = task.with_calibration(None)  # one fitted by evaluate.py fits the weights it saw only
     monitor.check_measured([f"val/{name}" for name in task.measured()])
     loss = task.training_loss()  # cross-entropy, binary cross-entropy, or MSE/Huber/L1
     modules = Modules.build(cfg.model, data, context.device, trainer.channels_last, task)

@@ -262,3 +262,16 @@ def test_a_calibration_applies_to_the_weights_it_was_fitted_on_only(tmp_path):
     assert "class1" in predicted(tmp_path, "r.csv")[0]  # not applied: the top classes
     assert "fitted on the ema weights, so it is not applied to the raw" in raw.stdout + raw.stderr
     assert "not applied" not in ema.stdout + ema.stderr
+
+
+def test_training_on_from_a_calibrated_checkpoint_drops_the_stale_calibration(tmp_path):
+    write_split_tables(tmp_path, rows=(120, 60, 60))
+    run_train(tmp_path, *BINARY[:-2], "trainer.max_epochs=1", "run_name=c")
+    run_evaluate(tmp_path, "ckpt=checkpoints/c/last.pt", "split=val", "calibrate=temperature",
+                 "runs=fit")  # fmt: skip
+    last = tmp_path / "checkpoints/c/last.pt"
+    assert "calibration" in torch.load(last, weights_only=True)["inputs"]
+    run_train(tmp_path, *BINARY[:-2], "trainer.max_epochs=2", "run_name=c",
+              "resume=checkpoints/c/last.pt")  # fmt: skip
+    resumed = torch.load(last, weights_only=True)
+    assert resumed["epoch"] == 2 and "calibration" not in resumed["inputs"]
