@@ -247,6 +247,17 @@ def test_threshold_auto_beats_one_half_on_a_skewed_multilabel_set(tmp_path):
     for row in rows:  # the labels are those at each label's stored threshold
         chosen = {n for n, t in zip("abc", thresholds, strict=True) if float(row[f"p_{n}"]) >= t}
         assert set(filter(None, row["labels"].split(";"))) == chosen
+    ort = pytest.importorskip("onnxruntime")  # and the ONNX export decides the same
+    run_evaluate(tmp_path, "ckpt=checkpoints/m", "export=m.onnx", "runs=export")
+    from data.tabular import Columns, read_table
+
+    inputs = torch.load(tmp_path / "checkpoints/m/best.pt", weights_only=True)["inputs"]
+    header, table = read_table(tmp_path / "val.csv")
+    features = Columns.from_record(inputs["table"]).features(header, table, tmp_path / "val.csv")
+    features = (features - torch.tensor(inputs["mean"])) / torch.tensor(inputs["std"])
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    _, decided = session.run(None, {"input": features.numpy()})
+    assert decided.tolist() == [[int(n in r["labels"].split(";")) for n in "abc"] for r in rows]
 
 
 def test_a_calibration_applies_to_the_weights_it_was_fitted_on_only(tmp_path):
