@@ -1,9 +1,11 @@
 """Evaluating a model on a split: what each task measures (utils/tasks.py makes the scores).
 
 - classification: ``loss`` (cross-entropy), ``acc``, ``acc_top5`` (more than 5 classes);
+  detailed (evaluate.py, the end of training): ``nll``, ``brier``, ``ece``, ``mce``, and for two
+  classes ``auroc`` and ``ap`` of the second;
 - multilabel: ``loss`` (binary cross-entropy per label), ``map`` (mean average precision over
   the labels that occur), ``f1_micro``, ``f1_macro`` and ``subset_acc`` (every label right),
-  the last three at the task's threshold;
+  the last three at the task's threshold (or a calibration's, one a label); detailed: ``auroc``;
 - regression: ``loss`` (the training criterion, in the units the model is trained in), and in
   the targets' own units ``mae``, ``rmse`` and ``r2``, each averaged over the targets.
 
