@@ -215,6 +215,8 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         seen = path.stat()  # a calibration is stored only if no run replaced the file since
         config, weights, inputs, which = read_checkpoint(path, cfg.config, cfg.weights)
         task = build(task_config(config))  # what it was trained to predict
+        if fitting is not None and isinstance(inputs, dict):  # replaced, even if unreadable
+            inputs = {key: value for key, value in inputs.items() if key != "calibration"}
         stored = None if inputs is None else InputRecord.read(inputs, path)
         data_node = data_config(config["data"], cfg.data, stored)
         with reading_stored_data(data_node, cfg.data):  # errors name the path, not its content

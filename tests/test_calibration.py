@@ -216,6 +216,11 @@ def test_a_hostile_calibration_in_a_checkpoint_stops_predict_in_one_line(tmp_pat
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and "temperature 0.0" in lines[0]
     assert not (tmp_path / "predictions.csv").exists()
+    # The fix the line names works: calibrating again replaces the unreadable record.
+    run_evaluate(tmp_path, "ckpt=checkpoints/h", "split=val", "calibrate=temperature", "runs=fit")
+    replaced = torch.load(best, weights_only=True)["inputs"]["calibration"]
+    assert replaced["temperature"] > 0
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/h", "input=test.csv")
 
 
 def write_skewed_labels(path, rows, seed):

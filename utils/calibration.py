@@ -50,8 +50,8 @@ class Calibration:
         the checkpoint, for the message."""
         if record is None:
             return None
-        fix = ("run evaluate.py calibrate=temperature or threshold=auto split=val on the "
-               "checkpoint again")  # fmt: skip
+        fix = ("evaluate.py ckpt=<it> split=val calibrate=temperature (or threshold=auto) "
+               "replaces it")  # fmt: skip
         if not isinstance(record, dict):
             raise UserError(f"{where}: its calibration record is not a mapping; {fix}")
         temperature, thresholds = record.get("temperature", 1.0), record.get("thresholds")
