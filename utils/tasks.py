@@ -201,12 +201,28 @@ class Task:
                   weights: str) -> Calibration:  # fmt: skip
         """A :class:`Calibration` fitted on these (validation) ``outputs`` and ``targets``:
         ``fit`` = (a temperature, F1-best thresholds); ``weights``: the weights they came
-        from."""
-        raise UserError(f"calibrate=temperature and threshold=auto apply to class and label "
-                        f"scores; task={self.name} has none")  # fmt: skip
+        from. A task without probabilities (no :meth:`nll`) is refused."""
+        if type(self).nll is Task.nll:
+            raise UserError(f"calibrate=temperature and threshold=auto apply to class and label "
+                            f"scores; task={self.name} has none")  # fmt: skip
+        if fit[1] and not self.decisions:
+            raise UserError(f"threshold=auto chooses a threshold for two classes (or with "
+                            f"task=multilabel); this model has {self.count} classes, and "
+                            "predicts the most probable")  # fmt: skip
+        temperature = fit_temperature(outputs, lambda z: self.nll(z, targets)) if fit[0] else 1.0
+        if not fit[1]:
+            return Calibration(temperature, None, weights)
+        scores = self.probability(outputs.float() / temperature)  # in predict.py's precision
+        positives, default = self.positives(targets), getattr(self, "threshold", 0.5)
+        thresholds, _ = f1_thresholds(scores.reshape(len(outputs), -1), positives, default)
+        return Calibration(temperature, tuple(thresholds), weights)
 
     def nll(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
         """The mean negative log-likelihood of ``targets`` (what a temperature minimises)."""
+        raise NotImplementedError
+
+    def positives(self, targets: torch.Tensor) -> torch.Tensor:
+        """[N, decisions] booleans: what each threshold decides correctly when it says yes."""
         raise NotImplementedError
 
     def shown_targets(self, targets: torch.Tensor) -> list[str]:
@@ -321,19 +337,8 @@ class Classification(Task):
     def nll(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
         return float(F.cross_entropy(logits, targets))
 
-    def calibrate(self, outputs: torch.Tensor, targets: torch.Tensor, fit: tuple[bool, bool],
-                  weights: str) -> Calibration:  # fmt: skip
-        """A temperature over the classes; a threshold for a binary classifier only."""
-        if fit[1] and self.count != 2:
-            raise UserError(f"threshold=auto chooses a threshold for two classes (or with "
-                            f"task=multilabel); this model has {self.count} classes, and "
-                            "predicts the most probable")  # fmt: skip
-        temperature = fit_temperature(outputs, lambda z: self.nll(z, targets)) if fit[0] else 1.0
-        if not fit[1]:
-            return Calibration(temperature, None, weights)
-        positive = torch.softmax(outputs.float() / temperature, dim=1)[:, 1:]  # as predicted
-        thresholds, _ = f1_thresholds(positive, (targets == 1)[:, None], 0.5)
-        return Calibration(temperature, tuple(thresholds), weights)
+    def positives(self, targets: torch.Tensor) -> torch.Tensor:
+        return (targets == 1)[:, None]  # the second class
 
     def loss(self) -> ClassificationLoss:
         """The loss over the classes, with its class weights: ``auto`` weighs each class by
@@ -442,16 +447,8 @@ class MultiLabel(Task):
     def nll(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
         return float(F.binary_cross_entropy_with_logits(logits, targets.to(logits.dtype)))
 
-    def calibrate(self, outputs: torch.Tensor, targets: torch.Tensor, fit: tuple[bool, bool],
-                  weights: str) -> Calibration:  # fmt: skip
-        """One temperature for every label; a threshold a label (a label with no positive
-        validation sample keeps task.threshold)."""
-        temperature = fit_temperature(outputs, lambda z: self.nll(z, targets)) if fit[0] else 1.0
-        if not fit[1]:
-            return Calibration(temperature, None, weights)
-        probabilities = torch.sigmoid(outputs.float() / temperature)  # as predict.py
-        thresholds, _ = f1_thresholds(probabilities, targets > 0.5, self.threshold)
-        return Calibration(temperature, tuple(thresholds), weights)
+    def positives(self, targets: torch.Tensor) -> torch.Tensor:
+        return targets > 0.5  # a label with no positive validation sample keeps task.threshold
 
     def shown_targets(self, targets: torch.Tensor) -> list[str]:
         """Its labels' indices, a;b (- for none)."""
