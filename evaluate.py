@@ -6,6 +6,7 @@
     python evaluate.py ckpt=checkpoints/<sweep_name>                   # every job of a sweep
     python evaluate.py ckpt=best.pt data.root=/mnt/datasets            # data moved elsewhere
     python evaluate.py ckpt=best.pt weights=raw                        # not the EMA (trainer.ema)
+    python evaluate.py ckpt=best.pt export=model.pt2                   # torch.export, dynamic batch
     python evaluate.py ckpt=best.pt export=model.onnx                  # verified with onnxruntime
     python evaluate.py ckpt=best.pt export=model.safetensors           # weights without pickle
     python evaluate.py ckpt=model.safetensors                          # and back
@@ -49,7 +50,8 @@ from utils.distributed import processes_from_env
 from utils.errors import UserError
 from utils.evaluation import evaluate, outputs_of
 from utils.modules import Modules, model_shapes
-from utils.onnx_export import export_onnx
+from utils.export import EXPORTERS, export_model
+from utils.export import SUFFIXES as PROGRAM_SUFFIXES
 from utils.outputs import Outputs, check_output
 from utils.precision import Precision
 from utils.predictions import InputRecord
@@ -93,18 +95,20 @@ def checkpoint_files(ckpt: Any) -> list[Path]:
 
 
 def export(modules: Modules, task: Any, stored: tuple[dict, InputRecord], path: Path,
-           out: Outputs) -> None:  # fmt: skip
-    """The evaluated weights to ``path``: a verified ONNX graph (.onnx; a regression model's
-    outputs in the targets' units), or .safetensors with the ``stored`` config and the inputs
-    record of the evaluated data and task (with the target scale) beside them."""
-    if path.suffix == ".onnx":
+           out: Outputs, exporter: str) -> None:  # fmt: skip
+    """The evaluated weights to ``path``: a verified program (.pt2 with torch.export, .onnx
+    with ``exporter``) holding what the record says (a regression model's outputs in the
+    targets' units, a temperature and thresholds), or .safetensors with the ``stored`` config
+    and the inputs record of the evaluated data and task (with the target scale) beside them."""
+    if path.suffix.lower() in PROGRAM_SUFFIXES:
         model, outputs, unit = task.exportable(modules.model)
-        difference = export_onnx(model, modules.input_shape, path, outputs, unit)
+        difference = export_model(model, modules.input_shape, path, outputs, unit, exporter)
         units = "" if unit is None else ", in the model's scaled units"
         calibrated = f"; {task.calibrated.described()}" if task.calibrated else ""
+        runner = "onnxruntime" if path.suffix == ".onnx" else "torch.export.load"
         out.print(f"exported the model to {path} (outputs: {', '.join(outputs)}{calibrated}); "
-                  "onnxruntime on batches of 1 and 8 differs from PyTorch by at most "
-                  f"{difference:.1e} (fp32{units}, bar 1e-4)")  # fmt: skip
+                  f"{runner} on batches of 1, 2 and 8 differs from PyTorch by at most "
+                  f"{difference:.1e} (fp32{units}, bar 1e-5)")  # fmt: skip
     else:  # .safetensors (checked before anything was evaluated)
         config, record = stored
         export_safetensors(modules.model, config, record.to_dict(), path)
@@ -206,8 +210,11 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     files = checkpoint_files(cfg.ckpt)
     if cfg.export and len(files) != 1:
         raise UserError(f"export takes one checkpoint; ckpt names {len(files)}")
+    if cfg.onnx_exporter not in EXPORTERS:
+        raise UserError(f"onnx_exporter={cfg.onnx_exporter!r} must be dynamo or torchscript")
     if cfg.export:  # never over the checkpoint it is made from
-        check_output(Path(cfg.export), "export", files, suffixes=(".onnx", ".safetensors"))
+        check_output(Path(cfg.export), "export", files,
+                     suffixes=(*PROGRAM_SUFFIXES, ".safetensors"))  # fmt: skip
     fitting = calibration_asked(cfg, files, context)  # calibrate=temperature, threshold=auto
     out.track()
     results: dict[str, dict] = {}
@@ -253,7 +260,7 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
             add_to_training_run(to_training_run, path, config, results[str(path)], cfg.split)
         if cfg.export and context.is_main:
             export(modules, task, (config, InputRecord.from_run(data, task)), Path(cfg.export),
-                   out)  # fmt: skip
+                   out, cfg.onnx_exporter)  # fmt: skip
     out.close()
     if len(results) > 1:
         out.print(tables.comparison(results, cfg.split))

@@ -109,7 +109,7 @@ def test_the_onnx_export_runs_in_onnxruntime_with_any_batch_size(image_run):
     result = run_python(cwd, str(EVALUATE), "ckpt=checkpoints/img/best.pt", "export=model.onnx",
                         "weights=raw", "runs=eval-export")  # fmt: skip
     shown = " ".join(result.stdout.split())  # the console wraps long lines
-    assert "onnxruntime on batches of 1 and 8 differs from PyTorch by at most" in shown
+    assert "onnxruntime on batches of 1, 2 and 8 differs from PyTorch by at most" in shown
     checkpoint = load_checkpoint(cwd / "checkpoints" / "img" / "best.pt")
     node = OmegaConf.create(checkpoint["config"]["model"])
     model = cnn((3, 12, 10), 3, list(node.channels), node.dropout, node.init).eval()
@@ -121,7 +121,7 @@ def test_the_onnx_export_runs_in_onnxruntime_with_any_batch_size(image_run):
     assert np.abs(got - model(inputs).detach().numpy()).max() <= 1e-4
     bad = run_python(cwd, str(EVALUATE), "ckpt=checkpoints/img/best.pt", "export=model.bin",
                      "runs=eval-export", ok=False)  # fmt: skip
-    assert bad.returncode == 2 and "name a .onnx or a .safetensors file" in bad.stderr
+    assert bad.returncode == 2 and "name a .pt2 or a .onnx or a .safetensors file" in bad.stderr
 
 
 # predict.py takes its shapes from the checkpoint's inputs record, evaluate.py from the stored

@@ -146,7 +146,7 @@ def test_standardised_and_raw_targets_are_scored_in_the_same_units(regression_ru
 
 
 def test_exports_carry_the_target_scale(regression_run):
-    """The ONNX graph's ``values`` are in the targets' units, equal to predict.py's; a
+    """The ONNX graph's and the .pt2 program's ``values`` are in the targets' units, equal to predict.py's; a
     .safetensors export is evaluated with its stored scale, not one refitted to other data."""
     import onnxruntime
 
@@ -154,6 +154,7 @@ def test_exports_carry_the_target_scale(regression_run):
 
     cwd = regression_run
     run_python(cwd, str(EVALUATE), "ckpt=checkpoints/reg", "export=reg.onnx", "runs=export-runs")
+    run_python(cwd, str(EVALUATE), "ckpt=checkpoints/reg", "export=reg.pt2", "runs=export-runs")
     run_python(cwd, str(EVALUATE), "ckpt=checkpoints/reg", "export=reg.safetensors",
                "runs=export-runs")  # fmt: skip
     run_python(cwd, str(PREDICT), "ckpt=checkpoints/reg", "input=test.csv", "out=onnx-p.csv",
@@ -170,6 +171,8 @@ def test_exports_carry_the_target_scale(regression_run):
         v for r in table(cwd / "onnx-p.csv") for v in (float(r["price"]), float(r["rent"]))
     ]
     assert values.flatten().tolist() == pytest.approx(predicted, rel=1e-5, abs=1e-4)
+    program = torch.export.load(cwd / "reg.pt2").module()  # the same, from torch.export
+    assert program(features).flatten().tolist() == pytest.approx(predicted, rel=1e-5, abs=1e-4)
 
     write_houses(cwd / "other.csv", rows=300, seed=11)  # another train split: another scale
     exported = evaluated(cwd, "ckpt=reg.safetensors", "data.path=other.csv")

@@ -56,7 +56,8 @@ Showing and measuring
     calibration  a temperature and thresholds fitted on val, their record; ROC-AUC with ties
     eval_tables  evaluate.py's tables (per class, per label, per target), confusion CSV, image
     predictions  predict.py: the checkpoint's record of its inputs, new inputs read alike
-    onnx_export  evaluate.py export=model.onnx: the graph, verified with onnxruntime
+    export       evaluate.py export=model.pt2|model.onnx: one torch.export program, verified
+                 on batches of 1, 2 and 8 before it is written
     debug        the debug modes (conf/debug)
     finders      tune=lr and tune=batch_size
     doctor       python -m utils.doctor: is this machine ready?

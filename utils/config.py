@@ -128,6 +128,7 @@ class EvaluateConfig:
     calibrate: str | None = MISSING
     threshold: str | None = MISSING
     export: str | None = MISSING
+    onnx_exporter: str = MISSING
     device: str = MISSING
     precision: str = MISSING
     data: DataOverrides = field(default_factory=DataOverrides)
