@@ -49,9 +49,9 @@ from utils.config import build
 from utils.distributed import processes_from_env
 from utils.errors import UserError
 from utils.evaluation import evaluate, outputs_of
-from utils.modules import Modules, model_shapes
 from utils.export import EXPORTERS, export_model
 from utils.export import SUFFIXES as PROGRAM_SUFFIXES
+from utils.modules import Modules, model_shapes
 from utils.outputs import Outputs, check_output
 from utils.precision import Precision
 from utils.predictions import InputRecord
