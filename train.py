@@ -45,7 +45,7 @@ from utils.guards import check_start_up
 from utils.loop import Loop, Parts
 from utils.modules import Modules
 from utils.monitor import Monitor
-from utils.optim import build_optimizer
+from utils.optim import build_optimizer, lr_table
 from utils.outputs import Outputs
 from utils.predictions import InputRecord
 from utils.progress import TrainingProgress
@@ -123,7 +123,8 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     )
 
     # --- Optimizer, schedule and what a step changes; then fresh or where a checkpoint left off
-    optimizer = build_optimizer(modules.model, cfg.optim)
+    optimizer = build_optimizer(modules.model, cfg.optim)  # param groups fixed here, once
+    out.print(lr_table(optimizer))  # optim.layer_decay: each layer's LR
     schedule = build(cfg.scheduler)(optimizer, start.steps)
     parts = Parts.assemble(modules, optimizer, schedule, precision, loss, trainer)  # + EMA
     if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were

@@ -41,6 +41,7 @@ from torch import nn
 
 from utils.arguments import NON_NEGATIVE_INT, checked
 from utils.errors import UserError
+from utils.layers import by_module_order
 
 IMAGENET_CLASSES = 1000
 
@@ -160,6 +161,13 @@ class FineTuned(nn.Module):
     def backbone_parameters(self) -> Iterator[nn.Parameter]:
         head = {id(p) for p in self.head_parameters()}
         return (p for p in self.model.parameters() if id(p) not in head)
+
+    def layer_groups(self) -> list[tuple[str, list[nn.Parameter]]]:
+        """Its layers for ``optim.layer_decay``: torchvision's by module order
+        (utils/layers.py), then the new classifier as the head."""
+        head = list(self.head_parameters())
+        layers = by_module_order(self.model, leave_out=head)
+        return [*((layer.name, layer.parameters) for layer in layers), (f"head {self.head}", head)]
 
     def set_epoch(self, epoch: int) -> None:
         """Freeze or thaw the backbone for ``epoch`` (counted from 0)."""

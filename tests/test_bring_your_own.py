@@ -216,17 +216,28 @@ FROZEN = ["model=torchvision", "model.name=mobilenet_v3_small", "model.freeze_ba
           "scheduler=none"]  # fmt: skip
 
 
-def test_a_frozen_backbone_keeps_its_weights_and_statistics_then_thaws_exactly(tmp_path):
+@pytest.mark.parametrize("layer_decay", [None, 0.8])
+def test_a_frozen_backbone_keeps_its_weights_and_statistics_then_thaws_exactly(tmp_path,
+                                                                               layer_decay):  # fmt: skip
     import torchvision
 
     torch.save(torchvision.models.mobilenet_v3_small().state_dict(), tmp_path / "m.pth")
-    frozen = [*FROZEN, "model.weights=m.pth", "trainer.max_epochs=2", "trainer.keep_top_k=2"]
-    run_train(tmp_path, *frozen, "run_name=straight")
+    frozen = [*FROZEN, "model.weights=m.pth", "trainer.max_epochs=2", "trainer.keep_top_k=2",
+              f"optim.layer_decay={'null' if layer_decay is None else layer_decay}"]  # fmt: skip
+    shown = run_train(tmp_path, *frozen, "run_name=straight").stdout
     saved = torch.load(tmp_path / "m.pth", weights_only=True)
     (epoch_1,) = (tmp_path / "checkpoints" / "straight").glob("epoch=001-*.pt")
     after = load_checkpoint(epoch_1)
     groups = after["optimizer"]["param_groups"]
-    assert sorted({g["lr"] for g in groups}) == pytest.approx([0.0002, 0.002])
+    if layer_decay is None:
+        assert sorted({g["lr"] for g in groups}) == pytest.approx([0.0002, 0.002])
+    else:  # the head at optim.lr; each layer below it 0.8 times the one above, times 0.1
+        layers = list(dict.fromkeys(g["layer"] for g in groups))
+        assert layers[-1] == "head classifier.3" and len(layers) == 15  # stem, 12, classifier
+        lrs = {g["layer"]: g["lr"] for g in groups}
+        expected = [0.002 * 0.1 * 0.8 ** (len(layers) - 1 - i) for i in range(len(layers) - 1)]
+        assert [lrs[name] for name in layers] == pytest.approx([*expected, 0.002])
+        assert "LR by layer (optim.layer_decay)" in shown
     head = "model.classifier.3."
     for key, value in after["model"].items():
         name = key.removeprefix("model.")

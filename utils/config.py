@@ -217,8 +217,12 @@ def _number(cfg: DictConfig, key: str) -> float:
     return value
 
 
-OPTIONAL_KEYS = ("optim.weight_decay",)  # may be left out of a YAML (utils/optim.py)
-NULL_ALLOWED = ("trainer.cpu_threads", "trainer.early_stopping.patience", "trainer.ema.decay")
+OPTIONAL_KEYS = (
+    "optim.weight_decay",
+    "optim.layer_decay",
+)  # may be left out of a YAML (utils/optim.py)
+NULL_ALLOWED = ("trainer.cpu_threads", "trainer.early_stopping.patience", "trainer.ema.decay",
+                "optim.layer_decay")  # fmt: skip
 
 
 def check_config(cfg: DictConfig) -> TrainerConfig:
@@ -241,6 +245,7 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
         ("data.eval_batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
         ("optim.lr", lambda v: v > 0, "greater than 0"),
         ("optim.weight_decay", lambda v: v >= 0, "0 or more"),
+        ("optim.layer_decay", lambda v: 0 < v <= 1, "above 0 and at most 1, or null for off"),
     ]
     for key, ok, expected in rules:
         if OmegaConf.select(cfg, key) is None and key in NULL_ALLOWED:
@@ -287,6 +292,7 @@ SUPPLIED = {
 OPTIM_KEYS_OF_OURS = (
     "decay_bias_and_norm",
     "backbone_lr_scale",
+    "layer_decay",
 )  # read by utils/optim.py, not the optimizer
 
 

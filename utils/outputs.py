@@ -47,7 +47,10 @@ class Outputs:
         return self.tracker
 
     def print(self, *renderables: Any) -> None:
-        self.console.print(*renderables)
+        """Print what is given (None: nothing to show, so nothing is printed)."""
+        shown = [renderable for renderable in renderables if renderable is not None]
+        if shown:
+            self.console.print(*shown)
 
     def scalars(self, prefix: str, metrics: Mapping[str, float], step: int) -> None:
         self.tracker.scalars(prefix, metrics, step)

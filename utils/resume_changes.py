@@ -19,7 +19,7 @@ CHANGES_NEED_ALLOW = ("model", "data", "trainer.accumulate_grad_batches", "seed"
 # refused always: the saved optimizer, schedule or best-so-far state cannot carry over;
 CHANGES_NEVER = (
     "optim._target_", "optim.decay_bias_and_norm", "scheduler._target_", "trainer.monitor",
-    "trainer.monitor_mode", "task._target_", "task.standardize_targets",
+    "trainer.monitor_mode", "task._target_", "task.standardize_targets", "optim.layer_decay",
 )  # fmt: skip
 # data keys that only say where the same data lives or how fast it is read;
 DATA_KEYS_FREE_TO_CHANGE = ("root", "download", "num_workers", "eval_batch_size", "path",
@@ -55,7 +55,7 @@ def _added_later() -> dict[str, Any]:
         "task._target_": "utils.tasks.classification", "task.label_smoothing": 0.0,
         "task.class_weights": None, "trainer.ema.decay": None, "trainer.ema.warmup": True,
         "trainer.ema.evaluate": True, "trainer.early_stopping.patience": None,
-        "trainer.early_stopping.min_delta": 0.0,
+        "trainer.early_stopping.min_delta": 0.0, "optim.layer_decay": None,
     }  # fmt: skip
 
 

@@ -230,8 +230,11 @@ def plateau(
 
     def start(optimizer, steps: StepCounts) -> Schedule:
         warmup = LambdaLR(optimizer, _with_warmup(warmup_steps, lambda step: 1.0))
+        # A layer's floor is scaled like its LR (optim.layer_decay), so the ratios between
+        # layers hold at the floor too.
+        floors = [min_lr * group.get("lr_scale", 1.0) for group in optimizer.param_groups]
         reduce = ReduceLROnPlateau(
-            optimizer, mode=mode, factor=factor, patience=patience, min_lr=min_lr
+            optimizer, mode=mode, factor=factor, patience=patience, min_lr=floors
         )
         return Schedule(warmup, plateau=reduce, monitor=monitor, warmup_steps=warmup_steps)
 
