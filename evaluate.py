@@ -11,6 +11,8 @@
     python evaluate.py ckpt=best.pt export=model.safetensors           # weights without pickle
     python evaluate.py ckpt=model.safetensors                          # and back
     python evaluate.py ckpt=best.pt split=val calibrate=temperature threshold=auto
+    python evaluate.py ckpt=checkpoints/<run_name> average=top_k       # its top-k copies as one
+    python evaluate.py ckpt=best.pt weights=swa                        # trainer.swa's average
     torchrun --nproc_per_node=2 evaluate.py ckpt=best.pt               # each process a shard
 
 The stored config is data read from a file, so it is untrusted: it may hold no interpolation,
@@ -39,11 +41,14 @@ from omegaconf import DictConfig, OmegaConf
 from utils import eval_tables as tables
 from utils.calibration import Calibration
 from utils.checkpoint import (
+    FORMAT_VERSION,
     checkpoint_to_evaluate,
     load_checkpoint,
     load_weights,
     replace_inputs_record,
+    save_atomic,
 )
+from utils.checkpointer import top_k_files
 from utils.cli import one_line_errors, run_cli
 from utils.config import build
 from utils.distributed import processes_from_env
@@ -57,6 +62,7 @@ from utils.precision import Precision
 from utils.predictions import InputRecord
 from utils.run import RunContext
 from utils.stored import (
+    average_checkpoints,
     check_stored_model,
     data_config,
     export_safetensors,
@@ -65,6 +71,7 @@ from utils.stored import (
     reading_stored_data,
     task_config,
 )
+from utils.swa import recompute_batchnorm
 from utils.tracker_mlflow import log_evaluation
 from utils.trackers import TensorBoard
 from utils.tracking import Tracker, require
@@ -113,6 +120,32 @@ def export(modules: Modules, task: Any, stored: tuple[dict, InputRecord], path: 
         config, record = stored
         export_safetensors(modules.model, config, record.to_dict(), path)
         out.print(f"exported weights to {path}")
+
+
+def copies_to_average(cfg: DictConfig, files: list[Path]) -> list[Path]:
+    """``average=top_k``: the top-k copies in the folder of the one checkpoint ``files`` names
+    (a run's folder gives its best.pt); [] without it."""
+    if cfg.average not in (None, "top_k"):
+        raise UserError(f"average={cfg.average} must be top_k (or null)")
+    if cfg.average is None:
+        return []
+    if len(files) != 1 or cfg.logger or cfg.calibrate or cfg.threshold:
+        raise UserError("average=top_k takes one run's checkpoint folder (ckpt=checkpoints/<run>) "
+                        "and no calibrate=, threshold= or logger=; calibrate the averaged.pt it "
+                        "writes afterwards")  # fmt: skip
+    return top_k_files(files[0].parent)
+
+
+def keep_average(model: Any, stored: tuple[dict, dict | None], copies: list[Path], path: Path,
+                 out: Outputs) -> None:  # fmt: skip
+    """The averaged weights (with their refitted statistics) as a checkpoint evaluate.py,
+    predict.py and init_from read: the ``stored`` config and inputs record beside them."""
+    config, inputs = stored
+    save_atomic({"format_version": FORMAT_VERSION, "model": model.state_dict(), "config": config,
+                 "inputs": inputs, "classes": (inputs or {}).get("classes"),
+                 "averaged_from": [str(p) for p in copies]}, path)  # fmt: skip
+    out.print(f"averaged {len(copies)} top-k copies ({', '.join(p.name for p in copies)}) into "
+              f"{path}; BatchNorm statistics refitted on the train split")  # fmt: skip
 
 
 def calibration_asked(cfg: DictConfig, files: list[Path], context: RunContext) -> tuple | None:
@@ -216,11 +249,13 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         check_output(Path(cfg.export), "export", files,
                      suffixes=(*PROGRAM_SUFFIXES, ".safetensors"))  # fmt: skip
     fitting = calibration_asked(cfg, files, context)  # calibrate=temperature, threshold=auto
+    copies = copies_to_average(cfg, files)  # average=top_k: a run's top-k copies, as one model
     out.track()
     results: dict[str, dict] = {}
     for index, path in enumerate(files):
         seen = path.stat()  # a calibration is stored only if no run replaced the file since
-        config, weights, inputs, which = read_checkpoint(path, cfg.config, cfg.weights)
+        config, weights, inputs, which = (average_checkpoints(copies, cfg.weights) if copies else
+                                          read_checkpoint(path, cfg.config, cfg.weights))  # fmt: skip
         task = build(task_config(config))  # what it was trained to predict
         if fitting is not None and isinstance(inputs, dict):  # replaced, even if unreadable
             inputs = {key: value for key, value in inputs.items() if key != "calibration"}
@@ -237,6 +272,11 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         modules = Modules.build(model_node, data, context.device, None, task)
         load_weights(modules.model, weights)
         placement = context.placement(modules.channels_last)
+        if copies:  # the average's BatchNorm statistics, from the train split; then kept
+            train = data.batches("train", placement, seed=config["seed"], train=False)
+            recompute_batchnorm(modules.model, train.epoch(0), precision)
+            if context.is_main:
+                keep_average(modules.model, (config, inputs), copies, run_dir / "averaged.pt", out)
         batches = data.batches(cfg.split, placement, seed=config["seed"], train=False)
         if fitting is None:
             metrics = evaluate(

@@ -28,16 +28,14 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from utils.checkpoint import atomic_file, checkpoint_to_evaluate, load_weights
+from utils.checkpoint import atomic_file, checkpoint_to_evaluate
 from utils.cli import one_line_errors, run_cli
-from utils.config import build
 from utils.distributed import Processes
 from utils.errors import UserError
-from utils.modules import Modules, model_shapes
 from utils.outputs import Outputs, check_output
-from utils.predictions import InputRecord, read_inputs
+from utils.predictions import read_inputs
+from utils.rebuild import rebuild
 from utils.run import RunContext
-from utils.stored import check_stored_model, model_config, read_checkpoint, task_config
 from utils.text import cell, shown
 
 
@@ -68,18 +66,11 @@ def predict(cfg: DictConfig) -> None:
     path = checkpoint_file(str(cfg.ckpt))
     check_output(Path(str(cfg.out)), "out", inputs=[path, Path(str(cfg.input))],
                  suffixes=(".csv", ".tsv"))  # fmt: skip
-    config, weights, inputs, _ = read_checkpoint(path, None, cfg.weights)  # as evaluate.py reads
-    record = InputRecord.read(inputs, path)  # a .pt checkpoint's, or a .safetensors export's
     context = RunContext.open(Processes(), cfg.device)
     out = Outputs(Path(HydraConfig.get().runtime.output_dir), True)
-    task = build(task_config(config)).fitted(record, torch.device("cpu"), record)  # as trained
-    model_node = OmegaConf.create(model_config(config["model"]))
-    shapes = model_shapes(record.input_shape, record.num_classes)
-    check_stored_model(model_node, shapes, weights)  # before anything it asks is allocated
-    modules = Modules.build(model_node, record, context.device, None, task)
-    load_weights(modules.model, weights)
+    rebuilt = rebuild(path, cfg.weights, context.device)  # as evaluate.py reads: untrusted
+    model, record, task = rebuilt.model, rebuilt.record, rebuilt.task
     names, inputs = read_inputs(Path(str(cfg.input)), record)
-    model = modules.model.eval()
     outputs, transform = [], record.transform(context.device)
     with torch.inference_mode():
         for lo in range(0, len(inputs), cfg.batch_size):

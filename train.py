@@ -52,6 +52,7 @@ from utils.progress import TrainingProgress
 from utils.run import RunContext, start_run
 from utils.signals import EXIT_INTERRUPTED, Interrupted, StopRequest
 from utils.state import TrainState
+from utils.teacher import Teacher
 from utils.tracking import Tracker
 
 log = logging.getLogger("torchloom")
@@ -110,6 +111,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     task = task.with_calibration(None)  # one fitted by evaluate.py fits the weights it saw only
     monitor.check_measured([f"val/{name}" for name in task.measured()])
     loss = task.training_loss()  # cross-entropy, binary cross-entropy, or MSE/Huber/L1
+    teacher = Teacher.of(cfg.distill, data, task, context.device, run.checkpoint_dir)  # or None
     modules = Modules.build(cfg.model, data, context.device, trainer.channels_last, task)
     data.fit_augmentation(modules.flattens_input)  # no random crops or flips for an MLP
     out.print(report.model_summary(modules.model, data.input_shape, task))
@@ -126,7 +128,8 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     optimizer = build_optimizer(modules.model, cfg.optim)  # param groups fixed here, once
     out.print(lr_table(optimizer))  # optim.layer_decay: each layer's LR
     schedule = build(cfg.scheduler)(optimizer, start.steps)
-    parts = Parts.assemble(modules, optimizer, schedule, precision, loss, trainer)  # + EMA
+    parts = Parts.assemble(modules, optimizer, schedule, precision, loss, trainer)  # EMA, SWA
+    parts.teacher = teacher  # distill.teacher: its outputs blended into each step's loss
     if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were
         return tune(cfg.tune, parts, batches.train, data, out)
     state = TrainState()  # every counter that resumes: position, best, patience, skips
@@ -145,6 +148,8 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
         progress = TrainingProgress(out.console, start.steps.total, trainer.max_epochs)
         loop = Loop(checkpointer, trainer, stop, tracker, progress)
         for _ in loop.epochs(debugging.batches(batches.train), data.batch_size, done=early.done):
+            if parts.swa:  # trainer.swa: into the average; its BatchNorm statistics refitted
+                parts.swa.epoch_finished(state.epoch, batches.train_in_order().epoch(0), precision)
             value = None  # the monitored metric, when this epoch is validated
             if state.validation_due(trainer.val_every_n_epochs, trainer.max_epochs):
                 val = evaluate(judged, batches.val.epoch(0), precision, task.scores())

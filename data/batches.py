@@ -578,17 +578,20 @@ class Data:
             train=self.batches("train", placement, seed),
             val=self.batches("val", placement, seed),
             test=lambda: self.batches(self.test_split, placement, seed, train=False),
+            train_in_order=lambda: self.batches("train", placement, seed, train=False),
         )
 
 
 @dataclass(frozen=True)
 class RunBatches:
-    """A run's batches: ``train`` and ``val``, and ``test()`` built once it is needed (after
-    training, so its tensors are not held on the device meanwhile)."""
+    """A run's batches: ``train`` and ``val``, and ``test()`` and ``train_in_order()`` built
+    once they are needed (so their tensors are not held on the device meanwhile)."""
 
     train: TensorBatches | LoaderBatches
     val: TensorBatches | LoaderBatches
     test: Callable[[], TensorBatches | LoaderBatches]
+    # every train sample once, in order, unaugmented: trainer.swa's BatchNorm statistics
+    train_in_order: Callable[[], TensorBatches | LoaderBatches]
 
 
 def _encoding(table: dict | None) -> dict | None:

@@ -90,3 +90,314 @@ def test_layer_decay_out_of_range_is_refused_before_data_is_read(tmp_path):
     assert (
         "optim.layer_decay=1.5 is out of range: it must be above 0 and at most 1" in result.stderr
     )
+
+
+# --- SWA and checkpoint averaging (utils/swa.py) -------------------------------------------
+
+SWA = ["model=cnn", "model.channels=[8,16]", "trainer.max_epochs=3", "trainer.keep_top_k=3",
+       "trainer.swa.start=1", "trainer.swa.lr=0.0005", "scheduler=cosine"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def swa_run(tmp_path_factory):
+    from conftest import run_train
+
+    cwd = tmp_path_factory.mktemp("swa")
+    run_train(cwd, *SWA, "run_name=s")
+    return cwd
+
+
+def train_split(checkpoint: dict):
+    """The train split in order, unaugmented, in the run's evaluation batches."""
+    from data.batches import Placement
+
+    data = build(OmegaConf.create(checkpoint["config"]["data"]))
+    return data.batches("train", Placement(torch.device("cpu")), seed=0, train=False)
+
+
+def test_swa_averages_the_epochs_after_start_and_refits_batchnorm_cumulatively(swa_run):
+    from models.cnn import cnn
+    from utils.checkpoint import load_checkpoint
+    from utils.precision import Precision
+    from utils.swa import recompute_batchnorm
+
+    folder = swa_run / "checkpoints" / "s"
+    last = load_checkpoint(folder / "last.pt")
+    epochs = [load_checkpoint(p)["model"] for p in sorted(folder.glob("epoch=*.pt"))]
+    averaged = last["swa"]["model"]
+    assert last["swa"]["updates"] == 2  # epochs 2 and 3: those after swa.start=1
+    for key, value in averaged.items():
+        if "running" not in key and value.is_floating_point():
+            assert torch.allclose(value, (epochs[1][key] + epochs[2][key]) / 2, atol=1e-6), key
+    # By hand: each BatchNorm's input over the train split; the statistics are the mean over
+    # batches of each batch's mean and unbiased variance (what momentum=None accumulates).
+    model = cnn((1, 8, 8), 10, [8, 16], 0.1, "default")
+    model.load_state_dict(averaged)
+    seen: dict[nn.Module, list] = {}
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    hooks = [norm.register_forward_pre_hook(lambda m, args: seen.setdefault(m, []).append(
+        args[0].detach())) for norm in norms]  # fmt: skip
+    model.train()
+    with torch.no_grad():
+        for inputs, _ in train_split(last).epoch(0):
+            model(inputs)
+    for hook in hooks:
+        hook.remove()
+    names = [name for name, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
+    for name, norm in zip(names, norms, strict=True):
+        batches = seen[norm]
+        mean = torch.stack([b.mean((0, 2, 3)) for b in batches]).mean(0)
+        var = torch.stack([b.var((0, 2, 3), unbiased=True) for b in batches]).mean(0)
+        assert torch.allclose(averaged[f"{name}.running_mean"], mean, atol=1e-5), name
+        assert torch.allclose(averaged[f"{name}.running_var"], var, rtol=1e-4, atol=1e-6), name
+        assert not torch.allclose(averaged[f"{name}.running_mean"],
+                                  last["model"][f"{name}.running_mean"])  # fmt: skip
+    # The same function, run here, puts each momentum back (not 0: Lightning #14866).
+    assert recompute_batchnorm(model, train_split(last).epoch(0), Precision("float32",
+                                                                           torch.device("cpu")))  # fmt: skip
+    assert all(norm.momentum == 0.1 for norm in norms)
+    assert torch.allclose(model.state_dict()[f"{names[0]}.running_mean"],
+                          averaged[f"{names[0]}.running_mean"], atol=1e-6)  # fmt: skip
+
+
+@pytest.mark.parametrize("epoch", [1, 2])  # at swa.start, and inside the averaging
+def test_a_resume_on_either_side_of_swa_start_is_bit_identical(swa_run, epoch):
+    from conftest import run_train
+
+    from utils.checkpoint import load_checkpoint
+
+    folder = swa_run / "checkpoints" / "s"
+    (copy,) = folder.glob(f"epoch={epoch:03d}-*.pt")
+    run_train(swa_run, *SWA, f"run_name=cut{epoch}", f"resume='{copy}'")
+    straight = load_checkpoint(folder / "last.pt")
+    resumed = load_checkpoint(swa_run / "checkpoints" / f"cut{epoch}" / "last.pt")
+    for part in ("model", "swa"):
+        want = straight[part] if part == "model" else straight[part]["model"]
+        got = resumed[part] if part == "model" else resumed[part]["model"]
+        assert all(torch.equal(want[k], got[k]) for k in want), part
+    assert resumed["scheduler"] == straight["scheduler"]  # the SWA phase and its LRs
+    assert resumed["optimizer"]["param_groups"] == straight["optimizer"]["param_groups"]
+
+
+def test_swa_anneals_to_its_lr_and_weights_swa_evaluates_and_exports(swa_run):
+    import json
+
+    from conftest import run_evaluate
+
+    from utils.checkpoint import load_checkpoint
+
+    last = load_checkpoint(swa_run / "checkpoints" / "s" / "last.pt")
+    assert last["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.0005)  # annealed
+    assert last["scheduler"]["swa"]["taken"] == last["global_step"]
+    result = run_evaluate(swa_run, "ckpt=checkpoints/s", "weights=swa", "export=s.pt2",
+                          "runs=e-swa")  # fmt: skip
+    assert "torch.export.load on batches of 1, 2 and 8" in " ".join(result.stdout.split())
+    (run_dir,) = (swa_run / "e-swa" / "eval").iterdir()
+    evaluated = next(iter(json.loads((run_dir / "metrics.json").read_text()).values()))
+    trained = json.loads((swa_run / "runs" / "s" / "metrics.json").read_text())
+    assert evaluated["test/acc"] == pytest.approx(trained["test/acc"], abs=1e-9)  # judged: SWA
+    program = torch.export.load(swa_run / "s.pt2").module()
+    assert program(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
+
+
+def test_average_top_k_averages_the_copies_refits_batchnorm_and_keeps_the_result(swa_run):
+    from conftest import run_evaluate
+
+    from utils.checkpoint import load_checkpoint
+
+    folder = swa_run / "checkpoints" / "s"
+    copies = [load_checkpoint(p) for p in sorted(folder.glob("epoch=*.pt"))]
+    result = run_evaluate(swa_run, "ckpt=checkpoints/s", "average=top_k", "weights=raw",
+                          "runs=e-avg")  # fmt: skip
+    assert "averaged 3 top-k copies" in " ".join(result.stdout.split())
+    (run_dir,) = (swa_run / "e-avg" / "eval").iterdir()
+    kept = load_checkpoint(run_dir / "averaged.pt")
+    for key, value in kept["model"].items():
+        mean = sum(c["model"][key].double() for c in copies) / 3
+        if "running" in key:  # refitted on the train split, not averaged
+            assert not torch.allclose(value.double(), mean, atol=1e-4), key
+        elif value.is_floating_point():
+            assert torch.allclose(value.double(), mean, atol=1e-6), key
+    again = run_evaluate(swa_run, f"ckpt={run_dir / 'averaged.pt'}", "runs=e-again")
+    assert "test/acc" in again.stdout
+    few = run_evaluate(swa_run, "ckpt=checkpoints/s/best.pt", "average=top_k", "split=val",
+                       "calibrate=temperature", "runs=e-few", ok=False)  # fmt: skip
+    assert few.returncode == 2 and "average=top_k takes one run's checkpoint folder" in few.stderr
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["trainer.swa.start=5", "trainer.max_epochs=3"], "trainer.swa.start=5 must be a whole number"),
+    (["trainer.swa.start=0.5", "trainer.ema.decay=0.9"], "trainer.ema and trainer.swa each"),
+    (["trainer.swa.start=1", "trainer.swa.lr=-1"], "trainer.swa.lr=-1.0 must be greater than 0"),
+])  # fmt: skip
+def test_bad_swa_settings_are_one_line(tmp_path, overrides, message):
+    from conftest import run_train
+
+    result = run_train(tmp_path, "trainer.max_epochs=2", *overrides, ok=False)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_a_resume_that_changes_swa_is_refused(swa_run):
+    from conftest import run_train
+
+    result = run_train(swa_run, *SWA[:-2], "trainer.swa.start=2", "run_name=s",
+                       "resume=auto", ok=False)  # fmt: skip
+    assert result.returncode == 2 and "trainer.swa.start: 1 -> 2" in result.stderr
+
+
+# --- Knowledge distillation (utils/teacher.py) ----------------------------------------------
+
+STUDENT = ["model.hidden_sizes=[32]", "trainer.max_epochs=2"]
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tmp_path_factory):
+    from conftest import run_train
+
+    cwd = tmp_path_factory.mktemp("teacher")
+    run_train(cwd, "model=cnn", "model.channels=[8,16]", "trainer.max_epochs=2", "run_name=t")
+    return cwd
+
+
+def distill_node(path, **settings) -> OmegaConf:
+    return OmegaConf.create({"teacher": str(path), "weights": "auto", "temperature": 4.0,
+                             "alpha": 0.5, **settings})  # fmt: skip
+
+
+def digits_and_task(teacher_run):
+    from utils.checkpoint import load_checkpoint
+
+    stored = load_checkpoint(teacher_run / "checkpoints" / "t" / "best.pt")["config"]["data"]
+    data = build(OmegaConf.create(stored))  # the same digits the teacher trained on
+    task = build(OmegaConf.create({"_target_": "utils.tasks.classification",
+                                   "label_smoothing": 0.0, "class_weights": None}))  # fmt: skip
+    return data, task.fitted(data, torch.device("cpu"))
+
+
+def test_the_kl_term_is_zero_for_a_copy_of_the_teacher_and_alpha_blends(teacher_run, tmp_path):
+    import copy
+
+    from utils.teacher import Teacher
+
+    data, task = digits_and_task(teacher_run)
+    best = teacher_run / "checkpoints" / "t" / "best.pt"
+    teacher = Teacher.of(distill_node(best, alpha=1.0), data, task, torch.device("cpu"), tmp_path)
+    assert teacher.renormalize is None and not teacher.model.training  # the same statistics
+    inputs = torch.randn(16, 1, 8, 8)
+    copied = copy.deepcopy(teacher.model)
+    loss = torch.tensor(3.0)
+    assert teacher.blend(loss, copied(inputs), inputs).item() == 0.0  # α = 1: the KL alone
+    other = torch.randn(16, 10, requires_grad=True)
+    kl = teacher.blend(loss, other, inputs)
+    assert kl.item() > 0
+    kl.backward()  # the teacher's outputs, taken under inference_mode, may join autograd
+    assert other.grad is not None
+    teacher.alpha = 0.25
+    blended = teacher.blend(loss, other, inputs)
+    assert blended.item() == pytest.approx(0.75 * 3.0 + 0.25 * kl.item(), rel=1e-6)
+    # A student normalised differently: its inputs are taken to the teacher's statistics.
+    data.mean, data.std = [0.2], [0.5]
+    renormed = Teacher.of(distill_node(best), data, task, torch.device("cpu"), tmp_path)
+    raw = torch.rand(4, 1, 8, 8)
+    scale, shift = renormed.renormalize
+    record = load_checkpoint_record(best)
+    expected = (raw - record["mean"][0]) / record["std"][0]
+    assert torch.allclose((raw - 0.2) / 0.5 * scale + shift, expected, atol=1e-6)
+
+
+def load_checkpoint_record(path) -> dict:
+    from utils.checkpoint import load_checkpoint
+
+    return load_checkpoint(path)["inputs"]
+
+
+def test_a_student_learns_from_its_teacher_and_keeps_only_its_path_and_hash(teacher_run):
+    from conftest import run_train
+
+    from utils.checkpoint import load_checkpoint
+    from utils.teacher import file_sha256
+
+    best = teacher_run / "checkpoints" / "t" / "best.pt"
+    before = file_sha256(best)
+    run_train(teacher_run, *STUDENT, f"distill.teacher={best}", "data.augment.mixup_alpha=0.2",
+              "run_name=s")  # fmt: skip
+    student = load_checkpoint(teacher_run / "checkpoints" / "s" / "last.pt")
+    assert student["distill"] == {"teacher": str(best), "sha256": before}
+    assert sorted(student["model"]) == ["1.bias", "1.weight", "4.bias", "4.weight"]  # the mlp's
+    assert file_sha256(best) == before  # the teacher's file is only read
+    assert student["metrics"]["val/acc"] > 0.5
+
+
+def test_a_resume_with_another_teacher_file_is_refused_and_a_moved_copy_is_not(teacher_run):
+    import shutil
+
+    from conftest import run_train
+
+    from utils.checkpoint import load_checkpoint
+
+    best = teacher_run / "checkpoints" / "t" / "best.pt"
+    run_train(teacher_run, *STUDENT, f"distill.teacher={best}", "run_name=r",
+              "trainer.keep_top_k=2")  # fmt: skip
+    (epoch_1,) = (teacher_run / "checkpoints" / "r").glob("epoch=001-*.pt")
+    moved = teacher_run / "moved.pt"
+    shutil.copy(best, moved)
+    run_train(teacher_run, *STUDENT, f"distill.teacher={moved}", "run_name=r2",
+              f"resume='{epoch_1}'")  # fmt: skip
+    other = teacher_run / "other.pt"  # another teacher: one weight changed
+    edited = load_checkpoint(best)
+    edited["model"]["16.bias"] += 1.0  # the cnn's classifier
+    torch.save(edited, other)
+    shutil.copy(epoch_1, teacher_run / "e1.pt")
+    refused = run_train(teacher_run, *STUDENT, f"distill.teacher={other}", "run_name=r3",
+                        f"resume='{teacher_run / 'e1.pt'}'", ok=False)  # fmt: skip
+    assert refused.returncode == 2
+    assert "are not the teacher the run was trained with" in refused.stderr
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda c: c["config"]["model"].update(_target_="os.system"),
+     "model._target_='os.system' is not one of torchloom's builders"),
+    (lambda c: c["config"]["model"].update(dropout="${oc.env:HOME}"), "is an interpolation"),
+    (lambda c: c["inputs"].update(num_classes=3, targets={"kind": "classes", "count": 3,
+                                                          "names": None}), "do not fit the model"),
+    (lambda c: c["config"].update(task={"_target_": "utils.tasks.regression", "loss": "mse",
+                                        "huber_delta": 1.0, "standardize_targets": True}),
+     "task=regression learns numbers"),
+])  # fmt: skip
+def test_a_hostile_or_unfit_teacher_is_refused_in_one_line(teacher_run, tmp_path, edit, message):
+    from conftest import run_train
+
+    from utils.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(teacher_run / "checkpoints" / "t" / "best.pt")
+    edit(checkpoint)
+    torch.save(checkpoint, tmp_path / "edited.pt")
+    result = run_train(tmp_path, *STUDENT, f"distill.teacher={tmp_path / 'edited.pt'}", ok=False)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and message in errors[0]
+    assert not (tmp_path / "checkpoints").exists() or not any(
+        (tmp_path / "checkpoints").rglob("*.pt")
+    )
+
+
+def test_distilling_into_another_task_or_with_bad_settings_is_one_line(teacher_run, tmp_path):
+    from utils.teacher import Teacher
+
+    data, _ = digits_and_task(teacher_run)
+    best = teacher_run / "checkpoints" / "t" / "best.pt"
+    regression = build(OmegaConf.create({"_target_": "utils.tasks.regression", "loss": "mse",
+                                         "huber_delta": 1.0, "standardize_targets": True}))  # fmt: skip
+    with pytest.raises(UserError, match="task=classification only"):
+        Teacher.of(distill_node(best), data, regression, torch.device("cpu"), tmp_path)
+    _, task = digits_and_task(teacher_run)
+    for settings, message in (({"temperature": 0.0}, "distill.temperature=0.0 must be"),
+                              ({"alpha": 1.5}, "distill.alpha=1.5 must be from 0 to 1"),
+                              ({"weights": "best"}, "distill.weights='best' must be")):  # fmt: skip
+        with pytest.raises(UserError, match=message):
+            Teacher.of(distill_node(best, **settings), data, task, torch.device("cpu"), tmp_path)
+    with pytest.raises(UserError, match="is a checkpoint of this run"):
+        Teacher.of(distill_node(best), data, task, torch.device("cpu"), best.parent)
+    data.num_classes = 3  # a student of three classes
+    with pytest.raises(UserError, match=r"predicts other classes \(10\) than this data has \(3\)"):
+        Teacher.of(distill_node(best), data, task, torch.device("cpu"), tmp_path)

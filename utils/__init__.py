@@ -16,7 +16,10 @@ Setting up a run
     seeding      seeds, per-rank streams, RNG states in checkpoints
     modules      the model as built, as the step calls it (DDP, compile), as evaluation calls it
     compilation  torch.compile, or eager with one warning
-    optim        the optimizer's parameter groups (no decay on biases and norms)
+    optim        the optimizer's parameter groups (no decay on biases and norms, each layer's
+                 LR), the table of LRs by layer
+    layers       which layer each parameter belongs to (optim.layer_decay): a model's
+                 layer_groups(), or the rule by module order
     schedulers   LR schedules (conf/scheduler)
     precision    autocast and the loss scaler (conf/precision)
     tasks        what is predicted (classification, multilabel, regression), so the loss, the
@@ -30,6 +33,8 @@ Training
     loop         Parts (what a step changes) and the step and its epochs: loss sums, NaN
                  watch, timing, stop agreement
     ema          an exponential moving average of the weights (trainer.ema)
+    swa          stochastic weight averaging (trainer.swa): the average, SWA's LR phase,
+                 BatchNorm statistics refitted
     early_stopping  when the monitored metric stopped improving (trainer.early_stopping)
     loss_sums    the loss summed on the device between syncs
     nonfinite    what happens on a NaN or Inf loss

@@ -70,9 +70,9 @@ class Calibration:
                                 f"0 and 1 (both excluded); {fix}")  # fmt: skip
             thresholds = tuple(float(t) for t in thresholds)
         weights = record.get("weights")
-        if weights not in ("ema", "raw", None):
+        if weights not in ("swa", "ema", "raw", None):
             raise UserError(
-                f"{where}: its calibration names weights {weights!r} (ema or raw); {fix}"
+                f"{where}: its calibration names weights {weights!r} (swa, ema or raw); {fix}"
             )
         return cls(float(temperature), thresholds, weights)
 

@@ -49,7 +49,7 @@ TRAINING_KEYS = {
 }  # fmt: skip
 # Written by later versions; an older checkpoint without them resumes with their fresh value.
 OPTIONAL_TRAINING_KEYS = {"skipped_steps": int, "early_stopping": dict, "ema": (dict, type(None)),
-                          "world_size": int}  # fmt: skip
+                          "swa": (dict, type(None)), "world_size": int}  # fmt: skip
 MAX_COUNT = 2**53  # epochs, steps and batch positions: a stored count beyond this was edited
 COUNTERS = ("epoch", "batch_in_epoch", "global_step", "skipped_steps", "world_size")
 STALE_AFTER_SECONDS = 3600  # a temporary file of another machine's writer, untouched this long
@@ -241,9 +241,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(f"not a readable checkpoint: {path}") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise UserError(f"not a readable checkpoint: {path} (no model weights in it)")
-    ema = state.get("ema")
-    average = ema.get("model") if isinstance(ema, dict) else None  # its own check says more
-    for where, weights in (("model", state["model"]), ("ema.model", average)):
+    averages = [(f"{key}.model", entry.get("model")) for key in ("ema", "swa")
+                if isinstance(entry := state.get(key), dict)]  # their own checks say more  # fmt: skip
+    for where, weights in (("model", state["model"]), *averages):
         if isinstance(weights, dict) and not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
         ):

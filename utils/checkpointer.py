@@ -123,6 +123,8 @@ class Checkpointer:
         because building the model drew from it — this process's RNG. A loss scaler that the
         checkpoint's precision did not use starts fresh."""
         parts, scaler = self.parts, self.parts.precision.scaler
+        if parts.teacher:
+            parts.teacher.check_resumed(checkpoint.get("distill"), path)
         load_weights(parts.model, checkpoint["model"])
         try:
             parts.optimizer.load_state_dict(checkpoint["optimizer"])
@@ -140,15 +142,18 @@ class Checkpointer:
             with restoring("loss scaler settings", path):
                 scaler.load_state_dict(checkpoint["scaler"])
         self.state.load_state_dict(checkpoint)
-        self._restore_ema(checkpoint)
+        self._restore_averages(checkpoint)
         with restoring("loss sums", path):
             parts.losses.load_state_dict(checkpoint.get("losses") or legacy_loss_sums(checkpoint))
         with restoring("RNG states", path):
             restore_rng(checkpoint, self.context.processes)
 
-    def _restore_ema(self, checkpoint: dict[str, Any]) -> None:
-        """The weight average the checkpoint holds; one it lacks (trainer.ema turned on at a
-        resume) starts at the restored weights."""
+    def _restore_averages(self, checkpoint: dict[str, Any]) -> None:
+        """The weight averages the checkpoint holds. An EMA it lacks (trainer.ema turned on
+        at a resume) starts at the restored weights; SWA's is always there (a resume cannot
+        turn trainer.swa on, utils/resume_changes.py)."""
+        if self.parts.swa:
+            self.parts.swa.load_state_dict(checkpoint.get("swa"), "the checkpoint")
         ema = self.parts.ema
         if ema is None:
             return
@@ -174,6 +179,8 @@ class Checkpointer:
             **self.state.state_dict(),
             "losses": parts.losses.state_dict(),
             "ema": parts.ema.state_dict() if parts.ema else None,
+            "swa": parts.swa.state_dict() if parts.swa else None,
+            "distill": parts.teacher.record() if parts.teacher else None,  # its path, sha256
             "monitor": self.monitor.name,
             "config": record.resolved,
             "overrides": record.overrides,
@@ -254,7 +261,7 @@ class Checkpointer:
         if best.exists():
             checkpoint = load_checkpoint(best)
             load_weights(self.parts.model, checkpoint["model"])
-            self._restore_ema(checkpoint)
+            self._restore_averages(checkpoint)
 
 
 # --- Top-k copies ---------------------------------------------------------------------------
@@ -273,6 +280,11 @@ def own_top_k_file(folder: Path, name: Any) -> Path | None:
     if path.resolve().parent != folder.resolve():
         return None
     return path
+
+
+def top_k_files(folder: Path) -> list[Path]:
+    """The top-k copies torchloom wrote in a run's checkpoint ``folder``, oldest epoch first."""
+    return sorted(p for p in folder.glob("epoch=*.pt") if own_top_k_file(folder, p.name))
 
 
 def checked_top_k(ranked: Any, folder: Path) -> list:

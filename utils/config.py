@@ -43,6 +43,13 @@ class EmaConfig:
 
 
 @dataclass
+class SwaConfig:
+    start: Any = MISSING  # an epoch count, a fraction of max_epochs, or None (utils/swa.py)
+    lr: float | None = MISSING
+    anneal_epochs: int = MISSING
+
+
+@dataclass
 class TrainerConfig:
     max_epochs: int = MISSING
     accumulate_grad_batches: int = MISSING
@@ -73,6 +80,15 @@ class TrainerConfig:
     silence_guards: list[str] = MISSING
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     ema: EmaConfig = field(default_factory=EmaConfig)
+    swa: SwaConfig = field(default_factory=SwaConfig)
+
+
+@dataclass
+class DistillConfig:
+    teacher: str | None = MISSING  # a checkpoint file or run folder (utils/teacher.py)
+    weights: str = MISSING
+    temperature: float = MISSING
+    alpha: float = MISSING
 
 
 @dataclass
@@ -93,6 +109,7 @@ class TrainConfig:
     task: Any = MISSING
     logger: Any = None  # one node per chosen backend (conf/logger/)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     seed: int = MISSING
     run_name: str = MISSING
@@ -125,6 +142,7 @@ class EvaluateConfig:
     split: str = MISSING
     config: str | None = MISSING
     weights: str = MISSING
+    average: str | None = MISSING
     calibrate: str | None = MISSING
     threshold: str | None = MISSING
     export: str | None = MISSING

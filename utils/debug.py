@@ -52,6 +52,7 @@ def wrap_batches(batches: RunBatches, trainer: Any) -> RunBatches:
         train=limited(train, trainer.limit_train_batches, "limit_train_batches"),
         val=limited(batches.val, trainer.limit_eval_batches, key),
         test=lambda: limited(batches.test(), trainer.limit_eval_batches, key),
+        train_in_order=lambda: limited(batches.train_in_order(), trainer.limit_eval_batches, key),
     )
 
 

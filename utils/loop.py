@@ -28,6 +28,8 @@ from utils.nonfinite import NonFiniteWatch
 from utils.precision import Precision
 from utils.progress import data_wait_advice
 from utils.schedulers import Schedule
+from utils.swa import AveragingSchedule, StochasticAverage
+from utils.teacher import Teacher
 
 log = logging.getLogger("torchloom")
 DATA_WAIT_WARNING = 0.2  # the share of training time spent waiting for batches that warns
@@ -45,6 +47,8 @@ class Parts:
     watch: NonFiniteWatch  # the NaN/Inf policy over the loss sums
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # the task's (utils/tasks.py)
     ema: WeightAverage | None = None  # trainer.ema: updated after each step, saved beside it
+    swa: StochasticAverage | None = None  # trainer.swa: updated after each epoch, saved too
+    teacher: Teacher | None = None  # distill.teacher: blended into the loss, never saved
 
     @classmethod
     def assemble(
@@ -53,12 +57,19 @@ class Parts:
     ) -> Parts:  # fmt: skip
         """The parts around ``modules.step_model``: fresh loss sums on the model's device,
         the NaN watch over them (``trainer.nonfinite``, ``max_consecutive_skips``,
-        ``accumulate_grad_batches``), and the weight average ``trainer.ema`` asks for (of the
-        unwrapped model, so the same on every process)."""
+        ``accumulate_grad_batches``), and the weight average ``trainer.ema`` or ``trainer.swa``
+        asks for (of the unwrapped model, so the same on every process); with SWA the
+        schedule hands over to SWA's LR at ``trainer.swa.start`` (utils/swa.py)."""
         losses = LossSums(precision.device, trainer.accumulate_grad_batches)
         watch = NonFiniteWatch(trainer.nonfinite, trainer.max_consecutive_skips, losses)
         ema = WeightAverage.of(trainer.ema, modules.model)
-        return cls(modules.step_model, optimizer, schedule, precision, watch, loss, ema)
+        swa = StochasticAverage.of(trainer.swa, modules.model, trainer.max_epochs)
+        if ema and swa:
+            raise UserError("trainer.ema and trainer.swa each average the weights that are "
+                            "judged; choose one (set the other's decay or start to null)")  # fmt: skip
+        if swa:
+            schedule = AveragingSchedule(schedule, optimizer, trainer.swa, swa.start)
+        return cls(modules.step_model, optimizer, schedule, precision, watch, loss, ema, swa)
 
     @property
     def losses(self) -> LossSums:
@@ -66,8 +77,10 @@ class Parts:
         return self.watch.losses
 
     def judged(self, eval_model: nn.Module, ema_config: Any) -> nn.Module:
-        """The module validation, best.pt and the test judge: the EMA's when it is on and
-        ``trainer.ema.evaluate`` says so, else ``eval_model``."""
+        """The module validation, best.pt and the test judge: SWA's when it is on, the EMA's
+        when it is on and ``trainer.ema.evaluate`` says so, else ``eval_model``."""
+        if self.swa:
+            return self.swa.module
         return self.ema.module if self.ema and ema_config.evaluate else eval_model
 
 
@@ -163,7 +176,7 @@ class Loop:
         stays on the device; the host waits for it only on logging steps."""
         model, optimizer, loss_of = self.parts.model, self.parts.optimizer, self.parts.loss
         schedule, precision, watch = self.parts.schedule, self.parts.precision, self.parts.watch
-        ema = self.parts.ema
+        ema, teacher = self.parts.ema, self.parts.teacher
         trainer, state, tracker, progress = self.trainer, self.state, self.tracker, self.progress
         losses = self.parts.losses
         model.train()
@@ -178,7 +191,10 @@ class Loop:
             # Under DDP, only the last micro-batch of a step all-reduces its gradients.
             with distributed.gradient_sync(model, sync=(index + 1) % accumulate == 0):
                 with precision.autocast():
-                    loss = loss_of(model(images), labels)
+                    outputs = model(images)
+                    loss = loss_of(outputs, labels)
+                    if teacher:  # distill.*: (1 − α)·loss + α·T²·KL to the teacher's outputs
+                        loss = teacher.blend(loss, outputs, images)
                 precision.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
             losses.add(watch.observe(loss))  # summed, and checked for NaN/Inf, at the next sync
             timed_batches += 1

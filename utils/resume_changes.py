@@ -20,6 +20,7 @@ CHANGES_NEED_ALLOW = ("model", "data", "trainer.accumulate_grad_batches", "seed"
 CHANGES_NEVER = (
     "optim._target_", "optim.decay_bias_and_norm", "scheduler._target_", "trainer.monitor",
     "trainer.monitor_mode", "task._target_", "task.standardize_targets", "optim.layer_decay",
+    "trainer.swa.start", "trainer.swa.lr", "trainer.swa.anneal_epochs", "distill.weights",
 )  # fmt: skip
 # data keys that only say where the same data lives or how fast it is read;
 DATA_KEYS_FREE_TO_CHANGE = ("root", "download", "num_workers", "eval_batch_size", "path",
@@ -56,6 +57,9 @@ def _added_later() -> dict[str, Any]:
         "task.class_weights": None, "trainer.ema.decay": None, "trainer.ema.warmup": True,
         "trainer.ema.evaluate": True, "trainer.early_stopping.patience": None,
         "trainer.early_stopping.min_delta": 0.0, "optim.layer_decay": None,
+        "trainer.swa.start": None, "trainer.swa.lr": None, "trainer.swa.anneal_epochs": 1,
+        "distill.teacher": None, "distill.weights": "auto", "distill.temperature": 4.0,
+        "distill.alpha": 0.5,
     }  # fmt: skip
 
 

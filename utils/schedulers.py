@@ -43,6 +43,7 @@ class Schedule:
         self.plateau = plateau
         self.monitor = monitor
         self.warmup_steps = warmup_steps
+        self.steps: StepCounts | None = None  # the run's step counts, once started
 
     def after_optimizer_step(self) -> None:
         # With a plateau schedule the per-step part is only the warmup; stepping it afterwards
@@ -136,6 +137,17 @@ class StepCounts:
     total: int
 
 
+def _knowing_steps(start: Callable[[torch.optim.Optimizer, StepCounts], Schedule]) -> Callable:
+    """``start``, whose schedule also keeps the run's step counts (trainer.swa's phase)."""
+
+    def started(optimizer: torch.optim.Optimizer, steps: StepCounts) -> Schedule:
+        schedule = start(optimizer, steps)
+        schedule.steps = steps
+        return schedule
+
+    return started
+
+
 # What each builder below returns: its YAML keys bound, finished in train.py with the
 # optimizer and the step counts (``build(cfg.scheduler)(optimizer, steps)``).
 ScheduleStart = Callable[[torch.optim.Optimizer, StepCounts], Schedule]
@@ -150,7 +162,7 @@ def none(warmup_steps: int) -> ScheduleStart:
             return Schedule(None)
         return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, lambda step: 1.0)))
 
-    return start
+    return _knowing_steps(start)
 
 
 @checked("scheduler", warmup_steps=NON_NEGATIVE_INT, step_size=POSITIVE_INT, gamma=POSITIVE)
@@ -163,7 +175,7 @@ def step(warmup_steps: int, step_size: int, gamma: float) -> ScheduleStart:
 
         return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, decay)))
 
-    return start
+    return _knowing_steps(start)
 
 
 @checked("scheduler", warmup_steps=NON_NEGATIVE_INT, min_lr_ratio=UNIT_INTERVAL)
@@ -179,7 +191,7 @@ def cosine(warmup_steps: int, min_lr_ratio: float) -> ScheduleStart:
 
         return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, decay)))
 
-    return start
+    return _knowing_steps(start)
 
 
 @checked(
@@ -211,7 +223,7 @@ def onecycle(
             )
         )
 
-    return start
+    return _knowing_steps(start)
 
 
 @checked(
@@ -238,4 +250,4 @@ def plateau(
         )
         return Schedule(warmup, plateau=reduce, monitor=monitor, warmup_steps=warmup_steps)
 
-    return start
+    return _knowing_steps(start)

@@ -21,7 +21,7 @@ from utils.errors import UserError
 from utils.trust import check_stored_config, require_keys
 
 log = logging.getLogger("torchloom")
-WEIGHTS = ("auto", "ema", "raw")
+WEIGHTS = ("auto", "swa", "ema", "raw")
 
 
 def read_checkpoint(
@@ -30,21 +30,21 @@ def read_checkpoint(
     """(stored config, model weights, inputs record, which weights: ema, raw or export) from a
     torchloom checkpoint or a .safetensors export (which may have no inputs record: None). The
     config is checked as untrusted data before anything is built from it. ``which`` weights of
-    a checkpoint: ``ema`` (trainer.ema's average), ``raw`` (the trained weights), or ``auto``
-    (the average when the checkpoint holds one). A calibration fitted on the other weights is
+    a checkpoint: ``swa`` or ``ema`` (trainer.swa's or trainer.ema's average), ``raw`` (the
+    trained weights), or ``auto`` (the average when the checkpoint holds one: what validation
+    judged). A calibration fitted on the other weights is
     left out of the record, with a warning (utils/calibration.py)."""
     if which not in WEIGHTS:
-        raise UserError(f"weights={which!r} must be auto, ema or raw")
+        raise UserError(f"weights={which!r} must be auto, swa, ema or raw")
     inputs, name = None, "export"
     if path.suffix != ".safetensors":
         checkpoint = load_checkpoint(path)
         config, source = checkpoint.get("config"), path
-        weights = chosen_weights(checkpoint, which, path)
-        name = "raw" if weights is checkpoint.get("model") else "ema"
+        weights, name = chosen_weights(checkpoint, which, path)
         inputs = calibration_for(checkpoint.get("inputs"), name, path)
     else:
-        if which == "ema":
-            raise UserError(f"{path} holds one set of weights (an export); drop weights=ema")
+        if which in ("swa", "ema"):
+            raise UserError(f"{path} holds one set of weights (an export); drop weights={which}")
         weights, stored, inputs = read_safetensors(path)
         if config_path:
             config, source = read_yaml_config(Path(config_path)), Path(config_path)
@@ -65,7 +65,7 @@ def calibration_for(inputs: Any, weights: str, path: Path) -> Any:
     ``weights`` (ema or raw): a temperature belongs to the weights it was fitted to."""
     calibrated = inputs.get("calibration") if isinstance(inputs, dict) else None
     fitted_on = calibrated.get("weights") if isinstance(calibrated, dict) else None
-    if fitted_on in ("ema", "raw") and fitted_on != weights:
+    if fitted_on in ("swa", "ema", "raw") and fitted_on != weights:
         log.warning(
             "%s: its calibration was fitted on the %s weights, so it is not applied to "
             "the %s weights (weights=%s applies it)",
@@ -76,6 +76,32 @@ def calibration_for(inputs: Any, weights: str, path: Path) -> Any:
         )
         return {key: value for key, value in inputs.items() if key != "calibration"}
     return inputs
+
+
+def average_checkpoints(paths: list[Path], which: str) -> tuple[dict, dict, dict | None, str]:
+    """(config, weights, inputs record, which weights) of the equal-weight average of the
+    ``which`` weights of ``paths`` (a run's top-k copies): the config and record of the last,
+    without a calibration (fitted to other weights). Every file must hold the same tensors."""
+    if len(paths) < 2:
+        raise UserError(f"average=top_k needs two or more top-k copies; found {len(paths)} "
+                        "(train with trainer.keep_top_k=3 or more)")  # fmt: skip
+    summed: dict[str, torch.Tensor] = {}
+    for path in paths:
+        config, weights, inputs, name = read_checkpoint(path, None, which)
+        if summed and {k: v.shape for k, v in weights.items()} != {
+                k: v.shape for k, v in summed.items()}:  # fmt: skip
+            raise UserError(f"average=top_k: {path} holds other tensors than {paths[0]} (another "
+                            "model?); average copies of one run only")  # fmt: skip
+        for key, value in weights.items():
+            if value.is_floating_point():
+                summed[key] = summed.get(key, 0) + value.double()
+            else:  # counters: the last file's
+                summed[key] = value
+    averaged = {key: (value / len(paths)).to(weights[key].dtype)
+                if weights[key].is_floating_point() else value for key, value in summed.items()}  # fmt: skip
+    if isinstance(inputs, dict):
+        inputs = {key: value for key, value in inputs.items() if key != "calibration"}
+    return config, averaged, inputs, name
 
 
 def task_config(stored: dict) -> DictConfig:
@@ -116,15 +142,18 @@ def check_stored_model(node: Any, shapes: dict[str, Any], weights: dict) -> None
     weights_that_fit(expected, weights, strict=True)
 
 
-def chosen_weights(checkpoint: dict, which: str, path: Path) -> dict:
-    """The weights ``which`` names (see :func:`read_checkpoint`)."""
-    ema = checkpoint.get("ema")
-    if which == "raw" or (which == "auto" and ema is None):
-        return checkpoint["model"]
-    if not isinstance(ema, dict) or not isinstance(ema.get("model"), dict):
-        raise UserError(f"{path} holds no EMA weights (trained without trainer.ema); use "
-                        "weights=raw")  # fmt: skip
-    return ema["model"]
+def chosen_weights(checkpoint: dict, which: str, path: Path) -> tuple[dict, str]:
+    """(the weights ``which`` names, their name: swa, ema or raw; see :func:`read_checkpoint`)."""
+    if which == "auto":
+        which = next((k for k in ("swa", "ema") if checkpoint.get(k) is not None), "raw")
+    if which == "raw":
+        return checkpoint["model"], "raw"
+    average = checkpoint.get(which)
+    if not isinstance(average, dict) or not isinstance(average.get("model"), dict):
+        trained = "trainer.swa.start" if which == "swa" else "trainer.ema"
+        raise UserError(f"{path} holds no {which.upper()} weights (trained without {trained}); "
+                        "use weights=raw")  # fmt: skip
+    return average["model"], which
 
 
 def read_safetensors(path: Path) -> tuple[dict, Any, Any]:
