@@ -17,6 +17,8 @@ CHECKPOINT_KEYS = {
     "skipped_steps",
     "early_stopping",
     "ema",
+    "swa",
+    "distill",
     "classes",
     "inputs",
     "tracking",

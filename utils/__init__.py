@@ -7,7 +7,9 @@ Setting up a run
     resume_changes  what a resume may change, and how each difference is classified
     arguments    builders' argument rules, bound to their signatures before anything is built
     trust        what a stored config may build (exact _target_ allowlist)
-    stored       what another run stored, read as untrusted data; the safetensors export
+    stored       what another run stored, read as untrusted data; the safetensors export;
+                 the average of a run's top-k copies
+    rebuild      a model rebuilt from a checkpoint alone (predict.py, distill.teacher)
     run          where a run lives and how it starts: continue, replace or refuse; RunContext:
                  which process this is and whether it writes files; device, threads, seed
     claim        one run per folder at a time: a lock the kernel ends with the process
@@ -33,6 +35,8 @@ Training
     loop         Parts (what a step changes) and the step and its epochs: loss sums, NaN
                  watch, timing, stop agreement
     ema          an exponential moving average of the weights (trainer.ema)
+    teacher      distill.*: the teacher rebuilt from its checkpoint, the blended loss, its
+                 file's sha256 on resume
     swa          stochastic weight averaging (trainer.swa): the average, SWA's LR phase,
                  BatchNorm statistics refitted
     early_stopping  when the monitored metric stopped improving (trainer.early_stopping)

@@ -112,6 +112,7 @@ class Task:
     outputs = "class scores (the dataset's classes)"  # what a model must output
     monitor = "val/acc"  # trainer.monitor's default: the main validation metric
     mixes = True  # MixUp/CutMix may blend its targets
+    distills = True  # distill.teacher may teach it: its outputs are one distribution over classes
     quiet_guards: tuple[str, ...] = ()  # start-up guards (utils/guards.py) that do not apply
     fitted_to: Targets | None = None  # the targets of the data or record it was fitted to
     calibrated: Calibration | None = None  # a temperature and thresholds fitted on val
@@ -413,6 +414,7 @@ class ClassificationLoss:
 class MultiLabel(Task):
     targets = "label_sets"
     name = "multilabel"
+    distills = False  # independent sigmoids, not one distribution over classes
     unit = "labels"
     outputs = "label scores (the dataset's labels)"
     monitor = "val/map"
@@ -565,6 +567,7 @@ class Regression(Task):
     outputs = "values (the dataset's targets)"
     monitor = "val/mae"
     mixes = False  # a blend of two targets is not a target
+    distills = False  # values, not a distribution over classes
     quiet_guards = ("probability_outputs",)
 
     def __init__(self, loss: str, huber_delta: float, standardize_targets: bool) -> None:

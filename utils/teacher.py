@@ -51,12 +51,11 @@ class Teacher:
         if config.teacher is None:
             return None
         from utils.rebuild import rebuild
-        from utils.tasks import Classification
 
         check_settings(config)
-        if not isinstance(task, Classification):
+        if not task.distills:
             raise UserError(f"distill.teacher distils class probabilities; this run's task is "
-                            f"{type(task).__name__.lower()} (task=classification only)")  # fmt: skip
+                            f"{task.name} (task=classification only)")  # fmt: skip
         path = teacher_file(Path(str(config.teacher)))
         if path.resolve().parent == Path(own_folder).resolve():
             raise UserError(f"distill.teacher={path} is a checkpoint of this run, which it "
@@ -64,9 +63,9 @@ class Teacher:
         sha256 = file_sha256(path)
         rebuilt = rebuild(path, config.weights, device)
         record = rebuilt.record
-        if not isinstance(rebuilt.task, Classification):
-            raise UserError(f"distill.teacher={path} was trained for "
-                            f"{type(rebuilt.task).__name__.lower()}; a teacher is a classifier")  # fmt: skip
+        if not rebuilt.task.distills:
+            raise UserError(f"distill.teacher={path} was trained for {rebuilt.task.name}; a "
+                            "teacher is a classifier")  # fmt: skip
         if record.num_classes != data.num_classes or (
                 record.classes and data.classes and list(record.classes) != list(data.classes)):  # fmt: skip
             raise UserError(f"distill.teacher={path} predicts other classes ({record.num_classes}) "
