@@ -216,7 +216,7 @@ FROZEN = ["model=torchvision", "model.name=mobilenet_v3_small", "model.freeze_ba
           "scheduler=none"]  # fmt: skip
 
 
-@pytest.mark.parametrize("layer_decay", [None, 0.8])
+@pytest.mark.parametrize("layer_decay", [pytest.param(None, marks=pytest.mark.slow), 0.8])
 def test_a_frozen_backbone_keeps_its_weights_and_statistics_then_thaws_exactly(tmp_path,
                                                                                layer_decay):  # fmt: skip
     import torchvision

@@ -203,6 +203,12 @@ def test_calibrate_fits_on_val_stores_the_record_and_predict_reproduces_every_fi
     assert decided.tolist() == [int(r["class"] == "small") for r in rows]  # predict's classes
     exported = torch.softmax(torch.from_numpy(logits).double(), dim=1)[:, 1]  # divided by T
     assert exported.tolist() == pytest.approx(second.tolist(), abs=1e-5)
+    # So does the torch.export program, which folds in the same temperature and threshold.
+    run_evaluate(tmp_path, "ckpt=checkpoints/b", "export=b.pt2", "runs=export")
+    logits, decided = torch.export.load(tmp_path / "b.pt2").module()(features)
+    assert decided.tolist() == [int(r["class"] == "small") for r in rows]
+    exported = torch.softmax(logits.double(), dim=1)[:, 1]
+    assert exported.tolist() == pytest.approx(second.tolist(), abs=1e-5)
 
 
 def test_a_hostile_calibration_in_a_checkpoint_stops_predict_in_one_line(tmp_path):
