@@ -413,3 +413,33 @@ def test_distilling_into_another_task_or_with_bad_settings_is_one_line(teacher_r
     data.num_classes = 3  # a student of three classes
     with pytest.raises(UserError, match=r"predicts other classes \(10\) than this data has \(3\)"):
         Teacher.of(distill_node(best), data, task, torch.device("cpu"), tmp_path)
+
+
+@pytest.mark.slow
+def test_a_stop_mid_epoch_inside_swa_with_a_teacher_and_layer_decay_resumes_exactly(teacher_run):
+    from conftest import assert_same_run, checkpoint, interrupt_and_resume, run_train
+
+    best = teacher_run / "checkpoints" / "t" / "best.pt"
+    run = ["model._target_=signalling_model.mlp", "model.hidden_sizes=[32]",
+           "trainer.max_epochs=3", "trainer.swa.start=1", "trainer.swa.lr=0.001",
+           "optim.layer_decay=0.8", f"distill.teacher={best}", "trainer.log_every_n_steps=5"]  # fmt: skip
+    run_train(teacher_run, *run, "run_name=straight")
+    position = interrupt_and_resume(teacher_run, run, "cut", 45)  # 19 batches an epoch
+    assert (position["epoch"], position["batch_in_epoch"]) == (2, 7)  # epoch 3: averaging
+    assert_same_run(teacher_run, "straight", "cut")
+    straight, cut = checkpoint(teacher_run, "straight"), checkpoint(teacher_run, "cut")
+    assert all(torch.equal(v, cut["swa"]["model"][k]) for k, v in straight["swa"]["model"].items())
+    assert straight["swa"]["updates"] == cut["swa"]["updates"] == 2
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_bf16_student_distils_averages_and_exports(teacher_run, tmp_path):
+    from conftest import run_evaluate, run_train
+
+    best = teacher_run / "checkpoints" / "t" / "best.pt"
+    run_train(tmp_path, "trainer.device=cuda", "precision=bf16", "model=cnn",
+              "model.channels=[8,16]", "trainer.max_epochs=3", "trainer.swa.start=1",
+              "optim.layer_decay=0.8", f"distill.teacher={best}", "run_name=g")  # fmt: skip
+    result = run_evaluate(tmp_path, "ckpt=checkpoints/g", "weights=swa", "device=cuda",
+                          "export=g.pt2", "runs=e")  # fmt: skip
+    assert "torch.export.load on batches of 1, 2 and 8" in " ".join(result.stdout.split())
