@@ -137,7 +137,7 @@ def copies_to_average(cfg: DictConfig, files: list[Path]) -> list[Path]:
 
 
 def keep_average(model: Any, stored: tuple[dict, dict | None], copies: list[Path], path: Path,
-                 out: Outputs) -> None:  # fmt: skip
+                 refitted: str, out: Outputs) -> None:  # fmt: skip
     """The averaged weights (with their refitted statistics) as a checkpoint evaluate.py,
     predict.py and init_from read: the ``stored`` config and inputs record beside them."""
     config, inputs = stored
@@ -145,7 +145,7 @@ def keep_average(model: Any, stored: tuple[dict, dict | None], copies: list[Path
                  "inputs": inputs, "classes": (inputs or {}).get("classes"),
                  "averaged_from": [str(p) for p in copies]}, path)  # fmt: skip
     out.print(f"averaged {len(copies)} top-k copies ({', '.join(p.name for p in copies)}) into "
-              f"{path}; BatchNorm statistics refitted on the train split")  # fmt: skip
+              f"{path}{refitted}")  # fmt: skip
 
 
 def calibration_asked(cfg: DictConfig, files: list[Path], context: RunContext) -> tuple | None:
@@ -274,9 +274,11 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         placement = context.placement(modules.channels_last)
         if copies:  # the average's BatchNorm statistics, from the train split; then kept
             train = data.batches("train", placement, seed=config["seed"], train=False)
-            recompute_batchnorm(modules.model, train.epoch(0), precision)
+            refitted = recompute_batchnorm(modules.model, train.epoch(0), precision)
             if context.is_main:
-                keep_average(modules.model, (config, inputs), copies, run_dir / "averaged.pt", out)
+                keep_average(modules.model, (config, inputs), copies, run_dir / "averaged.pt",
+                             "; BatchNorm statistics refitted on the train split" if refitted
+                             else "", out)  # fmt: skip
         batches = data.batches(cfg.split, placement, seed=config["seed"], train=False)
         if fitting is None:
             metrics = evaluate(
