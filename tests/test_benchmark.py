@@ -58,3 +58,20 @@ def test_image_folder_benchmark_compares_every_way_of_holding_the_images(tmp_pat
     for mode in ("floor", "memory", "disk", "off"):
         assert report[f"{mode}_samples_per_second"] > 0 and report[f"{mode}_peak_rss_mb"] > 0
     assert report["memory_to_floor"] > 0 and report["disk_to_dataloader"] > 0
+
+
+def test_fine_tuning_figures_compare_each_feature_with_the_run_without_it(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "fine_tuning_figures.py"), "--cases",
+         "distill", "layer_decay", "--seeds", "0", "--epochs", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert [(r["case"], r["run"]) for r in reports] == [
+        ("distill", "mlp alone"), ("distill", "mlp, cnn teacher (T=4, α=0.5)"),
+        ("layer_decay", "from scratch"), *(("layer_decay", f"init_from, layer_decay={d}")
+                                           for d in ("null", "0.9", "0.7", "0.5")),
+    ]  # fmt: skip
+    for report in reports:
+        assert 0 <= report["test/acc"][0] <= 1 and report["seeds"] == 1
