@@ -443,3 +443,21 @@ def test_on_cuda_a_bf16_student_distils_averages_and_exports(teacher_run, tmp_pa
     result = run_evaluate(tmp_path, "ckpt=checkpoints/g", "weights=swa", "device=cuda",
                           "export=g.pt2", "runs=e")  # fmt: skip
     assert "torch.export.load on batches of 1, 2 and 8" in " ".join(result.stdout.split())
+
+
+@pytest.mark.parametrize("entry", ["swa", "ema"])
+def test_an_edited_average_is_named_as_edited_not_as_missing(swa_run, tmp_path, entry):
+    from conftest import run_evaluate
+
+    from utils.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(swa_run / "checkpoints" / "s" / "best.pt")
+    checkpoint[entry] = [1, 2]  # what no torchloom version writes
+    torch.save(checkpoint, tmp_path / "edited.pt")
+    result = run_evaluate(swa_run, f"ckpt={tmp_path / 'edited.pt'}", f"weights={entry}",
+                          f"runs={tmp_path / 'runs'}", ok=False)  # fmt: skip
+    assert result.returncode == 2
+    assert f"its {entry} entry is not what torchloom writes (was it edited?)" in result.stderr
+    raw = run_evaluate(swa_run, f"ckpt={tmp_path / 'edited.pt'}", "weights=raw",
+                       f"runs={tmp_path / 'raw'}")  # fmt: skip
+    assert "test/acc" in raw.stdout

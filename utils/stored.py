@@ -149,10 +149,13 @@ def chosen_weights(checkpoint: dict, which: str, path: Path) -> tuple[dict, str]
     if which == "raw":
         return checkpoint["model"], "raw"
     average = checkpoint.get(which)
-    if not isinstance(average, dict) or not isinstance(average.get("model"), dict):
+    if average is None:
         trained = "trainer.swa.start" if which == "swa" else "trainer.ema"
         raise UserError(f"{path} holds no {which.upper()} weights (trained without {trained}); "
                         "use weights=raw")  # fmt: skip
+    if not isinstance(average, dict) or not isinstance(average.get("model"), dict):
+        raise UserError(f"{path}: its {which} entry is not what torchloom writes (was it "
+                        "edited?); weights=raw reads the trained weights")  # fmt: skip
     return average["model"], which
 
 
