@@ -232,6 +232,7 @@ def test_average_top_k_averages_the_copies_refits_batchnorm_and_keeps_the_result
     (["trainer.swa.start=5", "trainer.max_epochs=3"], "trainer.swa.start=5 must be a whole number"),
     (["trainer.swa.start=0.5", "trainer.ema.decay=0.9"], "trainer.ema and trainer.swa each"),
     (["trainer.swa.start=1", "trainer.swa.lr=-1"], "trainer.swa.lr=-1.0 must be greater than 0"),
+    (["trainer.swa.start=1", "trainer.sync_batchnorm=true"], "set trainer.sync_batchnorm=false"),
 ])  # fmt: skip
 def test_bad_swa_settings_are_one_line(tmp_path, overrides, message):
     from conftest import run_train

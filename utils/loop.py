@@ -67,6 +67,9 @@ class Parts:
         if ema and swa:
             raise UserError("trainer.ema and trainer.swa each average the weights that are "
                             "judged; choose one (set the other's decay or start to null)")  # fmt: skip
+        if swa and trainer.sync_batchnorm:  # its refit pass would be a collective per batch
+            raise UserError("trainer.swa refits BatchNorm statistics in each process and "
+                            "averages them; set trainer.sync_batchnorm=false with it")  # fmt: skip
         if swa:
             schedule = AveragingSchedule(schedule, optimizer, trainer.swa, swa.start)
         return cls(modules.step_model, optimizer, schedule, precision, watch, loss, ema, swa)
