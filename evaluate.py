@@ -107,12 +107,13 @@ def export(modules: Modules, task: Any, stored: tuple[dict, InputRecord], path: 
     with ``exporter``) holding what the record says (a regression model's outputs in the
     targets' units, a temperature and thresholds), or .safetensors with the ``stored`` config
     and the inputs record of the evaluated data and task (with the target scale) beside them."""
-    if path.suffix.lower() in PROGRAM_SUFFIXES:
+    suffix = path.suffix.lower()
+    if suffix in PROGRAM_SUFFIXES:
         model, outputs, unit = task.exportable(modules.model)
         difference = export_model(model, modules.input_shape, path, outputs, unit, exporter)
         units = "" if unit is None else ", in the model's scaled units"
         calibrated = f"; {task.calibrated.described()}" if task.calibrated else ""
-        runner = "onnxruntime" if path.suffix == ".onnx" else "torch.export.load"
+        runner = "onnxruntime" if suffix == ".onnx" else "torch.export.load"
         out.print(f"exported the model to {path} (outputs: {', '.join(outputs)}{calibrated}); "
                   f"{runner} on batches of 1, 2 and 8 differs from PyTorch by at most "
                   f"{difference:.1e} (fp32{units}, bar 1e-5)")  # fmt: skip
