@@ -183,6 +183,51 @@ def test_a_sweep_of_a_name_in_use_stops_before_any_job(tmp_path):
         holder.wait()
 
 
+def test_a_checkpoint_folder_is_claimed_whatever_paths_runs_says(tmp_path):
+    # Another paths.runs with the same paths.checkpoints is the same checkpoint folder: one
+    # run's best.pt would replace the other's.
+    holder = hold_claim(tmp_path / "checkpoints" / "x")
+    try:
+        result = run_train(tmp_path, *TINY, "run_name=x", "paths.runs=elsewhere", ok=False)
+        assert "checkpoints/x is in use by a run" in error_line(result)
+        assert not list((tmp_path / "checkpoints" / "x").glob("*.pt"))
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_resume_never_continues_over_another_run(tmp_path):
+    run_train(tmp_path, *TINY, "run_name=a")
+    run_train(tmp_path, *TINY, "run_name=b")
+    b = tmp_path / "checkpoints" / "b"
+    before = {p.name: p.read_bytes() for p in (*b.glob("*.pt"), tmp_path / "runs/b/metrics.csv")
+              if p.is_file()}  # fmt: skip
+    result = run_train(tmp_path, *TINY, "trainer.max_epochs=2", "run_name=b",
+                       "resume=checkpoints/a/last.pt", ok=False)  # fmt: skip
+    line = error_line(result)
+    assert "checkpoints/b: that folder holds another run" in line and "run_name=a" in line
+    after = {p.name: p.read_bytes() for p in (*b.glob("*.pt"), tmp_path / "runs/b/metrics.csv")
+             if p.is_file()}  # fmt: skip
+    assert after == before
+    # A moved copy of the same run continues it (the same tracking token).
+    (tmp_path / "backup").mkdir()
+    (tmp_path / "backup" / "last.pt").write_bytes((tmp_path / "checkpoints/a/last.pt").read_bytes())
+    run_train(tmp_path, *TINY, "trainer.max_epochs=2", "run_name=a", "resume=backup/last.pt")
+    assert read_metrics(tmp_path / "runs" / "a")["epochs"] == 2
+
+
+def test_two_evaluations_in_one_second_keep_their_own_folders(tmp_path):
+    run_train(tmp_path, *TINY, "run_name=e")
+    same_second = {"TORCHLOOM_RUN_TIMESTAMP": "2026-01-01_00-00-00"}
+    for split in ("test", "val"):
+        run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/e", f"split={split}",
+                   env=same_second)  # fmt: skip
+    folders = sorted((tmp_path / "runs" / "eval").iterdir())
+    assert [f.name for f in folders] == ["2026-01-01_00-00-00", "2026-01-01_00-00-00_2"]
+    splits = [next(iter(read_metrics(f).values())) for f in folders]
+    assert "test/acc" in splits[0] and "val/acc" in splits[1]
+
+
 # --- 2b. Image caches: own temporaries cleaned, one source per file name, content checked ----
 
 

@@ -13,7 +13,7 @@ from hydra.errors import InstantiationException
 from omegaconf import OmegaConf
 
 from utils.claim import release_claims
-from utils.config import flatten
+from utils.config import flatten, forget_fresh_folders
 from utils.errors import EXIT_USER_ERROR, print_error, user_error_in
 
 
@@ -44,6 +44,7 @@ def run_cli(main: Any, config_name: str) -> None:
         sys.exit(EXIT_USER_ERROR)
     finally:
         release_claims()  # a run's folder is free again however the run ended (utils/claim.py)
+        forget_fresh_folders()
 
 
 def _run(main: Any, config_name: str) -> None:

@@ -225,6 +225,37 @@ def _process_start_time(pid: int) -> float | None:
 
 
 OmegaConf.register_new_resolver("run_timestamp", run_timestamp, use_cache=True, replace=True)
+
+_fresh_folders: dict[str, str] = {}  # this command's folder, however often Hydra resolves it
+
+
+def fresh_folder(parent: str, name: str) -> str:
+    """``<parent>/<name>``, or ``<name>_2``, ``_3``, ... : a folder this process created itself
+    (an exclusive ``mkdir``), so two evaluate.py or predict.py started in the same second never
+    share one. torchrun's ranks share their launcher's (one rank's folder for the run)."""
+    key = f"{parent}/{name}"
+    if "LOCAL_RANK" in os.environ or key in _fresh_folders:
+        return _fresh_folders.get(key, key)
+    for attempt in range(1, 10_000):
+        folder = Path(parent) / (name if attempt == 1 else f"{name}_{attempt}")
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        except OSError:
+            break  # an unwritable parent: Hydra's own mkdir names it
+        _fresh_folders[key] = str(folder)
+        return str(folder)
+    return key
+
+
+def forget_fresh_folders() -> None:
+    """The command has ended (an in-process caller may run another one)."""
+    _fresh_folders.clear()
+
+
+OmegaConf.register_new_resolver("fresh_folder", fresh_folder, replace=True)
 OmegaConf.register_new_resolver("default_monitor", default_monitor, replace=True)
 
 

@@ -24,11 +24,13 @@ from data.batches import Placement
 from utils import distributed, sweep
 from utils.checkpoint import (
     check_training_checkpoint,
+    find_checkpoints,
     load_checkpoint,
     load_latest,
     prepare_dir,
     remove_stale_temporary_files,
 )
+from utils.claim import RunClaim
 from utils.config import output_dirs, to_plain
 from utils.device import configure_device, configure_threads, resolve_device
 from utils.errors import UserError
@@ -108,7 +110,8 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
     prepare_dir(run_dir, "the run")
     if trainer.write_outputs:  # debug=fast_dev_run writes no checkpoints or TensorBoard
         prepare_dir(checkpoint_dir, "checkpoints")
-        if processes.is_main:
+        if processes.is_main:  # another paths.runs with these checkpoints: one run at a time
+            RunClaim.take(checkpoint_dir, "run")
             remove_stale_temporary_files(checkpoint_dir)
     run = RunStart(
         processes, run_dir, checkpoint_dir, RunRecord(to_plain(cfg), sweep.job_overrides())
@@ -120,6 +123,7 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
         run.replaced = check_new_run(run_dir, checkpoint_dir, cfg.overwrite)
     run.resumed = resume_point(resume, checkpoint_dir)
     if run.resumed:
+        check_same_run(*run.resumed, checkpoint_dir)
         run.changes = check_resumable(*run.resumed, run.record.resolved, cfg.resume_allow_changes,
                                       run.record.overrides)  # fmt: skip
         for line in run.changes.applied + run.changes.need_allow:
@@ -185,6 +189,26 @@ def _shown_path(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+def check_same_run(path: Path, checkpoint: dict[str, Any], checkpoint_dir: Path) -> None:
+    """A resume continues the run its checkpoint belongs to: a checkpoint from elsewhere may
+    continue in a folder that holds no run, or one holding the same run (a moved copy: the
+    same tracking token), never over another run's checkpoints and history."""
+    if path.resolve().parent == checkpoint_dir.resolve() or not find_checkpoints(checkpoint_dir):
+        return
+    found = load_latest(checkpoint_dir)
+    theirs = (found[1].get("tracking") or {}).get("token") if found else None
+    ours = (checkpoint.get("tracking") or {}).get("token")
+    if not (isinstance(ours, str) and ours and ours == theirs):
+        stored = (checkpoint.get("config") or {}).get("run_name")
+        named = f"run_name={stored} (or leave run_name out)" if isinstance(stored, str) else (
+            "its own run_name")
+        raise UserError(
+            f"refusing to resume {path} into {_shown_path(checkpoint_dir)}: that folder holds "
+            f"another run, which it would overwrite; continue the checkpoint's run with {named}, "
+            f"or start a new run from its weights with init_from={path}"
+        )
 
 
 def check_resumable(
