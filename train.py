@@ -132,7 +132,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     parts.teacher = teacher  # distill.teacher: its outputs blended into each step's loss
     if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were
         return tune(cfg.tune, parts, batches.train, data, out)
-    state = TrainState()  # every counter that resumes: position, best, patience, skips
+    state = TrainState.since(started)  # every counter that resumes: position, best, patience, skips
     early = EarlyStopping.of(trainer.early_stopping, monitor, state)
     run.record = run.record.with_inputs(InputRecord.from_run(data, task).to_dict())  # predict
     checkpointer = Checkpointer(run, context, parts, state, monitor, trainer)
@@ -165,7 +165,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
         debugging.report(out)
 
         # --- Test the best checkpoint (val when the dataset has no test split) ------------
-        checkpointer.load_best()
+        checkpointer.load_best()  # its weights, and its val/ figures for metrics.json
         test = figures(evaluate(judged, batches.test().epoch(0), precision,
                                 task.scores(detailed=True)))  # + calibration, ROC-AUC  # fmt: skip
         state.record("test", test)
@@ -173,7 +173,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
         if data.fold_ids is not None:  # data.split.folds: best.pt's val predictions (oof.csv)
             save_fold_predictions(out, judged, batches.val, precision, task, data)
         summary = loop.summary(data)  # throughput and data wait, with advice when it waited
-        metrics = report.final_metrics(state, summary, data.test_split, checkpointer, started)
+        metrics = report.final_metrics(state, summary, data.test_split, checkpointer)
         out.finish({**metrics, **early.summary()}, run.record.resolved, state.metrics)
     context.close()
     log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)

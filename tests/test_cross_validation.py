@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -135,10 +136,23 @@ def test_cv_runs_every_fold_from_the_same_weights_and_pools_the_predictions(tmp_
     assert Counter(r["fold"] for r in rows) == {"0": 479, "1": 479, "2": 479}
     metrics = json.loads((root / "metrics.json").read_text())
     values = metrics["cv"]["values"]
+    # One definition (best.pt's) for the table, metrics.json and every fold's own metrics.json.
     assert metrics["val/acc"] == pytest.approx(sum(values) / 3)
+    assert metrics["val/acc_std"] == pytest.approx(statistics.stdev(values))
+    assert f"{metrics['cv']['mean']:.4f} ± {metrics['cv']['std']:.4f}" in result.stdout
+    for fold, value in enumerate(values):
+        own = json.loads((root / f"fold-{fold}" / "metrics.json").read_text())
+        assert own["val/acc"] == own["best_metric"] == value
     hits = sum(r["class1"] == r["target"] for r in rows) / len(rows)  # from oof.csv alone
     assert metrics["oof/acc"] == pytest.approx(hits)
     assert "mean ± std" in result.stdout and "oof/acc" in result.stdout
+    # Another split's folds are never kept: cv=5 over this cv=3 run is refused, nothing changed.
+    before = (root / "oof.csv").read_bytes()
+    again = run_train(tmp_path, *CV[1:], "cv=5", "run_name=cv", "resume=auto", "optim=sgd",
+                      "optim.lr=1e-30", "optim.momentum=0", "optim.nesterov=false",
+                      "optim.weight_decay=0", ok=False)  # fmt: skip
+    assert "fold-0 was made by another split or run (data.split.folds: 3 -> 5)" in error_line(again)
+    assert (root / "oof.csv").read_bytes() == before and not (root / "fold-3").exists()
 
 
 def test_a_sweep_over_folds_is_summarised_as_mean_and_std(tmp_path):

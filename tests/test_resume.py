@@ -70,6 +70,13 @@ def test_whole_tensor_path_resumes_bit_identically(tensor_runs, at, epoch, batch
     assert (position["epoch"], position["batch_in_epoch"]) == (epoch, batch_in_epoch)
     assert position["global_step"] == (epoch * 20 + batch_in_epoch) // 2
     assert_same_run(tensor_runs, "straight", name)
+    # The wall time counts every segment: the stopped one (up to its last.pt) and this one.
+    metrics = read_metrics(tensor_runs / "runs" / name)
+    earlier = position["elapsed_seconds"]
+    assert earlier > 0
+    assert metrics["wall_time_seconds"] == pytest.approx(
+        earlier + metrics["segment_wall_time_seconds"], abs=0.05
+    )
 
 
 def test_second_ctrl_c_exits_at_once(tensor_runs):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import pickle
 import pickletools
@@ -49,7 +50,8 @@ TRAINING_KEYS = {
 }  # fmt: skip
 # Written by later versions; an older checkpoint without them resumes with their fresh value.
 OPTIONAL_TRAINING_KEYS = {"skipped_steps": int, "early_stopping": dict, "ema": (dict, type(None)),
-                          "swa": (dict, type(None)), "world_size": int}  # fmt: skip
+                          "swa": (dict, type(None)), "world_size": int,
+                          "elapsed_seconds": NUMBER}  # fmt: skip
 MAX_COUNT = 2**53  # epochs, steps and batch positions: a stored count beyond this was edited
 COUNTERS = ("epoch", "batch_in_epoch", "global_step", "skipped_steps", "world_size")
 STALE_AFTER_SECONDS = 3600  # a temporary file of another machine's writer, untouched this long
@@ -285,6 +287,10 @@ def check_training_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:
     if not numbers:
         raise UserError(f"cannot resume from {path}: its metrics are not named numbers (was it "
                         f"edited?); use init_from={path} for its weights")  # fmt: skip
+    elapsed = checkpoint.get("elapsed_seconds", 0.0)
+    if not (elapsed is None or (math.isfinite(elapsed) and 0 <= elapsed <= MAX_COUNT)):
+        raise UserError(f"cannot resume from {path}: its elapsed_seconds={elapsed} is out of "
+                        f"range (was it edited?); use init_from={path} for its weights")  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -255,13 +255,17 @@ class Checkpointer:
 
     def load_best(self) -> None:
         """The best epoch's weights into the model (and its EMA), for the final test (once
-        every process can read a complete best.pt)."""
+        every process can read a complete best.pt), and its val/ figures into the state: a
+        run's metrics.json reports the val and test figures of one checkpoint, best.pt."""
         distributed.barrier()
         best = self.folder / "best.pt"
         if best.exists():
             checkpoint = load_checkpoint(best)
             load_weights(self.parts.model, checkpoint["model"])
             self._restore_averages(checkpoint)
+            self.state.record("val", {name.removeprefix("val/"): value for name, value
+                                      in checkpoint.get("metrics", {}).items()
+                                      if name.startswith("val/")})  # fmt: skip
 
 
 # --- Top-k copies ---------------------------------------------------------------------------

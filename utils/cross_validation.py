@@ -37,13 +37,14 @@ from omegaconf import DictConfig, open_dict
 from rich.console import Console
 from rich.table import Table
 
-from utils.checkpoint import atomic_file
-from utils.config import build
+from utils.checkpoint import atomic_file, load_checkpoint
+from utils.config import build, output_dirs, to_plain
 from utils.distributed import processes_from_env
 from utils.errors import UserError
 from utils.evaluation import outputs_of
 from utils.predictions import InputRecord
 from utils.report import write_json
+from utils.resume_changes import config_changes
 from utils.text import cell
 
 log = logging.getLogger("torchloom")
@@ -95,13 +96,15 @@ def cross_validate(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> f
     values: list[float] = []
     for fold in range(folds):
         fold_dir = root / f"fold-{fold}"
+        job = fold_config(cfg, folds, fold)
         finished = finished_fold(fold_dir) if cfg.resume == "auto" else None
         if finished is not None:
+            check_same_split(job, fold_dir)
             log.info("cv: fold %d of %d finished earlier (%s); kept", fold + 1, folds, fold_dir)
             values.append(finished["best_metric"])
             continue
         log.info("cv: fold %d of %d -> %s", fold + 1, folds, fold_dir)
-        values.append(train(fold_config(cfg, folds, fold), stop, fold_dir))
+        values.append(train(job, stop, fold_dir))
     if processes_from_env().is_main:
         summary = pool_folds(root, folds, cfg)
         Console(width=None if Console().is_terminal else 160).print(summary_table(summary))
@@ -121,6 +124,21 @@ def finished_fold(fold_dir: Path) -> dict | None:
         return None
     ok = isinstance(metrics, dict) and metrics.get("status") == "completed"
     return metrics if ok and isinstance(metrics.get("best_metric"), int | float) else None
+
+
+def check_same_split(job: DictConfig, fold_dir: Path) -> None:
+    """A finished fold is kept only when it was made by this fold's config: the same K, seed,
+    stratify, group, data and model (a fold of a 3-fold split is not fold k of a 5-fold one)."""
+    best = output_dirs(job, fold_dir)[1] / "best.pt"
+    stored = load_checkpoint(best).get("config")
+    if not isinstance(stored, dict):
+        raise UserError(f"{best} holds no config (was it edited?); choose a new run_name=...")
+    changes = config_changes(stored, to_plain(job))
+    differ = changes.never + changes.need_allow
+    if differ:
+        raise UserError(f"cv={job.data.split.folds} resume=auto: {fold_dir.name} was made by "
+                        f"another split or run ({'; '.join(differ)}), so its predictions cannot "
+                        "join this one's; choose a new run_name=... for this cross-validation")  # fmt: skip
 
 
 # --- A fold's predictions --------------------------------------------------------------------
@@ -194,8 +212,11 @@ def pool_folds(root: Path, folds: int, cfg: DictConfig) -> dict:
                 statistics.stdev(numbers),
             )
     summary.update(pooled)
-    summary.update({"monitor": monitor, "best_metric": summary["cv"]["mean"], monitor:
-                    summary["cv"]["mean"], "overrides": list(HydraConfig.get().overrides.task)})  # fmt: skip
+    # One definition: every fold's val/ figures are its best.pt's, so the monitored metric's
+    # mean and std are those of the values the table shows.
+    summary.update({"monitor": monitor, "best_metric": summary["cv"]["mean"],
+                    monitor: summary["cv"]["mean"], f"{monitor}_std": summary["cv"]["std"],
+                    "overrides": list(HydraConfig.get().overrides.task)})  # fmt: skip
     write_json(summary, root / "metrics.json")
     return summary
 

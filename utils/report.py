@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ def model_summary(model: nn.Module, input_shape, task: Any) -> str:
     )
 
 
-def final_metrics(state, summary: Mapping, test_split: str, checkpointer, started: float) -> dict:
+def final_metrics(state, summary: Mapping, test_split: str, checkpointer) -> dict:
     """What metrics.json holds for a finished run: the final train/val/test metrics, the
     run's throughput ``summary``, its best epoch and where best.pt is, and how it was run."""
     return {
@@ -55,7 +54,8 @@ def final_metrics(state, summary: Mapping, test_split: str, checkpointer, starte
         "best_epoch": state.best_epoch,
         "epochs": state.epoch,
         "global_step": state.global_step,
-        "wall_time_seconds": time.perf_counter() - started,
+        "wall_time_seconds": state.total_seconds(),  # every segment of a resumed run
+        "segment_wall_time_seconds": state.segment_seconds(),  # this process's alone
         "best_checkpoint": str(checkpointer.folder / "best.pt"),
         "overrides": checkpointer.run.record.overrides,
     }

@@ -202,8 +202,11 @@ def check_same_run(path: Path, checkpoint: dict[str, Any], checkpoint_dir: Path)
     ours = (checkpoint.get("tracking") or {}).get("token")
     if not (isinstance(ours, str) and ours and ours == theirs):
         stored = (checkpoint.get("config") or {}).get("run_name")
-        named = f"run_name={stored} (or leave run_name out)" if isinstance(stored, str) else (
-            "its own run_name")
+        named = (
+            f"run_name={stored} (or leave run_name out)"
+            if isinstance(stored, str)
+            else ("its own run_name")
+        )
         raise UserError(
             f"refusing to resume {path} into {_shown_path(checkpoint_dir)}: that folder holds "
             f"another run, which it would overwrite; continue the checkpoint's run with {named}, "

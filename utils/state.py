@@ -7,6 +7,7 @@ checkpoint so far has held them, so older checkpoints still resume.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -22,9 +23,27 @@ class TrainState:
     metrics: dict = field(default_factory=dict)  # the latest train/ and val/ values
     skipped_steps: int = 0  # steps skipped for a non-finite loss (trainer.nonfinite=skip)
     early_stopping: dict = field(default_factory=dict)  # utils/early_stopping.py's count
+    elapsed_seconds: float = 0.0  # wall time of the run's earlier segments, to their last save
+
+    def __post_init__(self) -> None:
+        self.segment_started = time.perf_counter()  # this segment (process) of the run
+
+    @classmethod
+    def since(cls, started: float) -> TrainState:
+        """A state whose segment began at ``started`` (``time.perf_counter()``)."""
+        state = cls()
+        state.segment_started = started
+        return state
+
+    def segment_seconds(self) -> float:
+        return time.perf_counter() - self.segment_started
+
+    def total_seconds(self) -> float:
+        """The run's wall time across every resume: earlier segments and this one."""
+        return self.elapsed_seconds + self.segment_seconds()
 
     def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "elapsed_seconds": self.total_seconds()}
 
     def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
         """Take each field from ``checkpoint`` (keys absent from older formats keep their
@@ -32,6 +51,7 @@ class TrainState:
         for name in (f.name for f in fields(self)):
             if name in checkpoint:
                 setattr(self, name, checkpoint[name])
+        self.elapsed_seconds = float(self.elapsed_seconds or 0.0)
 
     def next_epoch(self) -> None:
         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
