@@ -79,6 +79,22 @@ def test_whole_tensor_path_resumes_bit_identically(tensor_runs, at, epoch, batch
     )
 
 
+def test_a_stop_with_its_reader_gone_exits_3_and_its_log_tells_it(tmp_path):
+    # `python train.py | tee out.log`, then Ctrl-C: tee is gone before the stop's lines.
+    env = {**os.environ, "PYTHONPATH": str(HELPERS), "SIGNAL_AT_FORWARD": "26",
+           "SIGNAL_NAME": "SIGINT"}  # fmt: skip
+    run = subprocess.Popen([sys.executable, str(TRAIN), *TENSOR_RUN, "run_name=piped"],
+                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)  # fmt: skip
+    run.stdout.close()  # every line on stdout, from the first, goes to a closed pipe
+    err = run.stderr.read().decode()
+    assert run.wait(timeout=300) == EXIT_INTERRUPTED, err[-3000:]
+    assert "Traceback" not in err and "Logging error" not in err, err[-3000:]
+    assert (tmp_path / "checkpoints" / "piped" / "last.pt").is_file()
+    log = (tmp_path / "runs" / "piped" / "train.log").read_text()
+    assert "SIGINT received: finishing this step, then saving last.pt" in log
+    assert "stopped by SIGINT at epoch 2, batch 6; continue with:" in log
+
+
 def test_second_ctrl_c_exits_at_once(tensor_runs):
     result = run_train(
         tensor_runs,

@@ -247,8 +247,9 @@ class Checkpointer:
             state = self.state
             command = (sweep.continue_command(record.resolved["run_name"]) if sweep.in_sweep()
                        else continue_command(record.overrides, self.last, context.processes))  # fmt: skip
-            print(f"stopped by {stop.name or 'a signal to another process'} at epoch "
-                  f"{state.epoch + 1}, batch {state.batch_in_epoch}; continue with:\n  {command}")  # fmt: skip
+            log.info("stopped by %s at epoch %d, batch %d; continue with:\n  %s",
+                     stop.name or "a signal to another process", state.epoch + 1,
+                     state.batch_in_epoch, command)  # fmt: skip
         distributed.barrier()  # no process leaves before last.pt is written: torchrun would kill the rest
         context.close()
         raise Interrupted

@@ -30,10 +30,50 @@ def one_line_errors(command: Any, cfg: Any) -> None:
         sys.exit(EXIT_USER_ERROR)
 
 
+class ClosedPipeSafe:
+    """stdout or stderr whose reader may go away (``train.py | tee log`` and Ctrl-C ends tee
+    too): a write to a closed pipe is dropped, and so is everything after it, instead of a
+    ``BrokenPipeError`` turning a clean stop into a crash. The file descriptor is pointed at
+    /dev/null, so the interpreter's last flush at exit cannot fail either."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream, self._closed = stream, False
+
+    def write(self, text: str) -> int:
+        if not self._closed:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._closed:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def _drop(self) -> None:
+        self._closed = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass  # not a real file (a test's StringIO)
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ...
+        return getattr(self._stream, name)
+
+
 def run_cli(main: Any, config_name: str) -> None:
     """Run a ``@hydra.main`` function, but a command line Hydra cannot compose (an unknown key
     or group option, a value of the wrong type, an override it cannot parse) ends with one
-    line naming the key and the fix, and exit code 1, instead of Hydra's multi-line report."""
+    line naming the key and the fix, and exit code 1, instead of Hydra's multi-line report.
+    Output to a reader that went away is dropped (:class:`ClosedPipeSafe`)."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = ClosedPipeSafe(sys.stdout), ClosedPipeSafe(sys.stderr)
     try:
         _run(main, config_name)
     except Exception as error:
@@ -45,6 +85,7 @@ def run_cli(main: Any, config_name: str) -> None:
     finally:
         release_claims()  # a run's folder is free again however the run ended (utils/claim.py)
         forget_fresh_folders()
+        sys.stdout, sys.stderr = streams
 
 
 def _run(main: Any, config_name: str) -> None:

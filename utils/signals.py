@@ -9,6 +9,7 @@ Under SLURM's submitit launcher, whose handler for the time-limit signal
 
 from __future__ import annotations
 
+import logging
 import shlex
 import signal
 import sys
@@ -35,6 +36,20 @@ def _hold(signum: int, frame: FrameType | None) -> None:
     _early.append(signum)
 
 
+def say(message: str) -> None:
+    """A stop's line, at once on stderr (from a signal handler: no logging lock is taken for
+    the console) and in the run's log file (``train.log`` tells the whole story)."""
+    try:
+        sys.stderr.write(f"\n{message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # no one reads stderr any more
+    record = logging.LogRecord("torchloom", logging.WARNING, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 class Interrupted(Exception):
     """Raised by ``train()`` once a stop signal's ``last.pt`` is written; ``main()`` exits with
     :data:`EXIT_INTERRUPTED`."""
@@ -56,13 +71,10 @@ class StopRequest:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if signum == self.signal:  # the same signal again: whatever is running does not end
             what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-            print(f"\nsecond {what}: exiting now, without a checkpoint", file=sys.stderr)
+            say(f"second {what}: exiting now, without a checkpoint")
             raise SystemExit(128 + signum)
         self.signal = signum
-        print(
-            f"\n{signal.Signals(signum).name} received: finishing this step, then saving last.pt",
-            file=sys.stderr,
-        )
+        say(f"{signal.Signals(signum).name} received: finishing this step, then saving last.pt")
 
     def hand_on(self) -> None:
         """Call the handler that was installed for the received signal before ours (a job
