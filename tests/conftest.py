@@ -16,8 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import settings
 
 from utils.signals import EXIT_INTERRUPTED
+
+# Randomised tests draw the same examples on every run in CI (a landing never rests on luck);
+# an example one of them finds becomes an @example of that test.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPERS = ROOT / "tests" / "helpers"

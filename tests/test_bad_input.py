@@ -94,3 +94,29 @@ def test_an_error_line_is_written_whole_so_torchrun_ranks_never_interleave(monke
     monkeypatch.setattr(sys, "stderr", stream)
     print_error("cannot decode image a.png; remove or replace it")
     assert stream.writes == ["error: cannot decode image a.png; remove or replace it\n"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+trainer.max_epoch=3", "nothing reads trainer.max_epoch; did you mean trainer.max_epochs?"),
+    ("++trainer.ema.decai=0.9", "nothing reads trainer.ema.decai; did you mean trainer.ema.decay?"),
+    ("+data.augment.crop_pad=2", "nothing reads data.augment.crop_pad; did you mean data.augment.crop_padding?"),
+    ("+data.split.fols=3", "nothing reads data.split.fols; did you mean data.split.folds?"),
+    ("+sead=3", "nothing reads sead; did you mean seed?"),
+])  # fmt: skip
+def test_an_added_key_nothing_reads_is_refused(tmp_path, override, message):
+    # Hydra's own message for a typo says to add `+`; the typo must not then be ignored.
+    result = run_train(tmp_path, "trainer.max_epochs=1", override, ok=False)
+    assert result.returncode == 2 and message in error_line(result)
+    assert not (tmp_path / "checkpoints").exists() or not any(
+        (tmp_path / "checkpoints").rglob("*.pt")
+    )
+
+
+@pytest.mark.parametrize("override", ["model=[8]", "logger=[1]", "data=[1.5,2]"])
+def test_a_group_given_numbers_is_one_line(tmp_path, override):
+    result = run_train(tmp_path, override, ok=False)
+    assert result.returncode == 1
+    assert (
+        f"option is a name or a list of names (model=mlp, logger=[tensorboard,csv]), not a number ({override})"
+        in error_line(result)
+    )

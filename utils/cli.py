@@ -98,7 +98,7 @@ def _run(main: Any, config_name: str) -> None:
 
     try:
         main()
-    except (HydraException, OmegaConfBaseException, ValueError) as error:
+    except (HydraException, OmegaConfBaseException, ValueError, TypeError) as error:
         cause = user_error_in(error)
         if cause is not None:  # a resolver refused a value (run_name, monitor_mode)
             print_error(cause)
@@ -139,6 +139,14 @@ def command_line_error(error: Exception, config_name: str) -> str:
                 options = sorted(p.stem for p in (conf / key).glob("*.yaml"))
                 if value not in options:
                     return f"{key}={value} is not an option; choose one of {', '.join(options)}"
+    if isinstance(error, TypeError):  # a group given a number or a list of them (model=[8])
+        conf = Path(__file__).resolve().parents[1] / "conf"
+        given = [o for o in sys.argv[1:] if (conf / o.lstrip("+~").partition("=")[0]).is_dir()]
+        named = f" ({', '.join(given)})" if given else ""
+        return (
+            f"a config group's option is a name or a list of names (model=mlp, "
+            f"logger=[tensorboard,csv]), not a number{named}; see conf/<group>/ for the names"
+        )
     if isinstance(error, OverrideParseException):
         return f"cannot parse an override: {lines[0] if lines else error}; quote values with spaces or brackets"
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:

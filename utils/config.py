@@ -7,6 +7,8 @@ this module registers the schema as ``train_schema`` in Hydra's ConfigStore.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
 import os
 import sys
@@ -322,11 +324,52 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
             "clipping"
         )
     check_run_name(cfg.run_name)
+    check_added_keys(cfg)
     check_groups(cfg)
     from data.mixing import Mixing
 
     Mixing.from_augment(OmegaConf.to_container(cfg.data.get("augment") or {}, resolve=True))
     return OmegaConf.to_object(cfg.trainer)
+
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+# Keys of the plain dicts a builder reads whole (a builder's signature checks its own keys).
+DICT_KEYS = {
+    "data.augment": ("crop_padding", "horizontal_flip", "spatial", "mixup_alpha",
+                     "cutmix_alpha", "mix_prob", "mix_switch_prob", "mix_off_epoch"),
+    "data.split": ("val_path", "test_path", "val", "test", "seed", "folds", "fold", "stratify",
+                   "group"),
+}  # fmt: skip
+
+
+def check_added_keys(cfg: DictConfig) -> None:
+    """``+key=value`` adds a key Hydra's schema lacks, and Hydra's own message for a typo
+    says to add ``+``: a key nothing reads (``+trainer.max_epoch=3``) is refused in one line
+    instead of silently ignored. A key under a group is its builder's to check."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    for override in HydraConfig.get().overrides.task:
+        if not override.startswith("+"):
+            continue
+        key = override.lstrip("+").partition("=")[0]
+        if (CONF / key.replace(".", "/")).is_dir():
+            continue  # a config group (+experiment=...), which Hydra checks
+        parent, _, name = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+        if dataclasses.is_dataclass(schema):
+            known = [f.name for f in dataclasses.fields(schema)]
+        elif parent in DICT_KEYS:
+            known = list(DICT_KEYS[parent])
+        else:
+            continue
+        if name not in known:
+            guess = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {parent + '.' if parent else ''}{guess[0]}? " if guess else ""
+            raise UserError(f"{override}: nothing reads {key}; {hint}correct or remove it "
+                            "(conf/ shows every key that is read)")  # fmt: skip
 
 
 # Arguments train.py passes to each group's builder itself (the rest come from the YAML).

@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import run_python
 from harness import ROOT, TRAIN, report
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
@@ -290,6 +290,8 @@ OVERRIDES = st.lists(st.tuples(st.sampled_from(KEYS), VALUES).map("=".join), max
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(OVERRIDES)
+@example(["model=[8]"])  # found at random: a group given a list of numbers
+@example(["data=[1.5]", "trainer.max_epoch=3"])
 def test_random_overrides_compose_or_fail_with_one_line(overrides):
     """Composition in-process: a config, or one of the messages the command line shows."""
     from hydra import compose, initialize_config_dir
@@ -310,6 +312,7 @@ def test_random_overrides_compose_or_fail_with_one_line(overrides):
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(OVERRIDES)
+@example(["model=[8]"])  # found at random: Hydra's TypeError reached the user
 def test_random_overrides_through_train_py_run_or_fail_with_one_line(tmp_path, overrides):
     result = python(tmp_path, TRAIN, "debug=fast_dev_run", *overrides, check=False)
     assert "Traceback" not in result.stderr, f"{overrides}:\n{result.stderr[-3000:]}"
