@@ -10,7 +10,7 @@
     python evaluate.py ckpt=best.pt export=model.onnx                  # verified with onnxruntime
     python evaluate.py ckpt=best.pt export=model.safetensors           # weights without pickle
     python evaluate.py ckpt=model.safetensors                          # and back
-    python evaluate.py ckpt=best.pt split=val calibrate=temperature threshold=auto
+    python evaluate.py ckpt=best.pt calibrate=temperature threshold=auto   # fit on val, show test
     python evaluate.py ckpt=checkpoints/<run_name> average=top_k       # its top-k copies as one
     python evaluate.py ckpt=best.pt weights=swa                        # trainer.swa's average
     torchrun --nproc_per_node=2 evaluate.py ckpt=best.pt               # each process a shard
@@ -25,7 +25,7 @@ each target's errors and residuals, in the targets' own units (the checkpoint's 
 
 ``calibrate=temperature`` fits one temperature on the validation split, ``threshold=auto`` the
 threshold of best F1 of a binary classifier or of each label, there too; the metrics before and
-after are shown, and the calibration is stored in the checkpoint's record, so evaluate.py,
+after are shown on the split asked (the test split by default), and the calibration is stored in the checkpoint's record, so evaluate.py,
 predict.py and the exports apply it (utils/calibration.py).
 """
 
@@ -123,18 +123,18 @@ def export(modules: Modules, task: Any, stored: tuple[dict, InputRecord], path: 
         out.print(f"exported weights to {path}")
 
 
-def copies_to_average(cfg: DictConfig, files: list[Path]) -> list[Path]:
+def copies_to_average(cfg: DictConfig, files: list[Path]) -> list[Path] | None:
     """``average=top_k``: the top-k copies in the folder of the one checkpoint ``files`` names
-    (a run's folder gives its best.pt); [] without it."""
+    (a run's folder gives its best.pt); None without it."""
     if cfg.average not in (None, "top_k"):
         raise UserError(f"average={cfg.average} must be top_k (or null)")
     if cfg.average is None:
-        return []
+        return None
     if len(files) != 1 or cfg.logger or cfg.calibrate or cfg.threshold:
         raise UserError("average=top_k takes one run's checkpoint folder (ckpt=checkpoints/<run>) "
                         "and no calibrate=, threshold= or logger=; calibrate the averaged.pt it "
                         "writes afterwards")  # fmt: skip
-    return top_k_files(files[0].parent)
+    return top_k_files(files[0].parent)  # fewer than two: refused by the average itself
 
 
 def keep_average(model: Any, stored: tuple[dict, dict | None], copies: list[Path], path: Path,
@@ -160,9 +160,6 @@ def calibration_asked(cfg: DictConfig, files: list[Path], context: RunContext) -
     if cfg.calibrate is None and cfg.threshold is None:
         return None
     asked = "calibrate=temperature" if cfg.calibrate else "threshold=auto"
-    if cfg.split != "val":
-        raise UserError(f"{asked} fits on the validation split: add split=val (fitted on the "
-                        f"{cfg.split} split, its figures there would no longer be honest)")  # fmt: skip
     if len(files) != 1 or files[0].suffix == ".safetensors":
         raise UserError(f"{asked} stores what it fits in one .pt checkpoint's record; ckpt names "
                         f"{'an export' if len(files) == 1 else f'{len(files)} checkpoints'} "
@@ -172,18 +169,27 @@ def calibration_asked(cfg: DictConfig, files: list[Path], context: RunContext) -
     return cfg.calibrate is not None, cfg.threshold is not None
 
 
-def calibrate_on_val(task: Any, model: Any, batches: Any, precision: Precision,
-                     fit: tuple[tuple, str], out: Outputs) -> tuple[Any, dict, dict]:  # fmt: skip
-    """(the task with a calibration fitted on the validation ``batches``, its detailed metrics
-    there, those before): ``fit`` = (what to fit, the weights the outputs come from)."""
-    outputs, targets = outputs_of(model, batches.epoch(0), precision)
-    calibrated: Calibration = task.calibrate(outputs, targets, *fit)
+def calibrate_on_val(task: Any, model: Any, batches: tuple[Any, Any], precision: Precision,
+                     fit: tuple[tuple, str, str], out: Outputs) -> tuple[Any, dict, dict]:  # fmt: skip
+    """(the task with a calibration fitted on the validation split, its detailed metrics on
+    the split asked, those before): ``batches`` = (val's, the asked split's); ``fit`` = (what
+    to fit, the weights the outputs come from, the split asked). Fitted on val, always, and
+    shown on another split (test by default), so the figures after are honest (Guo et al.
+    2017's protocol)."""
+    (val, shown), (fitting, weights, split) = batches, fit
+    outputs, targets = outputs_of(model, val.epoch(0), precision)
+    calibrated: Calibration = task.calibrate(outputs, targets, fitting, weights)
+    if split != "val":
+        outputs, targets = outputs_of(model, shown.epoch(0), precision)
     before = scored(task.with_calibration(None), outputs, targets)
     task = task.with_calibration(calibrated)
     after = scored(task, outputs, targets)
-    out.print(tables.calibration_table(before, after, "val"))
-    out.print(f"calibration: {calibrated.described()}")
-    return task, after, {f"val/{k}": v for k, v in before.items() if isinstance(v, float)}
+    out.print(tables.calibration_table(before, after, split))
+    shown = "val, the split it was fitted on: optimistic" if split == "val" else split
+    out.print(f"calibration fitted on val, shown on {shown}: {calibrated.described()}")
+    if fitting[1]:
+        out.print("threshold=auto picks the F1-best threshold, which can lower accuracy")
+    return task, after, {f"{split}/{k}": v for k, v in before.items() if isinstance(v, float)}
 
 
 def scored(task: Any, outputs: Any, targets: Any) -> dict:
@@ -255,7 +261,7 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     results: dict[str, dict] = {}
     for index, path in enumerate(files):
         seen = path.stat()  # a calibration is stored only if no run replaced the file since
-        config, weights, inputs, which = (average_checkpoints(copies, cfg.weights) if copies else
+        config, weights, inputs, which = (average_checkpoints(copies, cfg.weights) if copies is not None else
                                           read_checkpoint(path, cfg.config, cfg.weights))  # fmt: skip
         task = build(task_config(config))  # what it was trained to predict
         if fitting is not None and isinstance(inputs, dict):  # replaced, even if unreadable
@@ -273,7 +279,9 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         modules = Modules.build(model_node, data, context.device, None, task)
         load_weights(modules.model, weights)
         placement = context.placement(modules.channels_last)
-        if copies:  # the average's BatchNorm statistics, from the train split; then kept
+        if (
+            copies is not None
+        ):  # the average's BatchNorm statistics, from the train split; then kept
             train = data.batches("train", placement, seed=config["seed"], train=False)
             refitted = recompute_batchnorm(modules.model, train.epoch(0), precision)
             if context.is_main:
@@ -285,20 +293,31 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
             metrics = evaluate(
                 modules.model, batches.epoch(0), precision, task.scores(detailed=True)
             )
+            if task.calibrated is not None:  # stored by an earlier calibrate=/threshold=
+                out.print(f"{path}: applying its stored calibration: "
+                          f"{task.calibrated.described()}")  # fmt: skip
         else:  # fitted on val, stored in the record: what predict.py and the exports apply
             if inputs is None:
                 raise UserError(f"{path} holds no inputs record to store a calibration in (it "
                                 "was saved before predict.py); train it one more epoch with "
                                 "resume=... to write one")  # fmt: skip
-            task, metrics, before = calibrate_on_val(task, modules.model, batches, precision,
-                                                     (fitting, which), out)  # fmt: skip
+            if data.test_split != "test":  # its val split was its test too
+                raise UserError(f"{path}: its run has no test split, so it reported its val "
+                                "split as its test; a calibration fitted there leaves no "
+                                "honest figure: give the data a test split (a test/ folder, "
+                                "data.split.test_path= or data.split.test=) and train again")  # fmt: skip
+            val = data.batches("val", placement, seed=config["seed"], train=False)
+            task, metrics, before = calibrate_on_val(task, modules.model, (val, batches),
+                                                     precision, (fitting, which, cfg.split), out)  # fmt: skip
             if context.is_main:
                 replace_inputs_record(path, {**inputs, **task.record()}, seen)
                 out.print(f"stored in {path}'s record")
         where = (str(path), index if len(files) > 1 else None)  # title; the files' number
         results[str(path)] = task.tables(out, where, metrics, cfg.split)
+        if task.calibrated is not None:  # what every figure above applied
+            results[str(path)].update(calibration=task.calibrated.record())
         if fitting is not None:
-            results[str(path)].update(calibration=task.calibrated.record(), before=before)
+            results[str(path)].update(before=before)
         if to_training_run is not None and context.is_main:
             add_to_training_run(to_training_run, path, config, results[str(path)], cfg.split)
         if cfg.export and context.is_main:

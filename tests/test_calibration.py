@@ -13,7 +13,15 @@ import re
 
 import pytest
 import torch
-from conftest import PREDICT, run_evaluate, run_python, run_train, write_rows, write_table
+from conftest import (
+    PREDICT,
+    run_evaluate,
+    run_python,
+    run_train,
+    write_imagefolder,
+    write_rows,
+    write_table,
+)
 
 from utils.evaluation import calibration
 
@@ -152,23 +160,35 @@ def test_calibrate_fits_on_val_stores_the_record_and_predict_reproduces_every_fi
     run_train(tmp_path, *BINARY)
     best = tmp_path / "checkpoints/b/best.pt"
     weights = torch.load(best, weights_only=True)["model"]
-    refused = run_evaluate(tmp_path, "ckpt=checkpoints/b", "calibrate=temperature", ok=False)
-    assert (
-        refused.returncode == 2 and "fits on the validation split: add split=val" in refused.stderr
-    )
-    run_evaluate(tmp_path, "ckpt=checkpoints/b", "split=val", "calibrate=temperature",
-                 "threshold=auto", "runs=fit")  # fmt: skip
+    # Fitted on val, always; shown before and after on the test split by default.
+    fitted = run_evaluate(tmp_path, "ckpt=checkpoints/b", "calibrate=temperature",
+                          "threshold=auto", "runs=fit")  # fmt: skip
+    assert "calibration fitted on val, shown on test: temperature" in fitted.stdout
+    assert "threshold=auto picks the F1-best threshold, which can lower accuracy" in fitted.stdout
     stored = torch.load(best, weights_only=True)
     record = stored["inputs"]["calibration"]
     assert record["split"] == "val" and len(record["thresholds"]) == 1
     assert all(torch.equal(stored["model"][k], weights[k]) for k in weights)  # weights kept
     (fit_dir,) = (tmp_path / "fit/eval").iterdir()
     fit = next(iter(json.loads((fit_dir / "metrics.json").read_text()).values()))
-    assert fit["val/nll"] <= fit["before"]["val/nll"]
-    # Every figure on the test split, again from predict.py's rows alone.
-    run_evaluate(tmp_path, "ckpt=checkpoints/b", "runs=test")
+    assert set(fit["before"]) >= {"test/nll", "test/acc"} and "val/nll" not in fit["before"]
+    # Evaluating the calibrated checkpoint says what it applies, and records it.
+    shown = run_evaluate(tmp_path, "ckpt=checkpoints/b", "runs=test")
+    assert f"applying its stored calibration: temperature {record['temperature']:.4g}" in (
+        shown.stdout
+    )
     (test_dir,) = (tmp_path / "test/eval").iterdir()
     test = next(iter(json.loads((test_dir / "metrics.json").read_text()).values()))
+    assert test["calibration"] == record
+    assert test["test/nll"] == pytest.approx(fit["test/nll"])  # the same figures as the fit's
+    # split=val shows the split it was fitted on, and says so.
+    on_val = run_evaluate(tmp_path, "ckpt=checkpoints/b", "split=val", "calibrate=temperature",
+                          "runs=fit-val")  # fmt: skip
+    assert "shown on val, the split it was fitted on: optimistic" in on_val.stdout
+    record = torch.load(best, weights_only=True)["inputs"]["calibration"]
+    run_evaluate(tmp_path, "ckpt=checkpoints/b", "calibrate=temperature", "threshold=auto",
+                 "runs=fit-again")  # fmt: skip
+    record = torch.load(best, weights_only=True)["inputs"]["calibration"]
     run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/b", "input=test.csv", "out=p.csv")
     rows, truth = predicted(tmp_path, "p.csv"), [r["kind"] for r in predicted(tmp_path, "test.csv")]
     threshold = record["thresholds"][0]
@@ -297,3 +317,18 @@ def test_training_on_from_a_calibrated_checkpoint_drops_the_stale_calibration(tm
               "resume=checkpoints/c/last.pt")  # fmt: skip
     resumed = torch.load(last, weights_only=True)
     assert resumed["epoch"] == 2 and "calibration" not in resumed["inputs"]
+
+
+def test_a_run_without_a_test_split_is_never_calibrated_on_what_it_reported_as_its_test(tmp_path):
+    # An image folder without test/: the run reported its val split as its test.
+    write_imagefolder(tmp_path / "images", classes=("cat", "dog"), per_class=6, test=False)
+    run_train(tmp_path, "data=imagefolder", "data.root=images", "data.num_workers=0",
+              "data.batch_size=4", "model=cnn", "trainer.max_epochs=1", "run_name=n")  # fmt: skip
+    assert json.loads((tmp_path / "runs/n/metrics.json").read_text())["test_split"] == "val"
+    best = tmp_path / "checkpoints/n/best.pt"
+    before = best.read_bytes()
+    for split in ("val", "train"):
+        refused = run_evaluate(tmp_path, "ckpt=checkpoints/n", f"split={split}",
+                               "calibrate=temperature", ok=False)  # fmt: skip
+        assert refused.returncode == 2 and "its run has no test split" in refused.stderr
+    assert best.read_bytes() == before

@@ -228,6 +228,17 @@ def test_average_top_k_averages_the_copies_refits_batchnorm_and_keeps_the_result
     assert few.returncode == 2 and "average=top_k takes one run's checkpoint folder" in few.stderr
 
 
+def test_average_top_k_of_a_run_without_copies_is_refused_not_best_pt_as_it_is(tmp_path):
+    from conftest import run_evaluate, run_train
+
+    run_train(tmp_path, "trainer.max_epochs=1", "model.hidden_sizes=[16]", "run_name=none")
+    result = run_evaluate(tmp_path, "ckpt=checkpoints/none", "average=top_k", "runs=e",
+                          ok=False)  # fmt: skip
+    assert result.returncode == 2
+    assert "average=top_k needs two or more top-k copies; found 0" in result.stderr
+    assert not list((tmp_path / "e").rglob("averaged.pt"))
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["trainer.swa.start=5", "trainer.max_epochs=3"], "trainer.swa.start=5 must be a whole number"),
     (["trainer.swa.start=0.5", "trainer.ema.decay=0.9"], "trainer.ema and trainer.swa each"),

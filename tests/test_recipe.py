@@ -77,6 +77,17 @@ def test_the_test_figures_are_the_emas_and_evaluate_chooses_with_weights(tmp_pat
     assert test_loss not in raw and "test/loss" in raw
 
 
+def test_weights_auto_means_what_training_judged_when_the_ema_was_not(tmp_path):
+    # trainer.ema.evaluate=false: training validated and tested the raw weights; so does auto.
+    run_train(tmp_path, "trainer.max_epochs=2", "trainer.ema.decay=0.9",
+              "trainer.ema.evaluate=false", "run_name=r")  # fmt: skip
+    test_loss = f"{read_metrics(tmp_path / 'runs' / 'r')['test/loss']:.4f}"
+    best = "ckpt=checkpoints/r/best.pt"
+    auto = run_python(tmp_path, str(EVALUATE), best, "runs=eval").stdout
+    ema = run_python(tmp_path, str(EVALUATE), best, "weights=ema", "runs=eval").stdout
+    assert test_loss in auto and test_loss not in ema
+
+
 @pytest.mark.parametrize(
     ("at", "epoch", "batch_in_epoch"),
     [

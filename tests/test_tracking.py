@@ -171,6 +171,25 @@ def test_evaluate_adds_its_metrics_to_the_training_run(tmp_path):
                            ok=False)  # fmt: skip
     assert refused.returncode == 2
     assert "was not trained with logger=mlflow" in refused.stderr.strip().splitlines()[-1]
+    # A checkpoint edited to name another tracked run adds nothing to that run.
+    run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "logger=mlflow",
+              "run_name=other")  # fmt: skip
+    (other,) = mlflow_runs(store(tmp_path), "other")
+    best = tmp_path / "checkpoints/judged/best.pt"
+    edited = torch.load(best, weights_only=True)
+    edited["tracking"]["backends"]["mlflow"]["run_id"] = other.info.run_id
+    torch.save(edited, tmp_path / "edited.pt")
+    refused = run_evaluate(tmp_path, "ckpt=edited.pt", "logger=mlflow", "split=test", ok=False)
+    assert "is not the run that trained this checkpoint" in refused.stderr.strip().splitlines()[-1]
+    (other,) = mlflow_runs(store(tmp_path), "other")
+    assert "evaluate/test/acc" not in other.data.metrics
+    # Nor is a store ever made where a checkpoint's stored paths.runs points.
+    edited = torch.load(best, weights_only=True)
+    edited["config"]["paths"]["runs"] = str(tmp_path / "elsewhere" / "runs")
+    torch.save(edited, tmp_path / "moved.pt")
+    refused = run_evaluate(tmp_path, "ckpt=moved.pt", "logger=mlflow", ok=False)
+    assert "no MLflow store at" in refused.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "elsewhere").exists()
 
 
 class Hidden(importlib.abc.MetaPathFinder):

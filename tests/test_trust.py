@@ -51,7 +51,7 @@ def test_evaluate_reproduces_trainings_test_accuracy(trained):
     assert sum(evaluated["support"]) == 360 and len(evaluated["per_class"]["f1"]) == 10
     csv = (eval_dir / "confusion.csv").read_text().splitlines()
     assert len(csv) == 11 and sum(int(v) for row in csv[1:] for v in row.split(",")[1:]) == 360
-    assert "per class" in result.stdout and "confusion (rows: true class" in result.stdout
+    assert "per class" in result.stdout and "rows: true class; columns: predicted" in result.stdout
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(eval_dir))

@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
-from rich.console import Console
 from rich.table import Table
 from torch import nn
 
 from utils.errors import UserError
+from utils.text import console
 
 FORMAT_VERSION = 2  # 2: loss sums under "losses", with the losses not yet summed
 # What resuming needs besides the weights (format 1 kept its loss sums under other names).
@@ -399,7 +399,7 @@ def weights_that_fit(
             table.add_row(key, "not in model", "", "")
         for key, have, want in mismatched:
             table.add_row(key, "shape", str(list(have)), str(list(want)))
-        Console(stderr=True).print(table)
+        console(stderr=True).print(table)
         raise UserError(
             f"the checkpoint's weights do not fit the model: {len(missing)} missing, "
             f"{len(unexpected)} unexpected, {len(mismatched)} of another shape "

@@ -34,7 +34,6 @@ from typing import Any
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
-from rich.console import Console
 from rich.table import Table
 
 from utils.checkpoint import atomic_file, load_checkpoint
@@ -45,7 +44,7 @@ from utils.evaluation import outputs_of
 from utils.predictions import InputRecord
 from utils.report import write_json
 from utils.resume_changes import config_changes
-from utils.text import cell
+from utils.text import cell, console
 
 log = logging.getLogger("torchloom")
 FOLDED_DATA = ("data.tabular.load_csv", "data.tensors.load_tensors",
@@ -107,7 +106,7 @@ def cross_validate(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> f
         values.append(train(job, stop, fold_dir))
     if processes_from_env().is_main:
         summary = pool_folds(root, folds, cfg)
-        Console(width=None if Console().is_terminal else 160).print(summary_table(summary))
+        console().print(summary_table(summary))
         log.info("cv: out-of-fold predictions in %s; metrics in %s", root / "oof.csv",
                  root / "metrics.json")  # fmt: skip
     return statistics.fmean(values)

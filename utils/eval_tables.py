@@ -128,20 +128,22 @@ def class_tables(out: Any, name: str, metrics: dict, split: str, names: list[str
         style="bold",
     )
     out.print(table)
-    if classes <= 20:
-        matrix = Table(title="confusion (rows: true class, columns: predicted)")
+    if classes <= 20:  # named as the table above names them
+        labels = [shown(n) for n in names] if len(names) == classes else list(map(str, range(classes)))  # fmt: skip
+        matrix = Table(title="confusion", caption="rows: true class; columns: predicted")
         matrix.add_column("")
-        for index in range(classes):
-            matrix.add_column(str(index), justify="right")
-        for index, row in enumerate(confusion.tolist()):
-            matrix.add_row(str(index), *map(str, row))
+        for label in labels:
+            matrix.add_column(label, justify="right")
+        for label, row in zip(labels, confusion.tolist(), strict=True):
+            matrix.add_row(label, *map(str, row))
         out.print(matrix)
     return {**summary, "per_class": scores, "support": support, "confusion": confusion.tolist()}
 
 
 def calibration_table(before: dict, after: dict, split: str) -> Table:
-    """evaluate.py calibrate=/threshold=: each metric on ``split`` before and after."""
-    table = Table(title=f"calibration — {split} (fitted here)")
+    """evaluate.py calibrate=/threshold=: each metric on ``split`` before and after a
+    calibration fitted on val (evaluate.py's lines under it say so)."""
+    table = Table(title=f"calibration — {split}")
     for column in ("metric", "before", "after"):
         table.add_column(column, justify="right")
     for key, value in before.items():

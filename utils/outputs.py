@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
 
 from utils import report
 from utils.errors import UserError
+from utils.text import console
 from utils.tracking import FINISHED, TrackedRun, Tracker
 
 
@@ -29,7 +29,7 @@ class Outputs:
         the process that writes the run's files."""
         self.run_dir = run_dir
         self.is_main = is_main  # prints, metrics.json, tables
-        self.console = Console(quiet=not is_main)
+        self.console = console(quiet=not is_main)
         self.tracker = tracker if tracker is not None else Tracker([])
 
     @property

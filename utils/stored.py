@@ -31,8 +31,7 @@ def read_checkpoint(
     torchloom checkpoint or a .safetensors export (which may have no inputs record: None). The
     config is checked as untrusted data before anything is built from it. ``which`` weights of
     a checkpoint: ``swa`` or ``ema`` (trainer.swa's or trainer.ema's average), ``raw`` (the
-    trained weights), or ``auto`` (the average when the checkpoint holds one: what validation
-    judged). A calibration fitted on the other weights is
+    trained weights), or ``auto`` (what validation judged: :func:`judged_averages`). A calibration fitted on the other weights is
     left out of the record, with a warning (utils/calibration.py)."""
     if which not in WEIGHTS:
         raise UserError(f"weights={which!r} must be auto, swa, ema or raw")
@@ -142,10 +141,22 @@ def check_stored_model(node: Any, shapes: dict[str, Any], weights: dict) -> None
     weights_that_fit(expected, weights, strict=True)
 
 
+def judged_averages(checkpoint: dict) -> tuple[str, ...]:
+    """The averages training judged its validation and test by, in order (utils/loop.py
+    Parts.judged): SWA's; the EMA's unless ``trainer.ema.evaluate=false`` (the raw weights
+    were judged). ``weights=auto`` means these, so every command sees what training saw."""
+    config = checkpoint.get("config")
+    trainer = config.get("trainer") if isinstance(config, dict) else None
+    ema = trainer.get("ema") if isinstance(trainer, dict) else None
+    evaluated = not isinstance(ema, dict) or ema.get("evaluate", True) is not False
+    return ("swa", "ema") if evaluated else ("swa",)
+
+
 def chosen_weights(checkpoint: dict, which: str, path: Path) -> tuple[dict, str]:
     """(the weights ``which`` names, their name: swa, ema or raw; see :func:`read_checkpoint`)."""
     if which == "auto":
-        which = next((k for k in ("swa", "ema") if checkpoint.get(k) is not None), "raw")
+        which = next((k for k in judged_averages(checkpoint) if checkpoint.get(k) is not None),
+                     "raw")  # fmt: skip
     if which == "raw":
         return checkpoint["model"], "raw"
     average = checkpoint.get(which)

@@ -38,6 +38,7 @@ from utils.config import RUN_TIMESTAMP_ENV
 from utils.errors import UserError, print_error
 from utils.monitor import Monitor, monitor_mode
 from utils.report import write_json
+from utils.text import console as text_console
 
 log = logging.getLogger("torchloom")
 EXIT_JOBS_FAILED = 1  # the sweep finished, but at least one of its jobs failed
@@ -294,7 +295,7 @@ class SweepSummary(Callback):
             return
         trainer = config.trainer
         # A log file or pipe gets the whole table rather than 80 folded columns.
-        console = Console(width=None if sys.stdout.isatty() else 200)
+        console = text_console()
         rows = summarize(sweep_dir, trainer.monitor, job_monitor_mode(config), console)
         failed = [row for row in rows if row["status"] != "completed"]
         if failed:

@@ -7,13 +7,25 @@ a spreadsheet, ``=1+1`` or ``@cmd`` would be a live formula.
 
     shown(name)        # for the console: markup escaped, control characters as \\x1b
     cell(name)         # for a CSV cell: a leading = + - @ tab or CR made text (OWASP's rule)
+    console()          # the console they are shown on: a pipe or a log file is not cut at 80
 """
 
 from __future__ import annotations
 
 import unicodedata
 
+from rich.console import Console
 from rich.markup import escape
+
+PIPED_WIDTH = 1000  # not a terminal (| tee, a job's log): lines whole, tables at their width
+
+
+def console(stderr: bool = False, quiet: bool = False) -> Console:
+    """A rich console: a terminal's own width, else :data:`PIPED_WIDTH`, so a piped table
+    keeps its overrides whole and a line is never wrapped mid-phrase."""
+    terminal = Console(stderr=stderr).is_terminal
+    return Console(stderr=stderr, quiet=quiet, width=None if terminal else PIPED_WIDTH)
+
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 

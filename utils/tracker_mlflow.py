@@ -219,14 +219,27 @@ def log_evaluation(node: Any, names: tuple, where: tuple[Path, int], metrics: Ma
     from mlflow.entities import Metric
 
     (run_id, token), (runs_root, step) = names, where
-    client = connect(node.get("tracking_uri") or local_store(runs_root))
+    uri = node.get("tracking_uri")
+    if not uri:  # the training run's default store: found, never made from a stored path
+        store = Path(runs_root) / "mlflow.db"
+        if not store.is_file():
+            raise UserError(f"logger=mlflow: no MLflow store at {store}, where the checkpoint's "
+                            "paths.runs puts the default one; pass "
+                            "logger.mlflow.tracking_uri= the store it was trained with")  # fmt: skip
+        uri = local_store(runs_root)
+    client = connect(uri)
     if not isinstance(run_id, str):
         experiments = [e.experiment_id for e in client.search_experiments()]
         run_id = run_by_token(client, experiments, token) if experiments else None
-    if run_id is None or fetched(client, run_id) is None:
+    found = fetched(client, run_id) if isinstance(run_id, str) else None
+    if found is None:
         raise UserError("logger=mlflow: the checkpoint's training run is not in "
                         f"{client.tracking_uri}; pass logger.mlflow.tracking_uri= the store it "
                         "was trained with")  # fmt: skip
+    if not (isinstance(token, str) and token and found.data.tags.get("torchloom.token") == token):
+        raise UserError(f"logger=mlflow: run {run_id} in {client.tracking_uri} is not the run "
+                        "that trained this checkpoint (another token: the checkpoint was edited "
+                        "or copied); nothing was added to it")  # fmt: skip
     now = int(time.time() * 1000)
     values = [Metric(f"{prefix}/{k}", float(v), now, step) for k, v in metrics.items()
               if isinstance(v, (int, float)) and not isinstance(v, bool)]  # fmt: skip
