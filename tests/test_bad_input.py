@@ -120,3 +120,17 @@ def test_a_group_given_numbers_is_one_line(tmp_path, override):
         f"option is a name or a list of names (model=mlp, logger=[tensorboard,csv]), not a number ({override})"
         in error_line(result)
     )
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.swa.start=5", "trainer.swa.start=5 must be a whole number of epochs from 0 to 1"),
+    ("distill.alpha=1.5", "distill.alpha=1.5 must be from 0 to 1"),
+    ("distill.temperature=0", "distill.temperature=0.0 must be greater than 0"),
+])  # fmt: skip
+def test_a_value_the_config_alone_can_judge_is_refused_before_any_data_is_read(
+    tmp_path, override, message
+):
+    # The data file does not exist: the refusal names the value, so nothing was read first.
+    result = run_train(tmp_path, "data=csv", "data.path=missing.csv", "data.target=y",
+                       "trainer.max_epochs=2", override, ok=False)  # fmt: skip
+    assert result.returncode == 2 and message in error_line(result)

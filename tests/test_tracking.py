@@ -160,6 +160,27 @@ def test_a_config_value_of_10000_characters_is_shortened_with_one_warning(tmp_pa
     assert (result.stdout + result.stderr).count("shortened in its params") == 1
 
 
+def test_config_keys_mlflow_refuses_are_mapped_at_start_up_and_the_run_holds_its_params(tmp_path):
+    # A table's column named growth% in data.na_columns: a config key MLflow refuses.
+    rows = [[f"{i % 7}" if i % 5 else "", str(i % 3), "yes" if i % 2 else "no"] for i in range(90)]
+    (tmp_path / "t.csv").write_text("growth%,(b+c),y\n" + "\n".join(",".join(r) for r in rows))
+    result = run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y",
+                       "data.na_columns={growth%: median}", "data.batch_size=16",
+                       "model.hidden_sizes=[8]",
+                       "trainer.max_epochs=2", "logger=mlflow", "run_name=odd")  # fmt: skip
+    assert "data.na_columns.growth% -> data.na_columns.growth_" in result.stdout + result.stderr
+    (run,) = mlflow_runs(store(tmp_path), "odd")
+    assert run.info.status == "FINISHED" and run.data.params["data.na_columns.growth_"] == "median"
+
+
+def test_a_wandb_project_w_and_b_refuses_is_one_line_at_start_up(tmp_path):
+    result = run_train(tmp_path, "logger=wandb", "run_name=a%b/c", "trainer.max_epochs=1",
+                       ok=False, env=ENV)  # fmt: skip
+    assert result.returncode == 2
+    assert "logger.wandb: the project 'a%b' (run_name's first part) holds '%'" in result.stderr
+    assert not list((tmp_path / "checkpoints").rglob("*.pt"))
+
+
 def test_evaluate_adds_its_metrics_to_the_training_run(tmp_path):
     run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "logger=mlflow",
               "run_name=judged")  # fmt: skip
@@ -229,6 +250,10 @@ def test_wandb_online_without_a_key_is_refused_rather_than_prompting(tmp_path):
     {"token": "../../x", "pending": [], "backends": {}},
     {"pending": [], "backends": {"mlflow": {"run_id": ["not", "a", "string"]}}},
     "not a record",
+    {"pending": [[10**30, 0, "train/loss", 1.0]], "backends": {}},
+    {"pending": [[3, 1, "val/a(c)c", 1.0]], "backends": {}},
+    {"pending": [[3, 1, "v" * 600, 1.0]], "backends": {}},
+    {"pending": [], "backends": {"csv": {"step": 10**30}}},
 ])  # fmt: skip
 def test_an_edited_tracking_record_is_ignored_with_one_warning(tmp_path, record):
     run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "logger=csv",

@@ -326,6 +326,11 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
     check_run_name(cfg.run_name)
     check_added_keys(cfg)
     check_groups(cfg)
+    from utils.swa import check_swa
+    from utils.teacher import check_settings
+
+    check_swa(cfg.trainer.swa, cfg.trainer.max_epochs)  # before any data is read
+    check_settings(cfg.distill)
     from data.mixing import Mixing
 
     Mixing.from_augment(OmegaConf.to_container(cfg.data.get("augment") or {}, resolve=True))

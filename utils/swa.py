@@ -50,6 +50,20 @@ def start_epoch(start: Any, max_epochs: int) -> int | None:
     return int(epochs)
 
 
+def check_swa(config: Any, max_epochs: int) -> int | None:
+    """``trainer.swa``'s settings (the config alone: checked before any data is read); the
+    epoch averaging starts after, None when off."""
+    epochs = start_epoch(config.start, max_epochs)
+    if epochs is None:
+        return None
+    if config.lr is not None and not (math.isfinite(config.lr) and config.lr > 0):
+        raise UserError(f"trainer.swa.lr={config.lr} must be greater than 0, or null to "
+                        "keep the schedule's LR")  # fmt: skip
+    if config.anneal_epochs < 0:
+        raise UserError(f"trainer.swa.anneal_epochs={config.anneal_epochs} must be 0 or more")
+    return epochs
+
+
 class StochasticAverage:
     """The equal-weight average of the weights at the end of each epoch after ``start``."""
 
@@ -63,15 +77,8 @@ class StochasticAverage:
     @classmethod
     def of(cls, config: Any, model: nn.Module, max_epochs: int) -> StochasticAverage | None:
         """``trainer.swa`` for ``model`` (its unwrapped module); None when ``start`` is null."""
-        epochs = start_epoch(config.start, max_epochs)
-        if epochs is None:
-            return None
-        if config.lr is not None and not (math.isfinite(config.lr) and config.lr > 0):
-            raise UserError(f"trainer.swa.lr={config.lr} must be greater than 0, or null to "
-                            "keep the schedule's LR")  # fmt: skip
-        if config.anneal_epochs < 0:
-            raise UserError(f"trainer.swa.anneal_epochs={config.anneal_epochs} must be 0 or more")
-        return cls(model, epochs)
+        epochs = check_swa(config, max_epochs)
+        return None if epochs is None else cls(model, epochs)
 
     @torch.no_grad()
     def epoch_finished(self, epoch: int, batches: Iterable, precision: Precision) -> None:

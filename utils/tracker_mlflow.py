@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -189,24 +190,39 @@ def reattach(client: Any, run_id: str, token: str) -> str | None:
     return run_id
 
 
+# What MLflow accepts as a param or metric key (mlflow.utils.validation): a key of the config
+# named after a data column (data.na_columns.growth%) is mapped to one it accepts, once.
+ACCEPTED_KEY = re.compile(r"[/\w.\- :]{1,250}")
+
+
+def accepted_key(key: str) -> str:
+    return key if ACCEPTED_KEY.fullmatch(key) else re.sub(r"[^/\w.\- :]", "_", key)[:250]
+
+
 def shortened_params(config: Mapping) -> dict[str, str]:
-    """The flattened config as MLflow params, over-long values shortened (one warning)."""
+    """The flattened config as MLflow params: over-long values shortened and keys MLflow
+    refuses mapped to accepted ones (one warning each)."""
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
     from utils.config import flatten
 
-    params, shortened = {}, []
+    params, shortened, renamed = {}, [], []
     for key, value in flatten(config).items():
         text = str(value)
         if len(text) > MAX_PARAM_VAL_LENGTH:
             shortened.append(key)
             text = text[: MAX_PARAM_VAL_LENGTH - 1] + "…"
-        params[key] = text
+        if accepted_key(key) != key:
+            renamed.append(f"{key} -> {accepted_key(key)}")
+        params[accepted_key(key)] = text
     if shortened:
         log.warning("warning: logger.mlflow: %d config value(s) longer than MLflow's %d "
                     "characters are shortened in its params (%s); the run dir's .hydra/ and the "
                     "checkpoint keep them whole", len(shortened), MAX_PARAM_VAL_LENGTH,
                     ", ".join(shortened[:3]))  # fmt: skip
+    if renamed:
+        log.warning("warning: logger.mlflow: %d config key(s) hold characters MLflow refuses "
+                    "and are named so in its params: %s", len(renamed), ", ".join(renamed[:3]))  # fmt: skip
     return params
 
 

@@ -35,6 +35,9 @@ def has_api_key() -> bool:
         return False
 
 
+REFUSED_IN_PROJECT = ("/", "\\", "#", "?", "%", ":")  # W&B's rule for a project's name
+
+
 class Wandb(Backend):
     name = "wandb"
     holds = True
@@ -54,6 +57,14 @@ class Wandb(Backend):
         self.sent: list = []  # since this process started the run: on disk only at its finish
 
     def open(self, run: TrackedRun, stored: dict | None, step: int | None) -> None:
+        project = self.project or run.experiment  # checked now, not when W&B refuses it
+        refused = [c for c in REFUSED_IN_PROJECT if c in project]
+        if refused or len(project) > 128:
+            source = "logger.wandb.project" if self.project else "run_name's first part"
+            raise UserError(f"logger.wandb: the project {project!r} ({source}) "
+                            + (f"holds {refused[0]!r}" if refused else "is over 128 characters")
+                            + ", which W&B refuses; choose another run_name or set "
+                            "logger.wandb.project=")  # fmt: skip
         self.tracked = run
         # The W&B id is the run's token: a run killed before a checkpoint said its id is
         # continued too, and an edited id never points this run into another W&B run.

@@ -270,7 +270,7 @@ def checked_record(record: Any) -> dict:
         return _dropped(fresh)
     for name, position in backends.items():
         plain = isinstance(position, dict) and all(
-            isinstance(k, str) and (isinstance(v, (str, int)) and not isinstance(v, bool))
+            isinstance(k, str) and (isinstance(v, str) or (type(v) is int and 0 <= v <= MAX_STEP))
             for k, v in position.items()
         )
         if not isinstance(name, str) or not plain:
@@ -278,10 +278,18 @@ def checked_record(record: Any) -> dict:
     return {"token": token, "pending": pending, "backends": backends, "unconfirmed": unconfirmed}
 
 
+# What a point of torchloom's holds: a step and an epoch no checkpoint counter exceeds, and a
+# tag every backend accepts (MLflow's rule is the narrowest); an edited record may hold others.
+MAX_STEP = 2**53
+TAG = re.compile(r"[/\w.\- :]{1,250}")
+
+
 def is_point(point: Any) -> bool:
     return (isinstance(point, (list, tuple)) and len(point) == 4
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in point[:2])
-            and isinstance(point[2], str) and isinstance(point[3], float))  # fmt: skip
+            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_STEP
+                    for v in point[:2])
+            and isinstance(point[2], str) and TAG.fullmatch(point[2]) is not None
+            and isinstance(point[3], float))  # fmt: skip
 
 
 def _dropped(fresh: dict) -> dict:
