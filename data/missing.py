@@ -78,9 +78,9 @@ class MissingValues:
             raise UserError(f"data.na_columns names {unknown[0]!r}, which is not a number feature "
                             f"column of {path} (they are {', '.join(numeric[:10])}); a "
                             "categorical column's empty cell is a category of its own")  # fmt: skip
-        ok = isinstance(constant, int | float) and not isinstance(constant, bool)
-        if not ok or not math.isfinite(constant):
-            raise UserError(f"data.na_fill={constant!r}: give a finite number")
+        if not _finite(constant):  # finite where it lives: a float32 feature
+            raise UserError(f"data.na_fill={constant!r}: give a finite number a float32 holds "
+                            f"(at most {FLOAT32_MAX:.3g} in size)")  # fmt: skip
         if not isinstance(indicator, bool):
             raise UserError(f"data.na_indicator={indicator!r}: give true or false")
         return cls(str(default), {str(k): str(v) for k, v in columns.items()}, float(constant),
@@ -110,9 +110,11 @@ class MissingValues:
                 self.fills[name] = fill_value(values[~gaps].double(), mode, self.constant)
             if self.indicator and mode != "drop" and bool(gaps.any()):
                 self.indicators.append(name)
-        if self.fills and bool(torch.isnan(features[:, : len(numeric)]).any()):
-            shown = ", ".join(f"{name}={value:.4g}" for name, value in list(self.fills.items())[:6])
-            shown += ", ..." if len(self.fills) > 6 else ""
+        gapped = [name for index, name in enumerate(numeric)
+                  if name in self.fills and bool(torch.isnan(features[:, index]).any())]  # fmt: skip
+        if gapped:  # the columns that had gaps here, not every column a fill was fitted for
+            shown = ", ".join(f"{name}={self.fills[name]:.4g}" for name in gapped[:6])
+            shown += ", ..." if len(gapped) > 6 else ""
             log.info("%s: gaps filled from the train split (%s)%s", path.name, shown,
                      f"; indicator columns for {', '.join(self.indicators)}"
                      if self.indicators else "")  # fmt: skip
@@ -139,9 +141,10 @@ class MissingValues:
                 "fills": self.fills, "indicators": self.indicators}  # fmt: skip
 
     @classmethod
-    def from_record(cls, record: Any) -> MissingValues:
-        """A checkpoint's gaps record (untrusted: checked); a table recorded before gaps could
-        be filled refuses them, as it did."""
+    def from_record(cls, record: Any, numeric: Sequence[str]) -> MissingValues:
+        """A checkpoint's gaps record (untrusted: checked against the table's ``numeric``
+        columns: a fill for every column whose mode fills, indicators of those columns only);
+        a table recorded before gaps could be filled refuses them, as it did."""
         if record is None:
             return cls()
         try:
@@ -150,8 +153,13 @@ class MissingValues:
                   and _finite(record["constant"]) and isinstance(record["fills"], dict)
                   and all(isinstance(k, str) and _finite(v) for k, v in record["fills"].items())
                   and isinstance(record["indicators"], list)
-                  and all(isinstance(name, str) for name in record["indicators"]))  # fmt: skip
-        except (KeyError, TypeError):
+                  and all(isinstance(name, str) for name in record["indicators"])
+                  and set(record["columns"]) <= set(numeric) and set(record["fills"]) <= set(numeric)
+                  and len(set(record["indicators"])) == len(record["indicators"])
+                  and set(record["indicators"]) <= set(numeric)
+                  and all(name in record["fills"] for name in numeric
+                          if record["columns"].get(name, record["default"]) in FILLED))  # fmt: skip
+        except (KeyError, TypeError, AttributeError):
             ok = False
         if not ok:
             raise UserError("the checkpoint's table record of missing values is not what "
@@ -173,5 +181,10 @@ def fill_value(known: torch.Tensor, mode: str, constant: float) -> float:
     return float(known.quantile(0.5)) if mode == "median" else constant
 
 
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # features live in float32
+
+
 def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A number that stays finite as a float32 feature (1e39 is finite only in float64)."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and abs(value) <= FLOAT32_MAX)  # fmt: skip

@@ -36,7 +36,7 @@ import torch
 
 from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics
 from data.folds import FoldIds, FoldPlan, group_values, tensor_splits
-from data.missing import NA_KEYS, MissingValues, is_gap
+from data.missing import FLOAT32_MAX, NA_KEYS, MissingValues, is_gap
 from data.targets import KINDS, Targets, label_set, multi_hot, reads_targets, sorted_names
 from utils.errors import UserError
 
@@ -146,7 +146,7 @@ class Columns:
         columns.target, columns.numeric = target, record["numeric"]
         columns.categorical, columns.categories = list(categories), categories
         columns.classes, columns.kind = record["classes"], record.get("kind", "classes")
-        columns.missing = MissingValues.from_record(record.get("na"))
+        columns.missing = MissingValues.from_record(record.get("na"), columns.numeric)
         return columns
 
     @property
@@ -279,8 +279,10 @@ def _number(text: str, column: str, path: Path, line: int) -> float:
             f"{path} line {line}, column {column!r}: {shown} is not a number; fix or drop the "
             f"value, or list the column in data.categorical (or leave it out of data.features)"
         ) from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise UserError(f"{path} line {line}, column {column!r}: {text.strip()} is not finite")
+    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:  # features live in float32
+        raise UserError(f"{path} line {line}, column {column!r}: {text.strip()} is not finite "
+                        f"as a float32 feature (at most {FLOAT32_MAX:.3g} in size); fix or "
+                        "drop the value")  # fmt: skip
     return value
 
 

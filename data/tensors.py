@@ -121,6 +121,10 @@ def load_tensors(path: str, num_classes: int | None, split: Mapping[str, Any],
                             f"{list(part.inputs.shape[1:])}, and x of "
                             f"{list(samples.inputs.shape[1:])}; give every split the same")  # fmt: skip
     plan = FoldPlan.of(split, kind == "classes", split["seed"])  # data/folds.py
+    if plan.folds is not None and "val" in given:  # the file's own val split, not a path
+        raise UserError(f"data.split.folds cuts val out of {file}'s x and y, but the file holds "
+                        "a val split of its own (x_val, y_val); save it without them, or drop "
+                        "data.split.folds (cv=)")  # fmt: skip
     train, val, test, val_rows = tensor_splits(samples, given, split, plan)
     labels = torch.cat([train.labels, val.labels, test.labels])
     if kind == "classes":

@@ -116,6 +116,17 @@ def test_bad_fold_settings_are_one_line(tmp_path, overrides, message):
     assert message in error_line(run_train(tmp_path, *overrides, ok=False))
 
 
+def test_cv_on_arrays_with_their_own_val_split_names_the_file_not_a_key(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "a.npz", x=rng.normal(size=(60, 4)).astype("float32"),
+             y=np.arange(60) % 3, x_val=rng.normal(size=(12, 4)).astype("float32"),
+             y_val=np.arange(12) % 3)  # fmt: skip
+    line = error_line(run_train(tmp_path, "cv=3", "data=tensors", "data.path=a.npz", ok=False))
+    assert "holds a val split of its own (x_val, y_val)" in line and "val_path" not in line
+
+
 CV = ("cv=3", "trainer.max_epochs=2", "data.batch_size=128")
 
 

@@ -182,6 +182,19 @@ def test_a_resume_on_either_side_of_swa_start_is_bit_identical(swa_run, epoch):
     assert resumed["optimizer"]["param_groups"] == straight["optimizer"]["param_groups"]
 
 
+def test_an_swa_phase_with_fewer_lrs_than_groups_is_one_line_at_resume(swa_run):
+    from conftest import run_train
+
+    (copy,) = (swa_run / "checkpoints" / "s").glob("epoch=002-*.pt")
+    edited = torch.load(copy, weights_only=True)
+    assert len(edited["scheduler"]["swa"]["lr_start"]) > 1
+    edited["scheduler"]["swa"]["lr_start"] = edited["scheduler"]["swa"]["lr_start"][:1]
+    torch.save(edited, swa_run / "short.pt")
+    result = run_train(swa_run, *SWA, "run_name=short", "resume=short.pt", ok=False)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and "scheduler" in lines[0], result.stderr
+
+
 def test_swa_anneals_to_its_lr_and_weights_swa_evaluates_and_exports(swa_run):
     import json
 

@@ -75,6 +75,7 @@ def test_per_column_modes_and_indicator_columns(tmp_path):
     ({"na": "guess"}, "data.na='guess': choose one of error, drop, mean, median, constant"),
     ({"na": "mean", "na_columns": {"colour": "mean"}}, "data.na_columns names 'colour'"),
     ({"na": "constant", "na_fill": math.inf}, "data.na_fill=inf: give a finite number"),
+    ({"na": "constant", "na_fill": 1e39}, "data.na_fill=1e+39: give a finite number a float32 holds"),
 ])  # fmt: skip
 def test_gaps_and_bad_modes_are_refused_naming_the_key(tmp_path, na, message):
     from utils.errors import UserError
@@ -143,6 +144,10 @@ def test_a_gap_in_a_column_training_dropped_rows_for_is_refused_at_predict(tmp_p
 @pytest.mark.parametrize("edit", [
     {"fills": {"a": "1; import os"}}, {"fills": {"a": math.nan}}, {"default": "exec"},
     {"indicators": "a"}, {"columns": {"a": "mean", 3: "drop"}},
+    {"fills": {"a": 1e39}},  # finite in float64 only
+    {"fills": {}},  # mean fills every column: a column without its fill would predict NaN
+    {"indicators": ["zzz"]}, {"indicators": ["a", "a"]},  # unknown, twice
+    {"fills": {"a": 1.0, "extra": 2.0}}, {"columns": {"extra": "mean"}},
 ])  # fmt: skip
 def test_an_edited_gaps_record_is_refused(edit):
     from data.missing import MissingValues
@@ -150,9 +155,27 @@ def test_an_edited_gaps_record_is_refused(edit):
 
     record = {"default": "mean", "columns": {}, "constant": 0.0, "fills": {"a": 1.0},
               "indicators": []}  # fmt: skip
-    assert MissingValues.from_record(record).fills == {"a": 1.0}
+    assert MissingValues.from_record(record, ["a"]).fills == {"a": 1.0}
     with pytest.raises(UserError, match="table record of missing values is not what torchloom"):
-        MissingValues.from_record({**record, **edit})
+        MissingValues.from_record({**record, **edit}, ["a"])
+
+
+def test_a_cell_finite_only_in_float64_is_refused_naming_its_line(tmp_path):
+    rows = [[str(i % 7), str(i), "xy"[i % 2]] for i in range(40)]
+    rows[5][1] = "1e39"
+    write_rows(tmp_path / "t.csv", ["a", "b", "y"], rows)
+    result = run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y",
+                       "trainer.max_epochs=1", "data.batch_size=8", ok=False)  # fmt: skip
+    assert "t.csv line 7, column 'b': 1e39 is not finite as a float32 feature" in error_line(result)
+
+
+def test_the_fill_line_lists_only_the_columns_that_had_gaps(tmp_path):
+    rows = [[str(i % 7), "" if i % 9 == 0 else str(i), str(i % 4), "xy"[i % 2]] for i in range(120)]
+    write_rows(tmp_path / "t.csv", ["a", "b", "c", "y"], rows)
+    result = run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "data.na=median",
+                       "trainer.max_epochs=1", "data.batch_size=8")  # fmt: skip
+    (line,) = [line for line in result.stdout.splitlines() if "gaps filled from the train" in line]
+    assert "b=" in line and "a=" not in line and "c=" not in line
 
 
 def test_evaluate_follows_the_stored_fills_or_says_why_it_cannot(tmp_path):

@@ -180,8 +180,9 @@ class AveragingSchedule:
         taken, begun = phase["taken"], phase["lr_start"]
         if not isinstance(taken, int) or isinstance(taken, bool) or taken < 0:
             raise ValueError("swa.taken")
-        if begun is not None and not (isinstance(begun, list) and all(
-                isinstance(v, float) and math.isfinite(v) for v in begun)):  # fmt: skip
+        groups = len(self.optimizer.param_groups)  # one LR each: zip() would fail mid-step
+        if begun is not None and not (isinstance(begun, list) and len(begun) == groups and all(
+                isinstance(v, float) and math.isfinite(v) and v >= 0 for v in begun)):  # fmt: skip
             raise ValueError("swa.lr_start")
         self.taken, self.lr_start = taken, begun
 
