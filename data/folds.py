@@ -137,6 +137,11 @@ class FoldPlan:
         """The fold of each of ``count`` samples: stratified by ``labels`` when :attr:`stratify`,
         whole ``groups`` when given, else a seeded deal."""
         assert self.folds is not None
+        if count < self.folds:  # before anything of the folds' size is allocated
+            raise UserError(f"data.split.folds={self.folds}: only {count} samples to deal")
+        if groups is not None and len(set(groups)) < self.folds:
+            raise UserError(f"data.split.group={self.group}: {len(set(groups))} groups are too "
+                            f"few for {self.folds} folds")  # fmt: skip
         generator = torch.Generator().manual_seed(self.seed + 1)  # not the hold-out's order
         order = torch.randperm(count, generator=generator)
         fold = torch.empty(count, dtype=torch.long)
@@ -162,8 +167,6 @@ class FoldPlan:
                     dealt += 1
         else:
             fold[order] = torch.arange(count) % self.folds
-        if count < self.folds:
-            raise UserError(f"data.split.folds={self.folds}: only {count} samples to deal")
         return fold
 
 

@@ -102,6 +102,10 @@ class Columns:
         if group is not None and group in targets:
             raise UserError(f"data.split.group={group} is the target column; name the column "
                             "that ties samples together (a patient, a session)")  # fmt: skip
+        if group is not None and group in categorical and group not in (features or []):
+            raise UserError(f"data.categorical lists {group!r}, the data.split.group column, "
+                            "which is not a feature unless data.features lists it; drop it "
+                            "from data.categorical (or list it in data.features too)")  # fmt: skip
         named = (
             features
             if features is not None

@@ -92,6 +92,27 @@ def test_a_group_never_spans_two_folds_nor_test_and_train(tmp_path):
     assert len(owner) + len(folds[0].splits["test"]) // 7 <= len(set(patient.values())) + 1
 
 
+def test_a_group_column_is_no_feature_even_when_listed_as_categorical(tmp_path):
+    path = skewed_table(tmp_path / "t.csv", groups=True)
+    line = error_line(run_train(tmp_path, "data=csv", f"data.path={path}", "data.target=y",
+                                "data.split.group=patient", "data.categorical=[patient]",
+                                ok=False))  # fmt: skip
+    assert "data.categorical lists 'patient', the data.split.group column" in line
+    # Listed in data.features too, it is a feature on purpose.
+    data = load_csv(str(path), "y", ["x", "patient"], ["patient"],
+                    {**SPLIT, "group": "patient"}, **BATCHING)  # fmt: skip
+    assert data.input_shape[0] > 1
+
+
+@pytest.mark.parametrize("split", [{"folds": 100_000_000}, {"folds": 100_000_000, "group": "patient"}])
+def test_a_fold_count_beyond_the_data_is_refused_before_anything_is_allocated(tmp_path, split):
+    from utils.errors import UserError
+
+    path = skewed_table(tmp_path / "t.csv", groups=True)
+    with pytest.raises(UserError, match="too few for 100000000 folds|only .* samples to deal"):
+        load_csv(str(path), "y", ["x"], [], {**SPLIT, **split, "fold": 0}, **BATCHING)
+
+
 def test_regression_folds_are_unstratified_and_stratify_true_is_refused(tmp_path):
     x = torch.randn(60, 3)
     torch.save({"x": x, "y": x[:, :1] * 2}, tmp_path / "a.pt")
