@@ -507,10 +507,18 @@ class Data:
 
     def follow_record(self, record: Any, source: Any, use: str = "evaluate it") -> None:
         """Normalise as the checkpoint ``source`` recorded (``record``: its checked
-        :class:`utils.predictions.InputRecord`), not with statistics refitted to this data, and
-        refuse data whose inputs, classes or table encoding differ from the record's:
-        evaluating moved or new files then measures the trained model, never a silently
-        re-mapped one."""
+        :class:`utils.predictions.InputRecord`), not with statistics refitted to this data,
+        once :meth:`check_encoded_as` passes."""
+        self.check_encoded_as(record, source, use)
+        if (list(record.mean), list(record.std)) != (list(self.mean), list(self.std)):
+            log.info("normalising with the statistics %s recorded, not those of %s as it is now",
+                     source, self.name)  # fmt: skip
+        self.mean, self.std = list(record.mean), list(record.std)
+
+    def check_encoded_as(self, record: Any, source: Any, use: str) -> None:
+        """Refuse data whose inputs, classes or table encoding differ from those the checkpoint
+        ``source`` recorded: evaluating moved or new files, or distilling from a teacher, then
+        feeds the trained model what it was trained on, never a silently re-mapped input."""
         kinds = ((record.targets.kind, record.targets.count),
                  (self.targets.kind, self.targets.count))  # fmt: skip
         for what, theirs, ours in (("shape", list(record.input_shape), list(self.input_shape)),
@@ -527,10 +535,6 @@ class Data:
                             f"split, and {self.name}'s train split gives others; {use} with the "
                             "train file it was trained on (data.split.test_path=... for new "
                             "rows; predict.py fills rows' gaps as training did)")  # fmt: skip
-        if (list(record.mean), list(record.std)) != (list(self.mean), list(self.std)):
-            log.info("normalising with the statistics %s recorded, not those of %s as it is now",
-                     source, self.name)  # fmt: skip
-        self.mean, self.std = list(record.mean), list(record.std)
 
     def train_targets(self) -> torch.Tensor:
         """The train split's targets (for class weights, positive weights and the scale of

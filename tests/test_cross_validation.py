@@ -104,7 +104,9 @@ def test_a_group_column_is_no_feature_even_when_listed_as_categorical(tmp_path):
     assert data.input_shape[0] > 1
 
 
-@pytest.mark.parametrize("split", [{"folds": 100_000_000}, {"folds": 100_000_000, "group": "patient"}])
+@pytest.mark.parametrize(
+    "split", [{"folds": 100_000_000}, {"folds": 100_000_000, "group": "patient"}]
+)
 def test_a_fold_count_beyond_the_data_is_refused_before_anything_is_allocated(tmp_path, split):
     from utils.errors import UserError
 

@@ -440,6 +440,26 @@ def test_distilling_into_another_task_or_with_bad_settings_is_one_line(teacher_r
         Teacher.of(distill_node(best), data, task, torch.device("cpu"), tmp_path)
 
 
+def test_a_teacher_of_other_table_columns_is_refused_as_evaluate_refuses_them(tmp_path):
+    from conftest import run_train, write_table
+
+    write_table(tmp_path / "t.csv")
+    table = ["data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=1",
+             "data.batch_size=32"]  # fmt: skip
+    run_train(tmp_path, *table, "data.features=[weight,size]", "run_name=teacher")
+    result = run_train(tmp_path, *table, "data.features=[size,weight]", "run_name=student",
+                       "distill.teacher=checkpoints/teacher", ok=False)  # fmt: skip
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        len(errors) == 1
+        and "distill.teacher=checkpoints/teacher/best.pt was trained on table its columns"
+        in errors[0]
+        and "distil from it" in errors[0]
+    ), result.stderr
+    run_train(tmp_path, *table, "data.features=[weight,size]", "run_name=same",
+              "distill.teacher=checkpoints/teacher")  # fmt: skip
+
+
 @pytest.mark.slow
 def test_a_stop_mid_epoch_inside_swa_with_a_teacher_and_layer_decay_resumes_exactly(teacher_run):
     from conftest import assert_same_run, checkpoint, interrupt_and_resume, run_train

@@ -66,6 +66,7 @@ class Teacher:
         if not rebuilt.task.distills:
             raise UserError(f"distill.teacher={path} was trained for {rebuilt.task.name}; a "
                             "teacher is a classifier")  # fmt: skip
+        data.check_encoded_as(record, f"distill.teacher={path}", "distil from it")  # as evaluate.py
         if record.num_classes != data.num_classes or (
                 record.classes and data.classes and list(record.classes) != list(data.classes)):  # fmt: skip
             raise UserError(f"distill.teacher={path} predicts other classes ({record.num_classes}) "
