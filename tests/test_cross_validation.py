@@ -111,7 +111,7 @@ def test_a_fold_count_beyond_the_data_is_refused_before_anything_is_allocated(tm
     from utils.errors import UserError
 
     path = skewed_table(tmp_path / "t.csv", groups=True)
-    with pytest.raises(UserError, match="too few for 100000000 folds|only .* samples to deal"):
+    with pytest.raises(UserError, match=r"too few for 100000000 folds|only .* samples to deal"):
         load_csv(str(path), "y", ["x"], [], {**SPLIT, **split, "fold": 0}, **BATCHING)
 
 
