@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 from pathlib import Path
 
 import hydra
@@ -28,6 +29,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from data.tabular import unseen_line
 from utils.checkpoint import atomic_file, checkpoint_to_evaluate
 from utils.cli import one_line_errors, run_cli
 from utils.distributed import Processes
@@ -37,6 +39,8 @@ from utils.predictions import read_inputs
 from utils.rebuild import rebuild
 from utils.run import RunContext
 from utils.text import cell, shown
+
+log = logging.getLogger("torchloom")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
@@ -70,13 +74,16 @@ def predict(cfg: DictConfig) -> None:
     out = Outputs(Path(HydraConfig.get().runtime.output_dir), True)
     rebuilt = rebuild(path, cfg.weights, context.device)  # as evaluate.py reads: untrusted
     model, record, task = rebuilt.model, rebuilt.record, rebuilt.task
-    names, inputs = read_inputs(Path(str(cfg.input)), record)
+    names, inputs, unseen = read_inputs(Path(str(cfg.input)), record)
+    unseen = unseen_categories(Path(str(cfg.input)), unseen, cfg.unseen)
     outputs, transform = [], record.transform(context.device)
     with torch.inference_mode():
         for lo in range(0, len(inputs), cfg.batch_size):
             batch = transform.normalize(inputs[lo : lo + cfg.batch_size])
             outputs.append(model(batch).float().cpu())
     header, rows, lines = task.decode(torch.cat(outputs), cfg)  # by task: topk, threshold
+    if unseen is not None:  # a flag per row: the categories it was predicted without
+        header, rows = [*header, "unseen"], [[*r, u] for r, u in zip(rows, unseen, strict=True)]
     write_predictions(
         Path(str(cfg.out)), header, [[n, *r] for n, r in zip(names, rows, strict=True)]
     )
@@ -86,6 +93,25 @@ def predict(cfg: DictConfig) -> None:
     if len(names) > 10:
         out.print(shown(f"  ... {len(names) - 10} more in {cfg.out}"))
     context.close()
+
+
+def unseen_categories(path: Path, unseen: list[str] | None, mode: str) -> list[str] | None:
+    """``unseen=warn``: one warning naming the categorical values training never saw (a flag
+    column in the output then says which rows hold them); ``unseen=error``: refused, naming
+    the first. None: no such value (or no table)."""
+    if mode not in ("warn", "error"):
+        raise UserError(f"unseen={mode!r} must be warn or error")
+    said = None if unseen is None else unseen_line(path, unseen)
+    if said is None:
+        return None
+    if mode == "error":
+        line = next(n for n, flag in enumerate(unseen) if flag) + 2
+        raise UserError(f"{path} line {line}: {unseen[line - 2]} is a category the train file "
+                        "never held, which the model would see as all zeros; fix the value, "
+                        "or pass unseen=warn to predict it flagged")  # fmt: skip
+    log.warning("warning: %s; predicted with those columns all zeros, and flagged in the "
+                "'unseen' column of the output (unseen=error refuses them)", said)  # fmt: skip
+    return unseen
 
 
 def write_predictions(out: Path, header: list[str], rows: list[list[str]]) -> None:

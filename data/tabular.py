@@ -171,6 +171,13 @@ class Columns:
         return TensorSplit(self.raw_features(header, rows, path),
                            self.targets(header, rows, path))  # fmt: skip
 
+    def unseen(self, header: list[str], rows: list[list[str]]) -> list[str]:
+        """Each row's categorical values the train file never held, as ``column=value``
+        (``;``-joined; empty when none): such a value is encoded as all zeros."""
+        at = {name: header.index(name) for name in self.categories}
+        return [";".join(f"{name}={row[i].strip()}" for name, i in at.items()
+                         if row[i].strip() not in self.categories[name]) for row in rows]  # fmt: skip
+
     def targets(self, header: list[str], rows: list[list[str]], path: Path) -> torch.Tensor:
         columns = [self.target] if isinstance(self.target, str) else self.target
         at = [header.index(name) for name in columns]
@@ -257,6 +264,22 @@ class Columns:
         return features
 
 
+def unseen_line(path: Path, flags: list[str]) -> str | None:
+    """One line naming the categorical values of ``path`` the train file never held (each
+    column and value, and how many rows), from :meth:`Columns.unseen`; None when none."""
+    counts: dict[str, int] = {}
+    for flag in flags:
+        for pair in filter(None, flag.split(";")):
+            counts[pair] = counts.get(pair, 0) + 1
+    if not counts:
+        return None
+    rows = sum(1 for flag in flags if flag)
+    shown = ", ".join(f"{pair!r} in {n} row{'s' * (n > 1)}" for pair, n in list(counts.items())[:5])
+    more = f" and {len(counts) - 5} more" if len(counts) > 5 else ""
+    verb = "holds" if rows == 1 else "hold"
+    return f"{path}: {rows} row{'s' * (rows > 1)} {verb} a category the train file never held ({shown}{more})"
+
+
 def _value(text: str, column: str, path: Path, line: int) -> float:
     try:
         return _number(text, column, path, line)
@@ -306,7 +329,13 @@ def load_csv(path: str, target: Any, features: Sequence[str] | None,
                                      "group": (split or {}).get("group")}, train_path)  # fmt: skip
     samples = columns.encode(header, rows, train_path)
     paths = {name: Path(split[f"{name}_path"]) for name in ("val", "test") if split[f"{name}_path"]}
-    given = {name: columns.encode(*read_table(other), other) for name, other in paths.items()}
+    given = {}
+    for name, other in paths.items():
+        other_header, other_rows = read_table(other)
+        given[name] = columns.encode(other_header, other_rows, other)
+        said = unseen_line(other, columns.unseen(other_header, other_rows))
+        if said:
+            log.warning("warning: %s; they are encoded as all zeros", said)
     plan = FoldPlan.of(
         split, kind == "classes", split["seed"], groups_allowed=True
     )  # data/folds.py

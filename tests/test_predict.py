@@ -94,6 +94,41 @@ def test_predictions_on_a_table_equal_evaluate_on_it(tmp_path):
     accuracy = sum(r["class1"] == t for r, t in zip(rows, truth, strict=True)) / len(rows)
     metrics = evaluated(tmp_path, "ckpt=checkpoints/table", "split=test")
     assert accuracy == pytest.approx(metrics["test/acc"], abs=1e-6)
+    assert "unseen" not in rows[0]  # every category was seen: no flag column
+
+
+def test_a_category_training_never_saw_is_named_flagged_or_refused(tmp_path):
+    write_table(tmp_path / "train.csv", seed=0)  # colour: r, g or b
+    lines = write_table(tmp_path / "val.csv", rows=40, seed=3).read_text().splitlines()
+    lines[2] = (
+        lines[2].replace(",r,", ",purple,").replace(",g,", ",purple,").replace(",b,", ",purple,")
+    )
+    (tmp_path / "val.csv").write_text("\n".join(lines) + "\n")
+    trained = run_train(tmp_path, "data=csv", "data.path=train.csv", "data.split.val_path=val.csv",
+                        "data.target=kind", "data.categorical=[colour]", "trainer.max_epochs=1",
+                        "run_name=t")  # fmt: skip
+    assert (
+        "val.csv: 1 row holds a category the train file never held ('colour=purple' in 1 "
+        "row)" in trained.stdout + trained.stderr
+    )
+    rows = [["0.1", "480", "crew"], ["0.2", "520", "r"], ["0.3", "500", "crew"]]
+    (tmp_path / "new.csv").write_text("size,weight,colour\n" + "\n".join(map(",".join, rows)))
+    result = run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/t", "input=new.csv", "runs=p")
+    assert (
+        "new.csv: 2 rows hold a category the train file never held ('colour=crew' in 2 "
+        "rows)" in result.stdout + result.stderr
+    )
+    assert [r["unseen"] for r in predictions(tmp_path / "predictions.csv")] == [
+        "colour=crew",
+        "",
+        "colour=crew",
+    ]
+    refused = run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/t", "input=new.csv",
+                         "unseen=error", "out=refused.csv", "runs=p", ok=False)  # fmt: skip
+    assert refused.returncode == 2 and "new.csv line 2: colour=crew is a category" in (
+        refused.stderr
+    )
+    assert not (tmp_path / "refused.csv").exists()
 
 
 def test_the_onnx_export_runs_in_onnxruntime_with_any_batch_size(image_run):

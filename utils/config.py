@@ -166,6 +166,7 @@ class PredictConfig:
     out: str = MISSING
     topk: int = MISSING
     threshold: Any = MISSING
+    unseen: str = MISSING
     weights: str = MISSING
     device: str = MISSING
     batch_size: int = MISSING

@@ -118,9 +118,10 @@ def _targets(record: dict, path: Path) -> Any:
     return Targets(stored["kind"], stored["count"], tuple(names) if names else None)
 
 
-def read_inputs(path: Path, record: InputRecord) -> tuple[list[str], torch.Tensor]:
-    """(names, inputs) of ``path``: an image, a folder of images, or a table; uint8 images
-    [N, C, H, W] decoded as an image folder's are, or a table's features [N, F]."""
+def read_inputs(path: Path, record: InputRecord) -> tuple[list[str], torch.Tensor, list | None]:
+    """(names, inputs, unseen) of ``path``: an image, a folder of images, or a table; uint8
+    images [N, C, H, W] decoded as an image folder's are, or a table's features [N, F] with
+    each row's categorical values training never saw (None for images)."""
     if not path.exists():
         raise UserError(f"input={path}: no such file or folder")
     if path.is_file() and path.suffix.lower() in TABLE_EXTENSIONS:
@@ -130,8 +131,9 @@ def read_inputs(path: Path, record: InputRecord) -> tuple[list[str], torch.Tenso
         from data.tabular import Columns, read_table
 
         header, rows = read_table(path)
-        features = Columns.from_record(record.table).features(header, rows, path)
-        return [str(n) for n in range(1, len(rows) + 1)], features
+        columns = Columns.from_record(record.table)
+        features = columns.features(header, rows, path)
+        return [str(n) for n in range(1, len(rows) + 1)], features, columns.unseen(header, rows)
     if record.table is not None or len(record.input_shape) != 3:
         raise UserError(f"input={path}: the checkpoint's model takes a table's rows "
                         f"({record.input_shape[0]} features); give a CSV file")  # fmt: skip
@@ -145,7 +147,7 @@ def read_inputs(path: Path, record: InputRecord) -> tuple[list[str], torch.Tenso
     channels, height, width = record.input_shape
     images = torch.stack([decode(str(f), (height, width), channels) for f in files])
     base = path if path.is_dir() else path.parent
-    return [str(f.relative_to(base)) for f in files], images
+    return [str(f.relative_to(base)) for f in files], images, None
 
 
 def top_classes(
