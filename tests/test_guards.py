@@ -133,9 +133,24 @@ def test_the_softmax_guard_applies_to_classification_only(caplog, task, kind, wa
     batches = type("Batches", (), {"epoch": lambda self, e: iter(clean_batches()),
                                    "__len__": lambda self: 4})()  # fmt: skip
     data = SimpleNamespace(input_shape=SHAPE, batch_size=4, targets=Targets(kind, 10),
-                           name="probe", sizes=lambda: {"train": 16})  # fmt: skip
+                           name="probe", sizes=lambda: {"train": 16}, test_split="test")  # fmt: skip
     trainer = SimpleNamespace(silence_guards=[], accumulate_grad_batches=1, max_epochs=1)
     with caplog.at_level(logging.WARNING, logger="torchloom"):
         check_start_up(SoftmaxAtTheEnd(), data, batches, trainer, getattr(tasks, task),
                        world_size=1)  # fmt: skip
     assert ("remove the final softmax" in caplog.text) == warns
+
+
+def test_a_val_split_too_small_to_judge_by_is_named_at_start_up(tmp_path):
+    result = run_train(tmp_path, "data=synthetic", "data.num_samples=200", "data.val_size=5",
+                       "data.test_size=60", "trainer.max_epochs=1")  # fmt: skip
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "split holds" in line]
+    assert (
+        len(said) == 1
+        and "the val split holds 5 samples: its figures move in steps of 0.2" in (said[0])
+        and "data.val_size" in said[0]
+    )
+    quiet = run_train(tmp_path, "data=synthetic", "data.num_samples=200", "data.val_size=5",
+                      "data.test_size=60", "trainer.max_epochs=1", "run_name=quiet",
+                      "trainer.silence_guards=[small_eval_splits]")  # fmt: skip
+    assert "split holds" not in quiet.stdout + quiet.stderr

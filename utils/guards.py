@@ -8,6 +8,8 @@
   only: other tasks' outputs may be anything).
 - ``batchnorm_batch_of_one``: BatchNorm cannot normalise a training batch of one sample.
 - ``non_finite_inputs``: NaN or Inf in the first training batches.
+- ``small_eval_splits``: a val or test split of fewer than 30 samples: a figure on it moves in
+  steps of 1/N (accuracy in steps of 0.2 on 5 samples), so best.pt is chosen by noise.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ GUARDS = (
     "probability_outputs",
     "batchnorm_batch_of_one",
     "non_finite_inputs",
+    "small_eval_splits",
 )
+MIN_EVAL_SAMPLES = 30
 log = logging.getLogger("torchloom")
 
 
@@ -122,6 +126,19 @@ def run_guards(
         model.train(was_training)
 
 
+def small_eval_splits(sizes: dict[str, int], test_split: str) -> None:
+    """One warning for each of val and the split testing uses that is too small to judge by."""
+    for split in dict.fromkeys(("val", test_split)):
+        count = sizes.get(split)
+        if count is not None and 0 < count < MIN_EVAL_SAMPLES:
+            log.warning("warning: the %s split holds %d samples: its figures move in steps of "
+                        "%.2g, so %s; hold out more (data.split.%s=0.2 for a table or arrays, "
+                        "data.%s_size for synthetic data, or more files in its %s split)",
+                        split, count, 1 / count,
+                        "best.pt is chosen by noise" if split == "val" else "its test figure is rough",
+                        split, split, split)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class StartUp:
     """What the start-up checks found: the first training batches (also shown in
@@ -140,6 +157,8 @@ def check_start_up(
     first = list(itertools.islice(batches.epoch(0), 2))
     silenced = [*trainer.silence_guards, *task.quiet_guards]
     run_guards(model, data.input_shape, data.batch_size, first, silenced)
+    if "small_eval_splits" not in silenced:
+        small_eval_splits(data.sizes(), data.test_split)
     accumulate = trainer.accumulate_grad_batches
     steps_per_epoch = len(batches) // accumulate
     if steps_per_epoch == 0:
