@@ -40,6 +40,7 @@ def test_a_grid_gives_every_job_its_run_dir_and_checkpoint_folder(grid):
         events = list((cwd / "runs" / "grid" / str(job)).glob("events.out.tfevents.*"))
         assert events, f"job {job} wrote no TensorBoard run"
     assert "sweep runs/grid: 4 jobs" in result.stdout
+    assert "starting fresh" not in result.stdout + result.stderr  # no resume was asked for
 
 
 def test_the_summary_lists_every_job_best_first_with_its_overrides(grid):

@@ -121,7 +121,7 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
         return run
     if resume is None and not trainer.shapes_only:  # never silently over an earlier run
         run.replaced = check_new_run(run_dir, checkpoint_dir, cfg.overwrite)
-    run.resumed = resume_point(resume, checkpoint_dir)
+    run.resumed = resume_point(resume, checkpoint_dir, asked=cfg.resume is not None)
     if run.resumed:
         check_same_run(*run.resumed, checkpoint_dir)
         run.changes = check_resumable(*run.resumed, run.record.resolved, cfg.resume_allow_changes,
@@ -134,14 +134,17 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
 # --- Continue, replace or refuse -------------------------------------------------------------
 
 
-def resume_point(resume: str | None, checkpoint_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+def resume_point(
+    resume: str | None, checkpoint_dir: Path, asked: bool = True
+) -> tuple[Path, dict[str, Any]] | None:
     """What ``resume=`` names: a checkpoint file, a folder of them, or ``auto`` (the run's own
-    folder if it holds a readable checkpoint, else a fresh start)."""
+    folder if it holds a readable checkpoint, else a fresh start). ``asked``: the user gave
+    ``resume=`` (a sweep's job resumes by itself, and a fresh one says nothing of it)."""
     if resume is None:
         return None
     if resume == "auto":
         found = load_latest(checkpoint_dir) if checkpoint_dir.is_dir() else None
-        if found is None:
+        if found is None and asked:
             log.info("resume=auto: no checkpoint in %s yet; starting fresh", checkpoint_dir)
         return found
     path = Path(resume)
