@@ -20,11 +20,12 @@ file is written atomically.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import logging
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -52,7 +53,8 @@ def export_model(model: nn.Module, input_shape: Sequence[int], path: Path,
     torchscript; evaluate.py checks it where it enters)."""
     cpu = copy.deepcopy(model).float().cpu().eval()
     if path.suffix.lower() == ".onnx":
-        run, data = _onnx(cpu, input_shape, outputs, exporter)
+        with kept_in_the_log(CHATTY_EXPORTERS):  # its optimiser's notes: not the console's
+            run, data = _onnx(cpu, input_shape, outputs, exporter)
     else:
         run, data = _pt2(_traced(cpu, input_shape))
     difference = parity(cpu, run, input_shape, unit)
@@ -66,6 +68,37 @@ def export_model(model: nn.Module, input_shape: Sequence[int], path: Path,
     except OSError as error:
         raise UserError(f"cannot write {path}: {error.strerror or error}") from None
     return difference
+
+
+CHATTY_EXPORTERS = ("onnxscript", "onnx_ir", "torch.onnx")
+
+
+class _NotFrom(logging.Filter):
+    """Passes records of other loggers, and these loggers' warnings and errors."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        super().__init__()
+        self.names = tuple(names)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ours = record.name in self.names or record.name.startswith(
+            tuple(f"{n}." for n in self.names))  # fmt: skip
+        return not ours or record.levelno >= logging.WARNING
+
+
+@contextlib.contextmanager
+def kept_in_the_log(names: Sequence[str]) -> Iterator[None]:
+    """The info lines of the ``names`` loggers go to the log file, not the console."""
+    quiet = _NotFrom(names)
+    consoles = [h for h in logging.getLogger().handlers
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]  # fmt: skip
+    for handler in consoles:
+        handler.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for handler in consoles:
+            handler.removeFilter(quiet)
 
 
 def _traced(model: nn.Module, input_shape: Sequence[int]) -> torch.export.ExportedProgram:
