@@ -62,10 +62,15 @@ def read_table(path: Path) -> tuple[list[str], list[list[str]]]:
     if repeated:
         raise UserError(f"{path}: the header names column {repeated[0]!r} "
                         f"{header.count(repeated[0])} times; give each column its own name")  # fmt: skip
-    for line, row in enumerate(rows[1:], start=2):
-        if len(row) != len(header):
+    for line, row in enumerate(rows, start=1):
+        if line > 1 and len(row) != len(header):
             raise UserError(f"{path} line {line} has {len(row)} values; the header names "
                             f"{len(header)} columns")  # fmt: skip
+        nul = next((n for n, cell in enumerate(row) if "\0" in cell), None)
+        if nul is not None:  # no path, name or number holds one: a binary or damaged file
+            column = f"column {header[nul]!r}" if line > 1 else "the header"
+            raise UserError(f"{path} line {line}, {column}: holds a NUL byte (\\x00), which no "
+                            "text table does; fix that row (is the file damaged or binary?)")  # fmt: skip
     return header, rows[1:]
 
 

@@ -383,6 +383,8 @@ def test_a_manifest_trains_keeps_class_names_and_resumes_exactly(tmp_path):
     ("../outside.png,cat", "line 42: '../outside.png' is outside data.root"),
     ("/etc/hostname,cat", "line 42: '/etc/hostname' is outside data.root"),
     ("pics/missing.png,dog", "line 42: no image at data/pics/missing.png"),
+    ("pics/0\0.png,cat", "labels.csv line 42, column 'path': holds a NUL byte"),
+    ("pics/0.png,c\0at", "labels.csv line 42, column 'label': holds a NUL byte"),
 ])  # fmt: skip
 def test_a_manifest_row_outside_the_root_or_missing_is_one_line(tmp_path, row, message):
     manifest = write_manifest(tmp_path / "data")
