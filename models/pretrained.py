@@ -66,21 +66,26 @@ def torchvision_model(
     return FineTuned(model, head, freeze_backbone_epochs)
 
 
+FILE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl", ".tar")  # a weights file, not a name
+
+
 def pretrained_state(name: str, weights: str) -> dict[str, torch.Tensor]:
     """The state dict ``weights`` names: a local file, or a torchvision weight in the cache."""
     path = Path(weights)
-    if not path.suffix:  # a weight name, not a file
+    named = not path.is_file() and "/" not in weights and path.suffix.lower() not in FILE_SUFFIXES
+    if named:  # a weight's name (IMAGENET1K_V1, or torchvision's ResNet18_Weights.IMAGENET1K_V1)
         import torchvision
 
+        own = torchvision.models.get_model_weights(name)
         try:
-            if "." in weights:
-                entry = torchvision.models.get_weight(weights)
-            else:
-                entry = torchvision.models.get_model_weights(name)[weights]
+            entry = torchvision.models.get_weight(weights) if "." in weights else own[weights]
+            if not isinstance(entry, own):  # another model's weights
+                raise ValueError(weights)
         except (KeyError, ValueError, AttributeError):
-            known = [w.name for w in torchvision.models.get_model_weights(name)]
+            known = [w.name for w in own]
             raise UserError(f"model.weights={weights!r} is not a weight of {name}; it has "
-                            f"DEFAULT, {', '.join(known)}, or give a .pth file") from None  # fmt: skip
+                            f"DEFAULT, {', '.join(known)} (or {own.__name__}.<name>), or give a "
+                            ".pth file") from None  # fmt: skip
         path = Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(entry.url).path).name
         if not path.is_file():
             raise UserError(

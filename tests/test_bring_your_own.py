@@ -198,15 +198,18 @@ def test_a_torchvision_weight_name_is_read_from_the_hub_cache_never_downloaded(
     from utils.errors import UserError
 
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
-    with pytest.raises(UserError, match=r"resnet18-f37072fd.pth is not in the torch hub cache"):
-        torchvision_model((3, 32, 32), 5, "resnet18", "DEFAULT", 0)
+    for name in ("DEFAULT", "ResNet18_Weights.IMAGENET1K_V1"):  # torchvision's own spellings
+        with pytest.raises(UserError, match=r"resnet18-f37072fd.pth is not in the torch hub cache"):
+            torchvision_model((3, 32, 32), 5, "resnet18", name, 0)
     saved = torchvision.models.resnet18().state_dict()
     (tmp_path / "hub" / "checkpoints").mkdir(parents=True)
     torch.save(saved, tmp_path / "hub" / "checkpoints" / "resnet18-f37072fd.pth")
-    model = torchvision_model((3, 32, 32), 5, "resnet18", "IMAGENET1K_V1", 0)
-    assert torch.equal(model.model.conv1.weight, saved["conv1.weight"])
-    with pytest.raises(UserError, match=r"'IMAGENET9' is not a weight of resnet18"):
-        torchvision_model((3, 32, 32), 5, "resnet18", "IMAGENET9", 0)
+    for name in ("IMAGENET1K_V1", "ResNet18_Weights.IMAGENET1K_V1", "ResNet18_Weights.DEFAULT"):
+        model = torchvision_model((3, 32, 32), 5, "resnet18", name, 0)
+        assert torch.equal(model.model.conv1.weight, saved["conv1.weight"])
+    for name in ("IMAGENET9", "VGG16_Weights.IMAGENET1K_V1"):  # unknown; another model's
+        with pytest.raises(UserError, match=rf"'{name}' is not a weight of resnet18"):
+            torchvision_model((3, 32, 32), 5, "resnet18", name, 0)
 
 
 # 160 synthetic 8×8 images in batches of 32: 5 batches an epoch.
