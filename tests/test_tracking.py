@@ -7,6 +7,7 @@ history equals an uninterrupted run's."""
 from __future__ import annotations
 
 import importlib.abc
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +15,15 @@ import urllib.request
 
 import pytest
 import torch
-from conftest import EXIT_INTERRUPTED, HELPERS, free_port, run_evaluate, run_train, torchrun
+from conftest import (
+    EXIT_INTERRUPTED,
+    HELPERS,
+    ROOT,
+    free_port,
+    run_evaluate,
+    run_train,
+    torchrun,
+)
 
 sys.path.insert(0, str(HELPERS))
 from histories import (
@@ -151,12 +160,15 @@ def test_a_three_job_sweep_is_three_tracked_runs_grouped_by_the_sweep(tmp_path):
 def test_a_config_value_of_10000_characters_is_shortened_with_one_warning(tmp_path):
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
-    long = "x" * 10_000
-    result = run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1",
-                       "logger=mlflow", "run_name=long", f"+notes={long}")  # fmt: skip
+    long = "x" * 10_000  # a table's target column of that name: data.target holds it
+    rows = [f"{i % 5},{'ab'[i % 2]}" for i in range(120)]
+    (tmp_path / "t.csv").write_text(f"f,{long}\n" + "\n".join(rows) + "\n")
+    result = run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "data=csv",
+                       "data.path=t.csv", f"data.target={long}", "data.batch_size=16",
+                       "logger=mlflow", "run_name=long")  # fmt: skip
     (run,) = mlflow_runs(store(tmp_path), "long")
-    assert len(run.data.params["notes"]) == MAX_PARAM_VAL_LENGTH
-    assert run.data.params["notes"].endswith("…") and run.info.status == "FINISHED"
+    assert len(run.data.params["data.target"]) == MAX_PARAM_VAL_LENGTH
+    assert run.data.params["data.target"].endswith("…") and run.info.status == "FINISHED"
     assert (result.stdout + result.stderr).count("shortened in its params") == 1
 
 
@@ -179,6 +191,65 @@ def test_a_wandb_project_w_and_b_refuses_is_one_line_at_start_up(tmp_path):
     assert result.returncode == 2
     assert "logger.wandb: the project 'a%b' (run_name's first part) holds '%'" in result.stderr
     assert not list((tmp_path / "checkpoints").rglob("*.pt"))
+
+
+class SilentServer:
+    """A TCP listener on localhost that accepts connections and never answers (a tracking
+    server hung mid-request); ``accepted`` is set at its first connection."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.port = self.socket.getsockname()[1]
+        self.accepted, self.held = threading.Event(), []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:
+                return
+            self.held.append(connection)
+            self.accepted.set()
+
+    def close(self) -> None:
+        self.socket.close()
+        for connection in self.held:
+            connection.close()
+
+
+def test_a_stop_while_the_tracking_server_never_answers_exits_3_within_seconds(tmp_path):
+    server = SilentServer()
+    try:
+        run = subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), "logger=mlflow", "trainer.max_epochs=1",
+             f"logger.mlflow.tracking_uri=http://127.0.0.1:{server.port}", "run_name=hung"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        assert server.accepted.wait(timeout=120), "train.py never reached the server"
+        run.send_signal(signal.SIGTERM)  # while the start-up check waits for an answer
+        output, _ = run.communicate(timeout=60)  # before the fix: minutes, SIGTERM or not
+    finally:
+        server.close()
+    assert run.returncode == EXIT_INTERRUPTED, output[-3000:]
+    assert "SIGTERM received while waiting for logger.mlflow's store" in output
+    assert "Traceback" not in output
+
+
+@pytest.mark.slow
+def test_a_tracking_server_that_never_answers_is_one_line_after_a_bounded_wait(tmp_path):
+    server = SilentServer()
+    try:
+        result = run_train(tmp_path, "logger=mlflow", "trainer.max_epochs=1",
+                           f"logger.mlflow.tracking_uri=http://127.0.0.1:{server.port}",
+                           ok=False, process=True, timeout=120)  # fmt: skip
+    finally:
+        server.close()
+    assert result.returncode == 2
+    assert "MLflow cannot use that store" in result.stderr.strip().splitlines()[-1]
 
 
 def test_evaluate_adds_its_metrics_to_the_training_run(tmp_path):

@@ -374,7 +374,8 @@ def check_added_keys(cfg: DictConfig) -> None:
         if name not in known:
             guess = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {parent + '.' if parent else ''}{guess[0]}? " if guess else ""
-            raise UserError(f"{override}: nothing reads {key}; {hint}correct or remove it "
+            shown = override if len(override) <= 80 else f"{override[:77]}..."
+            raise UserError(f"{shown}: nothing reads {key}; {hint}correct or remove it "
                             "(conf/ shows every key that is read)")  # fmt: skip
 
 

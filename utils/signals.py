@@ -13,7 +13,11 @@ import logging
 import shlex
 import signal
 import sys
+import threading
+import time
+from collections.abc import Callable
 from types import FrameType
+from typing import Any, TypeVar
 
 EXIT_INTERRUPTED = 3  # stopped by a signal; last.pt resumes the run exactly
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
@@ -21,6 +25,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 
 _early: list[int] = []  # stop signals that arrived before a StopRequest was entered
 _before_early: dict[int, object] = {}  # the handlers catch_early_signals replaced
+
+
+log = logging.getLogger("torchloom")
+T = TypeVar("T")
 
 
 def catch_early_signals() -> None:
@@ -109,6 +117,39 @@ def stop_requested() -> str | None:
     if not _active or not _active[-1].requested:
         return None
     return _active[-1].name
+
+
+STOP_GRACE_SECONDS = 2.0  # how long a wait may go on once a stop is requested
+
+
+def until_stopped(call: Callable[[], T], what: str) -> T:
+    """``call()``'s result, waited for in a thread so that a stop request ends the wait within
+    :data:`STOP_GRACE_SECONDS` (raising :class:`Interrupted`) however long ``call`` blocks: a
+    tracker's server that accepts and never answers cannot hold a stopped run. ``what``
+    names the wait in the line that says so. Its exception, if it raised, is raised here."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as error:  # handed to the waiting thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, name=f"torchloom: {what}", daemon=True)
+    thread.start()
+    stopped_at = None
+    while thread.is_alive():
+        thread.join(0.1)
+        if stopped_at is None and stop_requested():
+            stopped_at = time.monotonic()
+        if stopped_at is not None and thread.is_alive() and (
+                time.monotonic() - stopped_at > STOP_GRACE_SECONDS):  # fmt: skip
+            log.warning("%s received while waiting for %s; stopping without it",
+                        stop_requested(), what)  # fmt: skip
+            raise Interrupted
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def continue_command(overrides: list[str], checkpoint: object, processes) -> str:

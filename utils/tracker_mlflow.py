@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from utils.errors import UserError
+from utils.signals import until_stopped
 from utils.trackers import Backend
 from utils.tracking import FAILED, TOKEN, TrackedRun
 
@@ -44,7 +45,26 @@ class Mlflow(Backend):
         self.experiment_id: str | None = None
         self.tracked: TrackedRun | None = None
 
+    # Every call that reaches the store is waited for so that a stop request ends the wait
+    # within seconds (utils/signals.py until_stopped): a server that accepts and never answers
+    # cannot hold a stopped run.
+
     def open(self, run: TrackedRun, stored: dict | None, step: int | None) -> None:
+        until_stopped(lambda: self._open(run, stored), "logger.mlflow's store")
+
+    def send(self, points: list) -> None:
+        until_stopped(lambda: self._send(points), "logger.mlflow's store")
+
+    def missing(self, points: list) -> list:
+        return until_stopped(lambda: self._missing(points), "logger.mlflow's store")
+
+    def summary(self, config: Mapping, final: Mapping[str, float], metrics: Mapping) -> None:
+        until_stopped(lambda: self._summary(metrics), "logger.mlflow's store")
+
+    def close(self, status: str) -> None:
+        until_stopped(lambda: self._close(status), "logger.mlflow's store")
+
+    def _open(self, run: TrackedRun, stored: dict | None) -> None:
         self.client = connect(self.tracking_uri or local_store(run.runs_root))
         self.tracked = run
         local = self.client.tracking_uri.startswith(("sqlite:", "file:", "/"))
@@ -73,7 +93,7 @@ class Mlflow(Backend):
         log.info("logger.mlflow: run %s in experiment %r at %s", self.run_id,
                  self.experiment or run.experiment, self.client.tracking_uri)  # fmt: skip
 
-    def send(self, points: list) -> None:
+    def _send(self, points: list) -> None:
         if not points:
             return
         if self.run_id is None:
@@ -85,7 +105,7 @@ class Mlflow(Backend):
         for start in range(0, len(metrics), METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[start : start + METRICS_PER_BATCH])
 
-    def missing(self, points: list) -> list:
+    def _missing(self, points: list) -> list:
         """The points after the last step MLflow holds of each tag (a kill may have come
         while a checkpoint's points were being sent)."""
         if self.run_id is None:
@@ -99,7 +119,7 @@ class Mlflow(Backend):
     def position(self) -> dict:
         return {"run_id": self.run_id} if self.run_id else {}
 
-    def summary(self, config: Mapping, final: Mapping[str, float], metrics: Mapping) -> None:
+    def _summary(self, metrics: Mapping) -> None:
         if self.run_id is None:
             self._start()
         best = metrics.get("best_checkpoint")
@@ -107,7 +127,7 @@ class Mlflow(Backend):
             self.client.set_tag(self.run_id, "torchloom.best_checkpoint", str(best))
         self.client.log_dict(self.run_id, dict(metrics), "metrics.json")
 
-    def close(self, status: str) -> None:
+    def _close(self, status: str) -> None:
         if self.client is None:
             return
         if self.run_id is None and status == FAILED:  # an attempt that failed before a
@@ -139,7 +159,11 @@ def connect(uri: str) -> Any:
 def few_retries() -> Iterator[None]:
     """MLflow retries an HTTP request for minutes by default: right for a run's points, too
     long for the start-up check. The user's own MLFLOW_HTTP_REQUEST_* settings still win."""
-    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+    quick = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+    }  # a server that never answers: ~20 s in all
     added = {k: v for k, v in quick.items() if k not in os.environ}
     os.environ.update(added)
     try:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from utils.errors import UserError
+from utils.signals import Interrupted, stop_requested
 from utils.trackers import Backend
 from utils.tracking import FAILED, FINAL, KILLED, TrackedRun
 
@@ -78,15 +79,23 @@ class Wandb(Backend):
         import wandb
 
         run = self.tracked
-        self.run = wandb.init(
+        try:
+            self.run = self._init(wandb, run)
+        except Exception:
+            if stop_requested():  # a stop during W&B's start (it waits on its server): exit 3
+                raise Interrupted from None
+            raise
+        self.run_id = self.run.id
+        log.info("logger.wandb: run %s (%s) in %s", self.run_id, self.mode, run.run_dir / "wandb")
+
+    def _init(self, wandb: Any, run: TrackedRun) -> Any:
+        return wandb.init(
             project=self.project or run.experiment, entity=self.entity, name=run.display_name,
             group=run.name if run.job is not None else None, id=self.run_id, resume="allow",
             dir=str(run.run_dir), mode=self.mode, config=run.config, reinit="create_new",
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True,
                                     init_timeout=60),
         )  # fmt: skip
-        self.run_id = self.run.id
-        log.info("logger.wandb: run %s (%s) in %s", self.run_id, self.mode, run.run_dir / "wandb")
 
     def send(self, points: list) -> None:
         if not points:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from utils.errors import UserError
+from utils.signals import Interrupted
 
 log = logging.getLogger("torchloom")
 FINAL = "test/"  # points of the final test: sent when the run finishes, with its summary
@@ -193,6 +194,8 @@ class Tracker:
         for backend in self.held:
             try:
                 backend.send(points)
+            except Interrupted:  # a stop while waiting on the tracker: exit 3, as any stop
+                raise
             except Exception as error:  # the points are in last.pt: a resume sends them
                 first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
                 raise UserError(f"logger.{backend.name} could not take the history ({first}); "
@@ -232,8 +235,6 @@ class Tracker:
     def tracking(self) -> Iterator[Tracker]:
         """Marks the run killed (a stop: exit code 3), failed (an error) or, once
         :meth:`finish` ran, finished."""
-        from utils.signals import Interrupted
-
         try:
             yield self
         except Interrupted:
