@@ -65,6 +65,21 @@ def test_the_joblib_launcher_runs_jobs_in_parallel_with_a_share_of_the_cores(tmp
     assert len(rows(tmp_path, "parallel")) == 2
 
 
+@pytest.mark.parametrize("attempt", [1, 2])  # a fresh store each time: the race is at creation
+def test_parallel_jobs_on_a_fresh_mlflow_store_create_it_once_and_all_finish(tmp_path, attempt):
+    pytest.importorskip("mlflow")
+    from mlflow import MlflowClient
+
+    # Its own process: joblib's workers outlive a call, and keep the first call's folder.
+    run_train(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+              "run_name=tracked", "logger=mlflow", "optim.lr=0.01,0.001", *TINY,
+              process=True)  # fmt: skip
+    assert {r["status"] for r in rows(tmp_path, "tracked")} == {"completed"}
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    found = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert sorted(r.info.status for r in found) == ["FINISHED", "FINISHED"]
+
+
 def test_the_submitit_local_launcher_runs_jobs_that_share_one_run_name(tmp_path):
     # No run_name given: the jobs run in other processes and still land in one sweep folder.
     run_train(tmp_path, "-m", "hydra/launcher=submitit_local", "optim.lr=0.01,0.001", *TINY)

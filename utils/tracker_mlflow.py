@@ -11,6 +11,7 @@ then too: a run killed before its first checkpoint leaves no run behind.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -145,14 +146,30 @@ def connect(uri: str) -> Any:
     for name in ("mlflow", "alembic", "urllib3"):
         logging.getLogger(name).setLevel(logging.ERROR if name == "urllib3" else logging.WARNING)
     try:
-        client = MlflowClient(tracking_uri=uri)
-        with few_retries():
-            client.search_experiments(max_results=1)  # creates a new sqlite store's tables now
+        with store_lock(uri):  # two runs on a fresh store: one creates and migrates it
+            client = MlflowClient(tracking_uri=uri)
+            with few_retries():
+                client.search_experiments(max_results=1)  # creates a new sqlite store's tables
     except Exception as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise UserError(f"logger.mlflow.tracking_uri={uri}: MLflow cannot use that store "
                         f"({first[:200]}); check the URI or the server") from None  # fmt: skip
     return client
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """For a local sqlite store: an exclusive lock on ``<store>.lock`` while the first client
+    creates and migrates its tables (MLflow's migration is not safe against a second process
+    doing the same at once: the documented joblib sweep failed a job, or broke the store)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(uri.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(database.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 @contextmanager
