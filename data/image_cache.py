@@ -267,8 +267,11 @@ def differing_sample(path: Path, files: Dataset) -> str | None:
     return None
 
 
+CACHE_BUILD = "once into the cache"
+
+
 def decoded_batches(files: Dataset, workers: int, name: str,
-                    purpose: str = "once into the cache") -> Iterator[torch.Tensor]:  # fmt: skip
+                    purpose: str = CACHE_BUILD) -> Iterator[torch.Tensor]:  # fmt: skip
     """Every image of ``files`` in order, as uint8 batches decoded by ``workers`` processes,
     with a progress bar on a terminal (log lines every 5 s elsewhere); a file that cannot be
     decoded is one line naming it."""
@@ -287,8 +290,10 @@ def decoded_batches(files: Dataset, workers: int, name: str,
     with bar if console.is_terminal else contextlib.nullcontext():
         for images, _ in _reraised(loader):
             if stop_requested():  # the partial file goes with atomic_file; nothing is kept
-                log.info("%s received while caching %s (%d/%d images): stopping; the next run "
-                         "builds the cache again", stop_requested(), name, done, len(files))  # fmt: skip
+                building = purpose == CACHE_BUILD
+                log.info("%s received while decoding %s %s (%d/%d images): stopping%s",
+                         stop_requested(), name, purpose, done, len(files),
+                         "; the next run builds the cache again" if building else "")  # fmt: skip
                 raise Interrupted
             yield images
             done += len(images)

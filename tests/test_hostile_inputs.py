@@ -78,9 +78,29 @@ def test_a_stop_during_an_image_cache_build_ends_it_and_keeps_nothing(tmp_path):
     run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=300)
     assert run.returncode == 3, err[-3000:]
-    assert "SIGTERM received while caching train (0/" in out + err
+    assert "SIGTERM received while decoding train once into the cache (0/" in out + err
+    assert "the next run builds the cache again" in out + err
     assert not list((tmp_path / "cache").iterdir())  # no cache, no temporary file
     assert not (tmp_path / "checkpoints" / "c" / "last.pt").exists()
+
+
+@pytest.mark.slow  # its own processes
+def test_a_stop_during_the_statistics_pass_without_a_cache_names_no_cache(tmp_path):
+    root = write_imagefolder(tmp_path / "images", per_class=4)
+    uncached = [o for o in CACHED if not o.startswith("data.cache=")]
+    run = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *uncached, "data.cache=off",
+         f"data.root={root}", "run_name=s", "data.mean=auto"], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wait_for_claim(tmp_path / "runs" / "s")  # set up, not yet decoding: the signal is held
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 3, err[-3000:]
+    assert "SIGTERM received while decoding train for data.mean/std=auto (0/" in out + err
+    assert "cache" not in next(
+        line for line in (out + err).splitlines() if "received while" in line
+    )
 
 
 # --- 2. Outputs never replace inputs; one run per folder at a time ---------------------------
