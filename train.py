@@ -19,12 +19,15 @@ the monitored metric improves).
 
 from __future__ import annotations
 
+import sys
+
 from utils.signals import catch_early_signals
+from utils.tracker_process import start_early
 
 catch_early_signals()  # first: a SIGTERM while torch is still importing is acted on, not lost
+start_early(sys.argv)  # logger=...mlflow: its process imports MLflow while torch imports here
 
 import logging
-import sys
 import time
 from pathlib import Path
 
@@ -97,7 +100,8 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     if run.finished is not None:
         return run.finished
     context = RunContext.for_training(run.processes, trainer, cfg.seed)  # seed, device, writes
-    out = Outputs(run.run_dir, context.is_main, Tracker.of(cfg.logger, context.writes))
+    tracker = Tracker.of(cfg.logger, context.writes, Path(cfg.paths.runs))  # connects meanwhile
+    out = Outputs(run.run_dir, context.is_main, tracker)
     out.print(report.config_tree(run.record.resolved))
     log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)
     precision = build(cfg.precision, device=context.device)

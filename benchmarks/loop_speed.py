@@ -5,6 +5,7 @@ model, optimizer, batch size and seed; and train.py's start-up time against ``im
     python benchmarks/loop_speed.py --cases mlp --rounds 5
     python benchmarks/loop_speed.py --cases mlp mlp_ema cnn cnn_mix   # the EMA's and mixing's cost
     python benchmarks/loop_speed.py --cases mlp mlp_logged            # three loggers' cost
+    python benchmarks/loop_speed.py --cases digits_mlflow --rounds 5  # MLflow's wall-time cost
 
 For each case it times, in one process:
 
@@ -335,10 +336,46 @@ def startup(repeats: int) -> dict:
     return result
 
 
+def mlflow_overhead(repeats: int) -> dict:
+    """Wall time of the default digits job, ``python train.py``, with ``logger=tensorboard``
+    against ``logger=[tensorboard,mlflow]``, each a fresh process (MLflow's import, its
+    store's start-up check and every send counted), alternated so the machine's drift is kept
+    out; on one ``runs/``, so the store is made by the first MLflow run (timed apart)."""
+
+    def wall(logger: str, cwd: str, name: str) -> float:
+        start = time.perf_counter()
+        subprocess.run([sys.executable, str(ROOT / "train.py"), f"logger={logger}",
+                        f"run_name={name}"], cwd=cwd, check=True, capture_output=True)  # fmt: skip
+        return time.perf_counter() - start
+
+    loggers = {"tensorboard": "tensorboard", "mlflow": "[tensorboard,mlflow]"}
+    seconds: dict[str, list[float]] = {name: [] for name in loggers}
+    ratios: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        first = wall(loggers["mlflow"], tmp, "store")  # makes runs/mlflow.db
+        for index in range(repeats):
+            before = wall(loggers["tensorboard"], tmp, f"tb-{index}")
+            tracked = wall(loggers["mlflow"], tmp, f"mlflow-{index}")
+            after = wall(loggers["tensorboard"], tmp, f"tb-after-{index}")
+            seconds["tensorboard"] += [before, after]
+            seconds["mlflow"].append(tracked)
+            ratios.append(tracked / statistics.mean([before, after]))
+    result = {"case": "digits_mlflow", "repeats": repeats,
+              "first_mlflow_run_seconds": round(first, 2),
+              **{f"{n}_seconds": round(statistics.median(s), 2) for n, s in seconds.items()},
+              "ratio": round(statistics.median(ratios), 3)}  # fmt: skip
+    print(f"\ndigits job wall time: logger=tensorboard {result['tensorboard_seconds']:.2f}s, "
+          f"logger=[tensorboard,mlflow] {result['mlflow_seconds']:.2f}s: {result['ratio']:.2f}× "
+          f"(median of {repeats} side-by-side ratios); the run that made the store "
+          f"{first:.2f}s")  # fmt: skip
+    print(json.dumps(result))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", nargs="+", default=[*CASES, "startup"],
-                        choices=[*CASES, "startup"])  # fmt: skip
+                        choices=[*CASES, "startup", "digits_mlflow"])  # fmt: skip
     parser.add_argument("--rounds", type=int, default=2, help="runs of each method per case")
     parser.add_argument("--epochs", type=int, help="epochs per round (1 is warm-up); "
                         f"default per case: {EPOCHS}")  # fmt: skip
@@ -348,6 +385,8 @@ def main() -> None:
     for case in args.cases:
         if case == "startup":
             startup(repeats=args.rounds)
+        elif case == "digits_mlflow":
+            mlflow_overhead(repeats=args.rounds)
         else:
             results[case] = bench_case(case, args.rounds, args.epochs or EPOCHS[case])
     for case, (base, extra) in FEATURE_CASES.items():

@@ -57,6 +57,8 @@ Showing and measuring
                  held points, the tracked run a resume continues, finished/failed/killed
     trackers     the history in the run dir: TensorBoard events, the long-form metrics.csv
     tracker_mlflow  logger=mlflow: a run in an MLflow store (sqlite under runs/ by default)
+    tracker_process  a tracker in a process of its own beside the training (MLflow's import
+                 and store check off the training's path); its log and stops handed back
     tracker_wandb   logger=wandb: a W&B run, offline unless an API key is set up
     text         names from data as terminal text and as spreadsheet cells
     report       what the config tree, model summary, final table and metrics.json hold

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from utils.claim import release_claims
 from utils.config import flatten, forget_fresh_folders
 from utils.errors import EXIT_USER_ERROR, print_error, user_error_in
+from utils.tracker_process import let_early_go
 
 
 def one_line_errors(command: Any, cfg: Any) -> None:
@@ -85,6 +86,7 @@ def run_cli(main: Any, config_name: str) -> None:
     finally:
         release_claims()  # a run's folder is free again however the run ended (utils/claim.py)
         forget_fresh_folders()
+        let_early_go()  # a tracker's process forked early that no backend took
         sys.stdout, sys.stderr = streams
 
 

@@ -38,6 +38,7 @@ def local_store(runs_root: Path) -> str:
 class Mlflow(Backend):
     name = "mlflow"
     holds = True
+    own_process = True  # its import and store check take seconds: run beside the training
 
     def __init__(self, tracking_uri: str | None = None, experiment: str | None = None) -> None:
         self.tracking_uri, self.experiment = tracking_uri, experiment
@@ -45,6 +46,11 @@ class Mlflow(Backend):
         self.run_id: str | None = None
         self.experiment_id: str | None = None
         self.tracked: TrackedRun | None = None
+
+    def prepare(self, runs_root: Path) -> None:
+        """MLflow's import and the store's start-up check: seconds, so done in a process of
+        its own while the run sets up (utils/tracker_process.py)."""
+        self.client = connect(self.tracking_uri or local_store(runs_root))
 
     # Every call that reaches the store is waited for so that a stop request ends the wait
     # within seconds (utils/signals.py until_stopped): a server that accepts and never answers
@@ -66,7 +72,8 @@ class Mlflow(Backend):
         until_stopped(lambda: self._close(status), "logger.mlflow's store")
 
     def _open(self, run: TrackedRun, stored: dict | None) -> None:
-        self.client = connect(self.tracking_uri or local_store(run.runs_root))
+        if self.client is None:  # not prepared
+            self.client = connect(self.tracking_uri or local_store(run.runs_root))
         self.tracked = run
         local = self.client.tracking_uri.startswith(("sqlite:", "file:", "/"))
         artifacts = (Path(run.runs_root) / "mlartifacts").resolve().as_uri() if local else None

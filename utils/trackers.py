@@ -23,6 +23,10 @@ class Backend:
     name = ""
     holds = False  # True: cannot drop points, so gets them only once a checkpoint holds them
 
+    def prepare(self, runs_root: Path) -> None:
+        """Start what takes long (a store's connection) while the run sets up, before
+        :meth:`open`; ``runs_root`` is ``paths.runs``."""
+
     def open(self, run: Any, stored: dict | None, step: int | None) -> None:
         """Start writing for ``run`` (utils/tracking.py TrackedRun). A resume passes what
         the checkpoint recorded of this backend (``stored``) and its step."""

@@ -101,10 +101,12 @@ class Tracker:
         self.ended = False
 
     @classmethod
-    def of(cls, logger: Any, writes: bool) -> Tracker:
+    def of(cls, logger: Any, writes: bool, runs_root: Path | None = None) -> Tracker:
         """The backends of the ``logger`` node (one entry per chosen backend); none where
         this process does not write the run's files. Every process checks that the chosen
-        packages import, so a missing one ends every rank with the same line."""
+        packages import, so a missing one ends every rank with the same line. With
+        ``runs_root`` (``paths.runs``) each backend starts connecting now, while the run sets
+        up (:meth:`Backend.prepare`)."""
         from utils.config import build
 
         nodes = dict(logger or {})
@@ -115,7 +117,12 @@ class Tracker:
             module, extra = BACKENDS[name]
             if module:
                 require(module, extra, f"logger={name}")
-        return cls([build(node) for node in nodes.values()] if writes else [], writes)
+        backends = [build(node) for node in nodes.values()] if writes else []
+        if runs_root is not None:  # each starts now; MLflow in a process of its own
+            from utils.tracker_process import in_own_process
+
+            backends = [in_own_process(backend, runs_root) for backend in backends]
+        return cls(backends, writes)
 
     # --- Opening ------------------------------------------------------------------------
 

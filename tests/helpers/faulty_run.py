@@ -120,10 +120,12 @@ def main() -> None:
     utils.checkpointer.keep_copies = counted("copies", utils.checkpointer.keep_copies, True)
     tracker = utils.tracking.Tracker
     tracker.checkpoint_written = counted("history_send", tracker.checkpoint_written, True)
-    if "mlflow" in " ".join(sys.argv):
-        from utils.tracker_mlflow import Mlflow as mlflow
+    if "mlflow" in " ".join(sys.argv):  # once MLflow's process answered (utils/tracker_process.py)
+        from utils.tracker_mlflow import Mlflow
+        from utils.tracker_process import InChildProcess, forks
 
-        mlflow.send = counted("mlflow_sent", mlflow.send, False)
+        sender = InChildProcess if forks() else Mlflow
+        sender.send = counted("mlflow_sent", sender.send, False)
     F.cross_entropy = counted_cross_entropy
     torch.save = faulty_save
     script, *sys.argv[1:] = sys.argv[1:]
