@@ -40,13 +40,16 @@ def test_train_state_round_trips_and_reads_older_checkpoints():
                        top_k=[[0.9, "epoch=002-val_acc=0.9000.pt"]], metrics={"val/acc": 0.9},
                        skipped_steps=1)  # fmt: skip
     saved = state.state_dict()
-    assert set(saved) == STATE_KEYS | {"skipped_steps", "early_stopping"}
+    assert set(saved) == STATE_KEYS | {"skipped_steps", "early_stopping", "elapsed_seconds"}
+    assert saved["elapsed_seconds"] > 0  # this segment's time so far
     again = TrainState()
     again.load_state_dict({**saved, "model": {}, "optimizer": {}})
+    assert again.elapsed_seconds == saved["elapsed_seconds"]
+    again.elapsed_seconds = state.elapsed_seconds
     assert again == state
     older = TrainState()
     older.load_state_dict({key: saved[key] for key in STATE_KEYS})  # before skipped_steps
-    assert older.skipped_steps == 0 and older.global_step == 40
+    assert older.skipped_steps == 0 and older.global_step == 40 and older.elapsed_seconds == 0
     older.next_epoch()
     assert (older.epoch, older.batch_in_epoch) == (4, 0)
 

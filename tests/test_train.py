@@ -16,6 +16,7 @@ CHECKPOINT_KEYS = {
     "rng_per_rank",
     "skipped_steps",
     "early_stopping",
+    "elapsed_seconds",
     "ema",
     "swa",
     "distill",
@@ -95,7 +96,8 @@ def test_run_prints_its_paths_at_start_and_end(default_run):
 
 def test_checkpoints_are_plain_dicts_that_load_with_weights_only(default_run):
     _, run_dir, checkpoint_dir = default_run
-    assert sorted(p.name for p in checkpoint_dir.iterdir()) == ["best.pt", "last.pt"]
+    assert sorted(p.name for p in checkpoint_dir.iterdir()) == [".torchloom-claim", "best.pt",
+                                                                 "last.pt"]  # fmt: skip
     last = torch.load(checkpoint_dir / "last.pt", map_location="cpu", weights_only=True)
     assert set(last) == CHECKPOINT_KEYS
     assert last["epoch"] == 20 and last["global_step"] == 20 * (1257 // 64)
