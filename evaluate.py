@@ -25,8 +25,9 @@ each target's errors and residuals, in the targets' own units (the checkpoint's 
 
 ``calibrate=temperature`` fits one temperature on the validation split, ``threshold=auto`` the
 threshold of best F1 of a binary classifier or of each label, there too; the metrics before and
-after are shown on the split asked (the test split by default), and the calibration is stored in the checkpoint's record, so evaluate.py,
-predict.py and the exports apply it (utils/calibration.py).
+after are shown on the split asked (the test split by default), and the calibration is stored
+in the checkpoint's record, so evaluate.py, predict.py and the exports apply it
+(utils/calibration.py).
 """
 
 from __future__ import annotations
@@ -261,7 +262,8 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     results: dict[str, dict] = {}
     for index, path in enumerate(files):
         seen = path.stat()  # a calibration is stored only if no run replaced the file since
-        config, weights, inputs, which = (average_checkpoints(copies, cfg.weights) if copies is not None else
+        averaged = copies is not None  # average=top_k
+        config, weights, inputs, which = (average_checkpoints(copies, cfg.weights) if averaged else
                                           read_checkpoint(path, cfg.config, cfg.weights))  # fmt: skip
         task = build(task_config(config))  # what it was trained to predict
         if fitting is not None and isinstance(inputs, dict):  # replaced, even if unreadable
@@ -279,9 +281,7 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         modules = Modules.build(model_node, data, context.device, None, task)
         load_weights(modules.model, weights)
         placement = context.placement(modules.channels_last)
-        if (
-            copies is not None
-        ):  # the average's BatchNorm statistics, from the train split; then kept
+        if averaged:  # the average's BatchNorm statistics, from the train split; then kept
             train = data.batches("train", placement, seed=config["seed"], train=False)
             refitted = recompute_batchnorm(modules.model, train.epoch(0), precision)
             if context.is_main:
