@@ -254,14 +254,15 @@ def check_file(path: Path, files: Dataset) -> str | None:
 
 
 def differing_sample(path: Path, files: Dataset) -> str | None:
-    """The key covers the file list, not the pixels a cache file claims for it: decode
-    :data:`SAMPLES_CHECKED` images chosen at random (unpredictably, so a planted file cannot
-    be right only where it is checked) and compare them with the file's."""
+    """The key covers the file list, not the pixels a cache file claims for it: decode the
+    first and last images and :data:`SAMPLES_CHECKED` chosen at random (unpredictably, so a
+    planted file cannot be right only where it is checked) and compare them with the file's."""
     images_at, _ = _layout(files)
     cached = np.memmap(path, dtype=np.uint8, mode="r", offset=images_at,
                        shape=(len(files), *files.input_shape))  # fmt: skip
     chosen = random.SystemRandom().sample(range(len(files)), min(SAMPLES_CHECKED, len(files)))
-    for index in sorted(chosen):
+    ends = {0, len(files) - 1}  # a copy cut short and padded to size is wrong at its end
+    for index in sorted(ends | set(chosen)):
         if not np.array_equal(cached[index], files[index][0].numpy()):
             return f"not these images (its image {index} differs from {files.samples[index][0]})"
     return None

@@ -88,13 +88,17 @@ def test_a_touched_removed_or_added_file_rebuilds_the_cache(tmp_path, caplog):
     assert [n for n in cache_files(root) if not n.startswith("train-")] == unchanged  # reused
 
 
-@pytest.mark.parametrize("damage", ["truncate", "header"])
+@pytest.mark.parametrize("damage", ["truncate", "header", "cut and padded"])
 def test_a_short_or_corrupt_cache_file_is_rebuilt_with_a_warning(tmp_path, caplog, damage):
-    root = write_imagefolder(tmp_path, per_class=3)
+    # 60 val images for the padded copy: random checks alone would miss its last most times
+    root = write_imagefolder(tmp_path, per_class=20 if damage == "cut and padded" else 3)
     expected = batches(load(root, "disk"), "val")
     path = root / ".torchloom-cache" / next(n for n in cache_files(root) if n.startswith("val-"))
     raw = path.read_bytes()
-    path.write_bytes(raw[: len(raw) - 7] if damage == "truncate" else b"garbage!" + raw[8:])
+    damaged = {"truncate": raw[: len(raw) - 7], "header": b"garbage!" + raw[8:],
+               # a copy cut short, padded with zeros to the right size: only its end is wrong
+               "cut and padded": raw[: len(raw) - 7] + bytes(7)}  # fmt: skip
+    path.write_bytes(damaged[damage])
     caplog.set_level(logging.WARNING, logger="torchloom")
     again = batches(load(root, "disk"), "val")
     assert "rebuilding it" in caplog.text

@@ -221,6 +221,7 @@ class SilentServer:
             connection.close()
 
 
+@pytest.mark.slow  # its own process, and MLflow's start
 def test_a_stop_while_the_tracking_server_never_answers_exits_3_within_seconds(tmp_path):
     server = SilentServer()
     try:
