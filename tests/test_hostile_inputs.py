@@ -296,6 +296,23 @@ def test_a_stale_manifest_cache_is_replaced_not_kept(tmp_path):
     assert len(second) == len(first) and second != first  # the stale ones were removed
 
 
+@pytest.mark.parametrize("cache", ["disk", "auto"])
+def test_a_touched_image_leaves_one_cache_of_its_split(tmp_path, cache):
+    write_imagefolder(tmp_path / "a", per_class=3, test=False)
+    run = [*[o for o in CACHED if not o.startswith("data.cache=")], f"data.cache={cache}",
+           "data.root=a", "overwrite=true", "run_name=t"]  # fmt: skip
+    run_train(tmp_path, *run)
+    first = cache_files(tmp_path / "a" / ".torchloom-cache")
+    touched = next((tmp_path / "a" / "train").rglob("*.png"))
+    later = time.time_ns() + 10**9
+    os.utime(touched, ns=(later, later))  # a new mtime, the same name and pixels
+    result = run_train(tmp_path, *run)
+    assert "the image folder changed" in result.stdout + result.stderr
+    second = cache_files(tmp_path / "a" / ".torchloom-cache")
+    assert len([n for n in second if n.startswith("train-")]) == 1, second
+    assert len(second) == len(first) and second != first
+
+
 def test_a_planted_cache_of_the_right_size_but_other_pixels_is_rebuilt(tmp_path):
     write_imagefolder(tmp_path / "a", per_class=3, test=False)
     run_train(tmp_path, *CACHED, "data.root=a", "run_name=p")
