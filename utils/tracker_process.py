@@ -31,6 +31,7 @@ import multiprocessing
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,7 +51,8 @@ _early: list[tuple[Any, Any]] = []  # (process, pipe) forked by start_early, not
 
 
 def forks() -> bool:
-    return "fork" in multiprocessing.get_all_start_methods()
+    """Linux forks safely after torch's import (macOS's frameworks may not survive a fork)."""
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
 
 
 def start_early(argv: Sequence[str]) -> None:
