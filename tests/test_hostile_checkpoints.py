@@ -116,6 +116,9 @@ EDITS = {
     "a world size of text mid-epoch": lambda c: c.update(batch_in_epoch=5, world_size="two"),
     "a world size of 0 mid-epoch": lambda c: c.update(batch_in_epoch=5, world_size=0),
     "an optimizer state of other keys": lambda c: c.__setitem__("optimizer", {"state": 1}),
+    "a negative elapsed time": lambda c: c.__setitem__("elapsed_seconds", -5.0),
+    "an elapsed time of text": lambda c: c.__setitem__("elapsed_seconds", "long"),
+    "an elapsed time of nan": lambda c: c.__setitem__("elapsed_seconds", float("nan")),
 }  # fmt: skip
 
 
@@ -123,6 +126,7 @@ QUICK_EDITS = (
     "a non-tensor in model",
     "losses without their keys",
     "batch_in_epoch past its epoch",
+    "an elapsed time of nan",
 )  # the rest under -m slow
 
 
