@@ -66,20 +66,26 @@ def test_a_second_sigterm_ends_whatever_is_running(tmp_path):
     assert exited.value.code == 128 + signal.SIGTERM
 
 
-@pytest.mark.slow  # its own processes
-def test_a_stop_during_an_image_cache_build_ends_it_and_keeps_nothing(tmp_path):
-    root = write_imagefolder(tmp_path / "images", per_class=4)
-    run = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *CACHED, f"data.root={root}", "run_name=c",
-         f"data.cache_dir={tmp_path}/cache"], cwd=tmp_path, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    wait_for_claim(tmp_path / "runs" / "c")  # set up, not yet building: the signal is held
+def stopped_while_setting_up(cwd: Path, run_name: str, *overrides: str) -> str:
+    """``train.py OVERRIDES`` sent SIGTERM once it has claimed its folder (set up, nothing
+    decoded yet: the signal is held until the first long phase reads it); exit 3, its output."""
+    run = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *overrides,
+                            f"run_name={run_name}"], cwd=cwd, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    wait_for_claim(cwd / "runs" / run_name)
     run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=300)
     assert run.returncode == 3, err[-3000:]
-    assert "SIGTERM received while decoding train once into the cache (0/" in out + err
-    assert "the next run builds the cache again" in out + err
+    return out + err
+
+
+@pytest.mark.slow  # its own processes
+def test_a_stop_during_an_image_cache_build_ends_it_and_keeps_nothing(tmp_path):
+    root = write_imagefolder(tmp_path / "images", per_class=4)
+    said = stopped_while_setting_up(tmp_path, "c", *CACHED, f"data.root={root}",
+                                    f"data.cache_dir={tmp_path}/cache")  # fmt: skip
+    assert "SIGTERM received while decoding train once into the cache (0/" in said
+    assert "the next run builds the cache again" in said
     assert not list((tmp_path / "cache").iterdir())  # no cache, no temporary file
     assert not (tmp_path / "checkpoints" / "c" / "last.pt").exists()
 
@@ -88,19 +94,10 @@ def test_a_stop_during_an_image_cache_build_ends_it_and_keeps_nothing(tmp_path):
 def test_a_stop_during_the_statistics_pass_without_a_cache_names_no_cache(tmp_path):
     root = write_imagefolder(tmp_path / "images", per_class=4)
     uncached = [o for o in CACHED if not o.startswith("data.cache=")]
-    run = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *uncached, "data.cache=off",
-         f"data.root={root}", "run_name=s", "data.mean=auto"], cwd=tmp_path,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    wait_for_claim(tmp_path / "runs" / "s")  # set up, not yet decoding: the signal is held
-    run.send_signal(signal.SIGTERM)
-    out, err = run.communicate(timeout=300)
-    assert run.returncode == 3, err[-3000:]
-    assert "SIGTERM received while decoding train for data.mean/std=auto (0/" in out + err
-    assert "cache" not in next(
-        line for line in (out + err).splitlines() if "received while" in line
-    )
+    said = stopped_while_setting_up(tmp_path, "s", *uncached, "data.cache=off",
+                                    f"data.root={root}", "data.mean=auto")  # fmt: skip
+    assert "SIGTERM received while decoding train for data.mean/std=auto (0/" in said
+    assert "cache" not in next(line for line in said.splitlines() if "received while" in line)
 
 
 # --- 2. Outputs never replace inputs; one run per folder at a time ---------------------------

@@ -122,6 +122,24 @@ def stop_requested() -> str | None:
 STOP_GRACE_SECONDS = 2.0  # how long a wait may go on once a stop is requested
 
 
+class StopGrace:
+    """How long a wait on something outside (a tracker) may go on: until
+    :data:`STOP_GRACE_SECONDS` after a stop request. :meth:`over` is asked between polls, and
+    says so in one warning naming ``what`` was waited for."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.stopped_at = what, None
+
+    def over(self) -> bool:
+        if self.stopped_at is None and stop_requested():
+            self.stopped_at = time.monotonic()
+        if self.stopped_at is None or time.monotonic() - self.stopped_at <= STOP_GRACE_SECONDS:
+            return False
+        log.warning("%s received while waiting for %s; stopping without it", stop_requested(),
+                    self.what)  # fmt: skip
+        return True
+
+
 def until_stopped(call: Callable[[], T], what: str) -> T:
     """``call()``'s result, waited for in a thread so that a stop request ends the wait within
     :data:`STOP_GRACE_SECONDS` (raising :class:`Interrupted`) however long ``call`` blocks: a
@@ -137,15 +155,10 @@ def until_stopped(call: Callable[[], T], what: str) -> T:
 
     thread = threading.Thread(target=run, name=f"torchloom: {what}", daemon=True)
     thread.start()
-    stopped_at = None
+    grace = StopGrace(what)
     while thread.is_alive():
         thread.join(0.1)
-        if stopped_at is None and stop_requested():
-            stopped_at = time.monotonic()
-        if stopped_at is not None and thread.is_alive() and (
-                time.monotonic() - stopped_at > STOP_GRACE_SECONDS):  # fmt: skip
-            log.warning("%s received while waiting for %s; stopping without it",
-                        stop_requested(), what)  # fmt: skip
+        if thread.is_alive() and grace.over():
             raise Interrupted
     if "error" in outcome:
         raise outcome["error"]

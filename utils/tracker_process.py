@@ -32,14 +32,13 @@ import os
 import re
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from utils.claim import forget_claims
 from utils.errors import UserError
-from utils.signals import STOP_GRACE_SECONDS, STOP_SIGNALS, Interrupted, stop_requested
+from utils.signals import STOP_SIGNALS, Interrupted, StopGrace
 from utils.trackers import Backend
 
 log = logging.getLogger("torchloom")
@@ -110,16 +109,12 @@ class InChildProcess(Backend):
         if self.ended:
             raise RuntimeError(f"logger.{self.name}'s process has ended")
         self.pipe.send((method, args))
-        stopped_at = None
+        grace = StopGrace(f"logger.{self.name}")
         while not self.pipe.poll(0.1):
             if not self.process.is_alive():
                 self._end()
                 raise RuntimeError(f"logger.{self.name}'s process ended unexpectedly")
-            if stopped_at is None and stop_requested():
-                stopped_at = time.monotonic()
-            if stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_SECONDS:
-                log.warning("%s received while waiting for logger.%s; stopping without it",
-                            stop_requested(), self.name)  # fmt: skip
+            if grace.over():
                 self._end()
                 raise Interrupted
         try:
