@@ -102,8 +102,14 @@ def checkpoint_files(ckpt: Any) -> list[Path]:
     return files
 
 
-def export(modules: Modules, task: Any, stored: tuple[dict, InputRecord], path: Path,
-           out: Outputs, exporter: str) -> None:  # fmt: skip
+def export(
+    modules: Modules,
+    task: Any,
+    stored: tuple[dict, InputRecord],
+    path: Path,
+    out: Outputs,
+    exporter: str,
+) -> None:
     """The evaluated weights to ``path``: a verified program (.pt2 with torch.export, .onnx
     with ``exporter``) holding what the record says (a regression model's outputs in the
     targets' units, a temperature and thresholds), or .safetensors with the ``stored`` config
@@ -115,9 +121,11 @@ def export(modules: Modules, task: Any, stored: tuple[dict, InputRecord], path: 
         units = "" if unit is None else ", in the model's scaled units"
         calibrated = f"; {task.calibrated.described()}" if task.calibrated else ""
         runner = "onnxruntime" if suffix == ".onnx" else "torch.export.load"
-        out.print(f"exported the model to {path} (outputs: {', '.join(outputs)}{calibrated}); "
-                  f"{runner} on batches of 1, 2 and 8 differs from PyTorch by at most "
-                  f"{difference:.1e} (fp32{units}, bar 1e-5)")  # fmt: skip
+        out.print(
+            f"exported the model to {path} (outputs: {', '.join(outputs)}{calibrated}); "
+            f"{runner} on batches of 1, 2 and 8 differs from PyTorch by at most "
+            f"{difference:.1e} (fp32{units}, bar 1e-5)"
+        )
     else:  # .safetensors (checked before anything was evaluated)
         config, record = stored
         export_safetensors(modules.model, config, record.to_dict(), path)
@@ -132,22 +140,40 @@ def copies_to_average(cfg: DictConfig, files: list[Path]) -> list[Path] | None:
     if cfg.average is None:
         return None
     if len(files) != 1 or cfg.logger or cfg.calibrate or cfg.threshold:
-        raise UserError("average=top_k takes one run's checkpoint folder (ckpt=checkpoints/<run>) "
-                        "and no calibrate=, threshold= or logger=; calibrate the averaged.pt it "
-                        "writes afterwards")  # fmt: skip
+        raise UserError(
+            "average=top_k takes one run's checkpoint folder (ckpt=checkpoints/<run>) "
+            "and no calibrate=, threshold= or logger=; calibrate the averaged.pt it "
+            "writes afterwards"
+        )
     return top_k_files(files[0].parent)  # fewer than two: refused by the average itself
 
 
-def keep_average(model: Any, stored: tuple[dict, dict | None], copies: list[Path], path: Path,
-                 refitted: str, out: Outputs) -> None:  # fmt: skip
+def keep_average(
+    model: Any,
+    stored: tuple[dict, dict | None],
+    copies: list[Path],
+    path: Path,
+    refitted: str,
+    out: Outputs,
+) -> None:
     """The averaged weights (with their refitted statistics) as a checkpoint evaluate.py,
     predict.py and init_from read: the ``stored`` config and inputs record beside them."""
     config, inputs = stored
-    save_atomic({"format_version": FORMAT_VERSION, "model": model.state_dict(), "config": config,
-                 "inputs": inputs, "classes": (inputs or {}).get("classes"),
-                 "averaged_from": [str(p) for p in copies]}, path)  # fmt: skip
-    out.print(f"averaged {len(copies)} top-k copies ({', '.join(p.name for p in copies)}) into "
-              f"{path}{refitted}")  # fmt: skip
+    save_atomic(
+        {
+            "format_version": FORMAT_VERSION,
+            "model": model.state_dict(),
+            "config": config,
+            "inputs": inputs,
+            "classes": (inputs or {}).get("classes"),
+            "averaged_from": [str(p) for p in copies],
+        },
+        path,
+    )
+    out.print(
+        f"averaged {len(copies)} top-k copies ({', '.join(p.name for p in copies)}) into "
+        f"{path}{refitted}"
+    )
 
 
 def calibration_asked(cfg: DictConfig, files: list[Path], context: RunContext) -> tuple | None:
@@ -156,22 +182,32 @@ def calibration_asked(cfg: DictConfig, files: list[Path], context: RunContext) -
     if cfg.calibrate not in (None, "temperature"):
         raise UserError(f"calibrate={cfg.calibrate} must be temperature (or null)")
     if cfg.threshold not in (None, "auto"):
-        raise UserError(f"threshold={cfg.threshold} must be auto (or null); predict.py "
-                        "threshold=<p> sets one for its rows")  # fmt: skip
+        raise UserError(
+            f"threshold={cfg.threshold} must be auto (or null); predict.py "
+            "threshold=<p> sets one for its rows"
+        )
     if cfg.calibrate is None and cfg.threshold is None:
         return None
     asked = "calibrate=temperature" if cfg.calibrate else "threshold=auto"
     if len(files) != 1 or files[0].suffix == ".safetensors":
-        raise UserError(f"{asked} stores what it fits in one .pt checkpoint's record; ckpt names "
-                        f"{'an export' if len(files) == 1 else f'{len(files)} checkpoints'} "
-                        "(calibrate the .pt, then export it)")  # fmt: skip
+        raise UserError(
+            f"{asked} stores what it fits in one .pt checkpoint's record; ckpt names "
+            f"{'an export' if len(files) == 1 else f'{len(files)} checkpoints'} "
+            "(calibrate the .pt, then export it)"
+        )
     if context.processes.world_size > 1:
         raise UserError(f"{asked} runs in one process: drop torchrun")
     return cfg.calibrate is not None, cfg.threshold is not None
 
 
-def calibrate_on_val(task: Any, model: Any, batches: tuple[Any, Any], precision: Precision,
-                     fit: tuple[tuple, str, str], out: Outputs) -> tuple[Any, dict, dict]:  # fmt: skip
+def calibrate_on_val(
+    task: Any,
+    model: Any,
+    batches: tuple[Any, Any],
+    precision: Precision,
+    fit: tuple[tuple, str, str],
+    out: Outputs,
+) -> tuple[Any, dict, dict]:
     """(the task with a calibration fitted on the validation split, its detailed metrics on
     the split asked, those before): ``batches`` = (val's, the asked split's); ``fit`` = (what
     to fit, the weights the outputs come from, the split asked). Fitted on val, always, and
@@ -206,8 +242,10 @@ def training_run_logger(logger: Any) -> Any:
     nodes = dict(logger or {})
     others = [name for name in nodes if name != "mlflow"]
     if others:
-        raise UserError(f"logger={others[0]}: evaluate.py adds its metrics to the training "
-                        "run in MLflow only (logger=mlflow)")  # fmt: skip
+        raise UserError(
+            f"logger={others[0]}: evaluate.py adds its metrics to the training "
+            "run in MLflow only (logger=mlflow)"
+        )
     if not nodes:
         return None
     require("mlflow", "mlflow", "logger=mlflow")
@@ -223,13 +261,14 @@ def add_to_training_run(node: Any, path: Path, config: dict, metrics: dict, spli
     run_id = (backends.get("mlflow") or {}).get("run_id")
     token = tracking.get("token")
     if "mlflow" not in backends:
-        raise UserError(f"logger=mlflow: {path} was not trained with logger=mlflow, so there is "
-                        "no MLflow run to add its metrics to")  # fmt: skip
+        raise UserError(
+            f"logger=mlflow: {path} was not trained with logger=mlflow, so there is "
+            "no MLflow run to add its metrics to"
+        )
     runs = Path(str((config.get("paths") or {}).get("runs", "runs")))
     step = checkpoint.get("global_step", 0)
     where = (runs, step if isinstance(step, int) else 0)
-    run_id, uri = log_evaluation(node, (run_id, token), where,
-                                 metrics, "evaluate")  # fmt: skip
+    run_id, uri = log_evaluation(node, (run_id, token), where, metrics, "evaluate")
     print(f"added the {split} metrics of {path} to MLflow run {run_id} ({uri})")
 
 
@@ -254,8 +293,9 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     if cfg.onnx_exporter not in EXPORTERS:
         raise UserError(f"onnx_exporter={cfg.onnx_exporter!r} must be dynamo or torchscript")
     if cfg.export:  # never over the checkpoint it is made from
-        check_output(Path(cfg.export), "export", files,
-                     suffixes=(*PROGRAM_SUFFIXES, ".safetensors"))  # fmt: skip
+        check_output(
+            Path(cfg.export), "export", files, suffixes=(*PROGRAM_SUFFIXES, ".safetensors")
+        )
     fitting = calibration_asked(cfg, files, context)  # calibrate=temperature, threshold=auto
     copies = copies_to_average(cfg, files)  # average=top_k: a run's top-k copies, as one model
     out.track()
@@ -263,8 +303,11 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     for index, path in enumerate(files):
         seen = path.stat()  # a calibration is stored only if no run replaced the file since
         averaged = copies is not None  # average=top_k
-        config, weights, inputs, which = (average_checkpoints(copies, cfg.weights) if averaged else
-                                          read_checkpoint(path, cfg.config, cfg.weights))  # fmt: skip
+        config, weights, inputs, which = (
+            average_checkpoints(copies, cfg.weights)
+            if averaged
+            else read_checkpoint(path, cfg.config, cfg.weights)
+        )
         task = build(task_config(config))  # what it was trained to predict
         if fitting is not None and isinstance(inputs, dict):  # replaced, even if unreadable
             inputs = {key: value for key, value in inputs.items() if key != "calibration"}
@@ -285,30 +328,39 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
             train = data.batches("train", placement, seed=config["seed"], train=False)
             refitted = recompute_batchnorm(modules.model, train.epoch(0), precision)
             if context.is_main:
-                keep_average(modules.model, (config, inputs), copies, run_dir / "averaged.pt",
-                             "; BatchNorm statistics refitted on the train split" if refitted
-                             else "", out)  # fmt: skip
+                keep_average(
+                    modules.model,
+                    (config, inputs),
+                    copies,
+                    run_dir / "averaged.pt",
+                    "; BatchNorm statistics refitted on the train split" if refitted else "",
+                    out,
+                )
         batches = data.batches(cfg.split, placement, seed=config["seed"], train=False)
         if fitting is None:
             metrics = evaluate(
                 modules.model, batches.epoch(0), precision, task.scores(detailed=True)
             )
             if task.calibrated is not None:  # stored by an earlier calibrate=/threshold=
-                out.print(f"{path}: applying its stored calibration: "
-                          f"{task.calibrated.described()}")  # fmt: skip
+                out.print(f"{path}: applying its stored calibration: {task.calibrated.described()}")
         else:  # fitted on val, stored in the record: what predict.py and the exports apply
             if inputs is None:
-                raise UserError(f"{path} holds no inputs record to store a calibration in (it "
-                                "was saved before predict.py); train it one more epoch with "
-                                "resume=... to write one")  # fmt: skip
+                raise UserError(
+                    f"{path} holds no inputs record to store a calibration in (it "
+                    "was saved before predict.py); train it one more epoch with "
+                    "resume=... to write one"
+                )
             if data.test_split != "test":  # its val split was its test too
-                raise UserError(f"{path}: its run has no test split, so it reported its val "
-                                "split as its test; a calibration fitted there leaves no "
-                                "honest figure: give the data a test split (a test/ folder, "
-                                "data.split.test_path= or data.split.test=) and train again")  # fmt: skip
+                raise UserError(
+                    f"{path}: its run has no test split, so it reported its val "
+                    "split as its test; a calibration fitted there leaves no "
+                    "honest figure: give the data a test split (a test/ folder, "
+                    "data.split.test_path= or data.split.test=) and train again"
+                )
             val = data.batches("val", placement, seed=config["seed"], train=False)
-            task, metrics, before = calibrate_on_val(task, modules.model, (val, batches),
-                                                     precision, (fitting, which, cfg.split), out)  # fmt: skip
+            task, metrics, before = calibrate_on_val(
+                task, modules.model, (val, batches), precision, (fitting, which, cfg.split), out
+            )
             if context.is_main:
                 replace_inputs_record(path, {**inputs, **task.record()}, seen)
                 out.print(f"stored in {path}'s record")
@@ -321,8 +373,14 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         if to_training_run is not None and context.is_main:
             add_to_training_run(to_training_run, path, config, results[str(path)], cfg.split)
         if cfg.export and context.is_main:
-            export(modules, task, (config, InputRecord.from_run(data, task)), Path(cfg.export),
-                   out, cfg.onnx_exporter)  # fmt: skip
+            export(
+                modules,
+                task,
+                (config, InputRecord.from_run(data, task)),
+                Path(cfg.export),
+                out,
+                cfg.onnx_exporter,
+            )
     out.close()
     if len(results) > 1:
         out.print(tables.comparison(results, cfg.split))

@@ -62,14 +62,17 @@ def checkpoint_file(ckpt: str) -> Path:
 def predict(cfg: DictConfig) -> None:
     for key in ("ckpt", "input"):
         if OmegaConf.is_missing(cfg, key):
-            raise UserError(f"{key} is required: python predict.py ckpt=<checkpoint> input=<images "
-                            "or CSV> out=predictions.csv")  # fmt: skip
+            raise UserError(
+                f"{key} is required: python predict.py ckpt=<checkpoint> input=<images "
+                "or CSV> out=predictions.csv"
+            )
     for key in ("topk", "batch_size"):
         if not (isinstance(cfg[key], int) and cfg[key] >= 1):
             raise UserError(f"{key}={cfg[key]} must be a whole number, 1 or more")
     path = checkpoint_file(str(cfg.ckpt))
-    check_output(Path(str(cfg.out)), "out", inputs=[path, Path(str(cfg.input))],
-                 suffixes=(".csv", ".tsv"))  # fmt: skip
+    check_output(
+        Path(str(cfg.out)), "out", inputs=[path, Path(str(cfg.input))], suffixes=(".csv", ".tsv")
+    )
     context = RunContext.open(Processes(), cfg.device)
     out = Outputs(Path(HydraConfig.get().runtime.output_dir), True)
     rebuilt = rebuild(path, cfg.weights, context.device)  # as evaluate.py reads: untrusted
@@ -106,11 +109,16 @@ def unseen_categories(path: Path, unseen: list[str] | None, mode: str) -> list[s
         return None
     if mode == "error":
         line = next(n for n, flag in enumerate(unseen) if flag) + 2
-        raise UserError(f"{path} line {line}: {unseen[line - 2]} is a category the train file "
-                        "never held, which the model would see as all zeros; fix the value, "
-                        "or pass unseen=warn to predict it flagged")  # fmt: skip
-    log.warning("warning: %s; predicted with those columns all zeros, and flagged in the "
-                "'unseen' column of the output (unseen=error refuses them)", said)  # fmt: skip
+        raise UserError(
+            f"{path} line {line}: {unseen[line - 2]} is a category the train file "
+            "never held, which the model would see as all zeros; fix the value, "
+            "or pass unseen=warn to predict it flagged"
+        )
+    log.warning(
+        "warning: %s; predicted with those columns all zeros, and flagged in the "
+        "'unseen' column of the output (unseen=error refuses them)",
+        said,
+    )
     return unseen
 
 

@@ -122,8 +122,9 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     if trainer.shapes_only:  # debug=shapes
         return debug.show_shapes(modules, out)
     modules.wrap_for_steps(context.processes, trainer)  # DDP, torch.compile
-    batches = debug.wrap_batches(data.batches_for(context.placement(modules.channels_last),
-                                                  cfg.seed), trainer)  # fmt: skip
+    batches = debug.wrap_batches(
+        data.batches_for(context.placement(modules.channels_last), cfg.seed), trainer
+    )
     start = check_start_up(
         modules.model, data, batches.train, trainer, task, context.processes.world_size
     )
@@ -170,8 +171,9 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
 
         # --- Test the best checkpoint (val when the dataset has no test split) ------------
         checkpointer.load_best()  # its weights, and its val/ figures for metrics.json
-        test = figures(evaluate(judged, batches.test().epoch(0), precision,
-                                task.scores(detailed=True)))  # + calibration, ROC-AUC  # fmt: skip
+        test = figures(
+            evaluate(judged, batches.test().epoch(0), precision, task.scores(detailed=True))
+        )  # + calibration, ROC-AUC
         state.record("test", test)
         out.scalars("test", test, state.global_step)
         if data.fold_ids is not None:  # data.split.folds: best.pt's val predictions (oof.csv)

@@ -39,21 +39,34 @@ CASES = {
     },
     "swa": {
         "cnn": ["model=cnn"],
-        "cnn, swa.start=0.75 swa.lr=0.0005": ["model=cnn", "trainer.swa.start=0.75",
-                                               "trainer.swa.lr=0.0005"],
+        "cnn, swa.start=0.75 swa.lr=0.0005": [
+            "model=cnn",
+            "trainer.swa.start=0.75",
+            "trainer.swa.lr=0.0005",
+        ],
     },
     "layer_decay": {
         "from scratch": TRANSFER,
-        **{f"init_from, layer_decay={decay}": [*TRANSFER, "init_from=checkpoints/source/best.pt",
-                                               f"optim.layer_decay={decay}"]
-           for decay in ("null", "0.9", "0.7", "0.5")},
+        **{
+            f"init_from, layer_decay={decay}": [
+                *TRANSFER,
+                "init_from=checkpoints/source/best.pt",
+                f"optim.layer_decay={decay}",
+            ]
+            for decay in ("null", "0.9", "0.7", "0.5")
+        },
     },
-}  # fmt: skip
+}
 
 
 def train(cwd: Path, *overrides: str) -> None:
-    subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=cwd, check=True,
-                   capture_output=True, text=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *overrides],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
 
 
 def write_transfer(cwd: Path) -> None:
@@ -74,8 +87,17 @@ def write_transfer(cwd: Path) -> None:
     val = torch.cat([torch.nonzero(y == c)[20:40, 0] for c in range(5)])
     rest = torch.ones(len(y), dtype=torch.bool)
     rest[train], rest[val] = False, False
-    torch.save({"x": x[train], "y": y[train], "x_val": x[val], "y_val": y[val],
-                "x_test": x[rest], "y_test": y[rest]}, cwd / "target.pt")  # fmt: skip
+    torch.save(
+        {
+            "x": x[train],
+            "y": y[train],
+            "x_val": x[val],
+            "y_val": y[val],
+            "x_test": x[rest],
+            "y_test": y[rest],
+        },
+        cwd / "target.pt",
+    )
 
 
 def main() -> None:
@@ -92,18 +114,27 @@ def main() -> None:
             train(cwd, "model=cnn", "run_name=teacher", *epochs)
         if "layer_decay" in options.cases:
             write_transfer(cwd)
-            train(cwd, "data=tensors", "data.path=source.pt", "model=cnn", "run_name=source",
-                  *epochs)  # fmt: skip
+            train(
+                cwd, "data=tensors", "data.path=source.pt", "model=cnn", "run_name=source", *epochs
+            )
         for case in options.cases:
             for number, (name, overrides) in enumerate(CASES[case].items()):
                 sweep = f"{case}-{number}"
                 train(cwd, "-m", *overrides, seeds, f"run_name={sweep}", *epochs)
                 (group,) = json.loads((cwd / "runs" / sweep / "summary.json").read_text())[
-                    "seed_groups"]  # fmt: skip
-                figures = {key: [round(group[key]["mean"], 4), round(group[key]["std"], 4)]
-                           for key in SHOWN}  # fmt: skip
-                print(json.dumps({"case": case, "run": name, "seeds": len(options.seeds),
-                                  **figures}, ensure_ascii=False), flush=True)  # fmt: skip
+                    "seed_groups"
+                ]
+                figures = {
+                    key: [round(group[key]["mean"], 4), round(group[key]["std"], 4)]
+                    for key in SHOWN
+                }
+                print(
+                    json.dumps(
+                        {"case": case, "run": name, "seeds": len(options.seeds), **figures},
+                        ensure_ascii=False,
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

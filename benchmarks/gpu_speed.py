@@ -43,15 +43,31 @@ COMMON = ["optim=adamw", "scheduler=none", "trainer.val_every_n_epochs=1000"]
 
 
 def resnet_overrides(samples: int, batch: int = 256) -> list[str]:
-    return ["data=synthetic", f"data.num_samples={samples}", "data.shape=[3,32,32]",
-            f"data.val_size={batch}", f"data.test_size={batch}", f"data.batch_size={batch}",
-            "model=resnet18", *COMMON]  # fmt: skip
+    return [
+        "data=synthetic",
+        f"data.num_samples={samples}",
+        "data.shape=[3,32,32]",
+        f"data.val_size={batch}",
+        f"data.test_size={batch}",
+        f"data.batch_size={batch}",
+        "model=resnet18",
+        *COMMON,
+    ]
 
 
 def mnist_overrides(samples: int) -> list[str]:
-    return ["data=synthetic", f"data.num_samples={samples}", "data.shape=[1,28,28]",
-            "data.val_size=256", "data.test_size=256", "data.batch_size=128", "model=mlp",
-            "model.hidden_sizes=[256]", "model.dropout=0.0", *COMMON]  # fmt: skip
+    return [
+        "data=synthetic",
+        f"data.num_samples={samples}",
+        "data.shape=[1,28,28]",
+        "data.val_size=256",
+        "data.test_size=256",
+        "data.batch_size=128",
+        "model=mlp",
+        "model.hidden_sizes=[256]",
+        "model.dropout=0.0",
+        *COMMON,
+    ]
 
 
 def sync(device: torch.device) -> None:
@@ -70,8 +86,9 @@ class Setting:
     epochs: int
 
 
-def hand_written(data, model_and_optimizer, setting: Setting, seed: int,
-                 loader: bool = False) -> list[float]:  # fmt: skip
+def hand_written(
+    data, model_and_optimizer, setting: Setting, seed: int, loader: bool = False
+) -> list[float]:
     """The loop a careful user writes by hand: one autocast, one GradScaler (enabled for fp16
     only), the data either whole on the device or from a pinned-memory DataLoader."""
     device, precision, channels_last = setting.device, setting.precision, setting.channels_last
@@ -85,10 +102,16 @@ def hand_written(data, model_and_optimizer, setting: Setting, seed: int,
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     batch, n = data.batch_size, len(labels)
     if loader:
-        batches_of = DataLoader(TensorDataset(inputs, labels), batch_size=batch, shuffle=True,
-                                drop_last=True, pin_memory=device.type == "cuda", num_workers=2,
-                                persistent_workers=True,
-                                generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        batches_of = DataLoader(
+            TensorDataset(inputs, labels),
+            batch_size=batch,
+            shuffle=True,
+            drop_last=True,
+            pin_memory=device.type == "cuda",
+            num_workers=2,
+            persistent_workers=True,
+            generator=torch.Generator().manual_seed(seed),
+        )
     else:
         inputs = inputs.to(device).contiguous(memory_format=memory_format)
         labels = labels.to(device)
@@ -99,12 +122,22 @@ def hand_written(data, model_and_optimizer, setting: Setting, seed: int,
         start = time.perf_counter()
         model.train()
         if loader:
-            epoch = ((x.to(device, non_blocking=True).contiguous(memory_format=memory_format),
-                      y.to(device, non_blocking=True)) for x, y in batches_of)  # fmt: skip
+            epoch = (
+                (
+                    x.to(device, non_blocking=True).contiguous(memory_format=memory_format),
+                    y.to(device, non_blocking=True),
+                )
+                for x, y in batches_of
+            )
         else:
             order = torch.randperm(n, generator=generator).to(device)
-            epoch = ((inputs[order[i * batch:(i + 1) * batch]],
-                      labels[order[i * batch:(i + 1) * batch]]) for i in range(n // batch))  # fmt: skip
+            epoch = (
+                (
+                    inputs[order[i * batch : (i + 1) * batch]],
+                    labels[order[i * batch : (i + 1) * batch]],
+                )
+                for i in range(n // batch)
+            )
         for images, targets in epoch:
             with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                 loss = F.cross_entropy(step_model(images), targets)
@@ -117,24 +150,35 @@ def hand_written(data, model_and_optimizer, setting: Setting, seed: int,
     return rates[1:]
 
 
-def compare(name: str, overrides: list[str], setting: Setting, workdir: Path,
-            loader_too: bool = False) -> dict:  # fmt: skip
+def compare(
+    name: str, overrides: list[str], setting: Setting, workdir: Path, loader_too: bool = False
+) -> dict:
     device, precision, channels_last = setting.device, setting.precision, setting.channels_last
     compile_model, epochs = setting.compile_model, setting.epochs
-    config = [*overrides, f"precision={precision}", f"trainer.device={device}",
-              f"trainer.channels_last={str(channels_last).lower()}",
-              f"trainer.compile={str(compile_model).lower()}"]  # fmt: skip
+    config = [
+        *overrides,
+        f"precision={precision}",
+        f"trainer.device={device}",
+        f"trainer.channels_last={str(channels_last).lower()}",
+        f"trainer.compile={str(compile_model).lower()}",
+    ]
     cfg, data, model_and_optimizer = build_case(config)
     rates = {
         "hand_written": hand_written(data, model_and_optimizer, setting, cfg.seed),
-    }  # fmt: skip
+    }
     if loader_too:
-        rates["dataloader"] = hand_written(data, model_and_optimizer, setting, cfg.seed,
-                                           loader=True)  # fmt: skip
+        rates["dataloader"] = hand_written(
+            data, model_and_optimizer, setting, cfg.seed, loader=True
+        )
     rates["torchloom"] = torchloom_run(config, epochs, workdir, name)[0][1:]
     floor = statistics.median(rates["hand_written"])
-    result = {"case": name, "precision": precision, "channels_last": channels_last,
-              "compile": compile_model, "batch": data.batch_size}  # fmt: skip
+    result = {
+        "case": name,
+        "precision": precision,
+        "channels_last": channels_last,
+        "compile": compile_model,
+        "batch": data.batch_size,
+    }
     for method, values in rates.items():
         result[f"{method}_images_per_second"] = round(statistics.median(values), 1)
         result[f"{method}_ratio"] = round(statistics.median(values) / floor, 3)
@@ -148,34 +192,51 @@ def compare(name: str, overrides: list[str], setting: Setting, workdir: Path,
 
 def fp16_end_to_end(device: torch.device, overrides: list[str], workdir: Path) -> dict:
     """``python train.py precision=fp16`` in a subprocess, exactly as a user starts it."""
-    command = [sys.executable, str(ROOT / "train.py"), *overrides,
-               "precision=fp16", f"trainer.device={device}", "trainer.max_epochs=3",
-               "run_name=fp16", f"paths.runs={workdir / 'runs'}",
-               f"paths.checkpoints={workdir / 'checkpoints'}"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *overrides,
+        "precision=fp16",
+        f"trainer.device={device}",
+        "trainer.max_epochs=3",
+        "run_name=fp16",
+        f"paths.runs={workdir / 'runs'}",
+        f"paths.checkpoints={workdir / 'checkpoints'}",
+    ]
     started = time.perf_counter()
     finished = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
-    result = {"case": "fp16_end_to_end", "exit_code": finished.returncode,
-              "wall_seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+    result = {
+        "case": "fp16_end_to_end",
+        "exit_code": finished.returncode,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+    }
     if finished.returncode != 0:
         result["error"] = (finished.stderr.strip().splitlines() or ["(no output)"])[-1]
     else:
         metrics = json.loads((workdir / "runs" / "fp16" / "metrics.json").read_text())
-        last = torch.load(workdir / "checkpoints" / "fp16" / "last.pt", weights_only=True,
-                          map_location="cpu")  # fmt: skip
-        result.update({
-            "images_per_second": round(metrics["train/samples_per_second"], 1),
-            "test_acc": metrics["test/acc"], "train_loss": metrics["train/loss"],
-            "skipped_steps": metrics["train/skipped_steps"],
-            "loss_scale": last["scaler"].get("scale"),
-        })  # fmt: skip
+        last = torch.load(
+            workdir / "checkpoints" / "fp16" / "last.pt", weights_only=True, map_location="cpu"
+        )
+        result.update(
+            {
+                "images_per_second": round(metrics["train/samples_per_second"], 1),
+                "test_acc": metrics["test/acc"],
+                "train_loss": metrics["train/loss"],
+                "skipped_steps": metrics["train/skipped_steps"],
+                "loss_scale": last["scaler"].get("scale"),
+            }
+        )
     print(f"fp16 end to end through train.py: {result}", flush=True)
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes, no compile, fp32 only: proves the script runs")  # fmt: skip
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, no compile, fp32 only: proves the script runs",
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--epochs", type=int, default=4, help="per run; the first is warm-up")
     args = parser.parse_args()
@@ -201,14 +262,23 @@ def main() -> None:
         for precision in precisions:
             for channels_last in (False, True):
                 for compile_model in (False, True) if precision in compiled else (False,):
-                    name = (f"resnet18 {precision}{' channels_last' if channels_last else ''}"
-                            f"{' compile' if compile_model else ''}")  # fmt: skip
+                    name = (
+                        f"resnet18 {precision}{' channels_last' if channels_last else ''}"
+                        f"{' compile' if compile_model else ''}"
+                    )
                     setting = Setting(device, precision, channels_last, compile_model, epochs)
                     results.append(compare(name.replace(" ", "_"), resnet, setting, workdir))
         print("\nData path: MNIST-sized, MLP 784-256-10, batch 128, fp32", flush=True)
         setting = Setting(device, "fp32", False, False, epochs)
-        results.append(compare("mnist_mlp_data_path", mnist_overrides(mnist_samples), setting,
-                               workdir, loader_too=True))  # fmt: skip
+        results.append(
+            compare(
+                "mnist_mlp_data_path",
+                mnist_overrides(mnist_samples),
+                setting,
+                workdir,
+                loader_too=True,
+            )
+        )
         if not args.smoke:
             print(flush=True)
             results.append(fp16_end_to_end(device, resnet, workdir))

@@ -85,23 +85,42 @@ def write_floor(root: Path, side: int, channels: int) -> None:
     sys.path.insert(0, str(ROOT))
     from data.imagefolder import load_imagefolder
 
-    keys = {"batch_size": 128, "eval_batch_size": 512, "mean": [0.5], "std": [0.25],
-            "augment": {"crop_padding": 0, "horizontal_flip": False}}  # fmt: skip
+    keys = {
+        "batch_size": 128,
+        "eval_batch_size": 512,
+        "mean": [0.5],
+        "std": [0.25],
+        "augment": {"crop_padding": 0, "horizontal_flip": False},
+    }
     data = load_imagefolder(str(root), [side, side], channels, cache="memory", **keys)
-    splits = {name: (data.splits[name].inputs, data.splits[name].labels)
-              for name in ("train", "val")}  # fmt: skip
+    splits = {
+        name: (data.splits[name].inputs, data.splits[name].labels) for name in ("train", "val")
+    }
     torch.save(splits, root / "floor.pt")
 
 
 def overrides(root: Path, side: int, channels: int, mode: str, epochs: int) -> list[str]:
     mean = "[0.5]" if channels == 1 else "[0.5,0.5,0.5]"
     std = "[0.25]" if channels == 1 else "[0.25,0.25,0.25]"
-    args = ["data=imagefolder", f"data.root={root}", f"data.image_size=[{side},{side}]",
-            f"data.channels={channels}", "data.batch_size=128", f"data.mean={mean}",
-            f"data.std={std}", "data.augment.crop_padding=0", "data.augment.horizontal_flip=false",
-            "model.hidden_sizes=[32]", "optim=adamw", "scheduler=none", "precision=fp32",
-            "trainer.device=cpu",
-            f"trainer.max_epochs={epochs}", f"run_name={mode}", "overwrite=true"]  # fmt: skip
+    args = [
+        "data=imagefolder",
+        f"data.root={root}",
+        f"data.image_size=[{side},{side}]",
+        f"data.channels={channels}",
+        "data.batch_size=128",
+        f"data.mean={mean}",
+        f"data.std={std}",
+        "data.augment.crop_padding=0",
+        "data.augment.horizontal_flip=false",
+        "model.hidden_sizes=[32]",
+        "optim=adamw",
+        "scheduler=none",
+        "precision=fp32",
+        "trainer.device=cpu",
+        f"trainer.max_epochs={epochs}",
+        f"run_name={mode}",
+        "overwrite=true",
+    ]
     if mode == "floor":
         args.append("data._target_=image_folder_speed.load_floor")
     else:
@@ -145,8 +164,9 @@ def child(args: list[str]) -> None:
 
 
 def run_mode(workdir: Path, args: list[str]) -> dict:
-    result = subprocess.run([sys.executable, __file__, "--child", *args], cwd=workdir,
-                            capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, __file__, "--child", *args], cwd=workdir, capture_output=True, text=True
+    )
     if result.returncode != 0:
         raise SystemExit(f"error: {args}: {result.stderr.strip()[-2000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -174,8 +194,11 @@ def main() -> None:
             write_folder(root, count, side, channels, kind)
             write_floor(root, side, channels)
             shutil.rmtree(root / ".torchloom-cache")  # the memory run builds it, timed
-            print(f"\n{name}: {count} {side}×{side}×{channels} {kind.upper()} images "
-                  f"({count - count // 10} train, {count // 10} val)", flush=True)  # fmt: skip
+            print(
+                f"\n{name}: {count} {side}×{side}×{channels} {kind.upper()} images "
+                f"({count - count // 10} train, {count // 10} val)",
+                flush=True,
+            )
             rates: dict[str, list[float]] = {m: [] for m in MODES}
             results: dict[str, dict] = {}
             for _ in range(args.rounds):  # the modes take turns: the machine's speed drifts
@@ -183,19 +206,26 @@ def main() -> None:
                     result = run_mode(workdir, overrides(root, side, channels, mode, epochs))
                     rates[mode] += result["rates"][1:] or result["rates"]  # after the warm-up
                     results.setdefault(mode, result)  # the first memory run built the cache
-                    results[mode]["peak_rss_mb"] = max(results[mode]["peak_rss_mb"],
-                                                       result["peak_rss_mb"])  # fmt: skip
+                    results[mode]["peak_rss_mb"] = max(
+                        results[mode]["peak_rss_mb"], result["peak_rss_mb"]
+                    )
             speed = {m: statistics.median(r) for m, r in rates.items()}
-            report = {"case": name, "images": count, "build_seconds":
-                      results["memory"]["build_seconds"]}  # fmt: skip
+            report = {
+                "case": name,
+                "images": count,
+                "build_seconds": results["memory"]["build_seconds"],
+            }
             for mode in MODES:
                 report[f"{mode}_samples_per_second"] = round(speed[mode], 1)
                 report[f"{mode}_peak_rss_mb"] = results[mode]["peak_rss_mb"]
                 report[f"{mode}_children_peak_rss_mb"] = results[mode]["children_peak_rss_mb"]
-                print(f"  {mode:<7} {speed[mode]:>10,.0f} samples/s  {speed[mode] / speed['floor']:.2f}× "
-                      f"floor  {speed[mode] / speed['off']:.2f}× DataLoader  peak RSS "
-                      f"{results[mode]['peak_rss_mb']} MB (+ child processes "
-                      f"{results[mode]['children_peak_rss_mb']} MB)", flush=True)  # fmt: skip
+                print(
+                    f"  {mode:<7} {speed[mode]:>10,.0f} samples/s  {speed[mode] / speed['floor']:.2f}× "
+                    f"floor  {speed[mode] / speed['off']:.2f}× DataLoader  peak RSS "
+                    f"{results[mode]['peak_rss_mb']} MB (+ child processes "
+                    f"{results[mode]['children_peak_rss_mb']} MB)",
+                    flush=True,
+                )
             report["memory_to_floor"] = round(speed["memory"] / speed["floor"], 3)
             report["memory_to_dataloader"] = round(speed["memory"] / speed["off"], 2)
             report["disk_to_dataloader"] = round(speed["disk"] / speed["off"], 2)

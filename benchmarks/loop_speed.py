@@ -53,18 +53,28 @@ sys.path.insert(0, str(ROOT))  # train.py's own modules, also from a checkout no
 CASES = {
     # 784-256-10 MLP on 20,000 MNIST-shaped samples, batch 128, AdamW.
     "mlp": [
-        "data=synthetic", "data.num_samples=20000", "data.shape=[1,28,28]", "data.batch_size=128",
-        "model=mlp", "model.hidden_sizes=[256]", "model.dropout=0.0",
+        "data=synthetic",
+        "data.num_samples=20000",
+        "data.shape=[1,28,28]",
+        "data.batch_size=128",
+        "model=mlp",
+        "model.hidden_sizes=[256]",
+        "model.dropout=0.0",
     ],
     # The cnn model on CIFAR-shaped 32×32×3 samples: 4 steps an epoch (about 1 s on 2 cores),
     # so that floor and torchloom epochs alternate faster than this machine's speed drifts.
     "cnn": [
-        "data=synthetic", "data.num_samples=512", "data.val_size=256", "data.test_size=256",
-        "data.shape=[3,32,32]", "data.batch_size=128", "model=cnn",
+        "data=synthetic",
+        "data.num_samples=512",
+        "data.val_size=256",
+        "data.test_size=256",
+        "data.shape=[3,32,32]",
+        "data.batch_size=128",
+        "model=cnn",
     ],
     # The default job: MLP on the bundled digits.
     "digits": [],
-}  # fmt: skip
+}
 # The recipe's costs: a case with one feature on, against the same case without it, each
 # measured against the same hand-written floor in this process (cost = 1 - ratio / base ratio).
 FEATURE_CASES = {
@@ -141,9 +151,12 @@ def dataloader_epochs(data, model_and_optimizer, seed: int) -> Iterator[float]:
     inputs, labels = normalised_train_split(data)
     model, optimizer = model_and_optimizer()
     loader = DataLoader(
-        TensorDataset(inputs, labels), batch_size=data.batch_size, shuffle=True, drop_last=True,
+        TensorDataset(inputs, labels),
+        batch_size=data.batch_size,
+        shuffle=True,
+        drop_last=True,
         generator=torch.Generator().manual_seed(seed),
-    )  # fmt: skip
+    )
     while True:
         start = time.perf_counter()
         model.train()
@@ -164,8 +177,9 @@ def alternate(method: Iterator[float], floor: Iterator[float], epochs: int):
     return rates, floors
 
 
-def torchloom_run(overrides, epochs: int, workdir: Path, name: str,
-                  floor: Iterator[float] | None = None):  # fmt: skip
+def torchloom_run(
+    overrides, epochs: int, workdir: Path, name: str, floor: Iterator[float] | None = None
+):
     """``python train.py OVERRIDES``, run in this process: the script runs as ``__main__``.
     Returns its epochs' samples/s. With ``floor``, one floor epoch runs before it and one at
     each evaluation, outside torchloom's timed epochs (validation runs after every epoch by
@@ -177,9 +191,13 @@ def torchloom_run(overrides, epochs: int, workdir: Path, name: str,
     import utils.evaluation
 
     argv = [
-        str(ROOT / "train.py"), *overrides, f"trainer.max_epochs={epochs}", f"run_name={name}",
-        f"paths.runs={workdir / 'runs'}", f"paths.checkpoints={workdir / 'checkpoints'}",
-    ]  # fmt: skip
+        str(ROOT / "train.py"),
+        *overrides,
+        f"trainer.max_epochs={epochs}",
+        f"run_name={name}",
+        f"paths.runs={workdir / 'runs'}",
+        f"paths.checkpoints={workdir / 'checkpoints'}",
+    ]
     floors = [next(floor)] if floor else []
     evaluate = utils.evaluation.evaluate
 
@@ -238,10 +256,16 @@ def lightning_run(data, model_and_optimizer, epochs: int, floor: Iterator[float]
             rates.append(steps * data.batch_size / (time.perf_counter() - self.started))
             floors.append(next(floor))
 
-    loader = DataLoader(TensorDataset(inputs, labels), batch_size=data.batch_size, shuffle=True,
-                        drop_last=True)  # fmt: skip
-    trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_model_summary=False)  # fmt: skip
+    loader = DataLoader(
+        TensorDataset(inputs, labels), batch_size=data.batch_size, shuffle=True, drop_last=True
+    )
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Module(), loader)
     return rates, floors
 
@@ -251,8 +275,12 @@ def bench_case(name: str, rounds: int, epochs: int) -> dict:
     cfg, data, model_and_optimizer = build_case(overrides)
     floor = floor_epochs(data, model_and_optimizer, cfg.seed)
     next(floor)  # warm-up
-    samples: dict[str, list[float]] = {"floor": [], "dataloader": [], "torchloom": [],
-                                       "lightning": []}  # fmt: skip
+    samples: dict[str, list[float]] = {
+        "floor": [],
+        "dataloader": [],
+        "torchloom": [],
+        "lightning": [],
+    }
     ratios: dict[str, list[float]] = {method: [] for method in samples}
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(rounds):
@@ -290,8 +318,10 @@ def bench_case(name: str, rounds: int, epochs: int) -> dict:
             continue
         low, _, high = statistics.quantiles(ratios[method] * 2, n=4)  # (×2: one epoch works)
         result[f"{method}_pairs"] = len(ratios[method])
-        print(f"  {method:<11} {median:>10,.0f} samples/s   {ratio:5.2f}× floor  (middle half of "
-              f"{len(ratios[method])} epochs: {low:.2f}–{high:.2f})")  # fmt: skip
+        print(
+            f"  {method:<11} {median:>10,.0f} samples/s   {ratio:5.2f}× floor  (middle half of "
+            f"{len(ratios[method])} epochs: {low:.2f}–{high:.2f})"
+        )
     print(json.dumps(result))
     return result
 
@@ -328,10 +358,12 @@ def startup(repeats: int) -> dict:
     train = result["train_max_epochs_0_seconds"]
     result["ratio"] = round(train / result["import_torch_seconds"], 2)
     result["ratio_to_hand_written"] = round(train / result["hand_written_start_seconds"], 2)
-    print(f"\nstart-up: import torch {result['import_torch_seconds']:.2f}s, a hand-written "
-          f"script's start (import torch, build an AdamW) {result['hand_written_start_seconds']:.2f}s, "
-          f"python train.py trainer.max_epochs=0 {train:.2f}s ({result['ratio']:.2f}× import torch, "
-          f"{result['ratio_to_hand_written']:.2f}× the hand-written start)")  # fmt: skip
+    print(
+        f"\nstart-up: import torch {result['import_torch_seconds']:.2f}s, a hand-written "
+        f"script's start (import torch, build an AdamW) {result['hand_written_start_seconds']:.2f}s, "
+        f"python train.py trainer.max_epochs=0 {train:.2f}s ({result['ratio']:.2f}× import torch, "
+        f"{result['ratio_to_hand_written']:.2f}× the hand-written start)"
+    )
     print(json.dumps(result))
     return result
 
@@ -344,8 +376,12 @@ def mlflow_overhead(repeats: int) -> dict:
 
     def wall(logger: str, cwd: str, name: str) -> float:
         start = time.perf_counter()
-        subprocess.run([sys.executable, str(ROOT / "train.py"), f"logger={logger}",
-                        f"run_name={name}"], cwd=cwd, check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, str(ROOT / "train.py"), f"logger={logger}", f"run_name={name}"],
+            cwd=cwd,
+            check=True,
+            capture_output=True,
+        )
         return time.perf_counter() - start
 
     loggers = {"tensorboard": "tensorboard", "mlflow": "[tensorboard,mlflow]"}
@@ -360,25 +396,35 @@ def mlflow_overhead(repeats: int) -> dict:
             seconds["tensorboard"] += [before, after]
             seconds["mlflow"].append(tracked)
             ratios.append(tracked / statistics.mean([before, after]))
-    result = {"case": "digits_mlflow", "repeats": repeats,
-              "first_mlflow_run_seconds": round(first, 2),
-              **{f"{n}_seconds": round(statistics.median(s), 2) for n, s in seconds.items()},
-              "ratio": round(statistics.median(ratios), 3)}  # fmt: skip
-    print(f"\ndigits job wall time: logger=tensorboard {result['tensorboard_seconds']:.2f}s, "
-          f"logger=[tensorboard,mlflow] {result['mlflow_seconds']:.2f}s: {result['ratio']:.2f}× "
-          f"(median of {repeats} side-by-side ratios); the run that made the store "
-          f"{first:.2f}s")  # fmt: skip
+    result = {
+        "case": "digits_mlflow",
+        "repeats": repeats,
+        "first_mlflow_run_seconds": round(first, 2),
+        **{f"{n}_seconds": round(statistics.median(s), 2) for n, s in seconds.items()},
+        "ratio": round(statistics.median(ratios), 3),
+    }
+    print(
+        f"\ndigits job wall time: logger=tensorboard {result['tensorboard_seconds']:.2f}s, "
+        f"logger=[tensorboard,mlflow] {result['mlflow_seconds']:.2f}s: {result['ratio']:.2f}× "
+        f"(median of {repeats} side-by-side ratios); the run that made the store "
+        f"{first:.2f}s"
+    )
     print(json.dumps(result))
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", nargs="+", default=[*CASES, "startup"],
-                        choices=[*CASES, "startup", "digits_mlflow"])  # fmt: skip
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        default=[*CASES, "startup"],
+        choices=[*CASES, "startup", "digits_mlflow"],
+    )
     parser.add_argument("--rounds", type=int, default=2, help="runs of each method per case")
-    parser.add_argument("--epochs", type=int, help="epochs per round (1 is warm-up); "
-                        f"default per case: {EPOCHS}")  # fmt: skip
+    parser.add_argument(
+        "--epochs", type=int, help=f"epochs per round (1 is warm-up); default per case: {EPOCHS}"
+    )
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
     results = {}

@@ -44,15 +44,29 @@ def write_houses(path: Path, rows: int = 300, seed: int = 0) -> Path:
         rent = 1.2 + 0.25 * x[1] - 0.1 * x[3] + rng.gauss(0, NOISE["rent"])
         sunny, quiet, big = x[3] > 0, x[2] < 0.3, x[0] > 0.5
         tags = ";".join(t for t, on in (("sunny", sunny), ("quiet", quiet), ("big", big)) if on)
-        lines.append(",".join([*(f"{v:.4f}" for v in x), f"{price:.3f}", f"{rent:.4f}", tags,
-                               str(int(sunny)), str(int(quiet))]))  # fmt: skip
+        lines.append(
+            ",".join(
+                [
+                    *(f"{v:.4f}" for v in x),
+                    f"{price:.3f}",
+                    f"{rent:.4f}",
+                    tags,
+                    str(int(sunny)),
+                    str(int(quiet)),
+                ]
+            )
+        )
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def digit_tags(digit: int) -> str:
-    tags = (("even", digit % 2 == 0), ("prime", digit in (2, 3, 5, 7)),
-            ("loop", digit in (0, 6, 8, 9)), ("big", digit >= 5))  # fmt: skip
+    tags = (
+        ("even", digit % 2 == 0),
+        ("prime", digit in (2, 3, 5, 7)),
+        ("loop", digit in (0, 6, 8, 9)),
+        ("big", digit >= 5),
+    )
     return ";".join(name for name, on in tags if on)
 
 
@@ -76,8 +90,13 @@ def write_digit_tags(root: Path) -> Path:
 
 def run(cwd: Path, script: str, *args: str) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, str(ROOT / script), *args], cwd=cwd, check=True,
-                   capture_output=True, text=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return time.perf_counter() - started
 
 
@@ -88,11 +107,26 @@ def per_target(cwd: Path, run_name: str) -> dict:
     return result["per_target"]
 
 
-MULTILABEL = ["task=multilabel", "data=image_csv", "data.root=digits", "data.manifest=digits/tags.csv",
-              "data.image_size=[8,8]", "data.channels=1", "data.mean=[0.3053]", "data.std=[0.3759]",
-              "data.augment.crop_padding=0", "data.augment.horizontal_flip=false", "model=cnn"]  # fmt: skip
-REGRESSION = ["task=regression", "data=csv", "data.path=houses.csv", "data.target=[price,rent]",
-              "data.features=[rooms,area,age,floor]"]  # fmt: skip
+MULTILABEL = [
+    "task=multilabel",
+    "data=image_csv",
+    "data.root=digits",
+    "data.manifest=digits/tags.csv",
+    "data.image_size=[8,8]",
+    "data.channels=1",
+    "data.mean=[0.3053]",
+    "data.std=[0.3759]",
+    "data.augment.crop_padding=0",
+    "data.augment.horizontal_flip=false",
+    "model=cnn",
+]
+REGRESSION = [
+    "task=regression",
+    "data=csv",
+    "data.path=houses.csv",
+    "data.target=[price,rent]",
+    "data.features=[rooms,area,age,floor]",
+]
 VARIANTS = {"mse": [], "l1": ["task.loss=l1"], "mse_raw": ["task.standardize_targets=false"]}
 
 
@@ -103,18 +137,27 @@ def main() -> None:
         write_digit_tags(cwd / "digits")
         seconds = run(cwd, "train.py", *MULTILABEL, "run_name=tags")
         metrics = json.loads((cwd / "runs" / "tags" / "metrics.json").read_text())
-        shown = {k: round(metrics[f"test/{k}"], 4) for k in ("map", "f1_micro", "f1_macro",
-                                                             "subset_acc")}  # fmt: skip
+        shown = {
+            k: round(metrics[f"test/{k}"], 4) for k in ("map", "f1_micro", "f1_macro", "subset_acc")
+        }
         print(json.dumps({"case": "multilabel_digits", **shown, "seconds": round(seconds, 1)}))
         write_houses(cwd / "houses.csv")
         floors = {name: round(sigma * math.sqrt(2 / math.pi), 4) for name, sigma in NOISE.items()}
         for name, overrides in VARIANTS.items():
             seconds = run(cwd, "train.py", *REGRESSION, *overrides, f"run_name={name}")
             scores = per_target(cwd, name)
-            print(json.dumps({"case": f"regression_{name}", "targets": scores["names"],
-                              "mae": [round(v, 4) for v in scores["mae"]],
-                              "r2": [round(v, 4) for v in scores["r2"]], "mae_floor": floors,
-                              "seconds": round(seconds, 1)}))  # fmt: skip
+            print(
+                json.dumps(
+                    {
+                        "case": f"regression_{name}",
+                        "targets": scores["names"],
+                        "mae": [round(v, 4) for v in scores["mae"]],
+                        "r2": [round(v, 4) for v in scores["r2"]],
+                        "mae_floor": floors,
+                        "seconds": round(seconds, 1),
+                    }
+                )
+            )
 
 
 if __name__ == "__main__":

@@ -52,9 +52,11 @@ class TensorSplit:
 
     def __post_init__(self) -> None:
         if len(self.inputs) != len(self.labels):  # the extra images would be dropped unseen
-            raise UserError(f"the data holds {len(self.inputs)} inputs and {len(self.labels)} "
-                            "labels; its files disagree (truncated or mixed?): give one label "
-                            "per input")  # fmt: skip
+            raise UserError(
+                f"the data holds {len(self.inputs)} inputs and {len(self.labels)} "
+                "labels; its files disagree (truncated or mixed?): give one label "
+                "per input"
+            )
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -209,8 +211,12 @@ class TensorBatches:
         if self.train:
             order = permutation(len(self.labels), self.seed, epoch).to(self.transform.device)
         for index in range(start, len(self)):
-            lo, hi = batch_bounds(index, self.batch_size, self.rank if self.train else 0,
-                                  self.world_size if self.train else 1)  # fmt: skip
+            lo, hi = batch_bounds(
+                index,
+                self.batch_size,
+                self.rank if self.train else 0,
+                self.world_size if self.train else 1,
+            )
             if order is None:
                 images, labels = self.inputs[lo:hi], self.labels[lo:hi]
             else:
@@ -228,8 +234,9 @@ class MappedBatches:
     gathered from the file, then normalised and augmented on the device."""
 
     def __init__(self, split: MappedSplit, plan: BatchPlan, transform: BatchTransform) -> None:
-        lo, hi = (0, len(split)) if plan.train else shard_bounds(len(split), plan.rank,
-                                                                  plan.world_size)  # fmt: skip
+        lo, hi = (
+            (0, len(split)) if plan.train else shard_bounds(len(split), plan.rank, plan.world_size)
+        )
         self.images, self.labels = split.images[lo:hi], split.labels[lo:hi]
         self.plan, self.transform = plan, transform
 
@@ -277,8 +284,11 @@ class EpochBatchSampler(Sampler[list[int]]):
 
     def __init__(self, size: int, plan: BatchPlan) -> None:
         self.size, self.batch_size, self.train, self.seed = (
-            size, plan.batch_size, plan.train, plan.seed,
-        )  # fmt: skip
+            size,
+            plan.batch_size,
+            plan.train,
+            plan.seed,
+        )
         self.rank, self.world_size = plan.rank, plan.world_size
         self.plan = plan
         self.epoch, self.start = 0, 0
@@ -409,16 +419,21 @@ class Data:
     """A dataset's splits plus how to batch them; what every ``conf/data/*.yaml`` builds."""
 
     def __init__(
-        self, name: str, splits: Splits, num_classes: int, batching: Batching,
+        self,
+        name: str,
+        splits: Splits,
+        num_classes: int,
+        batching: Batching,
         classes: Sequence[str] | Targets | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``num_classes``: the width of the model's output (classes, labels or values);
         ``classes``: the class names, or the :class:`Targets` of label sets or values."""
         self.name = name
         self.targets = (
-            classes if isinstance(classes, Targets)
+            classes
+            if isinstance(classes, Targets)
             else Targets("classes", num_classes, tuple(classes) if classes is not None else None)
-        )  # fmt: skip
+        )
         self.classes = self.targets.class_names  # what a checkpoint's inputs record calls them
         self.table: dict | None = None  # a table's column encoding (data/tabular.py)
         self.splits = {"train": splits.train, "val": splits.val, "test": splits.test}
@@ -475,21 +490,28 @@ class Data:
         first, which has no translation invariance for them to teach and loses accuracy to
         them, and keeps them for the second; ``on`` keeps them for both, with a warning for
         the first; ``off`` has none (set in ``__init__``)."""
-        crops = (f"data.augment.crop_padding={self.crop_padding}" if self.crop_padding else "",
-                 "data.augment.horizontal_flip=true" if self.horizontal_flip else "")  # fmt: skip
+        crops = (
+            f"data.augment.crop_padding={self.crop_padding}" if self.crop_padding else "",
+            "data.augment.horizontal_flip=true" if self.horizontal_flip else "",
+        )
         asked = " and ".join(part for part in crops if part)
         if not asked or not flattens_input:
             return
         if self.spatial == "auto":
             self.crop_padding, self.horizontal_flip = 0, False
-            log.info("data.augment.spatial=auto: the model's first layer flattens each image, "
-                     "so %s are off (random crops and flips only cost such a model accuracy; "
-                     "data.augment.spatial=on keeps them)", asked)  # fmt: skip
+            log.info(
+                "data.augment.spatial=auto: the model's first layer flattens each image, "
+                "so %s are off (random crops and flips only cost such a model accuracy; "
+                "data.augment.spatial=on keeps them)",
+                asked,
+            )
         else:
-            log.warning("warning: %s train a model whose first layer flattens each image: it "
-                        "has no spatial structure for them to help, and they usually cost it "
-                        "accuracy; set data.augment.spatial=auto (or off), or use model=cnn",
-                        asked)  # fmt: skip
+            log.warning(
+                "warning: %s train a model whose first layer flattens each image: it "
+                "has no spatial structure for them to help, and they usually cost it "
+                "accuracy; set data.augment.spatial=auto (or off), or use model=cnn",
+                asked,
+            )
 
     @property
     def in_memory(self) -> bool:
@@ -511,30 +533,41 @@ class Data:
         once :meth:`check_encoded_as` passes."""
         self.check_encoded_as(record, source, use)
         if (list(record.mean), list(record.std)) != (list(self.mean), list(self.std)):
-            log.info("normalising with the statistics %s recorded, not those of %s as it is now",
-                     source, self.name)  # fmt: skip
+            log.info(
+                "normalising with the statistics %s recorded, not those of %s as it is now",
+                source,
+                self.name,
+            )
         self.mean, self.std = list(record.mean), list(record.std)
 
     def check_encoded_as(self, record: Any, source: Any, use: str) -> None:
         """Refuse data whose inputs, classes or table encoding differ from those the checkpoint
         ``source`` recorded: evaluating moved or new files, or distilling from a teacher, then
         feeds the trained model what it was trained on, never a silently re-mapped input."""
-        kinds = ((record.targets.kind, record.targets.count),
-                 (self.targets.kind, self.targets.count))  # fmt: skip
-        for what, theirs, ours in (("shape", list(record.input_shape), list(self.input_shape)),
-                                   ("targets (kind, count)", *kinds),
-                                   ("classes", record.classes, self.classes),
-                                   ("table", _encoding(record.table), _encoding(self.table))):  # fmt: skip
+        kinds = (
+            (record.targets.kind, record.targets.count),
+            (self.targets.kind, self.targets.count),
+        )
+        for what, theirs, ours in (
+            ("shape", list(record.input_shape), list(self.input_shape)),
+            ("targets (kind, count)", *kinds),
+            ("classes", record.classes, self.classes),
+            ("table", _encoding(record.table), _encoding(self.table)),
+        ):
             if theirs is not None and ours is not None and theirs != ours:
                 shown = theirs if what != "table" else "its columns, categories and classes"
-                raise UserError(f"{source} was trained on {what} {shown}, and {self.name} holds "
-                                f"other ones; {use} on data encoded as it was trained")  # fmt: skip
+                raise UserError(
+                    f"{source} was trained on {what} {shown}, and {self.name} holds "
+                    f"other ones; {use} on data encoded as it was trained"
+                )
         tables = (record.table, self.table)
         if None not in tables and _gap_fills(tables[0]) != _gap_fills(tables[1]):
-            raise UserError(f"{source} filled a table's gaps with statistics of its own train "
-                            f"split, and {self.name}'s train split gives others; {use} with the "
-                            "train file it was trained on (data.split.test_path=... for new "
-                            "rows; predict.py fills rows' gaps as training did)")  # fmt: skip
+            raise UserError(
+                f"{source} filled a table's gaps with statistics of its own train "
+                f"split, and {self.name}'s train split gives others; {use} with the "
+                "train file it was trained on (data.split.test_path=... for new "
+                "rows; predict.py fills rows' gaps as training did)"
+            )
 
     def train_targets(self) -> torch.Tensor:
         """The train split's targets (for class weights, positive weights and the scale of

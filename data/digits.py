@@ -47,8 +47,14 @@ def read_digits_csv(path: Path) -> TensorSplit:
     )
 
 
-def load_digits(path: str | None, val_size: int, test_size: int, split_seed: int,
-                split: Mapping[str, Any] | None = None, **batching) -> Data:  # fmt: skip
+def load_digits(
+    path: str | None,
+    val_size: int,
+    test_size: int,
+    split_seed: int,
+    split: Mapping[str, Any] | None = None,
+    **batching,
+) -> Data:
     """``path``: a digits CSV (gzip), or null for the bundled one. ``split``: the fold keys
     (data/folds.py; with folds, the test_size is held out first and val is a fold of the rest).
     ``batching``: the keys of :class:`data.batches.Data` (batch_size, eval_batch_size, augment,

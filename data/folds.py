@@ -47,8 +47,9 @@ class FoldPlan:
     seed: int
 
     @classmethod
-    def of(cls, split: Mapping[str, Any] | None, classes: bool, seed: int,
-           groups_allowed: bool = False) -> FoldPlan:  # fmt: skip
+    def of(
+        cls, split: Mapping[str, Any] | None, classes: bool, seed: int, groups_allowed: bool = False
+    ) -> FoldPlan:
         """The plan of a ``data.split`` node (None or a node without fold keys: no folds);
         ``classes``: the targets are class labels (else label sets or values, which are not
         stratified); ``groups_allowed``: the data has columns."""
@@ -57,8 +58,10 @@ class FoldPlan:
         stratify, group = split.get("stratify", "auto"), split.get("group")
         whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
         if folds is not None and not (whole(folds) and folds >= 2):
-            raise UserError(f"data.split.folds={folds} must be a whole number, 2 or more (or "
-                            "null: no cross-validation)")  # fmt: skip
+            raise UserError(
+                f"data.split.folds={folds} must be a whole number, 2 or more (or "
+                "null: no cross-validation)"
+            )
         if not whole(fold) or fold < 0 or (folds is not None and fold >= folds):
             upper = f"0 to {folds - 1}" if folds else "0 (no data.split.folds)"
             raise UserError(f"data.split.fold={fold} must be a whole number from {upper}")
@@ -71,19 +74,26 @@ class FoldPlan:
         if group is not None and not (isinstance(group, str) and group):
             raise UserError(f"data.split.group={group!r} must be a column name or null")
         if group is not None and not groups_allowed:
-            raise UserError("data.split.group names a column, and this data has none; it is "
-                            "for data=csv and data=image_csv")  # fmt: skip
+            raise UserError(
+                "data.split.group names a column, and this data has none; it is "
+                "for data=csv and data=image_csv"
+            )
         if stratify is True and not classes:
-            raise UserError("data.split.stratify=true needs class labels, and these targets "
-                            "are label sets or values; set data.split.stratify=auto")  # fmt: skip
+            raise UserError(
+                "data.split.stratify=true needs class labels, and these targets "
+                "are label sets or values; set data.split.stratify=auto"
+            )
         if stratify is True and group is not None:
-            raise UserError("data.split.stratify=true and data.split.group together are not "
-                            "supported: groups are kept whole, unstratified; set stratify=auto")  # fmt: skip
+            raise UserError(
+                "data.split.stratify=true and data.split.group together are not "
+                "supported: groups are kept whole, unstratified; set stratify=auto"
+            )
         on = classes and group is None if stratify == "auto" else bool(stratify)
         return cls(folds, fold, on, group, seed)
 
-    def held_out(self, count: int, sizes: Sequence[int],
-                 groups: Sequence[Any] | None = None) -> list[torch.Tensor]:  # fmt: skip
+    def held_out(
+        self, count: int, sizes: Sequence[int], groups: Sequence[Any] | None = None
+    ) -> list[torch.Tensor]:
         """Indices of ``count`` samples cut into parts of ``sizes`` (the rest first), by the
         seeded permutation of :func:`data.batches.holdout`; with ``groups``, whole groups,
         each part taking groups until it holds its size."""
@@ -102,12 +112,19 @@ class FoldPlan:
                 parts[index] += members.pop(names.pop())
         left = sorted(i for name in names for i in members[name])
         if not left or any(not part for part in parts):
-            raise UserError(f"data.split.group={self.group}: {len(set(groups))} groups are too "
-                            f"few to hold out {list(sizes)} samples whole")  # fmt: skip
+            raise UserError(
+                f"data.split.group={self.group}: {len(set(groups))} groups are too "
+                f"few to hold out {list(sizes)} samples whole"
+            )
         return [torch.tensor(left)] + [torch.tensor(sorted(part)) for part in parts]
 
-    def parts(self, count: int, sizes: Mapping[str, int], labels: Sequence[Any] | None = None,
-              groups: Sequence[Any] | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    def parts(
+        self,
+        count: int,
+        sizes: Mapping[str, int],
+        labels: Sequence[Any] | None = None,
+        groups: Sequence[Any] | None = None,
+    ) -> dict[str, torch.Tensor]:
         """Indices of ``count`` samples by split: the held-out ``sizes`` by name (of whole
         ``groups`` when given), then, with folds, fold :attr:`fold` of the rest as ``val``
         (stratified by ``labels``) and the others as ``train``."""
@@ -125,23 +142,27 @@ class FoldPlan:
             rest, parts["val"] = self.cut(rest, pool, pool_groups)
         return {"train": rest, **parts}
 
-    def cut(self, pool: torch.Tensor, labels: Sequence[Any] | None,
-            groups: Sequence[Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def cut(
+        self, pool: torch.Tensor, labels: Sequence[Any] | None, groups: Sequence[Any] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(train, val) indices of fold :attr:`fold`, out of the ``pool`` indices (train ∪
         val); ``labels`` and ``groups`` are those of the pool's samples, in pool order."""
         assigned = self.assign(len(pool), labels, groups)
         return pool[assigned != self.fold], pool[assigned == self.fold]
 
-    def assign(self, count: int, labels: Sequence[Any] | None,
-               groups: Sequence[Any] | None = None) -> torch.Tensor:  # fmt: skip
+    def assign(
+        self, count: int, labels: Sequence[Any] | None, groups: Sequence[Any] | None = None
+    ) -> torch.Tensor:
         """The fold of each of ``count`` samples: stratified by ``labels`` when :attr:`stratify`,
         whole ``groups`` when given, else a seeded deal."""
         assert self.folds is not None
         if count < self.folds:  # before anything of the folds' size is allocated
             raise UserError(f"data.split.folds={self.folds}: only {count} samples to deal")
         if groups is not None and len(set(groups)) < self.folds:
-            raise UserError(f"data.split.group={self.group}: {len(set(groups))} groups are too "
-                            f"few for {self.folds} folds")  # fmt: skip
+            raise UserError(
+                f"data.split.group={self.group}: {len(set(groups))} groups are too "
+                f"few for {self.folds} folds"
+            )
         generator = torch.Generator().manual_seed(self.seed + 1)  # not the hold-out's order
         order = torch.randperm(count, generator=generator)
         fold = torch.empty(count, dtype=torch.long)
@@ -153,8 +174,10 @@ class FoldPlan:
                 fold[members[name]] = smallest
                 sizes[smallest] += len(members[name])
             if min(sizes) == 0:
-                raise UserError(f"data.split.group={self.group}: {len(members)} groups are too "
-                                f"few for {self.folds} folds")  # fmt: skip
+                raise UserError(
+                    f"data.split.group={self.group}: {len(members)} groups are too "
+                    f"few for {self.folds} folds"
+                )
             return fold
         if self.stratify and labels is not None:
             by_class: dict[Any, list[int]] = {}
@@ -192,8 +215,13 @@ class FoldIds:
     names: list[str]
 
 
-def tensor_splits(samples: Any, given: Mapping[str, Any], split: Mapping[str, Any],
-                  plan: FoldPlan, groups: Sequence[Any] | None = None) -> tuple:  # fmt: skip
+def tensor_splits(
+    samples: Any,
+    given: Mapping[str, Any],
+    split: Mapping[str, Any],
+    plan: FoldPlan,
+    groups: Sequence[Any] | None = None,
+) -> tuple:
     """(train, val, test, val rows) of the :class:`data.batches.TensorSplit` ``samples`` by
     ``plan``: a ``given`` test split (a file of its own) or the test share held out first (of
     whole ``groups`` when given), then fold ``plan.fold`` of the rest as val (or the val share,
@@ -203,28 +231,38 @@ def tensor_splits(samples: Any, given: Mapping[str, Any], split: Mapping[str, An
     if plan.folds is None and plan.group is None:  # the plain seeded hold-out, as it always was
         return (*fill_splits(samples, given, split), None)
     if plan.folds is not None and "val" in given:
-        raise UserError("data.split.folds cuts val out of data.path; drop data.split.val_path "
-                        "(the folds cover train and val)")  # fmt: skip
+        raise UserError(
+            "data.split.folds cuts val out of data.path; drop data.split.val_path "
+            "(the folds cover train and val)"
+        )
     take = lambda rows: TensorSplit(samples.inputs[rows], samples.labels[rows])  # noqa: E731
-    sizes = {name: max(1, round(split[name] * len(samples))) for name in ("val", "test")
-             if name not in given and (name == "test" or plan.folds is None)}  # fmt: skip
+    sizes = {
+        name: max(1, round(split[name] * len(samples)))
+        for name in ("val", "test")
+        if name not in given and (name == "test" or plan.folds is None)
+    }
     parts = plan.parts(len(samples), sizes, samples.labels, groups)
     splits = {**given, **{name: take(rows) for name, rows in parts.items()}}
     return splits["train"], splits["val"], splits["test"], parts.get("val")
 
 
-def group_values(header: list[str], rows: list[list[str]], path: Any,
-                 group: str | None) -> list[str] | None:  # fmt: skip
+def group_values(
+    header: list[str], rows: list[list[str]], path: Any, group: str | None
+) -> list[str] | None:
     """Each row's value of the ``group`` column (data.split.group), in row order; None without
     one. A missing column, or a row without a value, is refused naming it."""
     if group is None:
         return None
     if group not in header:
-        raise UserError(f"data.split.group={group}: {path} has no such column; its columns are "
-                        f"{', '.join(header)}")  # fmt: skip
+        raise UserError(
+            f"data.split.group={group}: {path} has no such column; its columns are "
+            f"{', '.join(header)}"
+        )
     at = header.index(group)
     for line, row in enumerate(rows, start=2):
         if not row[at].strip():
-            raise UserError(f"{path} line {line}: no value in column {group!r} "
-                            "(data.split.group): give every row its group")  # fmt: skip
+            raise UserError(
+                f"{path} line {line}: no value in column {group!r} "
+                "(data.split.group): give every row its group"
+            )
     return [row[at].strip() for row in rows]

@@ -80,8 +80,9 @@ class ImageCache:
     budget in GB (null: :data:`DEFAULT_MEMORY_SHARE` of what is available), the cache folder
     and the decoding processes used to build it. Splits held in memory share the budget."""
 
-    def __init__(self, mode: str, max_gb: float | None, folder: Path, workers: int,
-                 source: Path) -> None:  # fmt: skip
+    def __init__(
+        self, mode: str, max_gb: float | None, folder: Path, workers: int, source: Path
+    ) -> None:
         self.mode, self.folder, self.workers = mode, folder, workers
         self.free = memory_budget(max_gb) if mode == "auto" else math.inf
         # Which image folder (or manifest) the caches are of: folders sharing one cache_dir
@@ -101,12 +102,21 @@ class ImageCache:
         except Unwritable as error:
             if not in_memory:
                 why = "data.cache=disk" if self.mode == "disk" else "over data.cache_max_gb"
-                log.warning("warning: %s (%s), and the %s split is not held in memory (%s); "
-                            "reading it with the DataLoader", error, self.folder, name,
-                            why)  # fmt: skip
+                log.warning(
+                    "warning: %s (%s), and the %s split is not held in memory (%s); "
+                    "reading it with the DataLoader",
+                    error,
+                    self.folder,
+                    name,
+                    why,
+                )
                 return files
-            log.warning("warning: %s (%s); the %s split is decoded into memory without a "
-                        "cache file", error, self.folder, name)  # fmt: skip
+            log.warning(
+                "warning: %s (%s); the %s split is decoded into memory without a cache file",
+                error,
+                self.folder,
+                name,
+            )
             return decode_all(files, self.workers, name)
         if in_memory:
             self.free -= needed
@@ -131,11 +141,17 @@ class ImageCache:
             ) from None
         remove_stale_temporary_files(self.folder, ".u8")  # of builds that were killed
         prefix = path.name.rsplit("-", 1)[0]  # <split>-<shape>-<source>: others are kept
-        stale = [p for p in sorted(self.folder.glob(f"{prefix}-*.u8"))
-                 if p != path and CACHE_NAME.fullmatch(p.name) and not p.is_symlink()]  # fmt: skip
+        stale = [
+            p
+            for p in sorted(self.folder.glob(f"{prefix}-*.u8"))
+            if p != path and CACHE_NAME.fullmatch(p.name) and not p.is_symlink()
+        ]
         if stale:
-            log.info("%s: the image folder changed since %s was built; building a new cache",
-                     name, stale[-1].name)  # fmt: skip
+            log.info(
+                "%s: the image folder changed since %s was built; building a new cache",
+                name,
+                stale[-1].name,
+            )
         build_file(path, files, self.workers, name)
         for old in stale:
             old.unlink(missing_ok=True)  # only our own <split>-<shape>-<key>.u8 files
@@ -146,11 +162,14 @@ class ImageCache:
         float64; a split read lazily (``data.cache=off``) is decoded once for it."""
         step = max(1, VALUES_PER_CHUNK // math.prod(split.input_shape))
         if isinstance(split, TensorSplit):
-            chunks: Iterator[torch.Tensor] = (split.inputs[i : i + step]
-                                              for i in range(0, len(split), step))  # fmt: skip
+            chunks: Iterator[torch.Tensor] = (
+                split.inputs[i : i + step] for i in range(0, len(split), step)
+            )
         elif isinstance(split, MappedSplit):
-            chunks = (torch.from_numpy(np.array(split.images[i : i + step]))
-                      for i in range(0, len(split), step))  # fmt: skip
+            chunks = (
+                torch.from_numpy(np.array(split.images[i : i + step]))
+                for i in range(0, len(split), step)
+            )
         else:
             chunks = decoded_batches(split, self.workers, name, "for data.mean/std=auto")
         return pixel_statistics(chunks)
@@ -217,8 +236,11 @@ def cache_key(files: Dataset) -> str:
     """What the cache depends on: every file (path in its split, size, modification time) and
     label, the image size, the channels and the format version."""
     digest = hashlib.sha256()
-    settings = {"version": FORMAT_VERSION, "image_size": list(files.image_size),
-                "channels": files.channels}  # fmt: skip
+    settings = {
+        "version": FORMAT_VERSION,
+        "image_size": list(files.image_size),
+        "channels": files.channels,
+    }
     digest.update(json.dumps(settings, sort_keys=True).encode())
     for path, label in files.samples:
         stat = os.stat(path)
@@ -258,8 +280,9 @@ def differing_sample(path: Path, files: Dataset) -> str | None:
     first and last images and :data:`SAMPLES_CHECKED` chosen at random (unpredictably, so a
     planted file cannot be right only where it is checked) and compare them with the file's."""
     images_at, _ = _layout(files)
-    cached = np.memmap(path, dtype=np.uint8, mode="r", offset=images_at,
-                       shape=(len(files), *files.input_shape))  # fmt: skip
+    cached = np.memmap(
+        path, dtype=np.uint8, mode="r", offset=images_at, shape=(len(files), *files.input_shape)
+    )
     chosen = random.SystemRandom().sample(range(len(files)), min(SAMPLES_CHECKED, len(files)))
     ends = {0, len(files) - 1}  # a copy cut short and padded to size is wrong at its end
     for index in sorted(ends | set(chosen)):
@@ -271,38 +294,60 @@ def differing_sample(path: Path, files: Dataset) -> str | None:
 CACHE_BUILD = "once into the cache"
 
 
-def decoded_batches(files: Dataset, workers: int, name: str,
-                    purpose: str = CACHE_BUILD) -> Iterator[torch.Tensor]:  # fmt: skip
+def decoded_batches(
+    files: Dataset, workers: int, name: str, purpose: str = CACHE_BUILD
+) -> Iterator[torch.Tensor]:
     """Every image of ``files`` in order, as uint8 batches decoded by ``workers`` processes,
     with a progress bar on a terminal (log lines every 5 s elsewhere); a file that cannot be
     decoded is one line naming it."""
     # Its own generator: iterating a DataLoader draws a seed, and the global RNG, seeded for
     # the model's initial weights, must not move when a cache is built.
-    loader = DataLoader(files, batch_size=256, num_workers=workers,
-                        worker_init_fn=_worker_ignores_signals, generator=torch.Generator())  # fmt: skip
+    loader = DataLoader(
+        files,
+        batch_size=256,
+        num_workers=workers,
+        worker_init_fn=_worker_ignores_signals,
+        generator=torch.Generator(),
+    )
     console = Console(quiet=os.environ.get("RANK", "0") != "0")
-    bar = Progress(TextColumn(f"caching {name}"), BarColumn(), MofNCompleteColumn(),
-                   TimeRemainingColumn(), console=console, transient=True)  # fmt: skip
+    bar = Progress(
+        TextColumn(f"caching {name}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
     task = bar.add_task("", total=len(files))
     started = shown = time.perf_counter()
     done = 0
-    log.info("%s: decoding %d images %s (%d processes)", name, len(files), purpose,
-             max(workers, 1))  # fmt: skip
+    log.info("%s: decoding %d images %s (%d processes)", name, len(files), purpose, max(workers, 1))
     with bar if console.is_terminal else contextlib.nullcontext():
         for images, _ in _reraised(loader):
             if stop_requested():  # the partial file goes with atomic_file; nothing is kept
                 building = purpose == CACHE_BUILD
-                log.info("%s received while decoding %s %s (%d/%d images): stopping%s",
-                         stop_requested(), name, purpose, done, len(files),
-                         "; the next run builds the cache again" if building else "")  # fmt: skip
+                log.info(
+                    "%s received while decoding %s %s (%d/%d images): stopping%s",
+                    stop_requested(),
+                    name,
+                    purpose,
+                    done,
+                    len(files),
+                    "; the next run builds the cache again" if building else "",
+                )
                 raise Interrupted
             yield images
             done += len(images)
             bar.update(task, completed=done)
             if not console.is_terminal and time.perf_counter() - shown > 5:
                 shown = time.perf_counter()
-                log.info("%s: %d/%d images cached (%.0f/s)", name, done, len(files),
-                         done / (shown - started))  # fmt: skip
+                log.info(
+                    "%s: %d/%d images cached (%.0f/s)",
+                    name,
+                    done,
+                    len(files),
+                    done / (shown - started),
+                )
     log.info("%s: %d images decoded in %.1f s", name, done, time.perf_counter() - started)
 
 
@@ -335,8 +380,9 @@ def read_whole(path: Path, files: Dataset) -> TensorSplit:
 def map_file(path: Path, files: Dataset) -> MappedSplit:
     """The cached split memory-mapped: pages are read as batches need them."""
     images_at, _ = _layout(files)
-    images = np.memmap(path, dtype=np.uint8, mode="r", offset=images_at,
-                       shape=(len(files), *files.input_shape))  # fmt: skip
+    images = np.memmap(
+        path, dtype=np.uint8, mode="r", offset=images_at, shape=(len(files), *files.input_shape)
+    )
     return MappedSplit(images, files.targets)
 
 

@@ -43,8 +43,9 @@ def read_manifest(path: Path, root: Path) -> list[tuple[str, str, int]]:
     """(file, label, line) of each row; every file exists inside ``root``."""
     header, rows = read_table(path)
     if "path" not in header or "label" not in header:
-        raise UserError(f"{path}: the first row must name the columns path and label (it is "
-                        f"{','.join(header)})")  # fmt: skip
+        raise UserError(
+            f"{path}: the first row must name the columns path and label (it is {','.join(header)})"
+        )
     at_path, at_label = header.index("path"), header.index("label")
     inside = root.resolve()
     entries = []
@@ -52,46 +53,68 @@ def read_manifest(path: Path, root: Path) -> list[tuple[str, str, int]]:
         relative = row[at_path].strip()
         file = (root / relative).resolve()
         if Path(relative).is_absolute() or not file.is_relative_to(inside):
-            raise UserError(f"{path} line {line}: {relative!r} is outside data.root={root}; "
-                            "list paths relative to it")  # fmt: skip
+            raise UserError(
+                f"{path} line {line}: {relative!r} is outside data.root={root}; "
+                "list paths relative to it"
+            )
         if not file.is_file():
             raise UserError(f"{path} line {line}: no image at {root / relative}")
         entries.append((str(file), row[at_label].strip(), line))
     return entries
 
 
-def manifest_targets(entries: dict[str, list], kind: str, manifest: str,
-                     split: Mapping[str, Any], pool: Sequence[str] = ("train",)
-                     ) -> tuple[dict[str, list], Targets]:  # fmt: skip
+def manifest_targets(
+    entries: dict[str, list],
+    kind: str,
+    manifest: str,
+    split: Mapping[str, Any],
+    pool: Sequence[str] = ("train",),
+) -> tuple[dict[str, list], Targets]:
     """Each split's (file, target) samples from its manifest rows, and the targets: a class
     index, a 0/1 tuple over the labels of the ``pool`` splits' rows (the train rows; with
     folds, train and val, so every fold has the same classes) (``a;b``), or a tuple of values
     (``1.5`` or ``1.5;-2``)."""
     if kind == "values":
-        samples = {name: [(file, _values(text, split.get(f"{name}_path") or manifest, line))
-                          for file, text, line in rows] for name, rows in entries.items()}  # fmt: skip
+        samples = {
+            name: [
+                (file, _values(text, split.get(f"{name}_path") or manifest, line))
+                for file, text, line in rows
+            ]
+            for name, rows in entries.items()
+        }
         widths = {len(target) for rows in samples.values() for _, target in rows}
         if len(widths) > 1:
-            raise UserError(f"{manifest}: rows hold {sorted(widths)} values; give every row "
-                            "the same number")  # fmt: skip
+            raise UserError(
+                f"{manifest}: rows hold {sorted(widths)} values; give every row the same number"
+            )
         return samples, Targets("values", widths.pop())
     sets = kind == "label_sets"
-    names = sorted_names({label for split_name in pool for _, text, _ in entries[split_name]
-                          for label in (label_set(text) if sets else [text])})  # fmt: skip
+    names = sorted_names(
+        {
+            label
+            for split_name in pool
+            for _, text, _ in entries[split_name]
+            for label in (label_set(text) if sets else [text])
+        }
+    )
     index = {name: i for i, name in enumerate(names)}
     samples = {}
     for name, rows in entries.items():
         for _, text, line in rows:
-            unknown = [label for label in (label_set(text) if sets else [text])
-                       if label not in index]  # fmt: skip
+            unknown = [
+                label for label in (label_set(text) if sets else [text]) if label not in index
+            ]
             if unknown:
-                raise UserError(f"{split.get(f'{name}_path') or manifest} line {line}: label "
-                                f"{unknown[0]!r} is not a {'label' if sets else 'class'} of "
-                                "the train rows")  # fmt: skip
+                raise UserError(
+                    f"{split.get(f'{name}_path') or manifest} line {line}: label "
+                    f"{unknown[0]!r} is not a {'label' if sets else 'class'} of "
+                    "the train rows"
+                )
         if sets:
             rows_hot = multi_hot([label_set(text) for _, text, _ in rows], names).tolist()
-            samples[name] = [(file, tuple(hot)) for (file, _, _), hot in
-                             zip(rows, rows_hot, strict=True)]  # fmt: skip
+            samples[name] = [
+                (file, tuple(hot)) for (file, _, _), hot in zip(rows, rows_hot, strict=True)
+            ]
         else:
             samples[name] = [(file, index[text]) for file, text, _ in rows]
     return samples, Targets(kind, len(names), tuple(names))
@@ -103,23 +126,41 @@ def _values(text: str, manifest: str, line: int) -> tuple[float, ...]:
     except ValueError:
         values = ()
     if not values or not all(math.isfinite(v) for v in values):
-        raise UserError(f"{manifest} line {line}: label {text!r} is not a number (or numbers "
-                        "a;b) that task=regression can learn")  # fmt: skip
+        raise UserError(
+            f"{manifest} line {line}: label {text!r} is not a number (or numbers "
+            "a;b) that task=regression can learn"
+        )
     return values
 
 
 @reads_targets("label_sets", "values")
-def load_image_csv(root: str, manifest: str, split: Mapping[str, Any], image_size: Sequence[int],
-                   channels: int | str, **options) -> Data:  # fmt: skip
+def load_image_csv(
+    root: str,
+    manifest: str,
+    split: Mapping[str, Any],
+    image_size: Sequence[int],
+    channels: int | str,
+    **options,
+) -> Data:
     """conf/data/image_csv.yaml. ``options``: the cache keys (``cache``, ``cache_max_gb``,
     ``cache_dir``), those of :class:`data.batches.Batching`, and ``targets``, the kind of
     target the task learns (data/targets.py; train.py passes it)."""
     kind = options.pop("targets", "classes")
-    check_values("data", {"image_size": image_size, "channels": channels, "cache": options["cache"],
-                          "cache_max_gb": options["cache_max_gb"]},
-                 {"image_size": pair_of_positive_ints(), "channels": one_of(1, 3, "auto"),
-                  "cache": one_of("auto", "memory", "disk", "off"),
-                  "cache_max_gb": POSITIVE_OR_NULL})  # fmt: skip
+    check_values(
+        "data",
+        {
+            "image_size": image_size,
+            "channels": channels,
+            "cache": options["cache"],
+            "cache_max_gb": options["cache_max_gb"],
+        },
+        {
+            "image_size": pair_of_positive_ints(),
+            "channels": one_of(1, 3, "auto"),
+            "cache": one_of("auto", "memory", "disk", "off"),
+            "cache_max_gb": POSITIVE_OR_NULL,
+        },
+    )
     base = Path(root)
     if not base.is_dir():
         raise UserError(
@@ -141,8 +182,10 @@ def load_image_csv(root: str, manifest: str, split: Mapping[str, Any], image_siz
         random.Random(split["seed"]).shuffle(rows)
         sizes = [max(1, round(split[name] * len(rows))) for name in cut]
         if sum(sizes) >= len(rows):
-            raise UserError(f"{manifest} has {len(rows)} rows: too few to hold out "
-                            f"{' and '.join(cut)} ({sizes})")  # fmt: skip
+            raise UserError(
+                f"{manifest} has {len(rows)} rows: too few to hold out "
+                f"{' and '.join(cut)} ({sizes})"
+            )
         for name, size in zip(cut, sizes, strict=True):
             entries[name], rows = sorted(rows[:size], key=lambda e: e[2]), rows[size:]
         entries["train"] = sorted(rows, key=lambda e: e[2])
@@ -153,26 +196,37 @@ def load_image_csv(root: str, manifest: str, split: Mapping[str, Any], image_siz
     classes = targets if kind != "classes" else list(targets.names)
     cache_dir = options.pop("cache_dir")
     folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
-    cache = {"mode": options.pop("cache"), "max_gb": options.pop("cache_max_gb"),
-             "folder": folder, "prefix": "manifest-", "source": Path(manifest)}  # fmt: skip
+    cache = {
+        "mode": options.pop("cache"),
+        "max_gb": options.pop("cache_max_gb"),
+        "folder": folder,
+        "prefix": "manifest-",
+        "source": Path(manifest),
+    }
     data = held_data(f"image_csv {Path(manifest).name}", files, classes, cache, options)
     if plan.folds is not None:  # cv=K's oof.csv names each val image by its manifest path
         data.fold_ids = FoldIds(plan.fold, [os.path.relpath(file, base) for file in fold_ids])
     return data
 
 
-def _fold_entries(entries: dict[str, list], split: Mapping[str, Any], plan: FoldPlan,
-                  manifest: Path) -> tuple[dict[str, list], list[str]]:  # fmt: skip
+def _fold_entries(
+    entries: dict[str, list], split: Mapping[str, Any], plan: FoldPlan, manifest: Path
+) -> tuple[dict[str, list], list[str]]:
     """The manifest's rows cut by ``plan``: a test manifest as given, or the test share of
     whole groups held out first; val a fold of the rest (or its share, without folds).
     Returns the entries and the val rows' files."""
     if plan.folds is not None and "val" in entries:
-        raise UserError("data.split.folds cuts val out of data.manifest; drop "
-                        "data.split.val_path (the folds cover train and val)")  # fmt: skip
+        raise UserError(
+            "data.split.folds cuts val out of data.manifest; drop "
+            "data.split.val_path (the folds cover train and val)"
+        )
     rows = entries["train"]
     groups = group_values(*read_table(manifest), manifest, plan.group)
-    sizes = {name: max(1, round(split[name] * len(rows))) for name in ("val", "test")
-             if name not in entries and (name == "test" or plan.folds is None)}  # fmt: skip
+    sizes = {
+        name: max(1, round(split[name] * len(rows)))
+        for name in ("val", "test")
+        if name not in entries and (name == "test" or plan.folds is None)
+    }
     labels = [label for _, label, _ in rows]
     parts = plan.parts(len(rows), sizes, labels, groups)
     cut = {name: [rows[i] for i in part.tolist()] for name, part in parts.items()}

@@ -51,8 +51,9 @@ class ImageList(Dataset):
     label is a class index, or a tuple of floats (a 0/1 label-set row, or values): ``targets``
     holds them all as one tensor (data/targets.py)."""
 
-    def __init__(self, samples: list[tuple[str, Any]], root: Path, image_size: Sequence[int],
-                 channels: int) -> None:  # fmt: skip
+    def __init__(
+        self, samples: list[tuple[str, Any]], root: Path, image_size: Sequence[int], channels: int
+    ) -> None:
         self.samples, self.root = samples, root
         self.image_size = list(image_size)
         self.channels = channels
@@ -108,8 +109,10 @@ def is_grey(path: str) -> bool:
         with image:  # a bomb: decode() refuses
             if image.mode == "P":
                 palette = image.getpalette() or []
-                return all(palette[i] == palette[i + 1] == palette[i + 2]
-                           for i in range(0, len(palette) - 2, 3))  # fmt: skip
+                return all(
+                    palette[i] == palette[i + 1] == palette[i + 2]
+                    for i in range(0, len(palette) - 2, 3)
+                )
             return image.mode in GREY_MODES
     except Exception:  # a hostile or broken file: decode() refuses it by name later
         return False
@@ -125,8 +128,12 @@ def choose_channels(channels: int | str, train: list[tuple[str, Any]], name: str
         log.info("%s: data.channels=auto chose 1 (every training image is grey)", name)
         return 1
     if colour > 0:  # the scan stops at the first colour image: an RGB folder costs one read
-        log.info("%s: data.channels=auto chose 3 (RGB): some training images are grey and "
-                 "some colour (%s), so the grey ones are read as RGB", name, train[colour][0])  # fmt: skip
+        log.info(
+            "%s: data.channels=auto chose 3 (RGB): some training images are grey and "
+            "some colour (%s), so the grey ones are read as RGB",
+            name,
+            train[colour][0],
+        )
     else:
         log.info("%s: data.channels=auto chose 3 (RGB images)", name)
     return 3
@@ -176,10 +183,21 @@ def load_imagefolder(
     (data/folds.py): with ``folds``, train/ and val/ (when there is one) are pooled and val is a
     fold of them; the test is test/, or without one the ``split.test`` share held out first.
     Configs stored before the cache or folds existed get their defaults."""
-    check_values("data", {"image_size": image_size, "channels": channels, "cache": cache,
-                          "cache_max_gb": cache_max_gb},
-                 {"image_size": pair_of_positive_ints(), "channels": one_of(1, 3, "auto"),
-                  "cache": one_of(*MODES), "cache_max_gb": POSITIVE_OR_NULL})  # fmt: skip
+    check_values(
+        "data",
+        {
+            "image_size": image_size,
+            "channels": channels,
+            "cache": cache,
+            "cache_max_gb": cache_max_gb,
+        },
+        {
+            "image_size": pair_of_positive_ints(),
+            "channels": one_of(1, 3, "auto"),
+            "cache": one_of(*MODES),
+            "cache_max_gb": POSITIVE_OR_NULL,
+        },
+    )
     base = Path(root)
     if not base.is_dir():
         raise UserError(
@@ -195,19 +213,26 @@ def load_imagefolder(
     if plan.folds is not None:  # val: a fold of train/ and val/
         samples, fold_files = _fold_samples(samples, plan, (split or {}).get("test", 0.15))
     channels = choose_channels(channels, samples["train"], f"imagefolder {base}")
-    files = {name: ImageList(rows, base / name, image_size, channels)
-             for name, rows in samples.items()}  # fmt: skip
+    files = {
+        name: ImageList(rows, base / name, image_size, channels) for name, rows in samples.items()
+    }
     folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
-    cache_settings = {"mode": cache, "max_gb": cache_max_gb, "folder": folder, "prefix": "",
-                      "source": base}  # fmt: skip
+    cache_settings = {
+        "mode": cache,
+        "max_gb": cache_max_gb,
+        "folder": folder,
+        "prefix": "",
+        "source": base,
+    }
     data = held_data(f"imagefolder {base}", files, classes, cache_settings, batching)
     if plan.folds is not None:  # cv=K's oof.csv names each val image by its file under root
         data.fold_ids = FoldIds(plan.fold, [os.path.relpath(f, base) for f in fold_files])
     return data
 
 
-def _fold_samples(samples: dict[str, list], plan: FoldPlan,
-                  test_share: float) -> tuple[dict[str, list], list[str]]:  # fmt: skip
+def _fold_samples(
+    samples: dict[str, list], plan: FoldPlan, test_share: float
+) -> tuple[dict[str, list], list[str]]:
     """train/ and val/ pooled and cut into fold ``plan.fold`` (val) and the rest (train); the
     test folder's images, or the ``test_share`` held out of the pool first. Returns the
     samples by split and the val images' files."""
@@ -220,8 +245,9 @@ def _fold_samples(samples: dict[str, list], plan: FoldPlan,
     return cut, [file for file, _ in cut["val"]]
 
 
-def held_data(name: str, files: dict, classes: list[str] | Targets, cache: dict,
-              batching: dict) -> Data:  # fmt: skip
+def held_data(
+    name: str, files: dict, classes: list[str] | Targets, cache: dict, batching: dict
+) -> Data:
     """Image ``files`` by split (train, val, optional test), held as ``cache`` says (data.cache
     as ``mode``, ``max_gb``, the cache ``folder``, a ``prefix`` for its file names and the
     ``source`` the images are listed by, an image folder or a manifest): decoded
@@ -230,8 +256,9 @@ def held_data(name: str, files: dict, classes: list[str] | Targets, cache: dict,
     of label sets or values. ``num_workers`` null is one per core, at most 8."""
     if batching.get("num_workers") is None:
         batching["num_workers"] = min(8, os.cpu_count() or 1)
-    held = ImageCache(cache["mode"], cache["max_gb"], cache["folder"], batching["num_workers"],
-                      cache["source"])  # fmt: skip
+    held = ImageCache(
+        cache["mode"], cache["max_gb"], cache["folder"], batching["num_workers"], cache["source"]
+    )
     splits = {split: held.hold(cache["prefix"] + split, images) for split, images in files.items()}
     splits = Splits(splits["train"], splits["val"], splits.get("test"))
     if "auto" in (batching["mean"], batching["std"]):  # the train split's own, per channel
@@ -239,7 +266,11 @@ def held_data(name: str, files: dict, classes: list[str] | Targets, cache: dict,
         batching["mean"] = mean if batching["mean"] == "auto" else batching["mean"]
         batching["std"] = std if batching["std"] == "auto" else batching["std"]
         shown = [[round(v, 4) for v in batching[key]] for key in ("mean", "std")]
-        log.info("%s: data.mean/std=auto: mean %s, std %s (of the %d training images)", name,
-                 *shown, len(splits.train))  # fmt: skip
+        log.info(
+            "%s: data.mean/std=auto: mean %s, std %s (of the %d training images)",
+            name,
+            *shown,
+            len(splits.train),
+        )
     count = classes.count if isinstance(classes, Targets) else len(classes)
     return Data(name, splits, count, Batching(**batching), classes)

@@ -69,31 +69,39 @@ class MissingValues:
         columns = dict(options.get("na_columns") or {})
         constant = options.get("na_fill", 0.0)
         indicator = options.get("na_indicator", False)
-        for key, mode in [("data.na", default)] + [(f"data.na_columns.{c}", m)
-                                                  for c, m in columns.items()]:  # fmt: skip
+        for key, mode in [("data.na", default)] + [
+            (f"data.na_columns.{c}", m) for c, m in columns.items()
+        ]:
             if mode not in MODES:
                 raise UserError(f"{key}={mode!r}: choose one of {', '.join(MODES)}")
         unknown = [name for name in columns if name not in numeric]
         if unknown:
-            raise UserError(f"data.na_columns names {unknown[0]!r}, which is not a number feature "
-                            f"column of {path} (they are {', '.join(numeric[:10])}); a "
-                            "categorical column's empty cell is a category of its own")  # fmt: skip
+            raise UserError(
+                f"data.na_columns names {unknown[0]!r}, which is not a number feature "
+                f"column of {path} (they are {', '.join(numeric[:10])}); a "
+                "categorical column's empty cell is a category of its own"
+            )
         if not _finite(constant):  # finite where it lives: a float32 feature
-            raise UserError(f"data.na_fill={constant!r}: give a finite number a float32 holds "
-                            f"(at most {FLOAT32_MAX:.3g} in size)")  # fmt: skip
+            raise UserError(
+                f"data.na_fill={constant!r}: give a finite number a float32 holds "
+                f"(at most {FLOAT32_MAX:.3g} in size)"
+            )
         if not isinstance(indicator, bool):
             raise UserError(f"data.na_indicator={indicator!r}: give true or false")
-        return cls(str(default), {str(k): str(v) for k, v in columns.items()}, float(constant),
-                   indicator)  # fmt: skip
+        return cls(
+            str(default), {str(k): str(v) for k, v in columns.items()}, float(constant), indicator
+        )
 
     def mode(self, column: str) -> str:
         return self.columns.get(column, self.default)
 
     def refused(self, column: str, path: Path, line: int, text: str) -> UserError:
         shown = repr(text.strip()) if text.strip() else "empty"
-        return UserError(f"{path} line {line}, column {column!r}: {shown} is a missing value; "
-                         "fill it, or choose what gaps become: data.na=mean|median|constant|drop "
-                         f"(or data.na_columns={{{column}: median}})")  # fmt: skip
+        return UserError(
+            f"{path} line {line}, column {column!r}: {shown} is a missing value; "
+            "fill it, or choose what gaps become: data.na=mean|median|constant|drop "
+            f"(or data.na_columns={{{column}: median}})"
+        )
 
     def fit(self, features: torch.Tensor, numeric: Sequence[str], path: Path) -> None:
         """The fill values and indicator columns, from the train split's number columns
@@ -103,24 +111,33 @@ class MissingValues:
             values = features[:, index]
             gaps = torch.isnan(values)
             if bool(gaps.all()):
-                raise UserError(f"{path}: column {name!r} is empty in every train row; leave it "
-                                "out of data.features")  # fmt: skip
+                raise UserError(
+                    f"{path}: column {name!r} is empty in every train row; leave it "
+                    "out of data.features"
+                )
             mode = self.mode(name)
             if mode in FILLED:  # also for a column with no gaps here: val, test or predict's may
                 self.fills[name] = fill_value(values[~gaps].double(), mode, self.constant)
             if self.indicator and mode != "drop" and bool(gaps.any()):
                 self.indicators.append(name)
-        gapped = [name for index, name in enumerate(numeric)
-                  if name in self.fills and bool(torch.isnan(features[:, index]).any())]  # fmt: skip
+        gapped = [
+            name
+            for index, name in enumerate(numeric)
+            if name in self.fills and bool(torch.isnan(features[:, index]).any())
+        ]
         if gapped:  # the columns that had gaps here, not every column a fill was fitted for
             shown = ", ".join(f"{name}={self.fills[name]:.4g}" for name in gapped[:6])
             shown += ", ..." if len(gapped) > 6 else ""
-            log.info("%s: gaps filled from the train split (%s)%s", path.name, shown,
-                     f"; indicator columns for {', '.join(self.indicators)}"
-                     if self.indicators else "")  # fmt: skip
+            log.info(
+                "%s: gaps filled from the train split (%s)%s",
+                path.name,
+                shown,
+                f"; indicator columns for {', '.join(self.indicators)}" if self.indicators else "",
+            )
 
-    def apply(self, features: torch.Tensor,
-              numeric: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def apply(
+        self, features: torch.Tensor, numeric: Sequence[str]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(features with the gaps filled and the indicator columns appended, the rows kept):
         the rows a ``drop`` column has a gap in are not kept. Gaps in a column the train split
         had none in are filled with its fitted value too."""
@@ -137,8 +154,13 @@ class MissingValues:
 
     def record(self) -> dict:
         """What :meth:`from_record` rebuilds the fitted gaps from (the table record keeps it)."""
-        return {"default": self.default, "columns": self.columns, "constant": self.constant,
-                "fills": self.fills, "indicators": self.indicators}  # fmt: skip
+        return {
+            "default": self.default,
+            "columns": self.columns,
+            "constant": self.constant,
+            "fills": self.fills,
+            "indicators": self.indicators,
+        }
 
     @classmethod
     def from_record(cls, record: Any, numeric: Sequence[str]) -> MissingValues:
@@ -148,22 +170,32 @@ class MissingValues:
         if record is None:
             return cls()
         try:
-            ok = (record["default"] in MODES and isinstance(record["columns"], dict)
-                  and all(isinstance(k, str) and m in MODES for k, m in record["columns"].items())
-                  and _finite(record["constant"]) and isinstance(record["fills"], dict)
-                  and all(isinstance(k, str) and _finite(v) for k, v in record["fills"].items())
-                  and isinstance(record["indicators"], list)
-                  and all(isinstance(name, str) for name in record["indicators"])
-                  and set(record["columns"]) <= set(numeric) and set(record["fills"]) <= set(numeric)
-                  and len(set(record["indicators"])) == len(record["indicators"])
-                  and set(record["indicators"]) <= set(numeric)
-                  and all(name in record["fills"] for name in numeric
-                          if record["columns"].get(name, record["default"]) in FILLED))  # fmt: skip
+            ok = (
+                record["default"] in MODES
+                and isinstance(record["columns"], dict)
+                and all(isinstance(k, str) and m in MODES for k, m in record["columns"].items())
+                and _finite(record["constant"])
+                and isinstance(record["fills"], dict)
+                and all(isinstance(k, str) and _finite(v) for k, v in record["fills"].items())
+                and isinstance(record["indicators"], list)
+                and all(isinstance(name, str) for name in record["indicators"])
+                and set(record["columns"]) <= set(numeric)
+                and set(record["fills"]) <= set(numeric)
+                and len(set(record["indicators"])) == len(record["indicators"])
+                and set(record["indicators"]) <= set(numeric)
+                and all(
+                    name in record["fills"]
+                    for name in numeric
+                    if record["columns"].get(name, record["default"]) in FILLED
+                )
+            )
         except (KeyError, TypeError, AttributeError):
             ok = False
         if not ok:
-            raise UserError("the checkpoint's table record of missing values is not what "
-                            "torchloom writes (was it edited?)")  # fmt: skip
+            raise UserError(
+                "the checkpoint's table record of missing values is not what "
+                "torchloom writes (was it edited?)"
+            )
         return cls(
             record["default"],
             dict(record["columns"]),
@@ -186,5 +218,9 @@ FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # features live in float32
 
 def _finite(value: Any) -> bool:
     """A number that stays finite as a float32 feature (1e39 is finite only in float64)."""
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value) and abs(value) <= FLOAT32_MAX)  # fmt: skip
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and abs(value) <= FLOAT32_MAX
+    )

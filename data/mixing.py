@@ -38,17 +38,24 @@ from utils.seeding import mix_seed
 
 MIX_STREAM = 0x4D1C  # keeps mixing's draws apart from the crop-and-flip draws of the same batch
 # What the keys mean when a config has none of them (one stored before they existed): off.
-MIXING_OFF = {"mixup_alpha": 0.0, "cutmix_alpha": 0.0, "mix_prob": 1.0, "mix_switch_prob": 0.5,
-              "mix_off_epoch": None}  # fmt: skip
+MIXING_OFF = {
+    "mixup_alpha": 0.0,
+    "cutmix_alpha": 0.0,
+    "mix_prob": 1.0,
+    "mix_switch_prob": 0.5,
+    "mix_off_epoch": None,
+}
 # Beta(α, α) for α this large is λ = 0.5 to within 1%; far larger ones (1e308) never finish
 # drawing.
 MAX_ALPHA = 1000
 ALPHA = Rule(lambda v: NON_NEGATIVE.test(v) and v <= MAX_ALPHA, f"0 or more, at most {MAX_ALPHA}")
 RULES = {
-    "mixup_alpha": ALPHA, "cutmix_alpha": ALPHA, "mix_prob": UNIT_INTERVAL,
+    "mixup_alpha": ALPHA,
+    "cutmix_alpha": ALPHA,
+    "mix_prob": UNIT_INTERVAL,
     "mix_switch_prob": UNIT_INTERVAL,
     "mix_off_epoch": Rule(lambda v: v is None or POSITIVE_INT.test(v), "1 or more, or null"),
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -103,13 +110,18 @@ class Mixing:
         return Draw("cutmix", kept, (top, bottom, left, right))
 
 
-def mixed(images: torch.Tensor, labels: torch.Tensor, draw: Draw, perm: torch.Tensor,
-          classes: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def mixed(
+    images: torch.Tensor, labels: torch.Tensor, draw: Draw, perm: torch.Tensor, classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``images`` mixed with ``images[perm]`` as ``draw`` says, and their class-probability
     targets."""
-    layout = (torch.channels_last if images.dim() == 4 and not images.is_contiguous()
-              and images.is_contiguous(memory_format=torch.channels_last)
-              else torch.contiguous_format)  # fmt: skip
+    layout = (
+        torch.channels_last
+        if images.dim() == 4
+        and not images.is_contiguous()
+        and images.is_contiguous(memory_format=torch.channels_last)
+        else torch.contiguous_format
+    )
     if draw.kind == "mixup":
         images = images.lerp(images[perm], 1.0 - draw.lam)
     else:
@@ -117,8 +129,11 @@ def mixed(images: torch.Tensor, labels: torch.Tensor, draw: Draw, perm: torch.Te
         images = images.clone(memory_format=layout)
         images[..., top:bottom, left:right] = images[perm][..., top:bottom, left:right]
     # Class indices become one-hot rows; label sets (task=multilabel) already are 0/1 rows.
-    onehot = labels.to(images.dtype) if labels.is_floating_point() else (
-        F.one_hot(labels, classes).to(images.dtype))  # fmt: skip
+    onehot = (
+        labels.to(images.dtype)
+        if labels.is_floating_point()
+        else (F.one_hot(labels, classes).to(images.dtype))
+    )
     targets = onehot.lerp(onehot[perm], 1.0 - draw.lam)
     return images.contiguous(memory_format=layout), targets
 

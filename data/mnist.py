@@ -35,9 +35,11 @@ def read_split(root: str, variant: str, train: bool, download: bool) -> TensorSp
         except Exception as error:
             raise UserError(_missing(variant, raw, cls, f"download failed: {error}")) from None
     if len(dataset.data) != len(dataset.targets):
-        raise UserError(f"{raw}: the {'train' if train else 'test'} images file holds "
-                        f"{len(dataset.data)} images and its labels file {len(dataset.targets)} "
-                        "labels; the files are truncated or mixed: download them again")  # fmt: skip
+        raise UserError(
+            f"{raw}: the {'train' if train else 'test'} images file holds "
+            f"{len(dataset.data)} images and its labels file {len(dataset.targets)} "
+            "labels; the files are truncated or mixed: download them again"
+        )
     return TensorSplit(dataset.data.unsqueeze(1).contiguous(), dataset.targets.long())
 
 

@@ -43,9 +43,11 @@ def load_synthetic(
         raise UserError(f"data.num_classes={num_classes} must be 2 or more")
     total = num_samples + val_size + test_size
     # float32 prototypes and noise, then the uint8 images: 9 bytes a pixel while they are made
-    check_fits(9 * (total + num_classes) * math.prod(shape),
-               f"data.num_samples={num_samples} of shape {list(shape)}",
-               "lower data.num_samples, val_size, test_size or data.shape")  # fmt: skip
+    check_fits(
+        9 * (total + num_classes) * math.prod(shape),
+        f"data.num_samples={num_samples} of shape {list(shape)}",
+        "lower data.num_samples, val_size, test_size or data.shape",
+    )
     samples = make_samples(total, shape, num_classes, noise, seed)
     train, val, test = holdout(samples, [val_size, test_size], seed)
     return Data("synthetic", Splits(train, val, test), num_classes, Batching(**options))

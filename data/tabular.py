@@ -60,17 +60,22 @@ def read_table(path: Path) -> tuple[list[str], list[list[str]]]:
     header = [name.strip() for name in rows[0]]
     repeated = sorted({name for name in header if header.count(name) > 1})
     if repeated:
-        raise UserError(f"{path}: the header names column {repeated[0]!r} "
-                        f"{header.count(repeated[0])} times; give each column its own name")  # fmt: skip
+        raise UserError(
+            f"{path}: the header names column {repeated[0]!r} "
+            f"{header.count(repeated[0])} times; give each column its own name"
+        )
     for line, row in enumerate(rows, start=1):
         if line > 1 and len(row) != len(header):
-            raise UserError(f"{path} line {line} has {len(row)} values; the header names "
-                            f"{len(header)} columns")  # fmt: skip
+            raise UserError(
+                f"{path} line {line} has {len(row)} values; the header names {len(header)} columns"
+            )
         nul = next((n for n, cell in enumerate(row) if "\0" in cell), None)
         if nul is not None:  # no path, name or number holds one: a binary or damaged file
             column = f"column {header[nul]!r}" if line > 1 else "the header"
-            raise UserError(f"{path} line {line}, {column}: holds a NUL byte (\\x00), which no "
-                            "text table does; fix that row (is the file damaged or binary?)")  # fmt: skip
+            raise UserError(
+                f"{path} line {line}, {column}: holds a NUL byte (\\x00), which no "
+                "text table does; fix that row (is the file damaged or binary?)"
+            )
     return header, rows[1:]
 
 
@@ -81,36 +86,47 @@ class Columns:
     (one column of ``a;b`` sets, or several 0/1 columns) or ``values`` (one or more columns of
     numbers)."""
 
-    def __init__(self, header: list[str], rows: list[list[str]], choice: Mapping[str, Any],
-                 path: Path) -> None:  # fmt: skip
+    def __init__(
+        self, header: list[str], rows: list[list[str]], choice: Mapping[str, Any], path: Path
+    ) -> None:
         target, features, kind = choice["target"], choice["features"], choice["kind"]
         targets = [target] if isinstance(target, str) else list(target)
         categorical = list(choice["categorical"] or [])
         for name in [*targets, *(features or []), *categorical]:
             if name not in header:
-                raise UserError(f"{path} has no column {name!r}; its columns are "
-                                f"{', '.join(header)}")  # fmt: skip
+                raise UserError(
+                    f"{path} has no column {name!r}; its columns are {', '.join(header)}"
+                )
         if features is not None and not features:
-            raise UserError("data.features=[] names no column; leave it null to use every column "
-                            "but the target")  # fmt: skip
+            raise UserError(
+                "data.features=[] names no column; leave it null to use every column but the target"
+            )
         answer = [name for name in targets if name in [*(features or []), *categorical]]
         if answer:
-            raise UserError(f"data.target column {answer[0]!r} is also listed in "
-                            f"data.{'features' if answer[0] in (features or []) else 'categorical'}"
-                            "; the model would be given the answer: remove it there")  # fmt: skip
+            raise UserError(
+                f"data.target column {answer[0]!r} is also listed in "
+                f"data.{'features' if answer[0] in (features or []) else 'categorical'}"
+                "; the model would be given the answer: remove it there"
+            )
         if len(targets) > 1 and kind == "classes":
-            raise UserError(f"data.target names {len(targets)} columns; task=classification "
-                            "takes one (several are task=multilabel's 0/1 columns or "
-                            "task=regression's values)")  # fmt: skip
+            raise UserError(
+                f"data.target names {len(targets)} columns; task=classification "
+                "takes one (several are task=multilabel's 0/1 columns or "
+                "task=regression's values)"
+            )
         self.kind, self.target = kind, target if isinstance(target, str) else targets
         group = choice.get("group")  # data.split.group: never a feature unless listed
         if group is not None and group in targets:
-            raise UserError(f"data.split.group={group} is the target column; name the column "
-                            "that ties samples together (a patient, a session)")  # fmt: skip
+            raise UserError(
+                f"data.split.group={group} is the target column; name the column "
+                "that ties samples together (a patient, a session)"
+            )
         if group is not None and group in categorical and group not in (features or []):
-            raise UserError(f"data.categorical lists {group!r}, the data.split.group column, "
-                            "which is not a feature unless data.features lists it; drop it "
-                            "from data.categorical (or list it in data.features too)")  # fmt: skip
+            raise UserError(
+                f"data.categorical lists {group!r}, the data.split.group column, "
+                "which is not a feature unless data.features lists it; drop it "
+                "from data.categorical (or list it in data.features too)"
+            )
         named = (
             features
             if features is not None
@@ -132,8 +148,14 @@ class Columns:
 
     def record(self) -> dict:
         """What rebuilds this encoding without the train file (checkpoints keep it)."""
-        return {"target": self.target, "numeric": self.numeric, "categories": self.categories,
-                "classes": self.classes, "kind": self.kind, "na": self.missing.record()}  # fmt: skip
+        return {
+            "target": self.target,
+            "numeric": self.numeric,
+            "categories": self.categories,
+            "classes": self.classes,
+            "kind": self.kind,
+            "na": self.missing.record(),
+        }
 
     @classmethod
     def from_record(cls, record: dict) -> Columns:
@@ -144,13 +166,18 @@ class Columns:
             return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
         categories, target = record.get("categories"), record.get("target")
-        ok = ((isinstance(target, str) or names(target)) and names(record.get("numeric"))
-              and names(record.get("classes")) and isinstance(categories, dict)
-              and record.get("kind", "classes") in KINDS
-              and all(isinstance(k, str) and names(v) for k, v in categories.items()))  # fmt: skip
+        ok = (
+            (isinstance(target, str) or names(target))
+            and names(record.get("numeric"))
+            and names(record.get("classes"))
+            and isinstance(categories, dict)
+            and record.get("kind", "classes") in KINDS
+            and all(isinstance(k, str) and names(v) for k, v in categories.items())
+        )
         if not ok:
-            raise UserError("the checkpoint's table record is not what torchloom writes (was "
-                            "it edited?)")  # fmt: skip
+            raise UserError(
+                "the checkpoint's table record is not what torchloom writes (was it edited?)"
+            )
         columns = cls.__new__(cls)
         columns.target, columns.numeric = target, record["numeric"]
         columns.categorical, columns.categories = list(categories), categories
@@ -173,34 +200,49 @@ class Columns:
         for name in targets:
             if name not in header:
                 raise UserError(f"{path} has no column {name!r}, which the train file has")
-        return TensorSplit(self.raw_features(header, rows, path),
-                           self.targets(header, rows, path))  # fmt: skip
+        return TensorSplit(self.raw_features(header, rows, path), self.targets(header, rows, path))
 
     def unseen(self, header: list[str], rows: list[list[str]]) -> list[str]:
         """Each row's categorical values the train file never held, as ``column=value``
         (``;``-joined; empty when none): such a value is encoded as all zeros."""
         at = {name: header.index(name) for name in self.categories}
-        return [";".join(f"{name}={row[i].strip()}" for name, i in at.items()
-                         if row[i].strip() not in self.categories[name]) for row in rows]  # fmt: skip
+        return [
+            ";".join(
+                f"{name}={row[i].strip()}"
+                for name, i in at.items()
+                if row[i].strip() not in self.categories[name]
+            )
+            for row in rows
+        ]
 
     def targets(self, header: list[str], rows: list[list[str]], path: Path) -> torch.Tensor:
         columns = [self.target] if isinstance(self.target, str) else self.target
         at = [header.index(name) for name in columns]
         if self.kind == "values":
-            return torch.tensor([[_value(row[i], name, path, n + 2) for i, name in
-                                  zip(at, columns, strict=True)] for n, row in enumerate(rows)])  # fmt: skip
+            return torch.tensor(
+                [
+                    [_value(row[i], name, path, n + 2) for i, name in zip(at, columns, strict=True)]
+                    for n, row in enumerate(rows)
+                ]
+            )
         if self.kind == "label_sets" and not isinstance(self.target, str):  # 0/1 columns
-            return torch.tensor([[_bit(row[i], name, path, n + 2) for i, name in
-                                  zip(at, columns, strict=True)] for n, row in enumerate(rows)])  # fmt: skip
+            return torch.tensor(
+                [
+                    [_bit(row[i], name, path, n + 2) for i, name in zip(at, columns, strict=True)]
+                    for n, row in enumerate(rows)
+                ]
+            )
         known = set(self.classes)
         for n, row in enumerate(rows):
             given = label_set(row[at[0]]) if self.kind == "label_sets" else [row[at[0]].strip()]
             unknown = [label for label in given if label not in known]
             if unknown:
                 what = "label" if self.kind == "label_sets" else "class"
-                raise UserError(f"{path} line {n + 2}: {columns[0]}={unknown[0]!r} is not a "
-                                f"{what} of the train split ({', '.join(self.classes[:10])}"
-                                f"{'...' if len(self.classes) > 10 else ''})")  # fmt: skip
+                raise UserError(
+                    f"{path} line {n + 2}: {columns[0]}={unknown[0]!r} is not a "
+                    f"{what} of the train split ({', '.join(self.classes[:10])}"
+                    f"{'...' if len(self.classes) > 10 else ''})"
+                )
         if self.kind == "label_sets":
             return multi_hot([label_set(row[at[0]]) for row in rows], self.classes)
         class_of = {name: i for i, name in enumerate(self.classes)}
@@ -217,14 +259,21 @@ class Columns:
         inputs, keep = self.missing.apply(split.inputs, self.numeric)
         self.kept[name] = keep  # which rows stay: cv=K's oof.csv names the val rows kept
         if len(keep) and not bool(keep.any()):
-            raise UserError(f"the {name} split has no rows left: each has a gap in a column of "
-                            "data.na=drop; fill the gaps instead (data.na=median)")  # fmt: skip
+            raise UserError(
+                f"the {name} split has no rows left: each has a gap in a column of "
+                "data.na=drop; fill the gaps instead (data.na=median)"
+            )
         if not bool(keep.all()):
             dropped, share = int((~keep).sum()), float((~keep).float().mean())
-            log.log(logging.WARNING if share > 0.5 else logging.INFO,
-                    "%s%s split: %d of %d rows left out for their gaps (data.na=drop)%s",
-                    "warning: " if share > 0.5 else "", name, dropped, len(keep),
-                    "; data.na=median keeps them" if share > 0.5 else "")  # fmt: skip
+            log.log(
+                logging.WARNING if share > 0.5 else logging.INFO,
+                "%s%s split: %d of %d rows left out for their gaps (data.na=drop)%s",
+                "warning: " if share > 0.5 else "",
+                name,
+                dropped,
+                len(keep),
+                "; data.na=median keeps them" if share > 0.5 else "",
+            )
             return TensorSplit(inputs[keep], split.labels[keep])
         return TensorSplit(inputs, split.labels)
 
@@ -235,8 +284,10 @@ class Columns:
         inputs, keep = self.missing.apply(self.raw_features(header, rows, path), self.numeric)
         if not bool(keep.all()):
             line = int((~keep).nonzero()[0]) + 2
-            raise UserError(f"{path} line {line} has a gap in a column that training left rows "
-                            "out for (data.na=drop); fill it to predict this row")  # fmt: skip
+            raise UserError(
+                f"{path} line {line} has a gap in a column that training left rows "
+                "out for (data.na=drop); fill it to predict this row"
+            )
         return inputs
 
     def raw_features(self, header: list[str], rows: list[list[str]], path: Path) -> torch.Tensor:
@@ -290,15 +341,19 @@ def _value(text: str, column: str, path: Path, line: int) -> float:
         return _number(text, column, path, line)
     except UserError:
         shown = repr(text.strip()) if text.strip() else "empty"
-        raise UserError(f"{path} line {line}, column {column!r}: {shown} is not a number, "
-                        "and task=regression learns the numbers in data.target; fix the value "
-                        "or choose number columns") from None  # fmt: skip
+        raise UserError(
+            f"{path} line {line}, column {column!r}: {shown} is not a number, "
+            "and task=regression learns the numbers in data.target; fix the value "
+            "or choose number columns"
+        ) from None
 
 
 def _bit(text: str, column: str, path: Path, line: int) -> float:
     if text.strip() not in ("0", "1"):
-        raise UserError(f"{path} line {line}, column {column!r}: {text.strip()!r} is not 0 or 1 "
-                        "(a label column of task=multilabel)")  # fmt: skip
+        raise UserError(
+            f"{path} line {line}, column {column!r}: {text.strip()!r} is not 0 or 1 "
+            "(a label column of task=multilabel)"
+        )
     return float(text.strip())
 
 
@@ -312,15 +367,23 @@ def _number(text: str, column: str, path: Path, line: int) -> float:
             f"value, or list the column in data.categorical (or leave it out of data.features)"
         ) from None
     if not math.isfinite(value) or abs(value) > FLOAT32_MAX:  # features live in float32
-        raise UserError(f"{path} line {line}, column {column!r}: {text.strip()} is not finite "
-                        f"as a float32 feature (at most {FLOAT32_MAX:.3g} in size); fix or "
-                        "drop the value")  # fmt: skip
+        raise UserError(
+            f"{path} line {line}, column {column!r}: {text.strip()} is not finite "
+            f"as a float32 feature (at most {FLOAT32_MAX:.3g} in size); fix or "
+            "drop the value"
+        )
     return value
 
 
 @reads_targets("label_sets", "values")
-def load_csv(path: str, target: Any, features: Sequence[str] | None,
-             categorical: Sequence[str], split: Mapping[str, Any], **options) -> Data:  # fmt: skip
+def load_csv(
+    path: str,
+    target: Any,
+    features: Sequence[str] | None,
+    categorical: Sequence[str],
+    split: Mapping[str, Any],
+    **options,
+) -> Data:
     """conf/data/csv.yaml. ``options``: the keys of :class:`data.batches.Batching` but ``mean``
     and ``std``, which come from the train split; the ``na`` keys (data/missing.py); and ``targets``, the kind of target the task
     learns (data/targets.py; train.py passes it)."""
@@ -329,9 +392,19 @@ def load_csv(path: str, target: Any, features: Sequence[str] | None,
     target = target if isinstance(target, str) else list(target)
     train_path = Path(path)
     header, rows = read_table(train_path)
-    columns = Columns(header, rows, {"target": target, "features": features, "kind": kind,
-                                     "categorical": categorical, "na": gaps,
-                                     "group": (split or {}).get("group")}, train_path)  # fmt: skip
+    columns = Columns(
+        header,
+        rows,
+        {
+            "target": target,
+            "features": features,
+            "kind": kind,
+            "categorical": categorical,
+            "na": gaps,
+            "group": (split or {}).get("group"),
+        },
+        train_path,
+    )
     samples = columns.encode(header, rows, train_path)
     paths = {name: Path(split[f"{name}_path"]) for name in ("val", "test") if split[f"{name}_path"]}
     given = {}
@@ -347,17 +420,25 @@ def load_csv(path: str, target: Any, features: Sequence[str] | None,
     groups = group_values(header, rows, train_path, plan.group)
     *parts, val_rows = tensor_splits(samples, given, split, plan, groups)  # test first, then val
     columns.fit_gaps(parts[0], train_path)  # fill values from the train split alone
-    train, val, test = (columns.filled(part, name)
-                        for part, name in zip(parts, ("train", "val", "test"), strict=True))  # fmt: skip
+    train, val, test = (
+        columns.filled(part, name)
+        for part, name in zip(parts, ("train", "val", "test"), strict=True)
+    )
     mean, std = channel_statistics(train.inputs)  # a constant feature keeps std 1
     shown = ", ".join(columns.feature_names[:8]) + ("..." if len(columns.feature_names) > 8 else "")
-    log.info("csv %s: %d features (%s), %d %s; standardised with the train split's "
-             "statistics", train_path.name, len(columns.feature_names), shown,
-             len(columns.classes), kind.replace("_", " ").replace("label sets", "labels"))  # fmt: skip
+    log.info(
+        "csv %s: %d features (%s), %d %s; standardised with the train split's statistics",
+        train_path.name,
+        len(columns.feature_names),
+        shown,
+        len(columns.classes),
+        kind.replace("_", " ").replace("label sets", "labels"),
+    )
     batching = Batching(mean=mean, std=std, **options)
     targets = Targets(kind, len(columns.classes), tuple(columns.classes))
-    data = Data(f"csv {train_path.name}", Splits(train, val, test), targets.count, batching,
-                targets)  # fmt: skip
+    data = Data(
+        f"csv {train_path.name}", Splits(train, val, test), targets.count, batching, targets
+    )
     data.table = columns.record()
     if plan.folds is not None:  # cv=K's oof.csv names each val row by its line in the file
         kept = val_rows[columns.kept["val"]].tolist()

@@ -53,15 +53,18 @@ class Targets:
             check_labels(targets, self.count, where)
             return
         if not targets.is_floating_point() or targets.dim() != 2 or targets.shape[1] != self.count:
-            raise UserError(f"{where}: {self.kind.replace('_', ' ')} must be float [N, "
-                            f"{self.count}], not {targets.dtype} {list(targets.shape)}")  # fmt: skip
+            raise UserError(
+                f"{where}: {self.kind.replace('_', ' ')} must be float [N, "
+                f"{self.count}], not {targets.dtype} {list(targets.shape)}"
+            )
         if not bool(torch.isfinite(targets).all()):
             row = int((~torch.isfinite(targets)).any(dim=1).nonzero()[0])
             raise UserError(f"{where}: the target of sample {row} is NaN or Inf; clean it")
         if self.kind == "label_sets" and not bool(((targets == 0) | (targets == 1)).all()):
             row = int(((targets != 0) & (targets != 1)).any(dim=1).nonzero()[0])
-            raise UserError(f"{where}: label sets must be 0/1, and sample {row} has "
-                            f"{targets[row].tolist()}")  # fmt: skip
+            raise UserError(
+                f"{where}: label sets must be 0/1, and sample {row} has {targets[row].tolist()}"
+            )
 
     def random(self, n: int, device: torch.device) -> torch.Tensor:
         """``n`` targets of this kind (tune=batch_size tries a step on them)."""
@@ -71,8 +74,11 @@ class Targets:
         return values.round() if self.kind == "label_sets" else values
 
     def record(self) -> dict:
-        return {"kind": self.kind, "count": self.count,
-                "names": list(self.names) if self.names else None}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "count": self.count,
+            "names": list(self.names) if self.names else None,
+        }
 
 
 def reads_targets(*kinds: str):
@@ -94,9 +100,11 @@ def target_kinds(builder) -> tuple[str, ...]:
 def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
     """Labels must be integers in [0, num_classes); say which dataset and value if not."""
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.dim() != 1:
-        raise UserError(f"{where}: class labels must be integers [N], got {labels.dtype} "
-                        f"{list(labels.shape)} (task=multilabel and task=regression take "
-                        "float targets)")  # fmt: skip
+        raise UserError(
+            f"{where}: class labels must be integers [N], got {labels.dtype} "
+            f"{list(labels.shape)} (task=multilabel and task=regression take "
+            "float targets)"
+        )
     bad = (labels < 0) | (labels >= num_classes)
     if bad.any():
         index = int(bad.nonzero()[0])

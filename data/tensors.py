@@ -55,28 +55,41 @@ def read_arrays(path: Path) -> dict[str, torch.Tensor]:
     except Exception as error:
         reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else "unreadable"
         if "Object arrays" in reason:  # what numpy.savez makes of sequences of unequal lengths
-            raise UserError(f"cannot read {path}: it holds an object array (sequences of "
-                            f"different lengths?), which could run code; {PAD}") from None  # fmt: skip
-        raise UserError(f"cannot read {path} as arrays ({reason}); save x and y with numpy.savez "
-                        "or torch.save of a dict of tensors") from None  # fmt: skip
-    ragged = [key for key, value in (loaded.items() if isinstance(loaded, Mapping) else ())
-              if isinstance(value, list | tuple) and value and isinstance(value[0], torch.Tensor)]  # fmt: skip
+            raise UserError(
+                f"cannot read {path}: it holds an object array (sequences of "
+                f"different lengths?), which could run code; {PAD}"
+            ) from None
+        raise UserError(
+            f"cannot read {path} as arrays ({reason}); save x and y with numpy.savez "
+            "or torch.save of a dict of tensors"
+        ) from None
+    ragged = [
+        key
+        for key, value in (loaded.items() if isinstance(loaded, Mapping) else ())
+        if isinstance(value, list | tuple) and value and isinstance(value[0], torch.Tensor)
+    ]
     if ragged:
         lengths = sorted({tuple(t.shape) for t in loaded[ragged[0]]})
-        raise UserError(f"{path}: {ragged[0]} is a list of {len(loaded[ragged[0]])} tensors "
-                        f"(shapes {lengths[:3]}{'...' if len(lengths) > 3 else ''}), not one "
-                        f"tensor; {PAD}")  # fmt: skip
+        raise UserError(
+            f"{path}: {ragged[0]} is a list of {len(loaded[ragged[0]])} tensors "
+            f"(shapes {lengths[:3]}{'...' if len(lengths) > 3 else ''}), not one "
+            f"tensor; {PAD}"
+        )
     if not isinstance(loaded, Mapping) or not all(
         isinstance(v, torch.Tensor) for v in loaded.values()
     ):
-        raise UserError(f"{path} must hold a dict of arrays named x and y (and optionally "
-                        "x_val, y_val, x_test, y_test)")  # fmt: skip
+        raise UserError(
+            f"{path} must hold a dict of arrays named x and y (and optionally "
+            "x_val, y_val, x_test, y_test)"
+        )
     for key, value in loaded.items():  # a view may declare more values than the file holds
         if value.numel() * value.element_size() > value.untyped_storage().nbytes():
-            raise UserError(f"{path}: {key} declares {value.numel():,} values of shape "
-                            f"{list(value.shape)} but the file holds "
-                            f"{value.untyped_storage().nbytes():,} bytes for it; save a plain "
-                            "tensor (x.contiguous().clone())")  # fmt: skip
+            raise UserError(
+                f"{path}: {key} declares {value.numel():,} values of shape "
+                f"{list(value.shape)} but the file holds "
+                f"{value.untyped_storage().nbytes():,} bytes for it; save a plain "
+                "tensor (x.contiguous().clone())"
+            )
     return dict(loaded)
 
 
@@ -90,11 +103,14 @@ def split_of(arrays: Mapping[str, torch.Tensor], name: str, path: Path) -> Tenso
         raise UserError(f"{path} holds {x_key if x_key in arrays else y_key} without its pair")
     x, y = arrays[x_key], arrays[y_key]
     if x.dim() < 2:
-        raise UserError(f"{path}: {x_key} must be [N, features] or [N, C, H, W], not "
-                        f"shape {list(x.shape)}")  # fmt: skip
+        raise UserError(
+            f"{path}: {x_key} must be [N, features] or [N, C, H, W], not shape {list(x.shape)}"
+        )
     if y.dim() not in (1, 2) or len(y) != len(x):
-        raise UserError(f"{path}: {y_key} must be [N] labels (or [N, K] label sets or values) "
-                        f"for {x_key}'s {len(x)} samples, not shape {list(y.shape)}")  # fmt: skip
+        raise UserError(
+            f"{path}: {y_key} must be [N] labels (or [N, K] label sets or values) "
+            f"for {x_key}'s {len(x)} samples, not shape {list(y.shape)}"
+        )
     if x.dtype != torch.uint8:
         x = x.float()
         if not bool(torch.isfinite(x).all()):
@@ -103,8 +119,14 @@ def split_of(arrays: Mapping[str, torch.Tensor], name: str, path: Path) -> Tenso
 
 
 @reads_targets("label_sets", "values")
-def load_tensors(path: str, num_classes: int | None, split: Mapping[str, Any],
-                 mean: Sequence[float] | None, std: Sequence[float] | None, **options) -> Data:  # fmt: skip
+def load_tensors(
+    path: str,
+    num_classes: int | None,
+    split: Mapping[str, Any],
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    **options,
+) -> Data:
     """conf/data/tensors.yaml. ``num_classes``: null = the largest label + 1. ``options``: the
     keys of :class:`data.batches.Batching`, and ``targets``, the kind of target the task learns
     (data/targets.py; train.py passes it)."""
@@ -117,14 +139,18 @@ def load_tensors(path: str, num_classes: int | None, split: Mapping[str, Any],
     samples = as_targets(samples, kind, file)
     for name, part in given.items():
         if part.inputs.shape[1:] != samples.inputs.shape[1:]:
-            raise UserError(f"{file}: {SPLIT_KEYS[name][0]} has samples of shape "
-                            f"{list(part.inputs.shape[1:])}, and x of "
-                            f"{list(samples.inputs.shape[1:])}; give every split the same")  # fmt: skip
+            raise UserError(
+                f"{file}: {SPLIT_KEYS[name][0]} has samples of shape "
+                f"{list(part.inputs.shape[1:])}, and x of "
+                f"{list(samples.inputs.shape[1:])}; give every split the same"
+            )
     plan = FoldPlan.of(split, kind == "classes", split["seed"])  # data/folds.py
     if plan.folds is not None and "val" in given:  # the file's own val split, not a path
-        raise UserError(f"data.split.folds cuts val out of {file}'s x and y, but the file holds "
-                        "a val split of its own (x_val, y_val); save it without them, or drop "
-                        "data.split.folds (cv=)")  # fmt: skip
+        raise UserError(
+            f"data.split.folds cuts val out of {file}'s x and y, but the file holds "
+            "a val split of its own (x_val, y_val); save it without them, or drop "
+            "data.split.folds (cv=)"
+        )
     train, val, test, val_rows = tensor_splits(samples, given, split, plan)
     labels = torch.cat([train.labels, val.labels, test.labels])
     if kind == "classes":
@@ -133,14 +159,14 @@ def load_tensors(path: str, num_classes: int | None, split: Mapping[str, Any],
     else:
         widths = {part.labels.shape[1] for part in (train, val, test)}
         if len(widths) > 1:
-            raise UserError(f"{file}: the splits' y have {sorted(widths)} columns; give each "
-                            "split the same")  # fmt: skip
+            raise UserError(
+                f"{file}: the splits' y have {sorted(widths)} columns; give each split the same"
+            )
         targets = Targets(kind, widths.pop())
     if mean is None or std is None:
         mean, std = channel_statistics(train.inputs)
     batching = Batching(mean=list(mean), std=list(std), **options)
-    data = Data(f"tensors {file.name}", Splits(train, val, test), targets.count, batching,
-                targets)  # fmt: skip
+    data = Data(f"tensors {file.name}", Splits(train, val, test), targets.count, batching, targets)
     if plan.folds is not None:  # cv=K's oof.csv names each val sample by its row of x
         data.fold_ids = FoldIds(plan.fold, [f"row {i}" for i in val_rows.tolist()])
     return data
@@ -152,13 +178,16 @@ def as_targets(part: TensorSplit, kind: str, path: Path) -> TensorSplit:
     y = part.labels
     if kind == "classes":
         if y.dtype.is_floating_point or y.dtype == torch.bool or y.dim() != 1:
-            raise UserError(f"{path}: class labels must be integer indices [N], not {y.dtype} "
-                            f"{list(y.shape)} (label sets and values are task=multilabel's and "
-                            "task=regression's)")  # fmt: skip
+            raise UserError(
+                f"{path}: class labels must be integer indices [N], not {y.dtype} "
+                f"{list(y.shape)} (label sets and values are task=multilabel's and "
+                "task=regression's)"
+            )
         return part
     if y.dim() == 1 and kind == "values":
         y = y[:, None]
     if y.dim() != 2:
-        raise UserError(f"{path}: label sets must be a 0/1 y of shape [N, labels], not "
-                        f"{list(y.shape)}")  # fmt: skip
+        raise UserError(
+            f"{path}: label sets must be a 0/1 y of shape [N, labels], not {list(y.shape)}"
+        )
     return TensorSplit(part.inputs, y.float())

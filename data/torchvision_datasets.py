@@ -48,8 +48,9 @@ def load_torchvision(
     if name not in NAMES:
         raise UserError(f"data.name={name!r} is not one of {', '.join(NAMES)}")
     read = readers.get(name, read_idx)
-    (train, classes), (test, _) = (read(name, Path(root), split, download)
-                                   for split in ("train", "test"))  # fmt: skip
+    (train, classes), (test, _) = (
+        read(name, Path(root), split, download) for split in ("train", "test")
+    )
     train, val = holdout(train, [val_size], split_seed)
     if batching["mean"] is None or batching["std"] is None:
         batching["mean"], batching["std"] = channel_statistics(train.inputs)
@@ -59,21 +60,28 @@ def load_torchvision(
 def read_idx(name: str, root: Path, split: str, download: bool) -> tuple[TensorSplit, list[str]]:
     from torchvision import datasets
 
-    cls, options = (datasets.KMNIST, {}) if name == "kmnist" else (
-        datasets.EMNIST, {"split": name.removeprefix("emnist_")})  # fmt: skip
+    cls, options = (
+        (datasets.KMNIST, {})
+        if name == "kmnist"
+        else (datasets.EMNIST, {"split": name.removeprefix("emnist_")})
+    )
     raw = root / cls.__name__ / "raw"
     try:
         dataset = cls(str(root), train=split == "train", download=False, **options)
     except RuntimeError:
         if not download:
-            raise UserError(f"{name} not found in {raw} (data.download=false); put its "
-                            "IDX files there or pass data.download=true") from None  # fmt: skip
+            raise UserError(
+                f"{name} not found in {raw} (data.download=false); put its "
+                "IDX files there or pass data.download=true"
+            ) from None
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 dataset = cls(str(root), train=split == "train", download=True, **options)
         except Exception as error:
-            raise UserError(f"{name} not found in {raw} and the download failed ({error}); "
-                            "put its IDX files there") from None  # fmt: skip
+            raise UserError(
+                f"{name} not found in {raw} and the download failed ({error}); "
+                "put its IDX files there"
+            ) from None
     images = dataset.data
     if cls is datasets.EMNIST:
         images = images.transpose(1, 2)  # stored column by column
@@ -94,14 +102,18 @@ def read_cifar100(
         from torchvision.datasets.utils import download_and_extract_archive
 
         try:
-            download_and_extract_archive(CIFAR100.url, str(root), filename=CIFAR100.filename,
-                                         md5=CIFAR100.tgz_md5)  # fmt: skip
+            download_and_extract_archive(
+                CIFAR100.url, str(root), filename=CIFAR100.filename, md5=CIFAR100.tgz_md5
+            )
         except Exception as error:
-            raise UserError(f"cifar100 not found in {folder} and the download failed "
-                            f"({error}); put {', '.join(needed)} there") from None  # fmt: skip
+            raise UserError(
+                f"cifar100 not found in {folder} and the download failed "
+                f"({error}); put {', '.join(needed)} there"
+            ) from None
     elif missing:
-        raise UserError(f"cifar100 not found in {folder} (data.download=false); put "
-                        f"{', '.join(missing)} there")  # fmt: skip
+        raise UserError(
+            f"cifar100 not found in {folder} (data.download=false); put {', '.join(missing)} there"
+        )
     try:
         meta = read_pickle(folder / "meta")
         names = meta.get("fine_label_names", meta.get(b"fine_label_names"))

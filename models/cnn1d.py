@@ -36,8 +36,13 @@ class OneChannel(nn.Module):
         return x.unsqueeze(1)
 
 
-@checked("model", channels=POSITIVE_INTS, dropout=DROPOUT, init=one_of(*SCHEME_NAMES),
-         kernel_size=one_of(3, 5, 7, 9))  # fmt: skip
+@checked(
+    "model",
+    channels=POSITIVE_INTS,
+    dropout=DROPOUT,
+    init=one_of(*SCHEME_NAMES),
+    kernel_size=one_of(3, 5, 7, 9),
+)
 def cnn1d(
     input_shape: Sequence[int],
     num_classes: int,
@@ -47,9 +52,11 @@ def cnn1d(
     init: str,
 ) -> nn.Sequential:
     if len(input_shape) not in (1, 2):
-        raise UserError(f"model=cnn1d takes sequences [C, L] (or a table's row [L]), and the "
-                        f"data gives {list(input_shape)}; use model=cnn for images, or save "
-                        "x as [N, C, L]")  # fmt: skip
+        raise UserError(
+            f"model=cnn1d takes sequences [C, L] (or a table's row [L]), and the "
+            f"data gives {list(input_shape)}; use model=cnn for images, or save "
+            "x as [N, C, L]"
+        )
     layers: list[nn.Module] = [OneChannel()] if len(input_shape) == 1 else []
     in_channels, length = (1, input_shape[0]) if len(input_shape) == 1 else input_shape
     for out_channels in channels:

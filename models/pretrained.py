@@ -48,9 +48,12 @@ IMAGENET_CLASSES = 1000
 
 @checked("model", freeze_backbone_epochs=NON_NEGATIVE_INT)
 def torchvision_model(
-    input_shape: Sequence[int], num_classes: int, name: str, weights: str | None,
+    input_shape: Sequence[int],
+    num_classes: int,
+    name: str,
+    weights: str | None,
     freeze_backbone_epochs: int,
-) -> FineTuned:  # fmt: skip
+) -> FineTuned:
     import torchvision
 
     names = torchvision.models.list_models(module=torchvision.models)
@@ -83,9 +86,11 @@ def pretrained_state(name: str, weights: str) -> dict[str, torch.Tensor]:
                 raise ValueError(weights)
         except (KeyError, ValueError, AttributeError):
             known = [w.name for w in own]
-            raise UserError(f"model.weights={weights!r} is not a weight of {name}; it has "
-                            f"DEFAULT, {', '.join(known)} (or {own.__name__}.<name>), or give a "
-                            ".pth file") from None  # fmt: skip
+            raise UserError(
+                f"model.weights={weights!r} is not a weight of {name}; it has "
+                f"DEFAULT, {', '.join(known)} (or {own.__name__}.<name>), or give a "
+                ".pth file"
+            ) from None
         path = Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(entry.url).path).name
         if not path.is_file():
             raise UserError(
@@ -99,8 +104,10 @@ def pretrained_state(name: str, weights: str) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:
-        raise UserError(f"model.weights={weights}: not a readable state dict (it is loaded "
-                        "with weights_only=True, so it may hold tensors only)") from None  # fmt: skip
+        raise UserError(
+            f"model.weights={weights}: not a readable state dict (it is loaded "
+            "with weights_only=True, so it may hold tensors only)"
+        ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"model.weights={weights}: expected a state dict of {name}")
     return state
@@ -112,8 +119,16 @@ def refit_first_conv(model: nn.Module, channels: int, pretrained: bool) -> None:
     if found is None or found[1].in_channels == channels:
         return
     name, conv = found
-    refit = nn.Conv2d(channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
-                      conv.dilation, conv.groups, conv.bias is not None)  # fmt: skip
+    refit = nn.Conv2d(
+        channels,
+        conv.out_channels,
+        conv.kernel_size,
+        conv.stride,
+        conv.padding,
+        conv.dilation,
+        conv.groups,
+        conv.bias is not None,
+    )
     if pretrained:
         with torch.no_grad():
             weight = conv.weight
@@ -130,10 +145,11 @@ def refit_first_conv(model: nn.Module, channels: int, pretrained: bool) -> None:
 def replace_head(model: nn.Module, num_classes: int, name: str) -> str:
     """Replace the classifier (the last layer with 1,000 outputs) by a fresh one; its name."""
     heads = [
-        (n, m) for n, m in model.named_modules()
+        (n, m)
+        for n, m in model.named_modules()
         if (isinstance(m, nn.Linear) and m.out_features == IMAGENET_CLASSES)
         or (isinstance(m, nn.Conv2d) and m.out_channels == IMAGENET_CLASSES)
-    ]  # fmt: skip
+    ]
     if not heads:
         raise UserError(f"model.name={name}: no 1,000-way classifier layer to replace")
     head_name, old = heads[-1]

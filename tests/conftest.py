@@ -98,8 +98,11 @@ def run_in_process(
     handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     root = logging.getLogger()
     logging_before = (root.handlers[:], root.level)
-    torch_modes = (torch.are_deterministic_algorithms_enabled(), torch.is_anomaly_enabled(),
-                   torch.get_num_threads())  # fmt: skip
+    torch_modes = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_anomaly_enabled(),
+        torch.get_num_threads(),
+    )
     out, err = io.StringIO(), io.StringIO()
 
     def show(message, category, filename, lineno, file=None, line=None):
@@ -309,15 +312,20 @@ def classes_table(path: Path, labels: list[str], rows: int = 120, **how) -> Path
     generator = torch.Generator().manual_seed(0)
     values = torch.rand(rows, 2, generator=generator)
     chosen = [labels[min(int(v * len(labels)), len(labels) - 1)] for v in values[:, 0].tolist()]
-    return write_rows(path, ["a", "b", "y"], [[*map(repr, v), c] for v, c in
-                                               zip(values.tolist(), chosen, strict=True)], **how)  # fmt: skip
+    return write_rows(
+        path,
+        ["a", "b", "y"],
+        [[*map(repr, v), c] for v, c in zip(values.tolist(), chosen, strict=True)],
+        **how,
+    )
 
 
 def slow(*values):
     """Parameters of a parametrised test that run under ``-m slow`` only: the quick suite keeps
     one variant of each finding, CI runs them all."""
-    return [pytest.param(*v if isinstance(v, tuple) else (v,), marks=pytest.mark.slow)
-            for v in values]  # fmt: skip
+    return [
+        pytest.param(*v if isinstance(v, tuple) else (v,), marks=pytest.mark.slow) for v in values
+    ]
 
 
 # --- Shared by several test modules ----------------------------------------------------------

@@ -34,8 +34,9 @@ def test_a_failed_run_leaves_earlier_checkpoints_untouched(tmp_path):
     saved = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints" / "keep").iterdir()}
     result = run_train(tmp_path, "run_name=keep", "data.path=missing.csv.gz", ok=False)
     assert "already holds a run" in error_line(result)  # a new run never replaces it silently
-    result = run_train(tmp_path, "run_name=keep", "data.path=missing.csv.gz", "overwrite=true",
-                       ok=False)  # fmt: skip
+    result = run_train(
+        tmp_path, "run_name=keep", "data.path=missing.csv.gz", "overwrite=true", ok=False
+    )
     assert "cannot read digits file missing.csv.gz" in error_line(result)
     assert {p.name: p.read_bytes() for p in (tmp_path / "checkpoints" / "keep").iterdir()} == saved
 
@@ -96,13 +97,25 @@ def test_an_error_line_is_written_whole_so_torchrun_ranks_never_interleave(monke
     assert stream.writes == ["error: cannot decode image a.png; remove or replace it\n"]
 
 
-@pytest.mark.parametrize("override, message", [
-    ("+trainer.max_epoch=3", "nothing reads trainer.max_epoch; did you mean trainer.max_epochs?"),
-    ("++trainer.ema.decai=0.9", "nothing reads trainer.ema.decai; did you mean trainer.ema.decay?"),
-    ("+data.augment.crop_pad=2", "nothing reads data.augment.crop_pad; did you mean data.augment.crop_padding?"),
-    ("+data.split.fols=3", "nothing reads data.split.fols; did you mean data.split.folds?"),
-    ("+sead=3", "nothing reads sead; did you mean seed?"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "+trainer.max_epoch=3",
+            "nothing reads trainer.max_epoch; did you mean trainer.max_epochs?",
+        ),
+        (
+            "++trainer.ema.decai=0.9",
+            "nothing reads trainer.ema.decai; did you mean trainer.ema.decay?",
+        ),
+        (
+            "+data.augment.crop_pad=2",
+            "nothing reads data.augment.crop_pad; did you mean data.augment.crop_padding?",
+        ),
+        ("+data.split.fols=3", "nothing reads data.split.fols; did you mean data.split.folds?"),
+        ("+sead=3", "nothing reads sead; did you mean seed?"),
+    ],
+)
 def test_an_added_key_nothing_reads_is_refused(tmp_path, override, message):
     # Hydra's own message for a typo says to add `+`; the typo must not then be ignored.
     result = run_train(tmp_path, "trainer.max_epochs=1", override, ok=False)
@@ -122,15 +135,25 @@ def test_a_group_given_numbers_is_one_line(tmp_path, override):
     )
 
 
-@pytest.mark.parametrize("override, message", [
-    ("trainer.swa.start=5", "trainer.swa.start=5 must be a whole number of epochs from 0 to 1"),
-    ("distill.alpha=1.5", "distill.alpha=1.5 must be from 0 to 1"),
-    ("distill.temperature=0", "distill.temperature=0.0 must be greater than 0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.swa.start=5", "trainer.swa.start=5 must be a whole number of epochs from 0 to 1"),
+        ("distill.alpha=1.5", "distill.alpha=1.5 must be from 0 to 1"),
+        ("distill.temperature=0", "distill.temperature=0.0 must be greater than 0"),
+    ],
+)
 def test_a_value_the_config_alone_can_judge_is_refused_before_any_data_is_read(
     tmp_path, override, message
 ):
     # The data file does not exist: the refusal names the value, so nothing was read first.
-    result = run_train(tmp_path, "data=csv", "data.path=missing.csv", "data.target=y",
-                       "trainer.max_epochs=2", override, ok=False)  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "data=csv",
+        "data.path=missing.csv",
+        "data.target=y",
+        "trainer.max_epochs=2",
+        override,
+        ok=False,
+    )
     assert result.returncode == 2 and message in error_line(result)

@@ -16,10 +16,21 @@ pytestmark = pytest.mark.slow
 
 def test_benchmark_reports_floor_dataloader_and_torchloom(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "loop_speed.py"), "--cases", "digits",
-         "--rounds", "1", "--epochs", "2"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "loop_speed.py"),
+            "--cases",
+            "digits",
+            "--rounds",
+            "1",
+            "--epochs",
+            "2",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["case"] == "digits" and report["floor_ratio"] == 1.0
@@ -33,8 +44,11 @@ def test_gpu_benchmark_runs_every_comparison_at_smoke_size_on_the_cpu(tmp_path):
     """The GPU script is run for real only where a GPU is lent; here it proves it runs."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_speed.py"), "--smoke", "--device", "cpu"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     reports = {
         report["case"]: report
@@ -48,10 +62,18 @@ def test_gpu_benchmark_runs_every_comparison_at_smoke_size_on_the_cpu(tmp_path):
 
 def test_image_folder_benchmark_compares_every_way_of_holding_the_images(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "image_folder_speed.py"), "--smoke",
-         "--cases", "grey_png"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "image_folder_speed.py"),
+            "--smoke",
+            "--cases",
+            "grey_png",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["case"] == "grey_png" and report["build_seconds"] > 0
@@ -62,16 +84,29 @@ def test_image_folder_benchmark_compares_every_way_of_holding_the_images(tmp_pat
 
 def test_fine_tuning_figures_compare_each_feature_with_the_run_without_it(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "fine_tuning_figures.py"), "--cases",
-         "distill", "layer_decay", "--seeds", "0", "--epochs", "1"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "fine_tuning_figures.py"),
+            "--cases",
+            "distill",
+            "layer_decay",
+            "--seeds",
+            "0",
+            "--epochs",
+            "1",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads(line) for line in result.stdout.strip().splitlines()]
     assert [(r["case"], r["run"]) for r in reports] == [
-        ("distill", "mlp alone"), ("distill", "mlp, cnn teacher (T=4, α=0.5)"),
-        ("layer_decay", "from scratch"), *(("layer_decay", f"init_from, layer_decay={d}")
-                                           for d in ("null", "0.9", "0.7", "0.5")),
-    ]  # fmt: skip
+        ("distill", "mlp alone"),
+        ("distill", "mlp, cnn teacher (T=4, α=0.5)"),
+        ("layer_decay", "from scratch"),
+        *(("layer_decay", f"init_from, layer_decay={d}") for d in ("null", "0.9", "0.7", "0.5")),
+    ]
     for report in reports:
         assert 0 <= report["test/acc"][0] <= 1 and report["seeds"] == 1

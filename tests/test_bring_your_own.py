@@ -24,13 +24,26 @@ from utils.checkpoint import load_checkpoint
 
 
 def test_the_pytorch_examples_net_trains_unchanged_with_a_one_line_yaml(tmp_path, mnist_root):
-    search = user_conf(tmp_path, {
-        "model/examples_net.yaml": "_target_: examples_net.Net\n",
-        "optim/adadelta.yaml": "_target_: torch.optim.Adadelta\n_partial_: true\nlr: 1.0\n",
-    })  # fmt: skip
-    result = run_train(tmp_path, search, "model=examples_net", "optim=adadelta", "data=mnist",
-                       f"data.root={mnist_root}", "data.val_size=16", "data.batch_size=16",
-                       "scheduler=step", "trainer.max_epochs=2", "run_name=net")  # fmt: skip
+    search = user_conf(
+        tmp_path,
+        {
+            "model/examples_net.yaml": "_target_: examples_net.Net\n",
+            "optim/adadelta.yaml": "_target_: torch.optim.Adadelta\n_partial_: true\nlr: 1.0\n",
+        },
+    )
+    result = run_train(
+        tmp_path,
+        search,
+        "model=examples_net",
+        "optim=adadelta",
+        "data=mnist",
+        f"data.root={mnist_root}",
+        "data.val_size=16",
+        "data.batch_size=16",
+        "scheduler=step",
+        "trainer.max_epochs=2",
+        "run_name=net",
+    )
     assert "input_shape" not in result.stderr
     metrics = read_metrics(tmp_path / "runs" / "net")
     assert metrics["epochs"] == 2 and metrics["status"] == "completed" and "test/acc" in metrics
@@ -56,8 +69,14 @@ def test_builders_that_take_the_shapes_still_get_them():
 # --- Bring your own data: a CSV table, arrays in a file ------------------------------------
 
 
-CSV_RUN = ["data=csv", "data.path=table.csv", "data.target=kind", "data.categorical=[colour]",
-           "data.batch_size=16", "model.hidden_sizes=[16]"]  # fmt: skip
+CSV_RUN = [
+    "data=csv",
+    "data.path=table.csv",
+    "data.target=kind",
+    "data.categorical=[colour]",
+    "data.batch_size=16",
+    "model.hidden_sizes=[16]",
+]
 
 
 def test_a_csv_table_trains_evaluates_and_keeps_its_class_names(tmp_path):
@@ -78,8 +97,16 @@ def test_csv_features_are_standardised_with_the_train_split_alone(tmp_path):
 
     write_table(tmp_path / "table.csv")
     split = {"val_path": None, "test_path": None, "val": 0.25, "test": 0.25, "seed": 0}
-    data = load_csv(str(tmp_path / "table.csv"), "kind", None, ["colour"], split, batch_size=8,
-                    eval_batch_size=64, augment={"crop_padding": 0, "horizontal_flip": False})  # fmt: skip
+    data = load_csv(
+        str(tmp_path / "table.csv"),
+        "kind",
+        None,
+        ["colour"],
+        split,
+        batch_size=8,
+        eval_batch_size=64,
+        augment={"crop_padding": 0, "horizontal_flip": False},
+    )
     train = data.splits["train"].inputs
     everything = torch.cat([train, data.splits["val"].inputs, data.splits["test"].inputs])
     assert data.mean == pytest.approx(train.mean(dim=0).tolist(), rel=1e-5)
@@ -89,10 +116,16 @@ def test_csv_features_are_standardised_with_the_train_split_alone(tmp_path):
     assert batch.shape == (8, 5) and batch[:, 1].abs().max() < 10  # weight ~500 is rescaled
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda t: t.replace("0.", "zero.", 1), "line 2, column 'size': 'zero.", ),
-    (lambda t: t.replace(",r,", ",,", 1).replace("colour", "colour", 1), None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda t: t.replace("0.", "zero.", 1),
+            "line 2, column 'size': 'zero.",
+        ),
+        (lambda t: t.replace(",r,", ",,", 1).replace("colour", "colour", 1), None),
+    ],
+)
 def test_a_value_that_is_not_a_number_names_its_column_and_line(tmp_path, edit, message):
     table = write_table(tmp_path / "table.csv")
     table.write_text(edit(table.read_text()))
@@ -109,8 +142,14 @@ def test_a_value_that_is_not_a_number_names_its_column_and_line(tmp_path, edit, 
 def test_separate_tsv_files_for_val_and_test_and_an_unknown_label(tmp_path):
     for name, seed in (("train.tsv", 0), ("val.tsv", 1), ("test.tsv", 2)):
         write_table(tmp_path / name, rows=80, seed=seed, delimiter="\t")
-    files = ["data=csv", "data.path=train.tsv", "data.split.val_path=val.tsv",
-             "data.split.test_path=test.tsv", "data.target=kind", "data.categorical=[colour]"]  # fmt: skip
+    files = [
+        "data=csv",
+        "data.path=train.tsv",
+        "data.split.val_path=val.tsv",
+        "data.split.test_path=test.tsv",
+        "data.target=kind",
+        "data.categorical=[colour]",
+    ]
     result = run_train(tmp_path, *files, "trainer.max_epochs=1", "run_name=tsv")
     assert "{'train': 80, 'val': 80, 'test': 80}" in result.stdout
     test = tmp_path / "test.tsv"
@@ -125,15 +164,26 @@ def test_arrays_from_npz_and_pt_files_train(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 6)).astype(np.float32)
     np.savez(tmp_path / "table.npz", x=x, y=(x[:, 0] + x[:, 1] > 0).astype(np.int64))
-    run_train(tmp_path, "data=tensors", "data.path=table.npz", "trainer.max_epochs=3",
-              "run_name=npz")  # fmt: skip
+    run_train(
+        tmp_path, "data=tensors", "data.path=table.npz", "trainer.max_epochs=3", "run_name=npz"
+    )
     assert read_metrics(tmp_path / "runs" / "npz")["test/acc"] > 0.75
-    images = {"x": torch.randint(0, 256, (64, 1, 8, 8), dtype=torch.uint8),
-              "y": torch.randint(0, 3, (64,)), "x_test": torch.zeros(8, 1, 8, 8, dtype=torch.uint8),
-              "y_test": torch.zeros(8, dtype=torch.long)}  # fmt: skip
+    images = {
+        "x": torch.randint(0, 256, (64, 1, 8, 8), dtype=torch.uint8),
+        "y": torch.randint(0, 3, (64,)),
+        "x_test": torch.zeros(8, 1, 8, 8, dtype=torch.uint8),
+        "y_test": torch.zeros(8, dtype=torch.long),
+    }
     torch.save(images, tmp_path / "images.pt")
-    result = run_train(tmp_path, "data=tensors", "data.path=images.pt", "model=cnn",
-                       "data.batch_size=8", "trainer.max_epochs=1", "run_name=pt")  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "data=tensors",
+        "data.path=images.pt",
+        "model=cnn",
+        "data.batch_size=8",
+        "trainer.max_epochs=1",
+        "run_name=pt",
+    )
     assert "{'train': 54, 'val': 10, 'test': 8}" in result.stdout
 
 
@@ -150,8 +200,9 @@ class Touch:
 def test_a_tensors_file_that_would_run_code_is_refused(tmp_path):
     marker = tmp_path / "ran"
     torch.save({"x": torch.zeros(4, 3), "y": Touch(marker)}, tmp_path / "evil.pt")
-    result = run_train(tmp_path, "data=tensors", "data.path=evil.pt", "trainer.max_epochs=1",
-                       ok=False)  # fmt: skip
+    result = run_train(
+        tmp_path, "data=tensors", "data.path=evil.pt", "trainer.max_epochs=1", ok=False
+    )
     assert result.returncode == 2 and "cannot read" in result.stderr and "evil.pt" in result.stderr
     assert not marker.exists()
 
@@ -159,8 +210,13 @@ def test_a_tensors_file_that_would_run_code_is_refused(tmp_path):
 def test_an_interrupted_csv_run_resumes_bit_identically(tmp_path):
 
     write_table(tmp_path / "table.csv")
-    run = [*CSV_RUN, "model._target_=signalling_model.mlp", "model.dropout=0.3",
-           "trainer.max_epochs=3", "trainer.log_every_n_steps=2"]  # fmt: skip
+    run = [
+        *CSV_RUN,
+        "model._target_=signalling_model.mlp",
+        "model.dropout=0.3",
+        "trainer.max_epochs=3",
+        "trainer.log_every_n_steps=2",
+    ]
     run_train(tmp_path, *run, "run_name=straight")
     position = interrupt_and_resume(tmp_path, run, "cut", at=13)  # 10 batches an epoch
     assert (position["epoch"], position["batch_in_epoch"]) == (1, 3)
@@ -213,20 +269,35 @@ def test_a_torchvision_weight_name_is_read_from_the_hub_cache_never_downloaded(
 
 
 # 160 synthetic 8×8 images in batches of 32: 5 batches an epoch.
-FROZEN = ["model=torchvision", "model.name=mobilenet_v3_small", "model.freeze_backbone_epochs=1",
-          "optim.backbone_lr_scale=0.1", "data=synthetic", "data.shape=[1,8,8]",
-          "data.num_samples=160", "data.val_size=32", "data.test_size=32", "data.batch_size=32",
-          "scheduler=none"]  # fmt: skip
+FROZEN = [
+    "model=torchvision",
+    "model.name=mobilenet_v3_small",
+    "model.freeze_backbone_epochs=1",
+    "optim.backbone_lr_scale=0.1",
+    "data=synthetic",
+    "data.shape=[1,8,8]",
+    "data.num_samples=160",
+    "data.val_size=32",
+    "data.test_size=32",
+    "data.batch_size=32",
+    "scheduler=none",
+]
 
 
 @pytest.mark.parametrize("layer_decay", [pytest.param(None, marks=pytest.mark.slow), 0.8])
-def test_a_frozen_backbone_keeps_its_weights_and_statistics_then_thaws_exactly(tmp_path,
-                                                                               layer_decay):  # fmt: skip
+def test_a_frozen_backbone_keeps_its_weights_and_statistics_then_thaws_exactly(
+    tmp_path, layer_decay
+):
     import torchvision
 
     torch.save(torchvision.models.mobilenet_v3_small().state_dict(), tmp_path / "m.pth")
-    frozen = [*FROZEN, "model.weights=m.pth", "trainer.max_epochs=2", "trainer.keep_top_k=2",
-              f"optim.layer_decay={'null' if layer_decay is None else layer_decay}"]  # fmt: skip
+    frozen = [
+        *FROZEN,
+        "model.weights=m.pth",
+        "trainer.max_epochs=2",
+        "trainer.keep_top_k=2",
+        f"optim.layer_decay={'null' if layer_decay is None else layer_decay}",
+    ]
     shown = run_train(tmp_path, *frozen, "run_name=straight").stdout
     saved = torch.load(tmp_path / "m.pth", weights_only=True)
     (epoch_1,) = (tmp_path / "checkpoints" / "straight").glob("epoch=001-*.pt")
@@ -253,10 +324,13 @@ def test_a_frozen_backbone_keeps_its_weights_and_statistics_then_thaws_exactly(t
     straight = load_checkpoint(tmp_path / "checkpoints" / "straight" / "last.pt")["model"]
     thawed = load_checkpoint(tmp_path / "checkpoints" / "cut" / "last.pt")["model"]
     assert all(torch.equal(straight[k], v) for k, v in thawed.items())
-    assert not torch.equal(thawed["model.features.1.block.0.0.weight"],
-                           saved["features.1.block.0.0.weight"])  # fmt: skip
-    assert not torch.equal(thawed["model.features.1.block.0.1.running_mean"],
-                           saved["features.1.block.0.1.running_mean"])  # fmt: skip
+    assert not torch.equal(
+        thawed["model.features.1.block.0.0.weight"], saved["features.1.block.0.0.weight"]
+    )
+    assert not torch.equal(
+        thawed["model.features.1.block.0.1.running_mean"],
+        saved["features.1.block.0.1.running_mean"],
+    )
 
 
 # --- torchvision's datasets, from their on-disk formats ------------------------------------
@@ -272,9 +346,11 @@ def write_cifar100(root: Path, per_file: int = 60, seed: int = 0) -> Path:
     folder = root / "cifar-100-python"
     folder.mkdir(parents=True)
     for name in ("train", "test"):
-        batch = {b"data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8),
-                 b"fine_labels": rng.integers(0, 100, per_file).tolist(),
-                 b"coarse_labels": rng.integers(0, 20, per_file).tolist()}  # fmt: skip
+        batch = {
+            b"data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8),
+            b"fine_labels": rng.integers(0, 100, per_file).tolist(),
+            b"coarse_labels": rng.integers(0, 20, per_file).tolist(),
+        }
         (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
     meta = {b"fine_label_names": [f"class{i}".encode() for i in range(100)]}
     (folder / "meta").write_bytes(pickle.dumps(meta, protocol=2))
@@ -294,16 +370,25 @@ def test_torchvision_datasets_train_from_their_on_disk_formats(tmp_path, name):
         rng = np.random.default_rng(0)
         raw = tmp_path / "datasets" / "EMNIST" / "raw"
         for part, n in (("train", 96), ("test", 32)):
-            write_idx(raw / f"emnist-balanced-{part}-images-idx3-ubyte",
-                      rng.integers(0, 256, (n, 28, 28)))  # fmt: skip
+            write_idx(
+                raw / f"emnist-balanced-{part}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28))
+            )
             write_idx(raw / f"emnist-balanced-{part}-labels-idx1-ubyte", rng.integers(0, 47, (n,)))
         classes, count = 47, 47
     else:
         write_cifar100(tmp_path / "datasets")
         classes, count = "class0", 100
-    run_train(tmp_path, "data=torchvision", f"data.name={name}", "data.val_size=16",
-              "data.download=false", "data.batch_size=16", "model=cnn", "trainer.max_epochs=1",
-              "run_name=tv")  # fmt: skip
+    run_train(
+        tmp_path,
+        "data=torchvision",
+        f"data.name={name}",
+        "data.val_size=16",
+        "data.download=false",
+        "data.batch_size=16",
+        "model=cnn",
+        "trainer.max_epochs=1",
+        "run_name=tv",
+    )
     checkpoint = load_checkpoint(tmp_path / "checkpoints" / "tv" / "last.pt")
     last_layer = [v for k, v in checkpoint["model"].items() if k.endswith("weight")][-1]
     assert len(checkpoint["classes"]) == count and last_layer.shape[0] == count
@@ -321,10 +406,13 @@ def test_svhn_reads_its_mat_files_and_names_the_extra_when_scipy_is_missing(tmp_
     root = tmp_path / "datasets"
     root.mkdir()
     for split, n in (("train", 48), ("test", 16)):
-        scipy.io.savemat(root / f"{split}_32x32.mat", {
-            "X": rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8),
-            "y": rng.integers(1, 11, (n, 1)),
-        })  # fmt: skip
+        scipy.io.savemat(
+            root / f"{split}_32x32.mat",
+            {
+                "X": rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8),
+                "y": rng.integers(1, 11, (n, 1)),
+            },
+        )
     from data.torchvision_datasets import read_svhn
 
     split, classes = read_svhn("svhn", root, "train", download=False)
@@ -362,9 +450,17 @@ def write_manifest(root: Path, rows: int = 40) -> Path:
     return root / "labels.csv"
 
 
-MANIFEST = ["data=image_csv", "data.root=.", "data.manifest=labels.csv", "data.image_size=[10,12]",
-            "data.batch_size=8", "data.num_workers=0", "data.augment.crop_padding=0",
-            "model=cnn", "scheduler=none"]  # fmt: skip
+MANIFEST = [
+    "data=image_csv",
+    "data.root=.",
+    "data.manifest=labels.csv",
+    "data.image_size=[10,12]",
+    "data.batch_size=8",
+    "data.num_workers=0",
+    "data.augment.crop_padding=0",
+    "model=cnn",
+    "scheduler=none",
+]
 
 
 def test_a_manifest_trains_keeps_class_names_and_resumes_exactly(tmp_path):
@@ -372,8 +468,10 @@ def test_a_manifest_trains_keeps_class_names_and_resumes_exactly(tmp_path):
     result = run_train(tmp_path, *MANIFEST, "trainer.max_epochs=2", "run_name=straight")
     assert "{'train': 28, 'val': 6, 'test': 6}" in result.stdout
     assert sorted(p.name.split("-")[1] for p in (tmp_path / ".torchloom-cache").glob("*.u8")) == [
-        "test", "train", "val"] and all(p.name.startswith("manifest-")
-                                        for p in (tmp_path / ".torchloom-cache").glob("*.u8"))  # fmt: skip
+        "test",
+        "train",
+        "val",
+    ] and all(p.name.startswith("manifest-") for p in (tmp_path / ".torchloom-cache").glob("*.u8"))
     straight = load_checkpoint(tmp_path / "checkpoints" / "straight" / "last.pt")
     assert straight["classes"] == ["cat", "dog"]
     run_train(tmp_path, *MANIFEST, "trainer.max_epochs=1", "run_name=cut")
@@ -382,19 +480,26 @@ def test_a_manifest_trains_keeps_class_names_and_resumes_exactly(tmp_path):
     assert all(torch.equal(cut["model"][k], v) for k, v in straight["model"].items())
 
 
-@pytest.mark.parametrize(("row", "message"), [
-    ("../outside.png,cat", "line 42: '../outside.png' is outside data.root"),
-    ("/etc/hostname,cat", "line 42: '/etc/hostname' is outside data.root"),
-    ("pics/missing.png,dog", "line 42: no image at data/pics/missing.png"),
-    ("pics/0\0.png,cat", "labels.csv line 42, column 'path': holds a NUL byte"),
-    ("pics/0.png,c\0at", "labels.csv line 42, column 'label': holds a NUL byte"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("../outside.png,cat", "line 42: '../outside.png' is outside data.root"),
+        ("/etc/hostname,cat", "line 42: '/etc/hostname' is outside data.root"),
+        ("pics/missing.png,dog", "line 42: no image at data/pics/missing.png"),
+        ("pics/0\0.png,cat", "labels.csv line 42, column 'path': holds a NUL byte"),
+        ("pics/0.png,c\0at", "labels.csv line 42, column 'label': holds a NUL byte"),
+    ],
+)
 def test_a_manifest_row_outside_the_root_or_missing_is_one_line(tmp_path, row, message):
     manifest = write_manifest(tmp_path / "data")
     (tmp_path / "outside.png").write_bytes((tmp_path / "data" / "pics" / "0.png").read_bytes())
     manifest.write_text(manifest.read_text() + row + "\n")
-    overrides = [o.replace("data.root=.", "data.root=data").replace(
-        "data.manifest=labels.csv", "data.manifest=data/labels.csv") for o in MANIFEST]  # fmt: skip
+    overrides = [
+        o.replace("data.root=.", "data.root=data").replace(
+            "data.manifest=labels.csv", "data.manifest=data/labels.csv"
+        )
+        for o in MANIFEST
+    ]
     result = run_train(tmp_path, *overrides, "trainer.max_epochs=1", ok=False)
     assert result.returncode == 2 and message in result.stderr, result.stderr[-500:]
     assert "Traceback" not in result.stderr
@@ -402,7 +507,18 @@ def test_a_manifest_row_outside_the_root_or_missing_is_one_line(tmp_path, row, m
 
 def test_grey_images_with_rgb_statistics_say_what_to_give(tmp_path):
     write_manifest(tmp_path)
-    result = run_train(tmp_path, *MANIFEST, "data.channels=1", "data.mean=[0.485,0.456,0.406]",
-                       "data.std=[0.229,0.224,0.225]", "trainer.max_epochs=1", ok=False)  # fmt: skip
-    assert result.returncode == 2 and "data.mean has 3 values and data.std 3, but image_csv " \
-        "labels.csv has 1 channel(s): give one value each" in result.stderr  # fmt: skip
+    result = run_train(
+        tmp_path,
+        *MANIFEST,
+        "data.channels=1",
+        "data.mean=[0.485,0.456,0.406]",
+        "data.std=[0.229,0.224,0.225]",
+        "trainer.max_epochs=1",
+        ok=False,
+    )
+    assert (
+        result.returncode == 2
+        and "data.mean has 3 values and data.std 3, but image_csv "
+        "labels.csv has 1 channel(s): give one value each"
+        in result.stderr
+    )

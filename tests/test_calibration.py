@@ -31,8 +31,23 @@ def test_ece_and_mce_by_hand_with_confidences_of_exactly_0_and_1():
     correct = torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0])
     result = calibration(confidence, correct)
     # bins (lo, hi] of width 1/15: 0 -> bin 0, 0.07 -> bin 1, 0.5 -> bin 7, 1.0 -> bin 14
-    assert [row["count"] for row in result["reliability"]] == [1, 1, 0, 0, 0, 0, 0, 1,
-                                                               0, 0, 0, 0, 0, 0, 2]  # fmt: skip
+    assert [row["count"] for row in result["reliability"]] == [
+        1,
+        1,
+        0,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        2,
+    ]
     assert result["ece"] == pytest.approx((0 + 0.93 + 0.5 + 2 * 0.5) / 5)
     assert result["mce"] == pytest.approx(0.93)
     top = result["reliability"][14]
@@ -124,7 +139,7 @@ HOSTILE_RECORDS = [
     ({"thresholds": "0.5"}, "holds no list of thresholds"),
     ({"weights": "teacher"}, "names weights 'teacher'"),
     ("cool", "is not a mapping"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("record", "message"), HOSTILE_RECORDS)
@@ -145,9 +160,16 @@ def write_split_tables(root, rows=(360, 120, 120)):
         write_table(root / f"{name}.csv", rows=count, seed=seed)
 
 
-BINARY = ["data=csv", "data.path=train.csv", "data.split.val_path=val.csv",
-          "data.split.test_path=test.csv", "data.target=kind", "data.categorical=[colour]",
-          "trainer.max_epochs=6", "run_name=b"]  # fmt: skip
+BINARY = [
+    "data=csv",
+    "data.path=train.csv",
+    "data.split.val_path=val.csv",
+    "data.split.test_path=test.csv",
+    "data.target=kind",
+    "data.categorical=[colour]",
+    "trainer.max_epochs=6",
+    "run_name=b",
+]
 
 
 def predicted(cwd, name):
@@ -161,8 +183,9 @@ def test_calibrate_fits_on_val_stores_the_record_and_predict_reproduces_every_fi
     best = tmp_path / "checkpoints/b/best.pt"
     weights = torch.load(best, weights_only=True)["model"]
     # Fitted on val, always; shown before and after on the test split by default.
-    fitted = run_evaluate(tmp_path, "ckpt=checkpoints/b", "calibrate=temperature",
-                          "threshold=auto", "runs=fit")  # fmt: skip
+    fitted = run_evaluate(
+        tmp_path, "ckpt=checkpoints/b", "calibrate=temperature", "threshold=auto", "runs=fit"
+    )
     assert "calibration fitted on val, shown on test: temperature" in fitted.stdout
     assert "threshold=auto picks the F1-best threshold, which can lower accuracy" in fitted.stdout
     stored = torch.load(best, weights_only=True)
@@ -182,12 +205,14 @@ def test_calibrate_fits_on_val_stores_the_record_and_predict_reproduces_every_fi
     assert test["calibration"] == record
     assert test["test/nll"] == pytest.approx(fit["test/nll"])  # the same figures as the fit's
     # split=val shows the split it was fitted on, and says so.
-    on_val = run_evaluate(tmp_path, "ckpt=checkpoints/b", "split=val", "calibrate=temperature",
-                          "runs=fit-val")  # fmt: skip
+    on_val = run_evaluate(
+        tmp_path, "ckpt=checkpoints/b", "split=val", "calibrate=temperature", "runs=fit-val"
+    )
     assert "shown on val, the split it was fitted on: optimistic" in on_val.stdout
     record = torch.load(best, weights_only=True)["inputs"]["calibration"]
-    run_evaluate(tmp_path, "ckpt=checkpoints/b", "calibrate=temperature", "threshold=auto",
-                 "runs=fit-again")  # fmt: skip
+    run_evaluate(
+        tmp_path, "ckpt=checkpoints/b", "calibrate=temperature", "threshold=auto", "runs=fit-again"
+    )
     record = torch.load(best, weights_only=True)["inputs"]["calibration"]
     run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/b", "input=test.csv", "out=p.csv")
     rows, truth = predicted(tmp_path, "p.csv"), [r["kind"] for r in predicted(tmp_path, "test.csv")]
@@ -255,18 +280,31 @@ def write_skewed_labels(path, rows, seed):
     x = torch.randn(rows, 3, generator=generator)
     noisy = x + 0.8 * torch.randn(rows, 3, generator=generator)
     cuts = torch.tensor([1.55, 1.28, 1.04])
-    tags = [";".join(n for n, on in zip("abc", row, strict=True) if on)
-            for row in (noisy > cuts).tolist()]  # fmt: skip
-    write_rows(path, ["f0", "f1", "f2", "tags"], [[*map(repr, v), t] for v, t in
-                                                  zip(x.tolist(), tags, strict=True)])  # fmt: skip
+    tags = [
+        ";".join(n for n, on in zip("abc", row, strict=True) if on)
+        for row in (noisy > cuts).tolist()
+    ]
+    write_rows(
+        path,
+        ["f0", "f1", "f2", "tags"],
+        [[*map(repr, v), t] for v, t in zip(x.tolist(), tags, strict=True)],
+    )
 
 
 def test_threshold_auto_beats_one_half_on_a_skewed_multilabel_set(tmp_path):
     for name, rows, seed in (("train", 600, 0), ("val", 300, 1), ("test", 300, 2)):
         write_skewed_labels(tmp_path / f"{name}.csv", rows, seed)
-    run_train(tmp_path, "task=multilabel", "data=csv", "data.path=train.csv",
-              "data.split.val_path=val.csv", "data.split.test_path=test.csv", "data.target=tags",
-              "trainer.max_epochs=8", "run_name=m")  # fmt: skip
+    run_train(
+        tmp_path,
+        "task=multilabel",
+        "data=csv",
+        "data.path=train.csv",
+        "data.split.val_path=val.csv",
+        "data.split.test_path=test.csv",
+        "data.target=tags",
+        "trainer.max_epochs=8",
+        "run_name=m",
+    )
     run_evaluate(tmp_path, "ckpt=checkpoints/m", "split=val", "threshold=auto", "runs=fit")
     (fit_dir,) = (tmp_path / "fit/eval").iterdir()
     fit = next(iter(json.loads((fit_dir / "metrics.json").read_text()).values()))
@@ -298,8 +336,9 @@ def test_a_calibration_applies_to_the_weights_it_was_fitted_on_only(tmp_path):
     record = torch.load(tmp_path / "checkpoints/e/best.pt", weights_only=True)["inputs"]
     assert record["calibration"]["weights"] == "ema"  # weights=auto: the EMA's
     ema = run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/e", "input=test.csv", "out=a.csv")
-    raw = run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/e", "input=test.csv", "out=r.csv",
-                     "weights=raw")  # fmt: skip
+    raw = run_python(
+        tmp_path, str(PREDICT), "ckpt=checkpoints/e", "input=test.csv", "out=r.csv", "weights=raw"
+    )
     assert "class" in predicted(tmp_path, "a.csv")[0]  # decided at the stored threshold
     assert "class1" in predicted(tmp_path, "r.csv")[0]  # not applied: the top classes
     assert "fitted on the ema weights, so it is not applied to the raw" in raw.stdout + raw.stderr
@@ -309,12 +348,14 @@ def test_a_calibration_applies_to_the_weights_it_was_fitted_on_only(tmp_path):
 def test_training_on_from_a_calibrated_checkpoint_drops_the_stale_calibration(tmp_path):
     write_split_tables(tmp_path, rows=(120, 60, 60))
     run_train(tmp_path, *BINARY[:-2], "trainer.max_epochs=1", "run_name=c")
-    run_evaluate(tmp_path, "ckpt=checkpoints/c/last.pt", "split=val", "calibrate=temperature",
-                 "runs=fit")  # fmt: skip
+    run_evaluate(
+        tmp_path, "ckpt=checkpoints/c/last.pt", "split=val", "calibrate=temperature", "runs=fit"
+    )
     last = tmp_path / "checkpoints/c/last.pt"
     assert "calibration" in torch.load(last, weights_only=True)["inputs"]
-    run_train(tmp_path, *BINARY[:-2], "trainer.max_epochs=2", "run_name=c",
-              "resume=checkpoints/c/last.pt")  # fmt: skip
+    run_train(
+        tmp_path, *BINARY[:-2], "trainer.max_epochs=2", "run_name=c", "resume=checkpoints/c/last.pt"
+    )
     resumed = torch.load(last, weights_only=True)
     assert resumed["epoch"] == 2 and "calibration" not in resumed["inputs"]
 
@@ -322,13 +363,22 @@ def test_training_on_from_a_calibrated_checkpoint_drops_the_stale_calibration(tm
 def test_a_run_without_a_test_split_is_never_calibrated_on_what_it_reported_as_its_test(tmp_path):
     # An image folder without test/: the run reported its val split as its test.
     write_imagefolder(tmp_path / "images", classes=("cat", "dog"), per_class=6, test=False)
-    run_train(tmp_path, "data=imagefolder", "data.root=images", "data.num_workers=0",
-              "data.batch_size=4", "model=cnn", "trainer.max_epochs=1", "run_name=n")  # fmt: skip
+    run_train(
+        tmp_path,
+        "data=imagefolder",
+        "data.root=images",
+        "data.num_workers=0",
+        "data.batch_size=4",
+        "model=cnn",
+        "trainer.max_epochs=1",
+        "run_name=n",
+    )
     assert json.loads((tmp_path / "runs/n/metrics.json").read_text())["test_split"] == "val"
     best = tmp_path / "checkpoints/n/best.pt"
     before = best.read_bytes()
     for split in ("val", "train"):
-        refused = run_evaluate(tmp_path, "ckpt=checkpoints/n", f"split={split}",
-                               "calibrate=temperature", ok=False)  # fmt: skip
+        refused = run_evaluate(
+            tmp_path, "ckpt=checkpoints/n", f"split={split}", "calibrate=temperature", ok=False
+        )
         assert refused.returncode == 2 and "its run has no test split" in refused.stderr
     assert best.read_bytes() == before

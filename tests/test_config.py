@@ -77,9 +77,13 @@ def test_every_dataset_builds(
     lines = ["a,b,label"] + [f"{i % 7},{i % 3},{'xy'[i % 2]}" for i in range(60)]
     (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
     torch.save({"x": torch.randn(60, 5), "y": torch.arange(60) % 3}, tmp_path / "a.pt")
-    (tmp_path / "m.csv").write_text("path,label\n" + "".join(
-        f"{Path(p).relative_to(imagefolder_root)},{Path(p).parent.name}\n"
-        for p in sorted(map(str, imagefolder_root.glob("train/*/*.png")))))  # fmt: skip
+    (tmp_path / "m.csv").write_text(
+        "path,label\n"
+        + "".join(
+            f"{Path(p).relative_to(imagefolder_root)},{Path(p).parent.name}\n"
+            for p in sorted(map(str, imagefolder_root.glob("train/*/*.png")))
+        )
+    )
     write_mnist(tmp_path, "KMNIST")
     roots = {
         "csv": [f"data.path={tmp_path / 't.csv'}", "data.target=label"],

@@ -19,10 +19,20 @@ from conftest import HELPERS, TRAIN, checkpoint, error_line, run_python, run_tra
 from data.tabular import load_csv
 from data.tensors import load_tensors
 
-BATCHING = {"batch_size": 16, "eval_batch_size": 64, "augment": {"crop_padding": 0,
-                                                                 "horizontal_flip": False}}  # fmt: skip
-SPLIT = {"val_path": None, "test_path": None, "val": 0.15, "test": 0.2, "seed": 3,
-         "stratify": "auto", "group": None}  # fmt: skip
+BATCHING = {
+    "batch_size": 16,
+    "eval_batch_size": 64,
+    "augment": {"crop_padding": 0, "horizontal_flip": False},
+}
+SPLIT = {
+    "val_path": None,
+    "test_path": None,
+    "val": 0.15,
+    "test": 0.2,
+    "seed": 3,
+    "stratify": "auto",
+    "group": None,
+}
 
 
 def skewed_table(path: Path, rows: int = 203, groups: bool = False) -> Path:
@@ -33,15 +43,18 @@ def skewed_table(path: Path, rows: int = 203, groups: bool = False) -> Path:
     table = []
     for i in range(rows):
         label = labels[i % 10]
-        table.append([repr(rng.gauss({"common": 0, "mid": 2, "rare": 4}[label], 0.5)),
-                      label, f"p{i // 7}"])  # fmt: skip
+        table.append(
+            [repr(rng.gauss({"common": 0, "mid": 2, "rare": 4}[label], 0.5)), label, f"p{i // 7}"]
+        )
     header = ["x", "y", "patient"] if groups else ["x", "y"]
     return write_rows(path, header, table if groups else [r[:2] for r in table])
 
 
 def folds_of(path: Path, k: int, **split) -> list:
-    return [load_csv(str(path), "y", None, [], {**SPLIT, **split, "folds": k, "fold": f},
-                     **BATCHING) for f in range(k)]  # fmt: skip
+    return [
+        load_csv(str(path), "y", None, [], {**SPLIT, **split, "folds": k, "fold": f}, **BATCHING)
+        for f in range(k)
+    ]
 
 
 def lines(data) -> list[int]:
@@ -94,13 +107,22 @@ def test_a_group_never_spans_two_folds_nor_test_and_train(tmp_path):
 
 def test_a_group_column_is_no_feature_even_when_listed_as_categorical(tmp_path):
     path = skewed_table(tmp_path / "t.csv", groups=True)
-    line = error_line(run_train(tmp_path, "data=csv", f"data.path={path}", "data.target=y",
-                                "data.split.group=patient", "data.categorical=[patient]",
-                                ok=False))  # fmt: skip
+    line = error_line(
+        run_train(
+            tmp_path,
+            "data=csv",
+            f"data.path={path}",
+            "data.target=y",
+            "data.split.group=patient",
+            "data.categorical=[patient]",
+            ok=False,
+        )
+    )
     assert "data.categorical lists 'patient', the data.split.group column" in line
     # Listed in data.features too, it is a feature on purpose.
-    data = load_csv(str(path), "y", ["x", "patient"], ["patient"],
-                    {**SPLIT, "group": "patient"}, **BATCHING)  # fmt: skip
+    data = load_csv(
+        str(path), "y", ["x", "patient"], ["patient"], {**SPLIT, "group": "patient"}, **BATCHING
+    )
     assert data.input_shape[0] > 1
 
 
@@ -119,22 +141,35 @@ def test_regression_folds_are_unstratified_and_stratify_true_is_refused(tmp_path
     x = torch.randn(60, 3)
     torch.save({"x": x, "y": x[:, :1] * 2}, tmp_path / "a.pt")
     split = {"val": 0.2, "test": 0.2, "seed": 0, "folds": 3, "fold": 1, "stratify": "auto"}
-    data = load_tensors(str(tmp_path / "a.pt"), None, split, None, None, targets="values",
-                        **BATCHING)  # fmt: skip
+    data = load_tensors(
+        str(tmp_path / "a.pt"), None, split, None, None, targets="values", **BATCHING
+    )
     assert len(data.splits["val"]) == 16 and len(data.fold_ids.names) == 16
-    result = run_train(tmp_path, "data=tensors", f"data.path={tmp_path / 'a.pt'}",
-                       "task=regression", "data.split.folds=3", "data.split.stratify=true",
-                       ok=False)  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "data=tensors",
+        f"data.path={tmp_path / 'a.pt'}",
+        "task=regression",
+        "data.split.folds=3",
+        "data.split.stratify=true",
+        ok=False,
+    )
     assert "data.split.stratify=true needs class labels" in error_line(result)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["cv=1"], "cv=1 must be a whole number of folds, 2 or more"),
-    (["cv=3", "data=mnist"], "cv=3 needs data whose val split is held out"),
-    (["cv=3", "data.split.folds=4"], "cv=3 and data.split.folds=4 disagree"),
-    (["cv=3", "resume=checkpoints/x/last.pt"], "cv=3 continues with resume=auto"),
-    (["data.split.folds=3", "data.split.fold=3"], "data.split.fold=3 must be a whole number from 0 to 2"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["cv=1"], "cv=1 must be a whole number of folds, 2 or more"),
+        (["cv=3", "data=mnist"], "cv=3 needs data whose val split is held out"),
+        (["cv=3", "data.split.folds=4"], "cv=3 and data.split.folds=4 disagree"),
+        (["cv=3", "resume=checkpoints/x/last.pt"], "cv=3 continues with resume=auto"),
+        (
+            ["data.split.folds=3", "data.split.fold=3"],
+            "data.split.fold=3 must be a whole number from 0 to 2",
+        ),
+    ],
+)
 def test_bad_fold_settings_are_one_line(tmp_path, overrides, message):
     assert message in error_line(run_train(tmp_path, *overrides, ok=False))
 
@@ -143,9 +178,13 @@ def test_cv_on_arrays_with_their_own_val_split_names_the_file_not_a_key(tmp_path
     import numpy as np
 
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "a.npz", x=rng.normal(size=(60, 4)).astype("float32"),
-             y=np.arange(60) % 3, x_val=rng.normal(size=(12, 4)).astype("float32"),
-             y_val=np.arange(12) % 3)  # fmt: skip
+    np.savez(
+        tmp_path / "a.npz",
+        x=rng.normal(size=(60, 4)).astype("float32"),
+        y=np.arange(60) % 3,
+        x_val=rng.normal(size=(12, 4)).astype("float32"),
+        y_val=np.arange(12) % 3,
+    )
     line = error_line(run_train(tmp_path, "cv=3", "data=tensors", "data.path=a.npz", ok=False))
     assert "holds a val split of its own (x_val, y_val)" in line and "val_path" not in line
 
@@ -154,9 +193,16 @@ CV = ("cv=3", "trainer.max_epochs=2", "data.batch_size=128")
 
 
 def test_cv_runs_every_fold_from_the_same_weights_and_pools_the_predictions(tmp_path):
-    result = run_train(tmp_path, *CV, "run_name=cv", "optim=sgd", "optim.lr=1e-30",
-                       "optim.momentum=0", "optim.nesterov=false",
-                       "optim.weight_decay=0")  # fmt: skip
+    result = run_train(
+        tmp_path,
+        *CV,
+        "run_name=cv",
+        "optim=sgd",
+        "optim.lr=1e-30",
+        "optim.momentum=0",
+        "optim.nesterov=false",
+        "optim.weight_decay=0",
+    )
     root = tmp_path / "runs" / "cv"
     for fold in range(3):  # lr 1e-30: each fold's weights are its initial ones (within 1e-20)
         assert (root / f"fold-{fold}" / "metrics.json").exists()
@@ -182,16 +228,32 @@ def test_cv_runs_every_fold_from_the_same_weights_and_pools_the_predictions(tmp_
     assert "mean ± std" in result.stdout and "oof/acc" in result.stdout
     # Another split's folds are never kept: cv=5 over this cv=3 run is refused, nothing changed.
     before = (root / "oof.csv").read_bytes()
-    again = run_train(tmp_path, *CV[1:], "cv=5", "run_name=cv", "resume=auto", "optim=sgd",
-                      "optim.lr=1e-30", "optim.momentum=0", "optim.nesterov=false",
-                      "optim.weight_decay=0", ok=False)  # fmt: skip
+    again = run_train(
+        tmp_path,
+        *CV[1:],
+        "cv=5",
+        "run_name=cv",
+        "resume=auto",
+        "optim=sgd",
+        "optim.lr=1e-30",
+        "optim.momentum=0",
+        "optim.nesterov=false",
+        "optim.weight_decay=0",
+        ok=False,
+    )
     assert "fold-0 was made by another split or run (data.split.folds: 3 -> 5)" in error_line(again)
     assert (root / "oof.csv").read_bytes() == before and not (root / "fold-3").exists()
 
 
 def test_a_sweep_over_folds_is_summarised_as_mean_and_std(tmp_path):
-    result = run_train(tmp_path, "-m", "run_name=folds", "data.split.folds=3",
-                       "data.split.fold=0,1,2", "trainer.max_epochs=1")  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "-m",
+        "run_name=folds",
+        "data.split.folds=3",
+        "data.split.fold=0,1,2",
+        "trainer.max_epochs=1",
+    )
     data = json.loads((tmp_path / "runs" / "folds" / "summary.json").read_text())
     (group,) = data["seed_groups"]
     assert group["completed"] == 3 and "over folds: mean ± std" in result.stdout
@@ -201,8 +263,15 @@ def test_a_sweep_over_folds_is_summarised_as_mean_and_std(tmp_path):
 def test_a_kill_inside_a_fold_resumes_that_fold_and_keeps_the_others(tmp_path):
     run_train(tmp_path, *CV, "run_name=straight")
     # 12 steps a fold's epoch (1,077 samples / 128 → 9, so 18 a fold): step 25 is in fold 1
-    killed = run_python(tmp_path, str(HELPERS / "faulty_run.py"), str(TRAIN), *CV,
-                        "run_name=killed", ok=False, env={"KILL_AT": "train_step:25"})  # fmt: skip
+    killed = run_python(
+        tmp_path,
+        str(HELPERS / "faulty_run.py"),
+        str(TRAIN),
+        *CV,
+        "run_name=killed",
+        ok=False,
+        env={"KILL_AT": "train_step:25"},
+    )
     assert killed.returncode == -9
     assert (tmp_path / "runs" / "killed" / "fold-0" / "metrics.json").exists()
     assert not (tmp_path / "runs" / "killed" / "fold-1" / "metrics.json").exists()

@@ -85,10 +85,20 @@ def test_the_lr_finder_suggests_a_sane_lr_and_leaves_the_model_as_it_was(tmp_pat
 def test_lr_range_test_restores_weights_and_optimizer():
     from data.synthetic import load_synthetic
 
-    data = load_synthetic(num_samples=512, shape=[1, 8, 8], num_classes=4, noise=0.5,
-                          val_size=64, test_size=64, seed=0, batch_size=32, eval_batch_size=64,
-                          mean=[0.5], std=[0.29],
-                          augment={"crop_padding": 0, "horizontal_flip": False})  # fmt: skip
+    data = load_synthetic(
+        num_samples=512,
+        shape=[1, 8, 8],
+        num_classes=4,
+        noise=0.5,
+        val_size=64,
+        test_size=64,
+        seed=0,
+        batch_size=32,
+        eval_batch_size=64,
+        mean=[0.5],
+        std=[0.29],
+        augment={"crop_padding": 0, "horizontal_flip": False},
+    )
     model = mlp((1, 8, 8), 4, [16], 0.0, "default")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -110,8 +120,11 @@ def test_the_batch_size_finder_doubles_then_bisects_under_a_memory_limit(tmp_pat
         tmp_path, "tune=batch_size", FAULTY, env={"FAULT": "oom_above", "FAULT_AT": "300"}
     )
     assert "data.batch_size=300" in result.stdout.replace("\n", "")
-    tried = [int(line.split()[1].rstrip(":")) for line in result.stdout.splitlines()
-             if line.startswith("batch ")]  # fmt: skip
+    tried = [
+        int(line.split()[1].rstrip(":"))
+        for line in result.stdout.splitlines()
+        if line.startswith("batch ")
+    ]
     assert tried[:9] == [1, 2, 4, 8, 16, 32, 64, 128, 256] and 512 in tried
 
 
@@ -144,8 +157,13 @@ def test_model_init_schemes_set_weights_and_zero_biases(scheme):
 
 
 def test_a_grid_of_training_samples_and_per_layer_grad_norms_reach_tensorboard(tmp_path):
-    run_train(tmp_path, "trainer.max_epochs=1", "trainer.log_every_n_steps=5",
-              "trainer.log_grad_norms=per_layer", "run_name=seen")  # fmt: skip
+    run_train(
+        tmp_path,
+        "trainer.max_epochs=1",
+        "trainer.log_every_n_steps=5",
+        "trainer.log_grad_norms=per_layer",
+        "run_name=seen",
+    )
     events = read_events(tmp_path / "runs" / "seen")
     assert "train/samples" in events.Tags()["images"]
     logged = scalars(tmp_path / "runs" / "seen")

@@ -99,8 +99,9 @@ def test_sigterm_to_torchrun_stops_every_rank_at_one_step_and_resume_is_exact(ru
 def test_one_process_continues_what_two_began(runs):
     cwd, _ = runs
     saved = load_checkpoint(cwd / "stopped_by_two.pt")
-    result = run_train(cwd, *JOB, "data.batch_size=16", "run_name=regrown",
-                       "resume=stopped_by_two.pt")  # fmt: skip
+    result = run_train(
+        cwd, *JOB, "data.batch_size=16", "run_name=regrown", "resume=stopped_by_two.pt"
+    )
     if saved["batch_in_epoch"]:
         assert "written by 2 process(es), this run has 1" in result.stdout + result.stderr
     metrics = json.loads((cwd / "runs/regrown/metrics.json").read_text())
@@ -173,8 +174,13 @@ def test_sharded_multilabel_and_regression_scores_match_one_process(tmp_path):
 
     write_houses = runpy.run_path(str(ROOT / "benchmarks" / "task_figures.py"))["write_houses"]
     write_houses(tmp_path / "houses.csv")
-    table = ["data=csv", "data.path=houses.csv", "data.features=[rooms,area,age,floor]",
-             "trainer.max_epochs=1", "data.batch_size=16"]  # fmt: skip
+    table = [
+        "data=csv",
+        "data.path=houses.csv",
+        "data.features=[rooms,area,age,floor]",
+        "trainer.max_epochs=1",
+        "data.batch_size=16",
+    ]
     run_train(tmp_path, *table, "task=multilabel", "data.target=tags", "run_name=tags")
     run_train(tmp_path, *table, "task=regression", "data.target=[price,rent]", "run_name=values")
     both = "ckpt=[checkpoints/tags/best.pt,checkpoints/values/best.pt]"
@@ -202,8 +208,12 @@ def test_sharded_multilabel_and_regression_scores_match_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_ranks_draw_their_own_dropout_masks_and_save_each_stream(tmp_path):
-    probe = ("model._target_=signalling_model.dropout_probe", "model.hidden_sizes=[16]",
-             "trainer.max_epochs=1", "data.batch_size=16")  # fmt: skip
+    probe = (
+        "model._target_=signalling_model.dropout_probe",
+        "model.hidden_sizes=[16]",
+        "trainer.max_epochs=1",
+        "data.batch_size=16",
+    )
     torchrun(tmp_path, *probe, "run_name=ddp")
     first, second = (torch.load(tmp_path / f"mask-rank{r}.pt") for r in (0, 1))
     assert not torch.equal(first, second)  # each rank its own stream for what forward draws

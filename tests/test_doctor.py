@@ -33,8 +33,13 @@ def problems_mentioning(text: str) -> list[doctor.Problem]:
 
 
 def test_the_report_matches_this_machine_and_the_exit_code_follows_the_diagnosis(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "utils.doctor"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "utils.doctor"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert torch.__version__ in result.stdout and "CPU cores / data workers" in result.stdout
     expected = 1 if doctor.diagnose(doctor.probe()) else 0
     assert result.returncode == expected
@@ -59,8 +64,14 @@ def test_driver_older_than_the_build(tmp_path, monkeypatch):
 
 def test_the_command_exits_1_on_a_problem(tmp_path):
     env = {**os.environ, "PATH": fake_nvidia_smi(tmp_path / "bin", "9.0")}
-    result = subprocess.run([sys.executable, "-m", "utils.doctor"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "utils.doctor"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1 and "problem:" in result.stdout and "fix:" in result.stdout
 
 
@@ -82,8 +93,9 @@ def test_cuda_libraries_on_ld_library_path(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("torchvision, mismatch", [("0.29.1", False), ("0.20.0", True)])
 def test_torchvision_must_match_torch(torchvision, mismatch):
-    facts = dataclasses.replace(doctor.probe(), torch="2.14.1", torchvision=torchvision,
-                                torchvision_error=None)  # fmt: skip
+    facts = dataclasses.replace(
+        doctor.probe(), torch="2.14.1", torchvision=torchvision, torchvision_error=None
+    )
     found = [p for p in doctor.diagnose(facts) if "does not match" in p.what]
     assert bool(found) == mismatch
     if mismatch:
@@ -91,7 +103,10 @@ def test_torchvision_must_match_torch(torchvision, mismatch):
 
 
 def test_a_torchvision_that_fails_to_import_is_a_problem():
-    facts = dataclasses.replace(doctor.probe(), torchvision=None,
-                                torchvision_error="operator torchvision::nms does not exist")  # fmt: skip
+    facts = dataclasses.replace(
+        doctor.probe(),
+        torchvision=None,
+        torchvision_error="operator torchvision::nms does not exist",
+    )
     (problem,) = [p for p in doctor.diagnose(facts) if "does not import" in p.what]
     assert "nms" in problem.what

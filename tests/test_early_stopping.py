@@ -17,14 +17,21 @@ from utils.state import TrainState
 
 # On digits the val loss never falls by 10: the first validation sets the best, the next two
 # do not improve on it, so patience=2 stops the run after epoch 3.
-NEVER_BY_10 = ("trainer.monitor=val/loss", "trainer.early_stopping.patience=2",
-               "trainer.early_stopping.min_delta=10", "model.hidden_sizes=[16]")  # fmt: skip
+NEVER_BY_10 = (
+    "trainer.monitor=val/loss",
+    "trainer.early_stopping.patience=2",
+    "trainer.early_stopping.min_delta=10",
+    "model.hidden_sizes=[16]",
+)
 
 
-@pytest.mark.parametrize(("mode", "values", "stopped"), [
-    ("max", [0.5, 0.6, 0.605, 0.61, 0.7], 4),  # +0.005 and +0.01 are not improvements by 0.02
-    ("min", [1.0, 0.9, 0.95, 0.85, 0.84, 0.83], 6),  # 0.85 improves on 0.9; 0.84, 0.83 do not
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mode", "values", "stopped"),
+    [
+        ("max", [0.5, 0.6, 0.605, 0.61, 0.7], 4),  # +0.005 and +0.01 are not improvements by 0.02
+        ("min", [1.0, 0.9, 0.95, 0.85, 0.84, 0.83], 6),  # 0.85 improves on 0.9; 0.84, 0.83 do not
+    ],
+)
 def test_patience_counts_validations_without_an_improvement_by_min_delta(mode, values, stopped):
     state = TrainState()
     early = EarlyStopping(2, 0.02, Monitor("val/x", mode), state)
@@ -57,8 +64,10 @@ def test_a_resumed_run_stops_at_the_same_epoch_as_one_that_never_stopped(tmp_pat
     run_train(tmp_path, *job, "trainer.max_epochs=10", "run_name=cut", "resume=auto")
     straight, cut = (read_metrics(tmp_path / "runs" / n) for n in ("straight", "cut"))
     assert cut["stopped_early_at_epoch"] == straight["stopped_early_at_epoch"] == 3
-    a, b = (torch.load(tmp_path / "checkpoints" / n / "last.pt", weights_only=True)
-            for n in ("straight", "cut"))  # fmt: skip
+    a, b = (
+        torch.load(tmp_path / "checkpoints" / n / "last.pt", weights_only=True)
+        for n in ("straight", "cut")
+    )
     assert a["early_stopping"] == b["early_stopping"] and a["global_step"] == b["global_step"]
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     # Resuming a run that stopped early trains no further.
@@ -73,8 +82,16 @@ def test_the_sweep_summary_shows_where_each_job_stopped(tmp_path):
     assert [row["stopped_early_at_epoch"] for row in rows] == ["3", "3"]
 
 
-@pytest.mark.parametrize("edit", [{"best": "0.9"}, {"bad_validations": None}, {"stopped_at": 2.5},
-                                  {"stopped_at": True}, {"bad_validations": False}])  # fmt: skip
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"best": "0.9"},
+        {"bad_validations": None},
+        {"stopped_at": 2.5},
+        {"stopped_at": True},
+        {"bad_validations": False},
+    ],
+)
 def test_an_edited_early_stopping_state_is_refused_naming_the_key(edit):
     state = TrainState()
     early = EarlyStopping(2, 0.0, Monitor("val/acc", "max"), state)

@@ -78,21 +78,25 @@ def test_pt2_and_onnx_give_evaluate_py_outputs_on_the_test_split(cnn_run):
 
 
 def test_the_torchscript_exporter_only_on_request_with_one_line(cnn_run):
-    result = run_evaluate(cnn_run, "ckpt=checkpoints/c", "export=old.onnx",
-                          "onnx_exporter=torchscript", "runs=e-old")  # fmt: skip
-    said = [line for line in result.stderr.splitlines() + result.stdout.splitlines()
-            if "deprecated" in line and "torchvision" not in line]  # fmt: skip
+    result = run_evaluate(
+        cnn_run, "ckpt=checkpoints/c", "export=old.onnx", "onnx_exporter=torchscript", "runs=e-old"
+    )
+    said = [
+        line
+        for line in result.stderr.splitlines() + result.stdout.splitlines()
+        if "deprecated" in line and "torchvision" not in line
+    ]
     assert len(said) == 1 and "onnx_exporter=torchscript" in said[0]
     assert (cnn_run / "old.onnx").stat().st_size > 1000
-    bad = run_evaluate(cnn_run, "ckpt=checkpoints/c", "export=x.onnx", "onnx_exporter=jit",
-                       "runs=e-bad", ok=False)  # fmt: skip
+    bad = run_evaluate(
+        cnn_run, "ckpt=checkpoints/c", "export=x.onnx", "onnx_exporter=jit", "runs=e-bad", ok=False
+    )
     assert bad.returncode == 2 and "onnx_exporter='jit' must be dynamo or torchscript" in bad.stderr
 
 
 def test_a_missing_onnxscript_is_one_line_naming_the_extra(cnn_run, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # what an install without it sees
-    result = run_evaluate(cnn_run, "ckpt=checkpoints/c", "export=y.onnx", "runs=e-none",
-                          ok=False)  # fmt: skip
+    result = run_evaluate(cnn_run, "ckpt=checkpoints/c", "export=y.onnx", "runs=e-none", ok=False)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
     assert errors == [

@@ -19,8 +19,9 @@ FAULTY = ("model._target_=signalling_model.faulty_mlp", "trainer.max_epochs=3")
 
 
 def test_a_nan_loss_stops_the_run_naming_step_and_parameter(tmp_path):
-    result = run_train(tmp_path, *FAULTY, "run_name=nan", ok=False,
-                       env={"FAULT": "nan", "FAULT_AT": "30"})  # fmt: skip
+    result = run_train(
+        tmp_path, *FAULTY, "run_name=nan", ok=False, env={"FAULT": "nan", "FAULT_AT": "30"}
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("error: non-finite loss at optimizer step 30 (lr ")
@@ -32,8 +33,13 @@ def test_a_nan_loss_stops_the_run_naming_step_and_parameter(tmp_path):
 
 
 def test_skip_steps_over_a_bad_batch_and_counts_it(tmp_path):
-    run_train(tmp_path, *FAULTY, "trainer.nonfinite=skip", "run_name=skip",
-              env={"FAULT": "nan", "FAULT_AT": "30"})  # fmt: skip
+    run_train(
+        tmp_path,
+        *FAULTY,
+        "trainer.nonfinite=skip",
+        "run_name=skip",
+        env={"FAULT": "nan", "FAULT_AT": "30"},
+    )
     metrics = read_metrics(tmp_path / "runs" / "skip")
     assert metrics["train/skipped_steps"] == 1 and metrics["test/acc"] > 0.5
     assert math.isfinite(metrics["train/loss"])
@@ -41,9 +47,13 @@ def test_skip_steps_over_a_bad_batch_and_counts_it(tmp_path):
 
 def test_skip_gives_up_after_too_many_bad_steps_in_a_row(tmp_path):
     result = run_train(
-        tmp_path, *FAULTY, "trainer.nonfinite=skip", "trainer.max_consecutive_skips=3",
-        ok=False, env={"FAULT": "nan_from", "FAULT_AT": "30"},
-    )  # fmt: skip
+        tmp_path,
+        *FAULTY,
+        "trainer.nonfinite=skip",
+        "trainer.max_consecutive_skips=3",
+        ok=False,
+        env={"FAULT": "nan_from", "FAULT_AT": "30"},
+    )
     assert result.returncode == 2
     assert "non-finite loss on 4 optimizer steps in a row" in result.stderr
 
@@ -55,8 +65,9 @@ def test_a_collapsed_fp16_loss_scale_is_an_error_not_a_stall():
     losses = LossSums(torch.device("cpu"), accumulate=1)
 
     def parts(scaler):  # what the check reads of a step's parts (utils/loop.py)
-        return SimpleNamespace(model=model, optimizer=optimizer,
-                               precision=SimpleNamespace(scaler=scaler))  # fmt: skip
+        return SimpleNamespace(
+            model=model, optimizer=optimizer, precision=SimpleNamespace(scaler=scaler)
+        )
 
     with pytest.raises(NonFinite, match="fp16 loss scale collapsed"):
         NonFiniteWatch("stop", 10, losses).check(0, parts(scaler), "no checkpoint")
@@ -64,8 +75,9 @@ def test_a_collapsed_fp16_loss_scale_is_an_error_not_a_stall():
 
 
 def test_out_of_memory_names_the_batch_and_the_remedies_and_keeps_last_pt(tmp_path):
-    result = run_train(tmp_path, *FAULTY, "run_name=oom", ok=False,
-                       env={"FAULT": "oom", "FAULT_AT": "30"})  # fmt: skip
+    result = run_train(
+        tmp_path, *FAULTY, "run_name=oom", ok=False, env={"FAULT": "oom", "FAULT_AT": "30"}
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     error = result.stderr.strip().splitlines()[-1]
     assert "out of memory on cpu at data.batch_size=64" in error

@@ -21,16 +21,33 @@ SCHEDULERS = {  # each with a warmup, so the warmup's factor is checked too
     "none": {"warmup_steps": 5},
     "step": {"warmup_steps": 5, "step_size": 1, "gamma": 0.5},
     "cosine": {"warmup_steps": 5, "min_lr_ratio": 0.1},
-    "onecycle": {"warmup_steps": 5, "div_factor": 25.0, "final_div_factor": 1e4,
-                 "anneal_strategy": "cos"},
-    "plateau": {"warmup_steps": 5, "monitor": "val/loss", "mode": "min", "factor": 0.5,
-                "patience": 0, "min_lr": 1e-4},
-}  # fmt: skip
+    "onecycle": {
+        "warmup_steps": 5,
+        "div_factor": 25.0,
+        "final_div_factor": 1e4,
+        "anneal_strategy": "cos",
+    },
+    "plateau": {
+        "warmup_steps": 5,
+        "monitor": "val/loss",
+        "mode": "min",
+        "factor": 0.5,
+        "patience": 0,
+        "min_lr": 1e-4,
+    },
+}
 
 
 def adamw(**extra) -> OmegaConf:
-    return OmegaConf.create({"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 0.01,
-                             "weight_decay": 0.05, **extra})  # fmt: skip
+    return OmegaConf.create(
+        {
+            "_target_": "torch.optim.AdamW",
+            "_partial_": True,
+            "lr": 0.01,
+            "weight_decay": 0.05,
+            **extra,
+        }
+    )
 
 
 @pytest.mark.parametrize("name", SCHEDULERS)
@@ -78,8 +95,11 @@ def test_a_parameter_no_declared_layer_holds_is_refused_in_one_line():
     with pytest.raises(UserError, match=r"parameter scale is in none of Declared.layer_groups"):
         build_optimizer(Declared(), adamw(layer_decay=0.5))
     model = Declared()
-    model.layer_groups = lambda: [("embed", [*model.embed.parameters(), model.scale]),
-                                  ("body", model.body), ("head", model.out)]  # fmt: skip
+    model.layer_groups = lambda: [
+        ("embed", [*model.embed.parameters(), model.scale]),
+        ("body", model.body),
+        ("head", model.out),
+    ]
     optimizer = build_optimizer(model, adamw(layer_decay=0.5))
     lrs = {g["layer"]: g["lr"] for g in optimizer.param_groups}
     assert lrs == pytest.approx({"embed": 0.0025, "body": 0.005, "head": 0.01})
@@ -97,8 +117,15 @@ def test_layer_decay_out_of_range_is_refused_before_data_is_read(tmp_path):
 
 # --- SWA and checkpoint averaging (utils/swa.py) -------------------------------------------
 
-SWA = ["model=cnn", "model.channels=[8,16]", "trainer.max_epochs=3", "trainer.keep_top_k=3",
-       "trainer.swa.start=1", "trainer.swa.lr=0.0005", "scheduler=cosine"]  # fmt: skip
+SWA = [
+    "model=cnn",
+    "model.channels=[8,16]",
+    "trainer.max_epochs=3",
+    "trainer.keep_top_k=3",
+    "trainer.swa.start=1",
+    "trainer.swa.lr=0.0005",
+    "scheduler=cosine",
+]
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +165,12 @@ def test_swa_averages_the_epochs_after_start_and_refits_batchnorm_cumulatively(s
     model.load_state_dict(averaged)
     seen: dict[nn.Module, list] = {}
     norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
-    hooks = [norm.register_forward_pre_hook(lambda m, args: seen.setdefault(m, []).append(
-        args[0].detach())) for norm in norms]  # fmt: skip
+    hooks = [
+        norm.register_forward_pre_hook(
+            lambda m, args: seen.setdefault(m, []).append(args[0].detach())
+        )
+        for norm in norms
+    ]
     model.train()
     with torch.no_grad():
         for inputs, _ in train_split(last).epoch(0):
@@ -153,14 +184,19 @@ def test_swa_averages_the_epochs_after_start_and_refits_batchnorm_cumulatively(s
         var = torch.stack([b.var((0, 2, 3), unbiased=True) for b in batches]).mean(0)
         assert torch.allclose(averaged[f"{name}.running_mean"], mean, atol=1e-5), name
         assert torch.allclose(averaged[f"{name}.running_var"], var, rtol=1e-4, atol=1e-6), name
-        assert not torch.allclose(averaged[f"{name}.running_mean"],
-                                  last["model"][f"{name}.running_mean"])  # fmt: skip
+        assert not torch.allclose(
+            averaged[f"{name}.running_mean"], last["model"][f"{name}.running_mean"]
+        )
     # The same function, run here, puts each momentum back (not 0: Lightning #14866).
-    assert recompute_batchnorm(model, train_split(last).epoch(0), Precision("float32",
-                                                                           torch.device("cpu")))  # fmt: skip
+    assert recompute_batchnorm(
+        model, train_split(last).epoch(0), Precision("float32", torch.device("cpu"))
+    )
     assert all(norm.momentum == 0.1 for norm in norms)
-    assert torch.allclose(model.state_dict()[f"{names[0]}.running_mean"],
-                          averaged[f"{names[0]}.running_mean"], atol=1e-6)  # fmt: skip
+    assert torch.allclose(
+        model.state_dict()[f"{names[0]}.running_mean"],
+        averaged[f"{names[0]}.running_mean"],
+        atol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("epoch", [1, 2])  # at swa.start, and inside the averaging
@@ -205,8 +241,9 @@ def test_swa_anneals_to_its_lr_and_weights_swa_evaluates_and_exports(swa_run):
     last = load_checkpoint(swa_run / "checkpoints" / "s" / "last.pt")
     assert last["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.0005)  # annealed
     assert last["scheduler"]["swa"]["taken"] == last["global_step"]
-    result = run_evaluate(swa_run, "ckpt=checkpoints/s", "weights=swa", "export=s.pt2",
-                          "runs=e-swa")  # fmt: skip
+    result = run_evaluate(
+        swa_run, "ckpt=checkpoints/s", "weights=swa", "export=s.pt2", "runs=e-swa"
+    )
     assert "torch.export.load on batches of 1, 2 and 8" in " ".join(result.stdout.split())
     (run_dir,) = (swa_run / "e-swa" / "eval").iterdir()
     evaluated = next(iter(json.loads((run_dir / "metrics.json").read_text()).values()))
@@ -223,8 +260,9 @@ def test_average_top_k_averages_the_copies_refits_batchnorm_and_keeps_the_result
 
     folder = swa_run / "checkpoints" / "s"
     copies = [load_checkpoint(p) for p in sorted(folder.glob("epoch=*.pt"))]
-    result = run_evaluate(swa_run, "ckpt=checkpoints/s", "average=top_k", "weights=raw",
-                          "runs=e-avg")  # fmt: skip
+    result = run_evaluate(
+        swa_run, "ckpt=checkpoints/s", "average=top_k", "weights=raw", "runs=e-avg"
+    )
     assert "averaged 3 top-k copies" in " ".join(result.stdout.split())
     (run_dir,) = (swa_run / "e-avg" / "eval").iterdir()
     kept = load_checkpoint(run_dir / "averaged.pt")
@@ -236,8 +274,15 @@ def test_average_top_k_averages_the_copies_refits_batchnorm_and_keeps_the_result
             assert torch.allclose(value.double(), mean, atol=1e-6), key
     again = run_evaluate(swa_run, f"ckpt={run_dir / 'averaged.pt'}", "runs=e-again")
     assert "test/acc" in again.stdout
-    few = run_evaluate(swa_run, "ckpt=checkpoints/s/best.pt", "average=top_k", "split=val",
-                       "calibrate=temperature", "runs=e-few", ok=False)  # fmt: skip
+    few = run_evaluate(
+        swa_run,
+        "ckpt=checkpoints/s/best.pt",
+        "average=top_k",
+        "split=val",
+        "calibrate=temperature",
+        "runs=e-few",
+        ok=False,
+    )
     assert few.returncode == 2 and "average=top_k takes one run's checkpoint folder" in few.stderr
 
 
@@ -245,19 +290,30 @@ def test_average_top_k_of_a_run_without_copies_is_refused_not_best_pt_as_it_is(t
     from conftest import run_evaluate, run_train
 
     run_train(tmp_path, "trainer.max_epochs=1", "model.hidden_sizes=[16]", "run_name=none")
-    result = run_evaluate(tmp_path, "ckpt=checkpoints/none", "average=top_k", "runs=e",
-                          ok=False)  # fmt: skip
+    result = run_evaluate(tmp_path, "ckpt=checkpoints/none", "average=top_k", "runs=e", ok=False)
     assert result.returncode == 2
     assert "average=top_k needs two or more top-k copies; found 0" in result.stderr
     assert not list((tmp_path / "e").rglob("averaged.pt"))
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["trainer.swa.start=5", "trainer.max_epochs=3"], "trainer.swa.start=5 must be a whole number"),
-    (["trainer.swa.start=0.5", "trainer.ema.decay=0.9"], "trainer.ema and trainer.swa each"),
-    (["trainer.swa.start=1", "trainer.swa.lr=-1"], "trainer.swa.lr=-1.0 must be greater than 0"),
-    (["trainer.swa.start=1", "trainer.sync_batchnorm=true"], "set trainer.sync_batchnorm=false"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["trainer.swa.start=5", "trainer.max_epochs=3"],
+            "trainer.swa.start=5 must be a whole number",
+        ),
+        (["trainer.swa.start=0.5", "trainer.ema.decay=0.9"], "trainer.ema and trainer.swa each"),
+        (
+            ["trainer.swa.start=1", "trainer.swa.lr=-1"],
+            "trainer.swa.lr=-1.0 must be greater than 0",
+        ),
+        (
+            ["trainer.swa.start=1", "trainer.sync_batchnorm=true"],
+            "set trainer.sync_batchnorm=false",
+        ),
+    ],
+)
 def test_bad_swa_settings_are_one_line(tmp_path, overrides, message):
     from conftest import run_train
 
@@ -268,8 +324,9 @@ def test_bad_swa_settings_are_one_line(tmp_path, overrides, message):
 def test_a_resume_that_changes_swa_is_refused(swa_run):
     from conftest import run_train
 
-    result = run_train(swa_run, *SWA[:-2], "trainer.swa.start=2", "run_name=s",
-                       "resume=auto", ok=False)  # fmt: skip
+    result = run_train(
+        swa_run, *SWA[:-2], "trainer.swa.start=2", "run_name=s", "resume=auto", ok=False
+    )
     assert result.returncode == 2 and "trainer.swa.start: 1 -> 2" in result.stderr
 
 
@@ -288,8 +345,9 @@ def teacher_run(tmp_path_factory):
 
 
 def distill_node(path, **settings) -> OmegaConf:
-    return OmegaConf.create({"teacher": str(path), "weights": "auto", "temperature": 4.0,
-                             "alpha": 0.5, **settings})  # fmt: skip
+    return OmegaConf.create(
+        {"teacher": str(path), "weights": "auto", "temperature": 4.0, "alpha": 0.5, **settings}
+    )
 
 
 def digits_and_task(teacher_run):
@@ -297,8 +355,15 @@ def digits_and_task(teacher_run):
 
     stored = load_checkpoint(teacher_run / "checkpoints" / "t" / "best.pt")["config"]["data"]
     data = build(OmegaConf.create(stored))  # the same digits the teacher trained on
-    task = build(OmegaConf.create({"_target_": "utils.tasks.classification",
-                                   "label_smoothing": 0.0, "class_weights": None}))  # fmt: skip
+    task = build(
+        OmegaConf.create(
+            {
+                "_target_": "utils.tasks.classification",
+                "label_smoothing": 0.0,
+                "class_weights": None,
+            }
+        )
+    )
     return data, task.fitted(data, torch.device("cpu"))
 
 
@@ -347,8 +412,13 @@ def test_a_student_learns_from_its_teacher_and_keeps_only_its_path_and_hash(teac
 
     best = teacher_run / "checkpoints" / "t" / "best.pt"
     before = file_sha256(best)
-    run_train(teacher_run, *STUDENT, f"distill.teacher={best}", "data.augment.mixup_alpha=0.2",
-              "run_name=s")  # fmt: skip
+    run_train(
+        teacher_run,
+        *STUDENT,
+        f"distill.teacher={best}",
+        "data.augment.mixup_alpha=0.2",
+        "run_name=s",
+    )
     student = load_checkpoint(teacher_run / "checkpoints" / "s" / "last.pt")
     assert student["distill"] == {"teacher": str(best), "sha256": before}
     assert sorted(student["model"]) == ["1.bias", "1.weight", "4.bias", "4.weight"]  # the mlp's
@@ -364,20 +434,28 @@ def test_a_resume_with_another_teacher_file_is_refused_and_a_moved_copy_is_not(t
     from utils.checkpoint import load_checkpoint
 
     best = teacher_run / "checkpoints" / "t" / "best.pt"
-    run_train(teacher_run, *STUDENT, f"distill.teacher={best}", "run_name=r",
-              "trainer.keep_top_k=2")  # fmt: skip
+    run_train(
+        teacher_run, *STUDENT, f"distill.teacher={best}", "run_name=r", "trainer.keep_top_k=2"
+    )
     (epoch_1,) = (teacher_run / "checkpoints" / "r").glob("epoch=001-*.pt")
     moved = teacher_run / "moved.pt"
     shutil.copy(best, moved)
-    run_train(teacher_run, *STUDENT, f"distill.teacher={moved}", "run_name=r2",
-              f"resume='{epoch_1}'")  # fmt: skip
+    run_train(
+        teacher_run, *STUDENT, f"distill.teacher={moved}", "run_name=r2", f"resume='{epoch_1}'"
+    )
     other = teacher_run / "other.pt"  # another teacher: one weight changed
     edited = load_checkpoint(best)
     edited["model"]["16.bias"] += 1.0  # the cnn's classifier
     torch.save(edited, other)
     shutil.copy(epoch_1, teacher_run / "e1.pt")
-    refused = run_train(teacher_run, *STUDENT, f"distill.teacher={other}", "run_name=r3",
-                        f"resume='{teacher_run / 'e1.pt'}'", ok=False)  # fmt: skip
+    refused = run_train(
+        teacher_run,
+        *STUDENT,
+        f"distill.teacher={other}",
+        "run_name=r3",
+        f"resume='{teacher_run / 'e1.pt'}'",
+        ok=False,
+    )
     assert refused.returncode == 2
     assert "are not the teacher the run was trained with" in refused.stderr
 
@@ -392,15 +470,30 @@ def crafted(config: dict):
     return edit
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    *((crafted(config), message) for _, config, message in HOSTILE_CONFIGS),
-    (lambda c: c["inputs"].update(num_classes=3, targets={"kind": "classes", "count": 3,
-                                                          "names": None}), "do not fit the model"),
-    (lambda c: c["config"].update(task={"_target_": "utils.tasks.regression", "loss": "mse",
-                                        "huber_delta": 1.0, "standardize_targets": True}),
-     "task=regression learns numbers"),
-    (lambda c: c.update(model={"w": torch.zeros(2)}), "do not fit the model"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        *((crafted(config), message) for _, config, message in HOSTILE_CONFIGS),
+        (
+            lambda c: c["inputs"].update(
+                num_classes=3, targets={"kind": "classes", "count": 3, "names": None}
+            ),
+            "do not fit the model",
+        ),
+        (
+            lambda c: c["config"].update(
+                task={
+                    "_target_": "utils.tasks.regression",
+                    "loss": "mse",
+                    "huber_delta": 1.0,
+                    "standardize_targets": True,
+                }
+            ),
+            "task=regression learns numbers",
+        ),
+        (lambda c: c.update(model={"w": torch.zeros(2)}), "do not fit the model"),
+    ],
+)
 def test_a_hostile_or_unfit_teacher_is_refused_in_one_line(teacher_run, tmp_path, edit, message):
     from conftest import run_train
 
@@ -423,14 +516,24 @@ def test_distilling_into_another_task_or_with_bad_settings_is_one_line(teacher_r
 
     data, _ = digits_and_task(teacher_run)
     best = teacher_run / "checkpoints" / "t" / "best.pt"
-    regression = build(OmegaConf.create({"_target_": "utils.tasks.regression", "loss": "mse",
-                                         "huber_delta": 1.0, "standardize_targets": True}))  # fmt: skip
+    regression = build(
+        OmegaConf.create(
+            {
+                "_target_": "utils.tasks.regression",
+                "loss": "mse",
+                "huber_delta": 1.0,
+                "standardize_targets": True,
+            }
+        )
+    )
     with pytest.raises(UserError, match="task=classification only"):
         Teacher.of(distill_node(best), data, regression, torch.device("cpu"), tmp_path)
     _, task = digits_and_task(teacher_run)
-    for settings, message in (({"temperature": 0.0}, "distill.temperature=0.0 must be"),
-                              ({"alpha": 1.5}, "distill.alpha=1.5 must be from 0 to 1"),
-                              ({"weights": "best"}, "distill.weights='best' must be")):  # fmt: skip
+    for settings, message in (
+        ({"temperature": 0.0}, "distill.temperature=0.0 must be"),
+        ({"alpha": 1.5}, "distill.alpha=1.5 must be from 0 to 1"),
+        ({"weights": "best"}, "distill.weights='best' must be"),
+    ):
         with pytest.raises(UserError, match=message):
             Teacher.of(distill_node(best, **settings), data, task, torch.device("cpu"), tmp_path)
     with pytest.raises(UserError, match="is a checkpoint of this run"):
@@ -444,11 +547,22 @@ def test_a_teacher_of_other_table_columns_is_refused_as_evaluate_refuses_them(tm
     from conftest import run_train, write_table
 
     write_table(tmp_path / "t.csv")
-    table = ["data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=1",
-             "data.batch_size=32"]  # fmt: skip
+    table = [
+        "data=csv",
+        "data.path=t.csv",
+        "data.target=kind",
+        "trainer.max_epochs=1",
+        "data.batch_size=32",
+    ]
     run_train(tmp_path, *table, "data.features=[weight,size]", "run_name=teacher")
-    result = run_train(tmp_path, *table, "data.features=[size,weight]", "run_name=student",
-                       "distill.teacher=checkpoints/teacher", ok=False)  # fmt: skip
+    result = run_train(
+        tmp_path,
+        *table,
+        "data.features=[size,weight]",
+        "run_name=student",
+        "distill.teacher=checkpoints/teacher",
+        ok=False,
+    )
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert (
         len(errors) == 1
@@ -456,8 +570,13 @@ def test_a_teacher_of_other_table_columns_is_refused_as_evaluate_refuses_them(tm
         in errors[0]
         and "distil from it" in errors[0]
     ), result.stderr
-    run_train(tmp_path, *table, "data.features=[weight,size]", "run_name=same",
-              "distill.teacher=checkpoints/teacher")  # fmt: skip
+    run_train(
+        tmp_path,
+        *table,
+        "data.features=[weight,size]",
+        "run_name=same",
+        "distill.teacher=checkpoints/teacher",
+    )
 
 
 @pytest.mark.slow
@@ -465,9 +584,16 @@ def test_a_stop_mid_epoch_inside_swa_with_a_teacher_and_layer_decay_resumes_exac
     from conftest import assert_same_run, checkpoint, interrupt_and_resume, run_train
 
     best = teacher_run / "checkpoints" / "t" / "best.pt"
-    run = ["model._target_=signalling_model.mlp", "model.hidden_sizes=[32]",
-           "trainer.max_epochs=3", "trainer.swa.start=1", "trainer.swa.lr=0.001",
-           "optim.layer_decay=0.8", f"distill.teacher={best}", "trainer.log_every_n_steps=5"]  # fmt: skip
+    run = [
+        "model._target_=signalling_model.mlp",
+        "model.hidden_sizes=[32]",
+        "trainer.max_epochs=3",
+        "trainer.swa.start=1",
+        "trainer.swa.lr=0.001",
+        "optim.layer_decay=0.8",
+        f"distill.teacher={best}",
+        "trainer.log_every_n_steps=5",
+    ]
     run_train(teacher_run, *run, "run_name=straight")
     position = interrupt_and_resume(teacher_run, run, "cut", 45)  # 19 batches an epoch
     assert (position["epoch"], position["batch_in_epoch"]) == (2, 7)  # epoch 3: averaging
@@ -482,11 +608,21 @@ def test_on_cuda_a_bf16_student_distils_averages_and_exports(teacher_run, tmp_pa
     from conftest import run_evaluate, run_train
 
     best = teacher_run / "checkpoints" / "t" / "best.pt"
-    run_train(tmp_path, "trainer.device=cuda", "precision=bf16", "model=cnn",
-              "model.channels=[8,16]", "trainer.max_epochs=3", "trainer.swa.start=1",
-              "optim.layer_decay=0.8", f"distill.teacher={best}", "run_name=g")  # fmt: skip
-    result = run_evaluate(tmp_path, "ckpt=checkpoints/g", "weights=swa", "device=cuda",
-                          "export=g.pt2", "runs=e")  # fmt: skip
+    run_train(
+        tmp_path,
+        "trainer.device=cuda",
+        "precision=bf16",
+        "model=cnn",
+        "model.channels=[8,16]",
+        "trainer.max_epochs=3",
+        "trainer.swa.start=1",
+        "optim.layer_decay=0.8",
+        f"distill.teacher={best}",
+        "run_name=g",
+    )
+    result = run_evaluate(
+        tmp_path, "ckpt=checkpoints/g", "weights=swa", "device=cuda", "export=g.pt2", "runs=e"
+    )
     assert "torch.export.load on batches of 1, 2 and 8" in " ".join(result.stdout.split())
 
 
@@ -499,10 +635,16 @@ def test_an_edited_average_is_named_as_edited_not_as_missing(swa_run, tmp_path, 
     checkpoint = load_checkpoint(swa_run / "checkpoints" / "s" / "best.pt")
     checkpoint[entry] = [1, 2]  # what no torchloom version writes
     torch.save(checkpoint, tmp_path / "edited.pt")
-    result = run_evaluate(swa_run, f"ckpt={tmp_path / 'edited.pt'}", f"weights={entry}",
-                          f"runs={tmp_path / 'runs'}", ok=False)  # fmt: skip
+    result = run_evaluate(
+        swa_run,
+        f"ckpt={tmp_path / 'edited.pt'}",
+        f"weights={entry}",
+        f"runs={tmp_path / 'runs'}",
+        ok=False,
+    )
     assert result.returncode == 2
     assert f"its {entry} entry is not what torchloom writes (was it edited?)" in result.stderr
-    raw = run_evaluate(swa_run, f"ckpt={tmp_path / 'edited.pt'}", "weights=raw",
-                       f"runs={tmp_path / 'raw'}")  # fmt: skip
+    raw = run_evaluate(
+        swa_run, f"ckpt={tmp_path / 'edited.pt'}", "weights=raw", f"runs={tmp_path / 'raw'}"
+    )
     assert "test/acc" in raw.stdout

@@ -118,10 +118,14 @@ def test_guards_run_in_train_py_and_unknown_names_are_refused(tmp_path):
     assert "unknown guard(s) ['softmax']" in unknown.stderr
 
 
-@pytest.mark.parametrize(("task", "kind", "warns"), [
-    ("Classification", "classes", True), ("MultiLabel", "label_sets", False),
-    ("Regression", "values", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("task", "kind", "warns"),
+    [
+        ("Classification", "classes", True),
+        ("MultiLabel", "label_sets", False),
+        ("Regression", "values", False),
+    ],
+)
 def test_the_softmax_guard_applies_to_classification_only(caplog, task, kind, warns):
     """Multi-label and regression outputs may be anything, rows summing to 1 included."""
     from types import SimpleNamespace
@@ -130,27 +134,48 @@ def test_the_softmax_guard_applies_to_classification_only(caplog, task, kind, wa
     from utils import tasks
     from utils.guards import check_start_up
 
-    batches = type("Batches", (), {"epoch": lambda self, e: iter(clean_batches()),
-                                   "__len__": lambda self: 4})()  # fmt: skip
-    data = SimpleNamespace(input_shape=SHAPE, batch_size=4, targets=Targets(kind, 10),
-                           name="probe", sizes=lambda: {"train": 16}, test_split="test")  # fmt: skip
+    batches = type(
+        "Batches", (), {"epoch": lambda self, e: iter(clean_batches()), "__len__": lambda self: 4}
+    )()
+    data = SimpleNamespace(
+        input_shape=SHAPE,
+        batch_size=4,
+        targets=Targets(kind, 10),
+        name="probe",
+        sizes=lambda: {"train": 16},
+        test_split="test",
+    )
     trainer = SimpleNamespace(silence_guards=[], accumulate_grad_batches=1, max_epochs=1)
     with caplog.at_level(logging.WARNING, logger="torchloom"):
-        check_start_up(SoftmaxAtTheEnd(), data, batches, trainer, getattr(tasks, task),
-                       world_size=1)  # fmt: skip
+        check_start_up(
+            SoftmaxAtTheEnd(), data, batches, trainer, getattr(tasks, task), world_size=1
+        )
     assert ("remove the final softmax" in caplog.text) == warns
 
 
 def test_a_val_split_too_small_to_judge_by_is_named_at_start_up(tmp_path):
-    result = run_train(tmp_path, "data=synthetic", "data.num_samples=200", "data.val_size=5",
-                       "data.test_size=60", "trainer.max_epochs=1")  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "data=synthetic",
+        "data.num_samples=200",
+        "data.val_size=5",
+        "data.test_size=60",
+        "trainer.max_epochs=1",
+    )
     said = [line for line in (result.stdout + result.stderr).splitlines() if "split holds" in line]
     assert (
         len(said) == 1
         and "the val split holds 5 samples: its figures move in steps of 0.2" in (said[0])
         and "data.val_size" in said[0]
     )
-    quiet = run_train(tmp_path, "data=synthetic", "data.num_samples=200", "data.val_size=5",
-                      "data.test_size=60", "trainer.max_epochs=1", "run_name=quiet",
-                      "trainer.silence_guards=[small_eval_splits]")  # fmt: skip
+    quiet = run_train(
+        tmp_path,
+        "data=synthetic",
+        "data.num_samples=200",
+        "data.val_size=5",
+        "data.test_size=60",
+        "trainer.max_epochs=1",
+        "run_name=quiet",
+        "trainer.silence_guards=[small_eval_splits]",
+    )
     assert "split holds" not in quiet.stdout + quiet.stderr

@@ -44,28 +44,54 @@ def copy_run(base: Path, cwd: Path, name: str = "base") -> Path:
 # --- 1. A stored config is data --------------------------------------------------------------
 
 HOSTILE_CONFIGS = [
-    ("interpolation", {"model": {"dropout": "${oc.create:{_target_: os.system}}"}},
-     "model.dropout=.*interpolation"),
+    (
+        "interpolation",
+        {"model": {"dropout": "${oc.create:{_target_: os.system}}"}},
+        "model.dropout=.*interpolation",
+    ),
     ("env read", {"data": {"root": "${oc.env:HOME}"}}, "data.root=.*interpolation"),
-    ("interpolation in a list", {"model": {"hidden_sizes": [8, "${oc.decode:'1'}"]}},
-     r"model.hidden_sizes\[1\]"),
+    (
+        "interpolation in a list",
+        {"model": {"hidden_sizes": [8, "${oc.decode:'1'}"]}},
+        r"model.hidden_sizes\[1\]",
+    ),
     ("interpolation in a key", {"model": {"${oc.env:X}": 1}}, "not a plain name"),
-    ("package prefix", {"model": {"_target_": "torch.nn.attention._fa4._fa4_import_module"}},
-     "model._target_='torch.nn.attention"),
-    ("nested target", {"model": {"_target_": "models.mlp.mlp", "act": {"_target_": "os.system"}}},
-     "model.act._target_='os.system'"),
-    ("target inside _args_", {"data": {"_target_": "data.digits.load_digits",
-                                       "_args_": [{"_target_": "builtins.eval"}]}},
-     r"data._args_\[0\]._target_"),
-    ("alias through a trusted module", {"model": {"_target_": "models.mlp.math.prod"}},
-     "models.mlp.math.prod"),
-    ("a target that is not a string", {"model": {"_target_": {"_target_": "os.system"}}},
-     "model._target_="),
-]  # fmt: skip
+    (
+        "package prefix",
+        {"model": {"_target_": "torch.nn.attention._fa4._fa4_import_module"}},
+        "model._target_='torch.nn.attention",
+    ),
+    (
+        "nested target",
+        {"model": {"_target_": "models.mlp.mlp", "act": {"_target_": "os.system"}}},
+        "model.act._target_='os.system'",
+    ),
+    (
+        "target inside _args_",
+        {
+            "data": {
+                "_target_": "data.digits.load_digits",
+                "_args_": [{"_target_": "builtins.eval"}],
+            }
+        },
+        r"data._args_\[0\]._target_",
+    ),
+    (
+        "alias through a trusted module",
+        {"model": {"_target_": "models.mlp.math.prod"}},
+        "models.mlp.math.prod",
+    ),
+    (
+        "a target that is not a string",
+        {"model": {"_target_": {"_target_": "os.system"}}},
+        "model._target_=",
+    ),
+]
 
 
-@pytest.mark.parametrize(("config", "message"), [c[1:] for c in HOSTILE_CONFIGS],
-                         ids=[c[0] for c in HOSTILE_CONFIGS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("config", "message"), [c[1:] for c in HOSTILE_CONFIGS], ids=[c[0] for c in HOSTILE_CONFIGS]
+)
 def test_a_hostile_stored_config_is_refused_naming_the_key(config, message):
     with pytest.raises(UserError, match=message):
         check_stored_config(config, "x.pt")
@@ -73,8 +99,14 @@ def test_a_hostile_stored_config_is_refused_naming_the_key(config, message):
 
 def test_only_the_exact_builders_of_our_own_yaml_files_are_allowed():
     allowed = allowed_builders()
-    assert {"models.mlp.mlp", "models.cnn.cnn", "data.digits.load_digits",
-            "utils.precision.Precision", "utils.schedulers.cosine", "torch.optim.AdamW"} <= allowed  # fmt: skip
+    assert {
+        "models.mlp.mlp",
+        "models.cnn.cnn",
+        "data.digits.load_digits",
+        "utils.precision.Precision",
+        "utils.schedulers.cosine",
+        "torch.optim.AdamW",
+    } <= allowed
     assert not any(name.endswith(".") for name in allowed)
     check_stored_config(load_checkpoint_config(), "a real checkpoint")  # a real config passes
 
@@ -96,8 +128,10 @@ def test_evaluate_runs_nothing_from_an_interpolation_or_a_chained_target(base, t
 
     state = load_checkpoint(base / "checkpoints/base/best.pt")
     marker = tmp_path / "evil.py"
-    write = ("${oc.create:{_target_: pathlib.Path.write_text, _args_: [{_target_: pathlib.Path, "
-             "_args_: ['MARKER']}, 'print(1)']}}")  # fmt: skip
+    write = (
+        "${oc.create:{_target_: pathlib.Path.write_text, _args_: [{_target_: pathlib.Path, "
+        "_args_: ['MARKER']}, 'print(1)']}}"
+    )
     state["config"]["model"]["dropout"] = write.replace("MARKER", str(marker))
     torch.save(state, tmp_path / "interpolated.pt")
     line = error_line(run_evaluate(tmp_path, "ckpt=interpolated.pt", ok=False))
@@ -129,9 +163,17 @@ def test_evaluate_never_downloads_because_a_stored_config_says_so(base, tmp_path
 
 @pytest.mark.parametrize(
     "name",
-    ["/tmp/victim.txt", "../victim.pt", "sub/epoch=001-val_acc=0.5000.pt", "best.pt",
-     "epoch=001-val_acc=0.5000.pt.bak", "epoch=1-val_acc=0.5.pt", 7, None],
-)  # fmt: skip
+    [
+        "/tmp/victim.txt",
+        "../victim.pt",
+        "sub/epoch=001-val_acc=0.5000.pt",
+        "best.pt",
+        "epoch=001-val_acc=0.5000.pt.bak",
+        "epoch=1-val_acc=0.5.pt",
+        7,
+        None,
+    ],
+)
 def test_a_name_torchloom_does_not_write_is_never_a_top_k_file(tmp_path, name):
     assert own_top_k_file(tmp_path, name) is None
     assert checked_top_k([[0.5, name]], tmp_path) == []
@@ -159,8 +201,14 @@ def test_resume_with_a_hostile_top_k_list_deletes_nothing_outside(base, tmp_path
     # Worse than anything new, so they are the first to drop out of the top 2.
     state["top_k"] += [[-1.0, str(victim)], [-2.0, "../../victim.txt"]]
     torch.save(state, folder / "last.pt")
-    result = run_train(tmp_path, *TINY, "trainer.max_epochs=4", "trainer.keep_top_k=2",
-                       "run_name=base", "resume=auto")  # fmt: skip
+    result = run_train(
+        tmp_path,
+        *TINY,
+        "trainer.max_epochs=4",
+        "trainer.keep_top_k=2",
+        "run_name=base",
+        "resume=auto",
+    )
     assert victim.read_text() == "precious"
     assert "ignoring top-k entry" in result.stdout + result.stderr
     tracked = sorted(name for _, name in load_checkpoint(folder / "last.pt")["top_k"])
@@ -170,8 +218,14 @@ def test_resume_with_a_hostile_top_k_list_deletes_nothing_outside(base, tmp_path
 def test_resuming_from_best_or_lowering_top_k_leaves_no_untracked_top_k_files(base, tmp_path):
     folder = copy_run(base, tmp_path)
     assert len(list(folder.glob("epoch=*.pt"))) == 2
-    run_train(tmp_path, *TINY, "trainer.max_epochs=3", "trainer.keep_top_k=1",
-              "run_name=base", f"resume={folder / 'last.pt'}")  # fmt: skip
+    run_train(
+        tmp_path,
+        *TINY,
+        "trainer.max_epochs=3",
+        "trainer.keep_top_k=1",
+        "run_name=base",
+        f"resume={folder / 'last.pt'}",
+    )
     kept = sorted(p.name for p in folder.glob("epoch=*.pt"))
     tracked = [name for _, name in load_checkpoint(folder / "last.pt")["top_k"]]
     assert kept == sorted(tracked) and len(kept) == 1
@@ -223,8 +277,12 @@ def test_cleanup_keeps_a_live_writers_temporary_file_and_removes_dead_ones(tmp_p
 
 
 def test_the_continue_command_gives_back_the_overrides_through_a_shell(tmp_path):
-    overrides = ["model._target_=signalling_model.mlp", "model.hidden_sizes=[16, 8]",
-                 "run_name='a;touch pwned'", "trainer.max_epochs=2"]  # fmt: skip
+    overrides = [
+        "model._target_=signalling_model.mlp",
+        "model.hidden_sizes=[16, 8]",
+        "run_name='a;touch pwned'",
+        "trainer.max_epochs=2",
+    ]
     result = run_train(tmp_path, *overrides, ok=False, env={"SIGNAL_AT_FORWARD": "5"})
     assert result.returncode == 3, result.stderr[-2000:]
     command = result.stdout.split("continue with:")[1].strip().splitlines()[0]
@@ -250,8 +308,14 @@ def test_monitor_mode_follows_the_metric_and_refuses_a_contradiction():
 
 
 def test_best_pt_is_the_lowest_loss_epoch_when_monitoring_the_loss(tmp_path):
-    run_train(tmp_path, *TINY, "trainer.max_epochs=4", "trainer.monitor=val/loss",
-              "optim.lr=0.05", "run_name=loss")  # fmt: skip
+    run_train(
+        tmp_path,
+        *TINY,
+        "trainer.max_epochs=4",
+        "trainer.monitor=val/loss",
+        "optim.lr=0.05",
+        "run_name=loss",
+    )
     losses = dict(scalars(tmp_path / "runs/loss")["val/loss"])
     metrics = read_metrics(tmp_path / "runs/loss")
     assert metrics["best_metric"] == pytest.approx(min(losses.values()))
@@ -265,13 +329,29 @@ def test_best_pt_is_the_lowest_loss_epoch_when_monitoring_the_loss(tmp_path):
 def test_a_changed_lr_and_weight_decay_are_in_the_optimizer_after_resume(base, tmp_path):
     folder = copy_run(base, tmp_path)
     saved = load_checkpoint(folder / "last.pt")
-    result = run_train(tmp_path, *TINY, "trainer.max_epochs=3", "scheduler=none", "run_name=base",
-                       "optim.lr=0.0005", "optim.weight_decay=0.2", "resume=auto", ok=False)  # fmt: skip
+    result = run_train(
+        tmp_path,
+        *TINY,
+        "trainer.max_epochs=3",
+        "scheduler=none",
+        "run_name=base",
+        "optim.lr=0.0005",
+        "optim.weight_decay=0.2",
+        "resume=auto",
+        ok=False,
+    )
     # scheduler=none is another schedule type: refused, naming it, nothing written.
     assert "scheduler._target_" in error_line(result)
     assert load_checkpoint(folder / "last.pt")["global_step"] == saved["global_step"]
-    result = run_train(tmp_path, *TINY, "trainer.max_epochs=3", "run_name=base",
-                       "optim.lr=0.0005", "optim.weight_decay=0.2", "resume=auto")  # fmt: skip
+    result = run_train(
+        tmp_path,
+        *TINY,
+        "trainer.max_epochs=3",
+        "run_name=base",
+        "optim.lr=0.0005",
+        "optim.weight_decay=0.2",
+        "resume=auto",
+    )
     assert "applying the changed optim.lr: 0.002 -> 0.0005" in result.stdout
     groups = load_checkpoint(folder / "last.pt")["optimizer"]["param_groups"]
     assert [g["weight_decay"] for g in groups] == [0.2, 0.0]  # biases and norms stay at 0
@@ -296,16 +376,21 @@ def test_a_longer_run_extends_the_schedule_and_a_new_precision_starts_its_scaler
 
 @pytest.mark.parametrize(
     ("override", "named"),
-    [("optim=sgd", "optim._target_"), ("trainer.monitor=val/loss", "trainer.monitor"),
-     ("optim.decay_bias_and_norm=true", "optim.decay_bias_and_norm"), ("seed=3", "seed: 0 -> 3")],
-)  # fmt: skip
+    [
+        ("optim=sgd", "optim._target_"),
+        ("trainer.monitor=val/loss", "trainer.monitor"),
+        ("optim.decay_bias_and_norm=true", "optim.decay_bias_and_norm"),
+        ("seed=3", "seed: 0 -> 3"),
+    ],
+)
 def test_a_change_the_saved_state_cannot_carry_is_refused_in_one_line(
     base, tmp_path, override, named
 ):
     folder = copy_run(base, tmp_path)
     before = (folder / "last.pt").read_bytes()
-    result = run_train(tmp_path, *TINY, "trainer.max_epochs=3", "run_name=base", override,
-                       "resume=auto", ok=False)  # fmt: skip
+    result = run_train(
+        tmp_path, *TINY, "trainer.max_epochs=3", "run_name=base", override, "resume=auto", ok=False
+    )
     assert named in error_line(result)
     assert (folder / "last.pt").read_bytes() == before
 
@@ -349,9 +434,17 @@ def test_seeds_minus_one_and_minus_two_train_differently(tmp_path):
 
 
 def test_fp16_skip_and_clipping_survive_a_skipped_step(tmp_path):
-    result = run_train(tmp_path, "model._target_=signalling_model.faulty_mlp", *TINY,
-                       "precision=fp16", "trainer.nonfinite=skip", "trainer.gradient_clip_val=1.0",
-                       "trainer.max_epochs=2", "run_name=fp16", env={"FAULT_AT": "3"})  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "model._target_=signalling_model.faulty_mlp",
+        *TINY,
+        "precision=fp16",
+        "trainer.nonfinite=skip",
+        "trainer.gradient_clip_val=1.0",
+        "trainer.max_epochs=2",
+        "run_name=fp16",
+        env={"FAULT_AT": "3"},
+    )
     metrics = read_metrics(tmp_path / "runs/fp16")
     assert metrics["train/skipped_steps"] == 1 and metrics["status"] == "completed"
     last = load_checkpoint(tmp_path / "checkpoints/fp16/last.pt")
@@ -423,8 +516,9 @@ def test_a_plateau_schedule_keeps_its_reductions_scaled_to_a_new_lr_on_resume():
 
     def build(lr: float, factor: float):
         optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
-        start = plateau(warmup_steps=0, monitor="val/acc", mode="max", factor=factor,
-                        patience=0, min_lr=0.0)  # fmt: skip
+        start = plateau(
+            warmup_steps=0, monitor="val/acc", mode="max", factor=factor, patience=0, min_lr=0.0
+        )
         schedule = start(optimizer, StepCounts(per_epoch=10, total=100))
         return optimizer, schedule
 
@@ -442,10 +536,20 @@ def test_a_plateau_schedule_keeps_its_reductions_scaled_to_a_new_lr_on_resume():
     assert continued.plateau.factor == 0.1 and continued.plateau.best == 0.5
 
 
-@pytest.mark.parametrize(("key", "value"), [("config", "x"), ("epoch", "3"), ("top_k", {}),
-                                            ("global_step", True), ("rng", None),
-                                            ("early_stopping", "x"), ("skipped_steps", 1.5),
-                                            ("best_epoch", True), ("best_metric", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("config", "x"),
+        ("epoch", "3"),
+        ("top_k", {}),
+        ("global_step", True),
+        ("rng", None),
+        ("early_stopping", "x"),
+        ("skipped_steps", 1.5),
+        ("best_epoch", True),
+        ("best_metric", False),
+    ],
+)
 def test_an_edited_training_checkpoint_is_refused_naming_the_key(base, key, value):
     from utils.checkpoint import check_training_checkpoint
 

@@ -35,8 +35,16 @@ from conftest import (
 from utils.claim import CLAIM_FILE
 
 TINY = ("model.hidden_sizes=[16]", "data.batch_size=64", "trainer.max_epochs=1")
-CACHED = ("data=imagefolder", "data.image_size=[10,12]", "data.batch_size=6", "data.num_workers=0",
-          "data.cache=disk", "model=cnn", "trainer.max_epochs=1", "scheduler=none")  # fmt: skip
+CACHED = (
+    "data=imagefolder",
+    "data.image_size=[10,12]",
+    "data.batch_size=6",
+    "data.num_workers=0",
+    "data.cache=disk",
+    "model=cnn",
+    "trainer.max_epochs=1",
+    "scheduler=none",
+)
 
 
 # --- 1. Hangs: values bounded where they enter; a stop signal answered by long phases ----------
@@ -44,10 +52,17 @@ CACHED = ("data=imagefolder", "data.image_size=[10,12]", "data.batch_size=6", "d
 
 @pytest.mark.parametrize(
     "override",
-    ["trainer.gradient_clip_val=inf",
-     *slow("data.augment.mixup_alpha=inf", "data.augment.cutmix_alpha=1e308", "data.augment.mixup_alpha=nan",
-           "data.augment.mix_prob=nan", "task.label_smoothing=nan")],
-)  # fmt: skip
+    [
+        "trainer.gradient_clip_val=inf",
+        *slow(
+            "data.augment.mixup_alpha=inf",
+            "data.augment.cutmix_alpha=1e308",
+            "data.augment.mixup_alpha=nan",
+            "data.augment.mix_prob=nan",
+            "task.label_smoothing=nan",
+        ),
+    ],
+)
 def test_an_infinite_or_nan_value_is_refused_before_any_step(tmp_path, override):
     # The first in a separate process under a timeout: before the fix, an infinite alpha
     # never finished a step and ignored SIGTERM.
@@ -69,9 +84,13 @@ def test_a_second_sigterm_ends_whatever_is_running(tmp_path):
 def stopped_while_setting_up(cwd: Path, run_name: str, *overrides: str) -> str:
     """``train.py OVERRIDES`` sent SIGTERM once it has claimed its folder (set up, nothing
     decoded yet: the signal is held until the first long phase reads it); exit 3, its output."""
-    run = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *overrides,
-                            f"run_name={run_name}"], cwd=cwd, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    run = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *overrides, f"run_name={run_name}"],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for_claim(cwd / "runs" / run_name)
     run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=300)
@@ -82,8 +101,9 @@ def stopped_while_setting_up(cwd: Path, run_name: str, *overrides: str) -> str:
 @pytest.mark.slow  # its own processes
 def test_a_stop_during_an_image_cache_build_ends_it_and_keeps_nothing(tmp_path):
     root = write_imagefolder(tmp_path / "images", per_class=4)
-    said = stopped_while_setting_up(tmp_path, "c", *CACHED, f"data.root={root}",
-                                    f"data.cache_dir={tmp_path}/cache")  # fmt: skip
+    said = stopped_while_setting_up(
+        tmp_path, "c", *CACHED, f"data.root={root}", f"data.cache_dir={tmp_path}/cache"
+    )
     assert "SIGTERM received while decoding train once into the cache (0/" in said
     assert "the next run builds the cache again" in said
     assert not list((tmp_path / "cache").iterdir())  # no cache, no temporary file
@@ -94,8 +114,9 @@ def test_a_stop_during_an_image_cache_build_ends_it_and_keeps_nothing(tmp_path):
 def test_a_stop_during_the_statistics_pass_without_a_cache_names_no_cache(tmp_path):
     root = write_imagefolder(tmp_path / "images", per_class=4)
     uncached = [o for o in CACHED if not o.startswith("data.cache=")]
-    said = stopped_while_setting_up(tmp_path, "s", *uncached, "data.cache=off",
-                                    f"data.root={root}", "data.mean=auto")  # fmt: skip
+    said = stopped_while_setting_up(
+        tmp_path, "s", *uncached, "data.cache=off", f"data.root={root}", "data.mean=auto"
+    )
     assert "SIGTERM received while decoding train for data.mean/std=auto (0/" in said
     assert "cache" not in next(line for line in said.splitlines() if "received while" in line)
 
@@ -113,13 +134,26 @@ def table_run(tmp_path_factory) -> Path:
     return cwd
 
 
-@pytest.mark.parametrize("out", ["table.csv", "checkpoints/t/best.pt",
-                                 *slow("pictures", "p.json", "./checkpoints/../table.csv")])  # fmt: skip
+@pytest.mark.parametrize(
+    "out",
+    [
+        "table.csv",
+        "checkpoints/t/best.pt",
+        *slow("pictures", "p.json", "./checkpoints/../table.csv"),
+    ],
+)
 def test_predict_refuses_to_write_over_its_own_inputs(table_run, out):
-    before = {p: p.read_bytes() for p in (table_run / "table.csv",
-                                          table_run / "checkpoints/t/best.pt")}  # fmt: skip
-    result = run_python(table_run, str(PREDICT), "ckpt=checkpoints/t/best.pt", "input=table.csv",
-                        f"out={out}", ok=False)  # fmt: skip
+    before = {
+        p: p.read_bytes() for p in (table_run / "table.csv", table_run / "checkpoints/t/best.pt")
+    }
+    result = run_python(
+        table_run,
+        str(PREDICT),
+        "ckpt=checkpoints/t/best.pt",
+        "input=table.csv",
+        f"out={out}",
+        ok=False,
+    )
     assert f"out={Path(out)}" in error_line(result)
     assert {p: p.read_bytes() for p in before} == before
 
@@ -137,8 +171,11 @@ time.sleep(600)
 
 def hold_claim(folder: Path, what: str = "run") -> subprocess.Popen:
     """Another process that holds ``folder``'s claim as a run of train.py does, until killed."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER.format(root=str(ROOT)), str(folder),
-                               what], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER.format(root=str(ROOT)), str(folder), what],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "claimed"
     return holder
 
@@ -156,9 +193,12 @@ def wait_for_claim(run_dir: Path) -> Path:
 
 def test_two_runs_of_one_name_at_once_one_runs_the_other_names_it(tmp_path):
     first = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *TINY, "run_name=x"], cwd=tmp_path,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [sys.executable, str(ROOT / "train.py"), *TINY, "run_name=x"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     claim = wait_for_claim(tmp_path / "runs" / "x")
     first.send_signal(signal.SIGSTOP)  # held mid-run, however fast this machine is
     try:
@@ -181,8 +221,11 @@ def test_a_killed_holder_leaves_a_claim_the_next_run_takes_over_in_one_line(tmp_
     holder.kill()
     holder.wait()
     result = run_train(tmp_path, *TINY, "run_name=y")
-    taken = [line for line in result.stderr.splitlines() + result.stdout.splitlines()
-             if "taking over the claim" in line]  # fmt: skip
+    taken = [
+        line
+        for line in result.stderr.splitlines() + result.stdout.splitlines()
+        if "taking over the claim" in line
+    ]
     assert len(taken) == 1 and f"process {holder.pid}" in taken[0]
 
 
@@ -217,14 +260,26 @@ def test_a_resume_never_continues_over_another_run(tmp_path):
     run_train(tmp_path, *TINY, "run_name=a")
     run_train(tmp_path, *TINY, "run_name=b")
     b = tmp_path / "checkpoints" / "b"
-    before = {p.name: p.read_bytes() for p in (*b.glob("*.pt"), tmp_path / "runs/b/metrics.csv")
-              if p.is_file()}  # fmt: skip
-    result = run_train(tmp_path, *TINY, "trainer.max_epochs=2", "run_name=b",
-                       "resume=checkpoints/a/last.pt", ok=False)  # fmt: skip
+    before = {
+        p.name: p.read_bytes()
+        for p in (*b.glob("*.pt"), tmp_path / "runs/b/metrics.csv")
+        if p.is_file()
+    }
+    result = run_train(
+        tmp_path,
+        *TINY,
+        "trainer.max_epochs=2",
+        "run_name=b",
+        "resume=checkpoints/a/last.pt",
+        ok=False,
+    )
     line = error_line(result)
     assert "checkpoints/b: that folder holds another run" in line and "run_name=a" in line
-    after = {p.name: p.read_bytes() for p in (*b.glob("*.pt"), tmp_path / "runs/b/metrics.csv")
-             if p.is_file()}  # fmt: skip
+    after = {
+        p.name: p.read_bytes()
+        for p in (*b.glob("*.pt"), tmp_path / "runs/b/metrics.csv")
+        if p.is_file()
+    }
     assert after == before
     # A moved copy of the same run continues it (the same tracking token).
     (tmp_path / "backup").mkdir()
@@ -237,8 +292,7 @@ def test_two_evaluations_in_one_second_keep_their_own_folders(tmp_path):
     run_train(tmp_path, *TINY, "run_name=e")
     same_second = {"TORCHLOOM_RUN_TIMESTAMP": "2026-01-01_00-00-00"}
     for split in ("test", "val"):
-        run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/e", f"split={split}",
-                   env=same_second)  # fmt: skip
+        run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/e", f"split={split}", env=same_second)
     folders = sorted((tmp_path / "runs" / "eval").iterdir())
     assert [f.name for f in folders] == ["2026-01-01_00-00-00", "2026-01-01_00-00-00_2"]
     splits = [next(iter(read_metrics(f).values())) for f in folders]
@@ -260,13 +314,18 @@ def test_image_folders_sharing_a_cache_dir_keep_their_own_caches(tmp_path):
     shared.mkdir()
     dead.write_bytes(b"half a cache")  # a killed build's temporary file
     for name in ("a", "b", "a"):
-        run_train(tmp_path, *CACHED, f"data.root={name}", f"data.cache_dir={shared}",
-                  f"run_name={name}", "overwrite=true")  # fmt: skip
+        run_train(
+            tmp_path,
+            *CACHED,
+            f"data.root={name}",
+            f"data.cache_dir={shared}",
+            f"run_name={name}",
+            "overwrite=true",
+        )
     names = cache_files(shared)
     assert len(names) == 4, names  # train and val of each folder: none evicted the other's
     assert not dead.exists()
-    second = run_train(tmp_path, *CACHED, "data.root=b", f"data.cache_dir={shared}",
-                       "run_name=b2")  # fmt: skip
+    second = run_train(tmp_path, *CACHED, "data.root=b", f"data.cache_dir={shared}", "run_name=b2")
     assert "decoding" not in second.stdout + second.stderr  # b's caches were still there
 
 
@@ -281,9 +340,19 @@ def test_a_stale_manifest_cache_is_replaced_not_kept(tmp_path):
         )
         rows.append([f"pics/{i}.png", "ab"[i % 2]])
     write_rows(tmp_path / "labels.csv", ["path", "label"], rows)
-    run = ("data=image_csv", "data.root=.", "data.manifest=labels.csv", "data.image_size=[10,12]",
-           "data.batch_size=6", "data.num_workers=0", "data.cache=disk", "model=cnn",
-           "trainer.max_epochs=1", "overwrite=true", "run_name=m")  # fmt: skip
+    run = (
+        "data=image_csv",
+        "data.root=.",
+        "data.manifest=labels.csv",
+        "data.image_size=[10,12]",
+        "data.batch_size=6",
+        "data.num_workers=0",
+        "data.cache=disk",
+        "model=cnn",
+        "trainer.max_epochs=1",
+        "overwrite=true",
+        "run_name=m",
+    )
     run_train(tmp_path, *run)
     first = cache_files(tmp_path / ".torchloom-cache")
     Image.fromarray(torch.zeros(10, 12, 3, dtype=torch.uint8).numpy()).save(tmp_path / "pics/0.png")
@@ -296,8 +365,13 @@ def test_a_stale_manifest_cache_is_replaced_not_kept(tmp_path):
 @pytest.mark.parametrize("cache", ["disk", "auto"])
 def test_a_touched_image_leaves_one_cache_of_its_split(tmp_path, cache):
     write_imagefolder(tmp_path / "a", per_class=3, test=False)
-    run = [*[o for o in CACHED if not o.startswith("data.cache=")], f"data.cache={cache}",
-           "data.root=a", "overwrite=true", "run_name=t"]  # fmt: skip
+    run = [
+        *[o for o in CACHED if not o.startswith("data.cache=")],
+        f"data.cache={cache}",
+        "data.root=a",
+        "overwrite=true",
+        "run_name=t",
+    ]
     run_train(tmp_path, *run)
     first = cache_files(tmp_path / "a" / ".torchloom-cache")
     touched = next((tmp_path / "a" / "train").rglob("*.png"))
@@ -328,24 +402,38 @@ def test_a_planted_cache_of_the_right_size_but_other_pixels_is_rebuilt(tmp_path)
 
 @pytest.mark.parametrize(
     "header, extra, message",
-    [(["a", "b", "a", "y"], [], "names column 'a' 2 times"),
-     (["a", "b", "y"], ["data.categorical=[y]"], "also listed in data.categorical"),
-     *slow((["a", "b", "y"], ["data.features=[a,y]"], "also listed in data.features"),
-           (["a", "b", "y"], ["data.features=[]"], "data.features=[] names no column"))],
-)  # fmt: skip
+    [
+        (["a", "b", "a", "y"], [], "names column 'a' 2 times"),
+        (["a", "b", "y"], ["data.categorical=[y]"], "also listed in data.categorical"),
+        *slow(
+            (["a", "b", "y"], ["data.features=[a,y]"], "also listed in data.features"),
+            (["a", "b", "y"], ["data.features=[]"], "data.features=[] names no column"),
+        ),
+    ],
+)
 def test_a_table_that_would_leak_or_drop_a_column_is_refused(tmp_path, header, extra, message):
-    rows = [[str(i % 7), str(i % 3)] + ([str(i)] if len(header) == 4 else []) + ["pq"[i % 2]]
-            for i in range(60)]  # fmt: skip
+    rows = [
+        [str(i % 7), str(i % 3)] + ([str(i)] if len(header) == 4 else []) + ["pq"[i % 2]]
+        for i in range(60)
+    ]
     write_rows(tmp_path / "t.csv", header, rows)
-    result = run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", *TINY, *extra,
-                       ok=False)  # fmt: skip
+    result = run_train(
+        tmp_path, "data=csv", "data.path=t.csv", "data.target=y", *TINY, *extra, ok=False
+    )
     assert message in error_line(result)
 
 
 def test_a_bom_is_not_part_of_the_first_column_name(tmp_path):
     classes_table(tmp_path / "t.csv", ["x", "z"], encoding="utf-8-sig")
-    run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "data.features=[a,b]",
-              *TINY, "run_name=bom")  # fmt: skip
+    run_train(
+        tmp_path,
+        "data=csv",
+        "data.path=t.csv",
+        "data.target=y",
+        "data.features=[a,b]",
+        *TINY,
+        "run_name=bom",
+    )
     classes_table(tmp_path / "new.csv", ["x", "z"], rows=5)  # no BOM: the same columns
     run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/bom", "input=new.csv", "out=p.csv")
 
@@ -360,8 +448,9 @@ def test_a_classifier_with_one_class_is_refused_naming_where(tmp_path, source):
         how = ["data=imagefolder", "data.root=f", "data.image_size=[10,12]", "data.batch_size=2"]
         where = "1 classes ('cat')"
     else:
-        torch.save({"x": torch.randn(80, 3), "y": torch.zeros(80, dtype=torch.long)},
-                   tmp_path / "a.pt")  # fmt: skip
+        torch.save(
+            {"x": torch.randn(80, 3), "y": torch.zeros(80, dtype=torch.long)}, tmp_path / "a.pt"
+        )
         how, where = ["data=tensors", "data.path=a.pt", "data.batch_size=8"], "1 classes"
     result = run_train(tmp_path, *TINY, *how, ok=False)
     assert where in error_line(result) and "needs 2 or more" in error_line(result)
@@ -380,8 +469,17 @@ def test_an_idx_file_with_more_images_than_labels_is_refused(tmp_path):
 def test_predicted_values_are_written_in_full(tmp_path):
     rows = [[repr(i / 10), repr(1.2e8 + 1000 * i + 0.25)] for i in range(80)]
     write_rows(tmp_path / "r.csv", ["a", "price"], rows)
-    run_train(tmp_path, "task=regression", "data=csv", "data.path=r.csv", "data.target=price",
-              *TINY, "data.batch_size=16", "trainer.max_epochs=3", "run_name=r")  # fmt: skip
+    run_train(
+        tmp_path,
+        "task=regression",
+        "data=csv",
+        "data.path=r.csv",
+        "data.target=price",
+        *TINY,
+        "data.batch_size=16",
+        "trainer.max_epochs=3",
+        "run_name=r",
+    )
     run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/r", "input=r.csv", "out=p.csv")
     with open(tmp_path / "p.csv") as f:
         values = [row["price"] for row in csv.DictReader(f)]
@@ -393,8 +491,14 @@ def test_an_early_stopped_run_resumed_without_patience_trains_on(tmp_path):
     stopping = ("trainer.early_stopping.patience=1", "trainer.early_stopping.min_delta=1.0")
     run_train(tmp_path, *TINY, "trainer.max_epochs=6", *stopping, "run_name=e")
     assert read_metrics(tmp_path / "runs/e")["stopped_early_at_epoch"] == 2
-    resumed = run_train(tmp_path, *TINY, "trainer.max_epochs=4", "run_name=e", "resume=auto",
-                        "trainer.early_stopping.patience=null")  # fmt: skip
+    resumed = run_train(
+        tmp_path,
+        *TINY,
+        "trainer.max_epochs=4",
+        "run_name=e",
+        "resume=auto",
+        "trainer.early_stopping.patience=null",
+    )
     assert "now lets it go on" in resumed.stdout + resumed.stderr
     metrics = read_metrics(tmp_path / "runs/e")
     assert metrics["epochs"] == 4 and metrics["early_stopping"] is None
@@ -405,19 +509,41 @@ def test_an_early_stopped_run_resumed_without_patience_trains_on(tmp_path):
 
 @pytest.mark.parametrize(
     "arrays, message",
-    [({"x": torch.randn(80, 4), "y": torch.arange(80) % 2, "x_val": torch.randn(20, 5),
-       "y_val": torch.arange(20) % 2}, "x_val has samples of shape [5]"),
-     *slow(({"x": torch.randn(80, 4), "y": torch.cat([torch.arange(79) % 2,
-                                                       torch.tensor([10**9])])},
-            "1,000,000,001 classes"),
-           ({"x": torch.zeros(4).as_strided((10**6, 10**6), (0, 0)),
-             "y": torch.zeros(10**6, dtype=torch.long)}, "declares 1,000,000,000,000 values"))],
-)  # fmt: skip
-def test_arrays_of_another_width_a_vast_label_or_a_hollow_view_are_refused(tmp_path, arrays,
-                                                                          message):  # fmt: skip
+    [
+        (
+            {
+                "x": torch.randn(80, 4),
+                "y": torch.arange(80) % 2,
+                "x_val": torch.randn(20, 5),
+                "y_val": torch.arange(20) % 2,
+            },
+            "x_val has samples of shape [5]",
+        ),
+        *slow(
+            (
+                {
+                    "x": torch.randn(80, 4),
+                    "y": torch.cat([torch.arange(79) % 2, torch.tensor([10**9])]),
+                },
+                "1,000,000,001 classes",
+            ),
+            (
+                {
+                    "x": torch.zeros(4).as_strided((10**6, 10**6), (0, 0)),
+                    "y": torch.zeros(10**6, dtype=torch.long),
+                },
+                "declares 1,000,000,000,000 values",
+            ),
+        ),
+    ],
+)
+def test_arrays_of_another_width_a_vast_label_or_a_hollow_view_are_refused(
+    tmp_path, arrays, message
+):
     torch.save(arrays, tmp_path / "a.pt")
-    result = run_train(tmp_path, "data=tensors", "data.path=a.pt", *TINY, "data.batch_size=8",
-                       ok=False)  # fmt: skip
+    result = run_train(
+        tmp_path, "data=tensors", "data.path=a.pt", *TINY, "data.batch_size=8", ok=False
+    )
     assert message in error_line(result)
 
 
@@ -433,8 +559,9 @@ def test_class_names_are_shown_escaped_and_written_as_spreadsheet_text(tmp_path)
     for name in ("[/b]", "[cat]", "=1+1", "@cmd", "red\\x1b[31m"):
         assert name in evaluated.stdout
     assert "\x1b[31m" not in evaluated.stdout
-    predicted = run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/n", "input=t.csv",
-                           "out=p.csv", "topk=5")  # fmt: skip
+    predicted = run_python(
+        tmp_path, str(PREDICT), "ckpt=checkpoints/n", "input=t.csv", "out=p.csv", "topk=5"
+    )
     assert "\x1b[31m" not in predicted.stdout and "[/b]" in predicted.stdout
     with open(tmp_path / "p.csv") as f:
         cells = {cell for row in list(csv.reader(f))[1:] for cell in row[1::2]}
@@ -447,8 +574,16 @@ def test_class_names_are_shown_escaped_and_written_as_spreadsheet_text(tmp_path)
 
 def test_empty_label_sets_and_infinite_class_weights_name_the_data_and_the_key(tmp_path):
     write_rows(tmp_path / "m.csv", ["a", "tags"], [[str(i), ""] for i in range(60)])
-    empty = run_train(tmp_path, "task=multilabel", "data=csv", "data.path=m.csv",
-                      "data.target=tags", *TINY, "data.batch_size=8", ok=False)  # fmt: skip
+    empty = run_train(
+        tmp_path,
+        "task=multilabel",
+        "data=csv",
+        "data.path=m.csv",
+        "data.target=tags",
+        *TINY,
+        "data.batch_size=8",
+        ok=False,
+    )
     assert "column 'tags' hold 0 label sets" in error_line(empty)
     weights = run_train(tmp_path, *TINY, "task.class_weights=[1,1,1,1,1,1,1,1,1,inf]", ok=False)
     assert "task.class_weights" in error_line(weights)

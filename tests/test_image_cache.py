@@ -22,8 +22,14 @@ from data.batches import LoaderBatches, MappedBatches, Placement, TensorBatches
 from data.imagefolder import load_imagefolder
 from utils.errors import UserError
 
-KEYS = {"batch_size": 4, "eval_batch_size": 5, "mean": [0.5] * 3, "std": [0.25] * 3,
-        "augment": {"crop_padding": 2, "horizontal_flip": True}, "num_workers": 0}  # fmt: skip
+KEYS = {
+    "batch_size": 4,
+    "eval_batch_size": 5,
+    "mean": [0.5] * 3,
+    "std": [0.25] * 3,
+    "augment": {"crop_padding": 2, "horizontal_flip": True},
+    "num_workers": 0,
+}
 CPU = torch.device("cpu")
 
 
@@ -83,8 +89,10 @@ def test_a_touched_removed_or_added_file_rebuilds_the_cache(tmp_path, caplog):
         assert len(now) == 1 and now != before  # the stale cache is replaced, not kept
         assert len(data.splits["train"]) == count
         expected = batches(load(root, "off"), "train")
-        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-                   for a, b in zip(expected, batches(data, "train"), strict=True))  # fmt: skip
+        assert all(
+            torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+            for a, b in zip(expected, batches(data, "train"), strict=True)
+        )
     assert [n for n in cache_files(root) if not n.startswith("train-")] == unchanged  # reused
 
 
@@ -95,9 +103,12 @@ def test_a_short_or_corrupt_cache_file_is_rebuilt_with_a_warning(tmp_path, caplo
     expected = batches(load(root, "disk"), "val")
     path = root / ".torchloom-cache" / next(n for n in cache_files(root) if n.startswith("val-"))
     raw = path.read_bytes()
-    damaged = {"truncate": raw[: len(raw) - 7], "header": b"garbage!" + raw[8:],
-               # a copy cut short, padded with zeros to the right size: only its end is wrong
-               "cut and padded": raw[: len(raw) - 7] + bytes(7)}  # fmt: skip
+    damaged = {
+        "truncate": raw[: len(raw) - 7],
+        "header": b"garbage!" + raw[8:],
+        # a copy cut short, padded with zeros to the right size: only its end is wrong
+        "cut and padded": raw[: len(raw) - 7] + bytes(7),
+    }
     path.write_bytes(damaged[damage])
     caplog.set_level(logging.WARNING, logger="torchloom")
     again = batches(load(root, "disk"), "val")
@@ -108,19 +119,26 @@ def test_a_short_or_corrupt_cache_file_is_rebuilt_with_a_warning(tmp_path, caplo
 
 def test_two_builders_at_once_end_with_one_valid_cache(tmp_path):
     root = write_imagefolder(tmp_path, per_class=30, size=(32, 32))
-    build = ("import sys; sys.path.insert(0, sys.argv[1]); "
-             "from data.imagefolder import load_imagefolder; "
-             "load_imagefolder(sys.argv[2], [16, 16], 3, cache='disk', batch_size=4, "
-             "eval_batch_size=4, mean=[0.5], std=[0.5], num_workers=0, "
-             "augment={'crop_padding': 0, 'horizontal_flip': False})")  # fmt: skip
-    builders = [subprocess.Popen([sys.executable, "-c", build, str(ROOT), str(root)],
-                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    build = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "from data.imagefolder import load_imagefolder; "
+        "load_imagefolder(sys.argv[2], [16, 16], 3, cache='disk', batch_size=4, "
+        "eval_batch_size=4, mean=[0.5], std=[0.5], num_workers=0, "
+        "augment={'crop_padding': 0, 'horizontal_flip': False})"
+    )
+    builders = [
+        subprocess.Popen(
+            [sys.executable, "-c", build, str(ROOT), str(root)], stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     for builder in builders:
         assert builder.wait(timeout=120) == 0, builder.stderr.read()
     names = cache_files(root)
     assert len(names) == 3 and all(not n.startswith(".") for n in names)  # no temporary left
-    files = load_imagefolder(str(root), [16, 16], 3, cache="off", **{**KEYS, "mean": [0.5],
-                                                                    "std": [0.5]})  # fmt: skip
+    files = load_imagefolder(
+        str(root), [16, 16], 3, cache="off", **{**KEYS, "mean": [0.5], "std": [0.5]}
+    )
     for name in names:
         split = files.splits[name.split("-")[0]]
         assert image_cache.check_file(root / ".torchloom-cache" / name, split) is None
@@ -159,16 +177,25 @@ def test_a_full_disk_while_building_leaves_no_partial_cache_and_says_so(tmp_path
 
 def test_a_cached_run_trains_exactly_as_an_uncached_one(tmp_path):
     root = write_imagefolder(tmp_path / "images", per_class=8, size=(8, 8), test=False)
-    run = ["data=imagefolder", f"data.root={root}", "data.image_size=[8,8]", "data.batch_size=4",
-           "data.num_workers=0", "model.hidden_sizes=[16]", "trainer.max_epochs=2"]  # fmt: skip
+    run = [
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.image_size=[8,8]",
+        "data.batch_size=4",
+        "data.num_workers=0",
+        "model.hidden_sizes=[16]",
+        "trainer.max_epochs=2",
+    ]
     for cache in ("off", "memory", "disk"):
         run_train(tmp_path, *run, f"data.cache={cache}", f"run_name={cache}")
     final = {c: read_metrics(tmp_path / "runs" / c) for c in ("off", "memory", "disk")}
     assert (
         final["off"]["train/loss"] == final["memory"]["train/loss"] == final["disk"]["train/loss"]
     )
-    weights = {c: torch.load(tmp_path / "checkpoints" / c / "last.pt", weights_only=True)["model"]
-               for c in final}  # fmt: skip
+    weights = {
+        c: torch.load(tmp_path / "checkpoints" / c / "last.pt", weights_only=True)["model"]
+        for c in final
+    }
     for name, tensor in weights["off"].items():
         assert torch.equal(tensor, weights["memory"][name])
         assert torch.equal(tensor, weights["disk"][name])
@@ -177,10 +204,19 @@ def test_a_cached_run_trains_exactly_as_an_uncached_one(tmp_path):
 def test_evaluate_follows_no_stored_cache_folder(tmp_path):
     root = write_imagefolder(tmp_path / "images", per_class=4, size=(8, 8), test=False)
     stored_dir = tmp_path / "elsewhere"
-    run_train(tmp_path, "data=imagefolder", f"data.root={root}", "data.image_size=[8,8]",
-              "data.batch_size=4", "data.num_workers=0", "data.cache=disk",
-              f"data.cache_dir={stored_dir}", "model.hidden_sizes=[8]", "trainer.max_epochs=1",
-              "run_name=cached")  # fmt: skip
+    run_train(
+        tmp_path,
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.image_size=[8,8]",
+        "data.batch_size=4",
+        "data.num_workers=0",
+        "data.cache=disk",
+        f"data.cache_dir={stored_dir}",
+        "model.hidden_sizes=[8]",
+        "trainer.max_epochs=1",
+        "run_name=cached",
+    )
     shutil.rmtree(stored_dir)
     best = tmp_path / "checkpoints" / "cached" / "best.pt"
     run_python(tmp_path, str(EVALUATE), f"ckpt={best}", "split=val")

@@ -29,8 +29,12 @@ from data.image_manifest import load_image_csv
 from data.imagefolder import load_imagefolder
 from utils.checkpoint import load_checkpoint
 
-BATCHING = {"batch_size": 4, "eval_batch_size": 8, "num_workers": 0,
-            "augment": {"spatial": "auto", "crop_padding": 4, "horizontal_flip": True}}  # fmt: skip
+BATCHING = {
+    "batch_size": 4,
+    "eval_batch_size": 8,
+    "num_workers": 0,
+    "augment": {"spatial": "auto", "crop_padding": 4, "horizontal_flip": True},
+}
 AUTO = {"mean": "auto", "std": "auto"}
 
 
@@ -54,8 +58,12 @@ def grey_folder(root, per_class=6, size=(12, 10), colour_file=None):
 
 def hand_statistics(folder, mode):
     """Mean and std per channel over every image file under ``folder``, by PIL and numpy."""
-    values = np.stack([np.asarray(Image.open(p).convert(mode), dtype=np.float64) / 255
-                       for p in sorted(folder.rglob("*.png"))])  # fmt: skip
+    values = np.stack(
+        [
+            np.asarray(Image.open(p).convert(mode), dtype=np.float64) / 255
+            for p in sorted(folder.rglob("*.png"))
+        ]
+    )
     values = values.reshape(len(values), -1, 1 if mode == "L" else 3).transpose(2, 0, 1)
     values = values.reshape(values.shape[0], -1)
     return values.mean(axis=1), values.std(axis=1, ddof=1)
@@ -95,9 +103,18 @@ def test_a_manifest_takes_auto_channels_and_statistics_from_its_train_rows(tmp_p
     with open(tmp_path / "all.csv", "w", newline="") as f:
         csv.writer(f).writerows([["path", "label"], *rows])
     split = {"val_path": None, "test_path": None, "val": 0.25, "test": 0.25, "seed": 0}
-    data = load_image_csv(str(root), str(tmp_path / "all.csv"), split, [12, 10], "auto",
-                          cache="memory", cache_max_gb=None, cache_dir=None, **AUTO,
-                          **BATCHING)  # fmt: skip
+    data = load_image_csv(
+        str(root),
+        str(tmp_path / "all.csv"),
+        split,
+        [12, 10],
+        "auto",
+        cache="memory",
+        cache_max_gb=None,
+        cache_dir=None,
+        **AUTO,
+        **BATCHING,
+    )
     train = data.splits["train"].inputs.double() / 255
     assert data.input_shape[0] == 1
     assert data.mean == pytest.approx([train.mean().item()], abs=1e-6)
@@ -111,9 +128,17 @@ def test_evaluate_and_predict_normalise_with_the_stored_statistics(tmp_path):
     import shutil
 
     root = grey_folder(tmp_path / "images", per_class=8)
-    run = ["data=imagefolder", "data.root=images", "data.image_size=[12,10]", "model=cnn",
-           "model.channels=[8]", "data.batch_size=4", "data.num_workers=0",
-           "trainer.max_epochs=1", "run_name=auto"]  # fmt: skip
+    run = [
+        "data=imagefolder",
+        "data.root=images",
+        "data.image_size=[12,10]",
+        "model=cnn",
+        "model.channels=[8]",
+        "data.batch_size=4",
+        "data.num_workers=0",
+        "trainer.max_epochs=1",
+        "run_name=auto",
+    ]
     run_train(tmp_path, *run)
     stored = load_checkpoint(tmp_path / "checkpoints/auto/best.pt")["inputs"]
     mean, std = hand_statistics(root / "train", "L")
@@ -123,24 +148,43 @@ def test_evaluate_and_predict_normalise_with_the_stored_statistics(tmp_path):
     shutil.copytree(root, tmp_path / "brighter", ignore=shutil.ignore_patterns(".torchloom-cache"))
     for path in (tmp_path / "brighter" / "train").rglob("*.png"):
         Image.fromarray(np.asarray(Image.open(path)) + 150).save(path)
-    evaluated = run_evaluate(tmp_path, "ckpt=checkpoints/auto/best.pt", "split=test",
-                             "data.root=brighter")  # fmt: skip
+    evaluated = run_evaluate(
+        tmp_path, "ckpt=checkpoints/auto/best.pt", "split=test", "data.root=brighter"
+    )
     assert "data.mean/std=auto" not in evaluated.stdout  # nothing refitted
     trained = json.loads((tmp_path / "runs/auto/metrics.json").read_text())
     assert f"{trained['test/acc']:.4f}" in evaluated.stdout
-    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/auto/best.pt", "input=brighter/test",
-               "out=predicted.csv", "runs=predict-runs")  # fmt: skip
+    run_python(
+        tmp_path,
+        str(PREDICT),
+        "ckpt=checkpoints/auto/best.pt",
+        "input=brighter/test",
+        "out=predicted.csv",
+        "runs=predict-runs",
+    )
     assert len((tmp_path / "predicted.csv").read_text().splitlines()) == 1 + 16
 
 
-@pytest.mark.parametrize(("flat", "spatial", "kept"), [
-    (True, "auto", False), (False, "auto", True), (True, "on", True), (False, "off", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flat", "spatial", "kept"),
+    [
+        (True, "auto", False),
+        (False, "auto", True),
+        (True, "on", True),
+        (False, "off", False),
+    ],
+)
 def test_crops_and_flips_fit_the_model(tmp_path, caplog, flat, spatial, kept):
     write_imagefolder(tmp_path / "images", per_class=4)
     augment = {**BATCHING["augment"], "spatial": spatial}
-    data = load_imagefolder(str(tmp_path / "images"), [12, 10], 3, mean=[0.5], std=[0.25],
-                            **{**BATCHING, "augment": augment})  # fmt: skip
+    data = load_imagefolder(
+        str(tmp_path / "images"),
+        [12, 10],
+        3,
+        mean=[0.5],
+        std=[0.25],
+        **{**BATCHING, "augment": augment},
+    )
     with caplog.at_level(logging.INFO, logger="torchloom"):
         data.fit_augmentation(flat)
     transform = data.batches("train", Placement(torch.device("cpu")), seed=0).transform
@@ -156,9 +200,17 @@ def test_crops_and_flips_fit_the_model(tmp_path, caplog, flat, spatial, kept):
 
 def test_the_default_mlp_on_an_image_folder_trains_without_crops_and_says_why(tmp_path):
     write_imagefolder(tmp_path / "images", per_class=4)
-    result = run_train(tmp_path, "data=imagefolder", "data.root=images", "data.image_size=[12,10]",
-                       "model=mlp", "data.batch_size=4", "data.num_workers=0",
-                       "debug=fast_dev_run", "run_name=aug")  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "data=imagefolder",
+        "data.root=images",
+        "data.image_size=[12,10]",
+        "model=mlp",
+        "data.batch_size=4",
+        "data.num_workers=0",
+        "debug=fast_dev_run",
+        "run_name=aug",
+    )
     assert "data.augment.spatial=auto: the model's first layer flattens each image, so " in (
         result.stdout + result.stderr
     )
@@ -192,16 +244,29 @@ def test_a_linear_layer_on_the_flattened_sample_counts_as_flattening():
     assert check_forward(Patches(), (3, 8, 8), 2, cpu) is False
 
 
-IMAGES_DDP = ("data=imagefolder", "data.root=images", "data.image_size=[12,10]", "model=mlp",
-              "model.hidden_sizes=[16]", "model.dropout=0", "data.num_workers=0",
-              "trainer.max_epochs=2")  # fmt: skip
+IMAGES_DDP = (
+    "data=imagefolder",
+    "data.root=images",
+    "data.image_size=[12,10]",
+    "model=mlp",
+    "model.hidden_sizes=[16]",
+    "model.dropout=0",
+    "data.num_workers=0",
+    "trainer.max_epochs=2",
+)
 
 
 def test_under_torchrun_the_cache_is_built_once_and_both_ranks_train_on_it(tmp_path):
     write_imagefolder(tmp_path / "images", per_class=8)
     builds = tmp_path / "builds.txt"
-    torchrun(tmp_path, *IMAGES_DDP, "data.batch_size=4", "run_name=two",
-             env={"CACHE_BUILDS": str(builds)}, script=HELPERS / "counting_cache.py")  # fmt: skip
+    torchrun(
+        tmp_path,
+        *IMAGES_DDP,
+        "data.batch_size=4",
+        "run_name=two",
+        env={"CACHE_BUILDS": str(builds)},
+        script=HELPERS / "counting_cache.py",
+    )
     lines = builds.read_text().splitlines()
     assert len(lines) == 3 and {line.split()[0] for line in lines} == {"0"}  # train, val, test
     files = sorted(p.name for p in (tmp_path / "images" / ".torchloom-cache").iterdir())

@@ -13,13 +13,27 @@ from conftest import ROOT
 # What data/ may use of utils/: errors, argument rules, seeds, stop signals, atomic files and
 # memory checks. Never the training loop, the checkpointer, the task or the outputs: a
 # dataset builds tensors and knows nothing of how they are trained.
-DATA_MAY_IMPORT = {"utils.errors", "utils.arguments", "utils.seeding", "utils.signals",
-                   "utils.checkpoint", "utils.memory"}  # fmt: skip
+DATA_MAY_IMPORT = {
+    "utils.errors",
+    "utils.arguments",
+    "utils.seeding",
+    "utils.signals",
+    "utils.checkpoint",
+    "utils.memory",
+}
 # Safe files and stored data (reading, writing, checking, claiming) sit below the training loop
 # and never import it.
 FILE_MODULES = ("checkpoint", "claim", "trust", "text", "errors", "memory", "signals")
-TRAINING = {"utils.loop", "utils.checkpointer", "utils.modules", "utils.tasks", "utils.run",
-            "utils.outputs", "utils.report", "utils.evaluation"}  # fmt: skip
+TRAINING = {
+    "utils.loop",
+    "utils.checkpointer",
+    "utils.modules",
+    "utils.tasks",
+    "utils.run",
+    "utils.outputs",
+    "utils.report",
+    "utils.evaluation",
+}
 
 
 def imported(path) -> set[str]:
@@ -27,9 +41,11 @@ def imported(path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] if "." in node.module else [
-                f"{node.module}.{alias.name}" for alias in node.names
-            ]  # fmt: skip
+            names = (
+                [node.module]
+                if "." in node.module
+                else [f"{node.module}.{alias.name}" for alias in node.names]
+            )
             found |= set(names)
         elif isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
@@ -67,8 +83,13 @@ def test_starting_a_run_never_imports_the_training_loop_or_the_checkpointer():
 # kind they were asked for. Nothing else asks which kind of task it is: a new task is a class
 # in utils/tasks.py and its YAML.
 KINDS = {"classes", "label_sets", "values"}
-KIND_OWNERS = {"utils/tasks.py", "data/targets.py", "data/tabular.py", "data/tensors.py",
-               "data/image_manifest.py"}  # fmt: skip
+KIND_OWNERS = {
+    "utils/tasks.py",
+    "data/targets.py",
+    "data/tabular.py",
+    "data/tensors.py",
+    "data/image_manifest.py",
+}
 TASK_CLASSES = {"Classification", "MultiLabel", "Regression"}
 
 
@@ -105,9 +126,11 @@ def kind_branches(path) -> list[str]:
 SOURCES = sorted(p for folder in ("utils", "data", "models") for p in (ROOT / folder).glob("*.py"))
 
 
-@pytest.mark.parametrize("path", [*SOURCES, *(ROOT / f for f in ("train.py", "evaluate.py",
-                                                               "predict.py"))],
-                         ids=lambda p: str(p.relative_to(ROOT)))  # fmt: skip
+@pytest.mark.parametrize(
+    "path",
+    [*SOURCES, *(ROOT / f for f in ("train.py", "evaluate.py", "predict.py"))],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
 def test_only_the_task_asks_which_kind_of_task_it_is(path):
     if str(path.relative_to(ROOT)) in KIND_OWNERS:
         assert path.exists()
@@ -118,10 +141,12 @@ def test_only_the_task_asks_which_kind_of_task_it_is(path):
 def test_the_kind_check_finds_a_branch_on_the_kind(tmp_path):
     # The test above would pass on a check that finds nothing: it finds these.
     probe = tmp_path / "probe.py"
-    probe.write_text('if data.targets.kind != "classes":\n    pass\n'
-                     'if record.targets.kind == wanted:\n    pass\n'
-                     'words = {"classes": "c", "values": "v"}\n'
-                     'if isinstance(task, Regression):\n    pass\n'
-                     'if draw.kind == "mixup" or p.kind is p.VAR_KEYWORD:\n    pass\n')  # fmt: skip
+    probe.write_text(
+        'if data.targets.kind != "classes":\n    pass\n'
+        "if record.targets.kind == wanted:\n    pass\n"
+        'words = {"classes": "c", "values": "v"}\n'
+        "if isinstance(task, Regression):\n    pass\n"
+        'if draw.kind == "mixup" or p.kind is p.VAR_KEYWORD:\n    pass\n'
+    )
     found = sorted(line.split(" ", 1)[0] for line in kind_branches(probe))
     assert found == ["probe.py:1", "probe.py:3", "probe.py:5", "probe.py:6"]  # not line 8

@@ -28,15 +28,27 @@ def load(tmp_path: Path, val_rows=VAL_ROWS, **na):
     train = write_rows(tmp_path / "train.csv", ["a", "b", "colour", "y"], TRAIN_ROWS)
     val = write_rows(tmp_path / "val.csv", ["a", "b", "colour", "y"], val_rows)
     split = {"val_path": str(val), "test_path": str(val), "val": 0.2, "test": 0.2, "seed": 0}
-    return load_csv(str(train), "y", None, ["colour"], split, batch_size=2, eval_batch_size=8,
-                    augment=AUGMENT, **na)  # fmt: skip
+    return load_csv(
+        str(train),
+        "y",
+        None,
+        ["colour"],
+        split,
+        batch_size=2,
+        eval_batch_size=8,
+        augment=AUGMENT,
+        **na,
+    )
 
 
-@pytest.mark.parametrize(("mode", "a_fill", "b_fill"), [
-    ("mean", (1 + 3 + 7 + 9) / 4, (10 + 20 + 40 + 50 + 60) / 5),
-    ("median", (3 + 7) / 2, 40.0),
-    ("constant", -1.0, -1.0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mode", "a_fill", "b_fill"),
+    [
+        ("mean", (1 + 3 + 7 + 9) / 4, (10 + 20 + 40 + 50 + 60) / 5),
+        ("median", (3 + 7) / 2, 40.0),
+        ("constant", -1.0, -1.0),
+    ],
+)
 def test_each_fill_mode_fills_with_the_train_splits_statistic(tmp_path, mode, a_fill, b_fill):
     data = load(tmp_path, na=mode, na_fill=-1.0)
     train = data.splits["train"].inputs  # held unnormalised: batches normalise
@@ -70,13 +82,19 @@ def test_per_column_modes_and_indicator_columns(tmp_path):
     assert data.splits["val"].inputs[:, -2:].tolist() == [[0, 1], [1, 0]]
 
 
-@pytest.mark.parametrize(("na", "message"), [
-    ({}, "train.csv line 3, column 'a': empty is a missing value"),
-    ({"na": "guess"}, "data.na='guess': choose one of error, drop, mean, median, constant"),
-    ({"na": "mean", "na_columns": {"colour": "mean"}}, "data.na_columns names 'colour'"),
-    ({"na": "constant", "na_fill": math.inf}, "data.na_fill=inf: give a finite number"),
-    ({"na": "constant", "na_fill": 1e39}, "data.na_fill=1e+39: give a finite number a float32 holds"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("na", "message"),
+    [
+        ({}, "train.csv line 3, column 'a': empty is a missing value"),
+        ({"na": "guess"}, "data.na='guess': choose one of error, drop, mean, median, constant"),
+        ({"na": "mean", "na_columns": {"colour": "mean"}}, "data.na_columns names 'colour'"),
+        ({"na": "constant", "na_fill": math.inf}, "data.na_fill=inf: give a finite number"),
+        (
+            {"na": "constant", "na_fill": 1e39},
+            "data.na_fill=1e+39: give a finite number a float32 holds",
+        ),
+    ],
+)
 def test_gaps_and_bad_modes_are_refused_naming_the_key(tmp_path, na, message):
     from utils.errors import UserError
 
@@ -88,12 +106,22 @@ def test_gaps_and_bad_modes_are_refused_naming_the_key(tmp_path, na, message):
 def test_a_column_empty_in_every_train_row_is_refused(tmp_path):
     from utils.errors import UserError
 
-    train = write_rows(tmp_path / "t.csv", ["a", "e", "y"], [[str(i), "", "xy"[i % 2]]
-                                                             for i in range(20)])  # fmt: skip
+    train = write_rows(
+        tmp_path / "t.csv", ["a", "e", "y"], [[str(i), "", "xy"[i % 2]] for i in range(20)]
+    )
     split = {"val_path": None, "test_path": None, "val": 0.2, "test": 0.2, "seed": 0}
     with pytest.raises(UserError, match="column 'e' is empty in every train row"):
-        load_csv(str(train), "y", None, [], split, batch_size=2, eval_batch_size=8,
-                 augment=AUGMENT, na="median")  # fmt: skip
+        load_csv(
+            str(train),
+            "y",
+            None,
+            [],
+            split,
+            batch_size=2,
+            eval_batch_size=8,
+            augment=AUGMENT,
+            na="median",
+        )
 
 
 def test_predict_fills_a_rows_gaps_as_training_did(tmp_path):
@@ -106,23 +134,46 @@ def test_predict_fills_a_rows_gaps_as_training_did(tmp_path):
     for _ in range(200):
         a, b = rng.gauss(0, 1), rng.gauss(50, 10)
         label = "hi" if a + (b - 50) / 10 > 0 else "lo"
-        rows.append([f"{a:.3f}" if rng.random() > 0.2 else "", f"{b:.2f}"
-                     if rng.random() > 0.2 else "NA", label])  # fmt: skip
+        rows.append(
+            [
+                f"{a:.3f}" if rng.random() > 0.2 else "",
+                f"{b:.2f}" if rng.random() > 0.2 else "NA",
+                label,
+            ]
+        )
     write_rows(tmp_path / "gaps.csv", ["a", "b", "y"], rows)
-    run_train(tmp_path, "data=csv", "data.path=gaps.csv", "data.target=y", "data.na=median",
-              "trainer.max_epochs=2", "run_name=gaps", "model.hidden_sizes=[8]")  # fmt: skip
+    run_train(
+        tmp_path,
+        "data=csv",
+        "data.path=gaps.csv",
+        "data.target=y",
+        "data.na=median",
+        "trainer.max_epochs=2",
+        "run_name=gaps",
+        "model.hidden_sizes=[8]",
+    )
     from utils.checkpoint import load_checkpoint
 
-    fills = load_checkpoint(tmp_path / "checkpoints" / "gaps" / "best.pt")["inputs"]["table"][
-        "na"]["fills"]  # fmt: skip
+    fills = load_checkpoint(tmp_path / "checkpoints" / "gaps" / "best.pt")["inputs"]["table"]["na"][
+        "fills"
+    ]
     gappy = [["", "60"], ["0.5", "?"], ["", ""]]
     write_rows(tmp_path / "rows.csv", ["a", "b"], gappy)
-    write_rows(tmp_path / "filled.csv", ["a", "b"], [[fills["a"], 60], [0.5, fills["b"]],
-                                                      [fills["a"], fills["b"]]])  # fmt: skip
+    write_rows(
+        tmp_path / "filled.csv",
+        ["a", "b"],
+        [[fills["a"], 60], [0.5, fills["b"]], [fills["a"], fills["b"]]],
+    )
     out = {}
     for name in ("rows", "filled"):
-        run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/gaps/best.pt", f"input={name}.csv",
-                   f"out={name}-out.csv", "runs=predict-runs")  # fmt: skip
+        run_python(
+            tmp_path,
+            str(PREDICT),
+            "ckpt=checkpoints/gaps/best.pt",
+            f"input={name}.csv",
+            f"out={name}-out.csv",
+            "runs=predict-runs",
+        )
         with open(tmp_path / f"{name}-out.csv", newline="") as f:
             out[name] = list(csv.DictReader(f))
     assert len(out["rows"]) == 3 and out["rows"] == out["filled"]
@@ -131,30 +182,57 @@ def test_predict_fills_a_rows_gaps_as_training_did(tmp_path):
 def test_a_gap_in_a_column_training_dropped_rows_for_is_refused_at_predict(tmp_path):
     rows = [[str(i % 7), "" if i % 9 == 0 else str(i), "xy"[i % 2]] for i in range(120)]
     write_rows(tmp_path / "t.csv", ["a", "b", "y"], rows)
-    run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "data.na=drop",
-              "trainer.max_epochs=1", "run_name=drop", "data.batch_size=8")  # fmt: skip
+    run_train(
+        tmp_path,
+        "data=csv",
+        "data.path=t.csv",
+        "data.target=y",
+        "data.na=drop",
+        "trainer.max_epochs=1",
+        "run_name=drop",
+        "data.batch_size=8",
+    )
     write_rows(tmp_path / "rows.csv", ["a", "b"], [["1", "2"], ["3", ""]])
-    result = run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/drop/best.pt",
-                        "input=rows.csv", "runs=predict-runs", ok=False)  # fmt: skip
+    result = run_python(
+        tmp_path,
+        str(PREDICT),
+        "ckpt=checkpoints/drop/best.pt",
+        "input=rows.csv",
+        "runs=predict-runs",
+        ok=False,
+    )
     assert "rows.csv line 3 has a gap in a column that training left rows out for" in (
         error_line(result)
     )
 
 
-@pytest.mark.parametrize("edit", [
-    {"fills": {"a": "1; import os"}}, {"fills": {"a": math.nan}}, {"default": "exec"},
-    {"indicators": "a"}, {"columns": {"a": "mean", 3: "drop"}},
-    {"fills": {"a": 1e39}},  # finite in float64 only
-    {"fills": {}},  # mean fills every column: a column without its fill would predict NaN
-    {"indicators": ["zzz"]}, {"indicators": ["a", "a"]},  # unknown, twice
-    {"fills": {"a": 1.0, "extra": 2.0}}, {"columns": {"extra": "mean"}},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"fills": {"a": "1; import os"}},
+        {"fills": {"a": math.nan}},
+        {"default": "exec"},
+        {"indicators": "a"},
+        {"columns": {"a": "mean", 3: "drop"}},
+        {"fills": {"a": 1e39}},  # finite in float64 only
+        {"fills": {}},  # mean fills every column: a column without its fill would predict NaN
+        {"indicators": ["zzz"]},
+        {"indicators": ["a", "a"]},  # unknown, twice
+        {"fills": {"a": 1.0, "extra": 2.0}},
+        {"columns": {"extra": "mean"}},
+    ],
+)
 def test_an_edited_gaps_record_is_refused(edit):
     from data.missing import MissingValues
     from utils.errors import UserError
 
-    record = {"default": "mean", "columns": {}, "constant": 0.0, "fills": {"a": 1.0},
-              "indicators": []}  # fmt: skip
+    record = {
+        "default": "mean",
+        "columns": {},
+        "constant": 0.0,
+        "fills": {"a": 1.0},
+        "indicators": [],
+    }
     assert MissingValues.from_record(record, ["a"]).fills == {"a": 1.0}
     with pytest.raises(UserError, match="table record of missing values is not what torchloom"):
         MissingValues.from_record({**record, **edit}, ["a"])
@@ -164,16 +242,30 @@ def test_a_cell_finite_only_in_float64_is_refused_naming_its_line(tmp_path):
     rows = [[str(i % 7), str(i), "xy"[i % 2]] for i in range(40)]
     rows[5][1] = "1e39"
     write_rows(tmp_path / "t.csv", ["a", "b", "y"], rows)
-    result = run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y",
-                       "trainer.max_epochs=1", "data.batch_size=8", ok=False)  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "data=csv",
+        "data.path=t.csv",
+        "data.target=y",
+        "trainer.max_epochs=1",
+        "data.batch_size=8",
+        ok=False,
+    )
     assert "t.csv line 7, column 'b': 1e39 is not finite as a float32 feature" in error_line(result)
 
 
 def test_the_fill_line_lists_only_the_columns_that_had_gaps(tmp_path):
     rows = [[str(i % 7), "" if i % 9 == 0 else str(i), str(i % 4), "xy"[i % 2]] for i in range(120)]
     write_rows(tmp_path / "t.csv", ["a", "b", "c", "y"], rows)
-    result = run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "data.na=median",
-                       "trainer.max_epochs=1", "data.batch_size=8")  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "data=csv",
+        "data.path=t.csv",
+        "data.target=y",
+        "data.na=median",
+        "trainer.max_epochs=1",
+        "data.batch_size=8",
+    )
     (line,) = [line for line in result.stdout.splitlines() if "gaps filled from the train" in line]
     assert "b=" in line and "a=" not in line and "c=" not in line
 
@@ -181,13 +273,27 @@ def test_the_fill_line_lists_only_the_columns_that_had_gaps(tmp_path):
 def test_evaluate_follows_the_stored_fills_or_says_why_it_cannot(tmp_path):
     rows = [[str(i % 7), "" if i % 9 == 0 else str(i), "xy"[i % 2]] for i in range(120)]
     write_rows(tmp_path / "t.csv", ["a", "b", "y"], rows)
-    run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "data.na=mean",
-              "trainer.max_epochs=1", "run_name=mean", "data.batch_size=8")  # fmt: skip
+    run_train(
+        tmp_path,
+        "data=csv",
+        "data.path=t.csv",
+        "data.target=y",
+        "data.na=mean",
+        "trainer.max_epochs=1",
+        "run_name=mean",
+        "data.batch_size=8",
+    )
     run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/mean/best.pt", "runs=eval")
     other = [[str(i % 5), "" if i % 4 == 0 else str(3 * i), "xy"[i % 2]] for i in range(120)]
     write_rows(tmp_path / "other.csv", ["a", "b", "y"], other)
-    result = run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/mean/best.pt",
-                        "data.path=other.csv", "runs=eval", ok=False)  # fmt: skip
+    result = run_python(
+        tmp_path,
+        str(EVALUATE),
+        "ckpt=checkpoints/mean/best.pt",
+        "data.path=other.csv",
+        "runs=eval",
+        ok=False,
+    )
     assert "filled a table's gaps with statistics of its own train split" in error_line(result)
 
 
@@ -199,9 +305,16 @@ def test_a_resumed_run_normalises_and_fills_as_it_started(tmp_path):
 
     rows = [[str(i % 7), "" if i % 9 == 0 else str(i), "xy"[i % 2]] for i in range(200)]
     write_rows(tmp_path / "t.csv", ["a", "b", "y"], rows)
-    run = ["data=csv", "data.path=t.csv", "data.target=y", "data.na_columns={b: mean}",
-           "data.batch_size=8", "trainer.max_epochs=3", "model._target_=signalling_model.mlp",
-           "run_name=cut"]  # fmt: skip
+    run = [
+        "data=csv",
+        "data.path=t.csv",
+        "data.target=y",
+        "data.na_columns={b: mean}",
+        "data.batch_size=8",
+        "trainer.max_epochs=3",
+        "model._target_=signalling_model.mlp",
+        "run_name=cut",
+    ]
     first = run_train(tmp_path, *run, ok=False, env={"SIGNAL_AT_FORWARD": "20"})
     assert first.returncode == EXIT_INTERRUPTED
     started = checkpoint(tmp_path, "cut")["inputs"]

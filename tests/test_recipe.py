@@ -35,15 +35,29 @@ from utils.tasks import ClassificationLoss
 # MixUp and CutMix in the first 2 epochs. Early stopping: the val loss never falls by 10, so
 # validations 2 and 3 do not improve and patience=2 ends the run after epoch 3 of 5.
 RECIPE = [
-    "model._target_=signalling_model.mlp", "model.hidden_sizes=[32]", "model.dropout=0.3",
-    "data=synthetic", "data.shape=[1,8,8]", "data.num_samples=160", "data.val_size=32",
-    "data.test_size=32", "data.batch_size=8", "data.augment.crop_padding=1",
-    "data.augment.mixup_alpha=0.4", "data.augment.cutmix_alpha=1.0", "data.augment.mix_prob=0.8",
-    "data.augment.mix_off_epoch=2", "task.label_smoothing=0.1", "trainer.ema.decay=0.75",
-    "trainer.accumulate_grad_batches=2", "trainer.log_every_n_steps=3", "trainer.max_epochs=5",
-    "trainer.monitor=val/loss", "trainer.early_stopping.patience=2",
+    "model._target_=signalling_model.mlp",
+    "model.hidden_sizes=[32]",
+    "model.dropout=0.3",
+    "data=synthetic",
+    "data.shape=[1,8,8]",
+    "data.num_samples=160",
+    "data.val_size=32",
+    "data.test_size=32",
+    "data.batch_size=8",
+    "data.augment.crop_padding=1",
+    "data.augment.mixup_alpha=0.4",
+    "data.augment.cutmix_alpha=1.0",
+    "data.augment.mix_prob=0.8",
+    "data.augment.mix_off_epoch=2",
+    "task.label_smoothing=0.1",
+    "trainer.ema.decay=0.75",
+    "trainer.accumulate_grad_batches=2",
+    "trainer.log_every_n_steps=3",
+    "trainer.max_epochs=5",
+    "trainer.monitor=val/loss",
+    "trainer.early_stopping.patience=2",
     "trainer.early_stopping.min_delta=10",
-]  # fmt: skip
+]
 
 
 def last(cwd, run_name: str) -> dict:
@@ -79,8 +93,13 @@ def test_the_test_figures_are_the_emas_and_evaluate_chooses_with_weights(tmp_pat
 
 def test_weights_auto_means_what_training_judged_when_the_ema_was_not(tmp_path):
     # trainer.ema.evaluate=false: training validated and tested the raw weights; so does auto.
-    run_train(tmp_path, "trainer.max_epochs=2", "trainer.ema.decay=0.9",
-              "trainer.ema.evaluate=false", "run_name=r")  # fmt: skip
+    run_train(
+        tmp_path,
+        "trainer.max_epochs=2",
+        "trainer.ema.decay=0.9",
+        "trainer.ema.evaluate=false",
+        "run_name=r",
+    )
     test_loss = f"{read_metrics(tmp_path / 'runs' / 'r')['test/loss']:.4f}"
     best = "ckpt=checkpoints/r/best.pt"
     auto = run_python(tmp_path, str(EVALUATE), best, "runs=eval").stdout
@@ -117,9 +136,16 @@ def test_an_interrupted_recipe_run_resumes_bit_identically(straight, at, epoch, 
 @pytest.mark.slow
 def test_two_processes_hold_the_same_ema(tmp_path):
     dump = tmp_path / "ema"
-    torchrun(tmp_path, *RECIPE[:3], "trainer.max_epochs=2", "trainer.ema.decay=0.9",
-             "data.augment.mixup_alpha=0.4", "run_name=ddp", env={"EMA_DUMP": str(dump)},
-             script=HELPERS / "ema_per_rank.py")  # fmt: skip
+    torchrun(
+        tmp_path,
+        *RECIPE[:3],
+        "trainer.max_epochs=2",
+        "trainer.ema.decay=0.9",
+        "data.augment.mixup_alpha=0.4",
+        "run_name=ddp",
+        env={"EMA_DUMP": str(dump)},
+        script=HELPERS / "ema_per_rank.py",
+    )
     rank0, rank1 = (torch.load(dump / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert rank0["updates"] == rank1["updates"] > 0
     for key, tensor in rank0["model"].items():
@@ -164,8 +190,14 @@ def test_an_edited_ema_entry_is_refused_in_one_line(tmp_path, ema):
     checkpoint["ema"] = ema
     torch.save(checkpoint, path)
     before = path.read_bytes()
-    result = run_train(tmp_path, "trainer.max_epochs=2", "trainer.ema.decay=0.9", "run_name=a",
-                       "resume=auto", ok=False)  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "trainer.max_epochs=2",
+        "trainer.ema.decay=0.9",
+        "run_name=a",
+        "resume=auto",
+        ok=False,
+    )
     assert result.returncode != 0 and "error:" in result.stderr
     assert "ema" in result.stderr.strip().splitlines()[-1] and "Traceback" not in result.stderr
     assert path.read_bytes() == before  # nothing saved is lost
@@ -173,12 +205,14 @@ def test_an_edited_ema_entry_is_refused_in_one_line(tmp_path, ema):
 
 def test_ema_turned_on_at_a_resume_starts_at_the_resumed_weights(tmp_path):
     run_train(tmp_path, "trainer.max_epochs=1", "run_name=a")
-    no_ema = run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/a/best.pt", "weights=ema",
-                        "runs=eval", ok=False)  # fmt: skip
+    no_ema = run_python(
+        tmp_path, str(EVALUATE), "ckpt=checkpoints/a/best.pt", "weights=ema", "runs=eval", ok=False
+    )
     assert "holds no EMA weights" in no_ema.stderr and no_ema.returncode != 0
     steps_before = last(tmp_path, "a")["global_step"]
-    result = run_train(tmp_path, "trainer.max_epochs=2", "trainer.ema.decay=0.9", "run_name=a",
-                       "resume=auto")  # fmt: skip
+    result = run_train(
+        tmp_path, "trainer.max_epochs=2", "trainer.ema.decay=0.9", "run_name=a", "resume=auto"
+    )
     assert "the checkpoint holds no EMA; it starts at the resumed weights" in result.stdout
     checkpoint = last(tmp_path, "a")
     assert checkpoint["ema"]["updates"] == checkpoint["global_step"] - steps_before > 0
@@ -191,15 +225,16 @@ def batches_of(n: int, batch_size: int, mixing: Mixing, seed: int = 0) -> MixedB
     from data.batches import BatchPlan, BatchTransform, TensorSplit
 
     generator = torch.Generator().manual_seed(1)
-    split = TensorSplit(torch.randint(0, 256, (n, 1, 6, 6), dtype=torch.uint8, generator=generator),
-                        torch.randint(0, 5, (n,), generator=generator))  # fmt: skip
+    split = TensorSplit(
+        torch.randint(0, 256, (n, 1, 6, 6), dtype=torch.uint8, generator=generator),
+        torch.randint(0, 5, (n,), generator=generator),
+    )
     plan = BatchPlan(batch_size, train=True, seed=seed)
     transform = BatchTransform([0.5], [0.25], torch.device("cpu"))
     return MixedBatches(TensorBatches(split, plan, transform), mixing, 5, plan)
 
 
-BOTH = Mixing(mixup_alpha=0.4, cutmix_alpha=1.0, mix_prob=0.7, mix_switch_prob=0.5,
-              mix_off_epoch=3)  # fmt: skip
+BOTH = Mixing(mixup_alpha=0.4, cutmix_alpha=1.0, mix_prob=0.7, mix_switch_prob=0.5, mix_off_epoch=3)
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 8])
@@ -272,15 +307,24 @@ def test_validation_and_test_batches_are_never_mixed(tmp_path):
     )
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("data.augment.mix_prob=1.5", "data.augment.mix_prob=1.5 is out of range: it must be between 0 and 1"),
-    ("data.augment.mixup_alpha=-1", "data.augment.mixup_alpha=-1 is out of range"),
-    ("data.augment.mix_off_epoch=0", "data.augment.mix_off_epoch=0 is out of range"),
-    ("trainer.ema.decay=1", "trainer.ema.decay=1.0 is out of range"),
-    ("task.label_smoothing=1.0", "task.label_smoothing=1.0 is out of range"),
-    ("task.class_weights=[1,2]", "task.class_weights has 2 values; digits has 10 classes"),
-    ("task.class_weights=[1,2,3,4,5,6,7,8,9,0]", "task.class_weights=[1, 2, 3, 4, 5, 6, 7, 8, 9, 0] is out of range"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "data.augment.mix_prob=1.5",
+            "data.augment.mix_prob=1.5 is out of range: it must be between 0 and 1",
+        ),
+        ("data.augment.mixup_alpha=-1", "data.augment.mixup_alpha=-1 is out of range"),
+        ("data.augment.mix_off_epoch=0", "data.augment.mix_off_epoch=0 is out of range"),
+        ("trainer.ema.decay=1", "trainer.ema.decay=1.0 is out of range"),
+        ("task.label_smoothing=1.0", "task.label_smoothing=1.0 is out of range"),
+        ("task.class_weights=[1,2]", "task.class_weights has 2 values; digits has 10 classes"),
+        (
+            "task.class_weights=[1,2,3,4,5,6,7,8,9,0]",
+            "task.class_weights=[1, 2, 3, 4, 5, 6, 7, 8, 9, 0] is out of range",
+        ),
+    ],
+)
 def test_bad_recipe_values_fail_in_one_line_naming_the_key(tmp_path, override, message):
     result = run_train(tmp_path, override, "trainer.max_epochs=1", ok=False)
     assert result.returncode != 0 and message in result.stderr, result.stderr[-800:]
@@ -296,11 +340,24 @@ def test_auto_class_weights_are_the_inverse_train_frequency_and_logged(tmp_path)
 
 
 def test_a_checkpoint_from_before_the_recipe_keys_resumes_with_no_change_reported():
-    now = {"data": {"augment": {"crop_padding": 0, "mixup_alpha": 0.0, "cutmix_alpha": 0.0,
-                                "mix_prob": 1.0, "mix_switch_prob": 0.5, "mix_off_epoch": None}},
-           "task": {"_target_": "utils.tasks.classification", "label_smoothing": 0.0,
-                    "class_weights": None},
-           "trainer": {"ema": {"decay": None, "warmup": True, "evaluate": True}}}  # fmt: skip
+    now = {
+        "data": {
+            "augment": {
+                "crop_padding": 0,
+                "mixup_alpha": 0.0,
+                "cutmix_alpha": 0.0,
+                "mix_prob": 1.0,
+                "mix_switch_prob": 0.5,
+                "mix_off_epoch": None,
+            }
+        },
+        "task": {
+            "_target_": "utils.tasks.classification",
+            "label_smoothing": 0.0,
+            "class_weights": None,
+        },
+        "trainer": {"ema": {"decay": None, "warmup": True, "evaluate": True}},
+    }
     before = {"data": {"augment": {"crop_padding": 0}}, "trainer": {}}
     changes = config_changes(before, now)
     assert changes.never == changes.need_allow == changes.applied == []

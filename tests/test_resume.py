@@ -81,10 +81,19 @@ def test_whole_tensor_path_resumes_bit_identically(tensor_runs, at, epoch, batch
 
 def test_a_stop_with_its_reader_gone_exits_3_and_its_log_tells_it(tmp_path):
     # `python train.py | tee out.log`, then Ctrl-C: tee is gone before the stop's lines.
-    env = {**os.environ, "PYTHONPATH": str(HELPERS), "SIGNAL_AT_FORWARD": "26",
-           "SIGNAL_NAME": "SIGINT"}  # fmt: skip
-    run = subprocess.Popen([sys.executable, str(TRAIN), *TENSOR_RUN, "run_name=piped"],
-                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(HELPERS),
+        "SIGNAL_AT_FORWARD": "26",
+        "SIGNAL_NAME": "SIGINT",
+    }
+    run = subprocess.Popen(
+        [sys.executable, str(TRAIN), *TENSOR_RUN, "run_name=piped"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     run.stdout.close()  # every line on stdout, from the first, goes to a closed pipe
     err = run.stderr.read().decode()
     assert run.wait(timeout=300) == EXIT_INTERRUPTED, err[-3000:]
@@ -194,8 +203,12 @@ def test_a_checkpoint_of_the_first_format_still_resumes(tmp_path):
     saved = checkpoint(tmp_path, "old")
     losses = saved.pop("losses")
     assert len(losses["pending"]) == 0
-    saved.update(format_version=1, epoch_loss=losses["epoch"], window_loss=losses["window"],
-                 window_batches=losses["window_batches"])  # fmt: skip
+    saved.update(
+        format_version=1,
+        epoch_loss=losses["epoch"],
+        window_loss=losses["window"],
+        window_batches=losses["window_batches"],
+    )
     saved["config"]["scheduler"]["_partial_"] = True
     torch.save(saved, path)
     result = run_train(tmp_path, *run, "trainer.max_epochs=2", "run_name=old", f"resume={path}")

@@ -45,9 +45,14 @@ def test_an_earlier_checkpoint_resumes(tmp_path):
     for name, epochs in ((DEFAULT, 1), (CALIBRATED, 2)):
         copied(tmp_path, name)
         logger = ["logger=csv"] if name == CALIBRATED else []
-        run_train(tmp_path, f"run_name={name}", "resume=auto", f"trainer.max_epochs={epochs + 1}",
-                  *logger, *(["trainer.ema.decay=0.9", "model.hidden_sizes=[32]"]
-                             if name == CALIBRATED else []))  # fmt: skip
+        run_train(
+            tmp_path,
+            f"run_name={name}",
+            "resume=auto",
+            f"trainer.max_epochs={epochs + 1}",
+            *logger,
+            *(["trainer.ema.decay=0.9", "model.hidden_sizes=[32]"] if name == CALIBRATED else []),
+        )
         resumed = checkpoint(tmp_path, name)
         before = torch.load(FIXTURES / name / "last.pt", weights_only=True)
         assert resumed["epoch"] == epochs + 1, name
@@ -68,12 +73,24 @@ def test_an_earlier_checkpoint_predicts_and_teaches(tmp_path):
     pixels = np.zeros((8, 8), dtype=np.uint8)
     pixels[1:7, 3:5] = 255  # a one
     Image.fromarray(pixels).save(tmp_path / "one.png")
-    run_python(tmp_path, str(ROOT / "predict.py"), f"ckpt={folder / 'last.pt'}", "input=one.png",
-               "out=one.csv", "topk=1", "runs=predict-runs")  # fmt: skip
+    run_python(
+        tmp_path,
+        str(ROOT / "predict.py"),
+        f"ckpt={folder / 'last.pt'}",
+        "input=one.png",
+        "out=one.csv",
+        "topk=1",
+        "runs=predict-runs",
+    )
     assert (tmp_path / "one.csv").read_text().splitlines()[0].startswith("input,class1,p1")
     teacher = copied(tmp_path, DEFAULT) / "last.pt"
-    run_train(tmp_path, f"distill.teacher={teacher}", "run_name=student", "trainer.max_epochs=1",
-              "model.hidden_sizes=[16]")  # fmt: skip
+    run_train(
+        tmp_path,
+        f"distill.teacher={teacher}",
+        "run_name=student",
+        "trainer.max_epochs=1",
+        "model.hidden_sizes=[16]",
+    )
     assert checkpoint(tmp_path, "student")["distill"]
 
 

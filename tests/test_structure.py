@@ -31,14 +31,28 @@ from utils.state import TrainState
 from utils.tracking import Tracker
 
 # The top-level keys every checkpoint so far has held for the training state.
-STATE_KEYS = {"epoch", "batch_in_epoch", "global_step", "best_metric", "best_epoch", "top_k",
-              "metrics"}  # fmt: skip
+STATE_KEYS = {
+    "epoch",
+    "batch_in_epoch",
+    "global_step",
+    "best_metric",
+    "best_epoch",
+    "top_k",
+    "metrics",
+}
 
 
 def test_train_state_round_trips_and_reads_older_checkpoints():
-    state = TrainState(epoch=3, batch_in_epoch=5, global_step=40, best_metric=0.9, best_epoch=2,
-                       top_k=[[0.9, "epoch=002-val_acc=0.9000.pt"]], metrics={"val/acc": 0.9},
-                       skipped_steps=1)  # fmt: skip
+    state = TrainState(
+        epoch=3,
+        batch_in_epoch=5,
+        global_step=40,
+        best_metric=0.9,
+        best_epoch=2,
+        top_k=[[0.9, "epoch=002-val_acc=0.9000.pt"]],
+        metrics={"val/acc": 0.9},
+        skipped_steps=1,
+    )
     saved = state.state_dict()
     assert set(saved) == STATE_KEYS | {"skipped_steps", "early_stopping", "elapsed_seconds"}
     assert saved["elapsed_seconds"] > 0  # this segment's time so far
@@ -81,12 +95,20 @@ def checkpointer(folder, monitor: str, keep_top_k: int) -> tuple[Checkpointer, T
 @pytest.mark.parametrize(
     ("monitor", "values", "best_epoch", "kept"),
     [
-        ("val/acc", [0.5, 0.7, 0.6, 0.7], 4, ["epoch=002-val_acc=0.7000.pt",
-                                             "epoch=004-val_acc=0.7000.pt"]),
-        ("val/loss", [0.9, 0.4, 0.5, None, 0.3], 5, ["epoch=002-val_loss=0.4000.pt",
-                                                    "epoch=005-val_loss=0.3000.pt"]),
+        (
+            "val/acc",
+            [0.5, 0.7, 0.6, 0.7],
+            4,
+            ["epoch=002-val_acc=0.7000.pt", "epoch=004-val_acc=0.7000.pt"],
+        ),
+        (
+            "val/loss",
+            [0.9, 0.4, 0.5, None, 0.3],
+            5,
+            ["epoch=002-val_loss=0.4000.pt", "epoch=005-val_loss=0.3000.pt"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_checkpointer_keeps_last_best_and_the_top_k(
     tmp_path, monitor, values, best_epoch, kept
 ):
@@ -103,14 +125,16 @@ def test_the_checkpointer_keeps_last_best_and_the_top_k(
 
 
 def test_train_returns_its_best_value_and_raises_bad_input_in_process(tmp_path):
-    value = compose_train(tmp_path, "trainer.max_epochs=2", "model.hidden_sizes=[16]",
-                          "run_name=direct")  # fmt: skip
+    value = compose_train(
+        tmp_path, "trainer.max_epochs=2", "model.hidden_sizes=[16]", "run_name=direct"
+    )
     metrics = read_metrics(tmp_path / "runs" / "direct")
     assert value == metrics["best_metric"] and metrics["epochs"] == 2
     assert (tmp_path / "checkpoints" / "direct" / "best.pt").is_file()
     with pytest.raises(UserError, match=r"trainer\.monitor='val/f1' is not measured"):
-        compose_train(tmp_path, "trainer.monitor=val/f1", "trainer.monitor_mode=max",
-                      "run_name=unmeasured")  # fmt: skip
+        compose_train(
+            tmp_path, "trainer.monitor=val/f1", "trainer.monitor_mode=max", "run_name=unmeasured"
+        )
     assert signal.getsignal(signal.SIGTERM) is not _hold  # stop signals act as before
 
 
@@ -122,9 +146,14 @@ def test_zero_epochs_sets_everything_up_and_tests_the_initial_weights(tmp_path):
     assert "train/loss" not in metrics and metrics["best_metric"] is None
 
 
-@pytest.mark.parametrize("rank, write_outputs, prints, events", [
-    (0, True, True, True), (0, False, True, False), (1, True, False, False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "rank, write_outputs, prints, events",
+    [
+        (0, True, True, True),
+        (0, False, True, False),
+        (1, True, False, False),
+    ],
+)
 def test_outputs_decide_once_who_prints_and_who_writes_events(
     tmp_path, rank, write_outputs, prints, events
 ):
@@ -140,13 +169,18 @@ def test_outputs_decide_once_who_prints_and_who_writes_events(
 
 
 def test_one_rule_picks_the_file_in_a_run_folder_for_resume_and_for_evaluation(tmp_path):
-    for index, name in enumerate(["epoch=001-val_acc=0.5000.pt", "best.pt", "last.pt",
-                                  "epoch=002-val_acc=0.6000.pt"]):  # fmt: skip
+    for index, name in enumerate(
+        ["epoch=001-val_acc=0.5000.pt", "best.pt", "last.pt", "epoch=002-val_acc=0.6000.pt"]
+    ):
         (tmp_path / name).write_bytes(b"")
         os.utime(tmp_path / name, (1000 + index, 1000 + index))
     names = [p.name for p in find_checkpoints(tmp_path)]
-    assert names == ["last.pt", "epoch=002-val_acc=0.6000.pt", "best.pt",
-                     "epoch=001-val_acc=0.5000.pt"]  # fmt: skip
+    assert names == [
+        "last.pt",
+        "epoch=002-val_acc=0.6000.pt",
+        "best.pt",
+        "epoch=001-val_acc=0.5000.pt",
+    ]
     assert find_checkpoints(tmp_path, prefer=TO_EVALUATE)[0].name == "best.pt"
     (tmp_path / "best.pt").unlink()
     (tmp_path / "last.pt").unlink()

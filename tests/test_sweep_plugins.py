@@ -71,9 +71,17 @@ def test_parallel_jobs_on_a_fresh_mlflow_store_create_it_once_and_all_finish(tmp
     from mlflow import MlflowClient
 
     # Its own process: joblib's workers outlive a call, and keep the first call's folder.
-    run_train(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-              "run_name=tracked", "logger=mlflow", "optim.lr=0.01,0.001", *TINY,
-              process=True)  # fmt: skip
+    run_train(
+        tmp_path,
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "run_name=tracked",
+        "logger=mlflow",
+        "optim.lr=0.01,0.001",
+        *TINY,
+        process=True,
+    )
     assert {r["status"] for r in rows(tmp_path, "tracked")} == {"completed"}
     client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     found = client.search_runs([e.experiment_id for e in client.search_experiments()])

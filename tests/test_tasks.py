@@ -36,9 +36,18 @@ write_houses = runpy.run_path(str(ROOT / "benchmarks" / "task_figures.py"))["wri
 
 
 FEATURES = "data.features=[rooms,area,age,floor]"
-REGRESSION = ["task=regression", "data=csv", "data.path=houses.csv", "data.target=[price,rent]",
-              FEATURES, "data.split.test_path=test.csv", "data.batch_size=16",
-              "model.hidden_sizes=[32]", "optim.lr=0.01", "trainer.max_epochs=6"]  # fmt: skip
+REGRESSION = [
+    "task=regression",
+    "data=csv",
+    "data.path=houses.csv",
+    "data.target=[price,rent]",
+    FEATURES,
+    "data.split.test_path=test.csv",
+    "data.batch_size=16",
+    "model.hidden_sizes=[32]",
+    "optim.lr=0.01",
+    "trainer.max_epochs=6",
+]
 
 
 def evaluated(cwd: Path, *args: str) -> dict:
@@ -72,8 +81,11 @@ def test_regression_learns_in_the_targets_units_and_evaluate_and_predict_agree(r
     train_rows = table(cwd / "houses.csv")  # the train split is what is not held out
     assert 250 < scale["mean"][0] < 350 and 0.9 < scale["mean"][1] < 1.5
     assert 40 < scale["std"][0] < 80 and 0.2 < scale["std"][1] < 0.5
-    assert checkpoint["inputs"]["targets"] == {"kind": "values", "count": 2,
-                                               "names": ["price", "rent"]}  # fmt: skip
+    assert checkpoint["inputs"]["targets"] == {
+        "kind": "values",
+        "count": 2,
+        "names": ["price", "rent"],
+    }
     assert len(train_rows) == 300
 
     result = evaluated(cwd, "ckpt=checkpoints/reg")
@@ -85,12 +97,20 @@ def test_regression_learns_in_the_targets_units_and_evaluate_and_predict_agree(r
     assert sum(per_target["mae"]) / 2 == pytest.approx(result["test/mae"], rel=1e-6)
     assert per_target["mae"][0] > 20 * per_target["mae"][1]  # price's units, not standardised
 
-    run_python(cwd, str(PREDICT), "ckpt=checkpoints/reg", "input=test.csv", "out=p.csv",
-               "runs=predict-runs")  # fmt: skip
+    run_python(
+        cwd,
+        str(PREDICT),
+        "ckpt=checkpoints/reg",
+        "input=test.csv",
+        "out=p.csv",
+        "runs=predict-runs",
+    )
     predicted, truth = table(cwd / "p.csv"), table(cwd / "test.csv")
     assert list(predicted[0]) == ["input", "price", "rent"] and len(predicted) == 80
-    errors = [[abs(float(p[name]) - float(t[name])) for p, t in zip(predicted, truth, strict=True)]
-              for name in ("price", "rent")]  # fmt: skip
+    errors = [
+        [abs(float(p[name]) - float(t[name])) for p, t in zip(predicted, truth, strict=True)]
+        for name in ("price", "rent")
+    ]
     mae = sum(sum(e) / len(e) for e in errors) / 2
     assert mae == pytest.approx(result["test/mae"], rel=1e-4)  # predict writes 6 digits
 
@@ -111,8 +131,14 @@ def straight_and_resumed(cwd: Path, run: list[str], at: int, tags: tuple[str, ..
 
 
 def test_an_interrupted_regression_run_resumes_bit_identically(regression_run):
-    run = [*REGRESSION, "model._target_=signalling_model.mlp", "task.loss=huber",
-           "model.dropout=0.2", "trainer.max_epochs=3", "trainer.log_every_n_steps=4"]  # fmt: skip
+    run = [
+        *REGRESSION,
+        "model._target_=signalling_model.mlp",
+        "task.loss=huber",
+        "model.dropout=0.2",
+        "trainer.max_epochs=3",
+        "trainer.log_every_n_steps=4",
+    ]
     tags = ("train/loss", "val/loss", "val/mae", "val/r2")
     a, b = straight_and_resumed(regression_run, run, at=20, tags=tags)
     assert a["global_step"] == b["global_step"] == 3 * (255 // 16)  # 45 rows held out for val
@@ -125,8 +151,13 @@ def test_a_resume_keeps_the_target_scale_it_started_with(regression_run):
     run = [*REGRESSION, "scheduler=none"]
     run_train(cwd, *run, "trainer.max_epochs=1", "run_name=scale")
     started = load_checkpoint(cwd / "checkpoints" / "scale" / "last.pt")["inputs"]
-    result = run_train(cwd, *[o.replace("houses.csv", "moved.csv") for o in run],
-                       "trainer.max_epochs=2", "run_name=scale", "resume=auto")  # fmt: skip
+    result = run_train(
+        cwd,
+        *[o.replace("houses.csv", "moved.csv") for o in run],
+        "trainer.max_epochs=2",
+        "run_name=scale",
+        "resume=auto",
+    )
     assert "data.path: houses.csv -> moved.csv" in result.stdout + result.stderr
     resumed = load_checkpoint(cwd / "checkpoints" / "scale" / "last.pt")
     assert resumed["epoch"] == 2
@@ -155,10 +186,17 @@ def test_exports_carry_the_target_scale(regression_run):
     cwd = regression_run
     run_python(cwd, str(EVALUATE), "ckpt=checkpoints/reg", "export=reg.onnx", "runs=export-runs")
     run_python(cwd, str(EVALUATE), "ckpt=checkpoints/reg", "export=reg.pt2", "runs=export-runs")
-    run_python(cwd, str(EVALUATE), "ckpt=checkpoints/reg", "export=reg.safetensors",
-               "runs=export-runs")  # fmt: skip
-    run_python(cwd, str(PREDICT), "ckpt=checkpoints/reg", "input=test.csv", "out=onnx-p.csv",
-               "runs=predict-runs")  # fmt: skip
+    run_python(
+        cwd, str(EVALUATE), "ckpt=checkpoints/reg", "export=reg.safetensors", "runs=export-runs"
+    )
+    run_python(
+        cwd,
+        str(PREDICT),
+        "ckpt=checkpoints/reg",
+        "input=test.csv",
+        "out=onnx-p.csv",
+        "runs=predict-runs",
+    )
     inputs = load_checkpoint(cwd / "checkpoints" / "reg" / "best.pt")["inputs"]
     header, rows = read_table(cwd / "test.csv")
     features = Columns.from_record(inputs["table"]).features(header, rows, cwd / "test.csv")
@@ -184,11 +222,18 @@ def test_an_inputs_record_that_disagrees_with_the_stored_task_is_refused(regress
     checkpoint = load_checkpoint(regression_run / "checkpoints" / "reg" / "best.pt")
     checkpoint["inputs"]["targets"]["kind"] = "label_sets"  # the config still says regression
     torch.save(checkpoint, tmp_path / "edited.pt")
-    result = run_python(regression_run, str(EVALUATE), f"ckpt={tmp_path / 'edited.pt'}",
-                        f"runs={tmp_path / 'runs'}", ok=False)  # fmt: skip
+    result = run_python(
+        regression_run,
+        str(EVALUATE),
+        f"ckpt={tmp_path / 'edited.pt'}",
+        f"runs={tmp_path / 'runs'}",
+        ok=False,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert ("was trained on targets (kind, count) ('label_sets', 2), and csv houses.csv holds "
-            "other ones") in result.stderr  # fmt: skip
+    assert (
+        "was trained on targets (kind, count) ('label_sets', 2), and csv houses.csv holds "
+        "other ones"
+    ) in result.stderr
 
 
 def test_an_edited_target_scale_is_refused_in_one_line(regression_run, tmp_path):
@@ -197,8 +242,14 @@ def test_an_edited_target_scale_is_refused_in_one_line(regression_run, tmp_path)
     torch.save(checkpoint, tmp_path / "edited.pt")
     predict = [str(PREDICT), "input=test.csv", f"out={tmp_path / 'p.csv'}"]
     for script, *args in ([str(EVALUATE)], predict):
-        result = run_python(regression_run, script, f"ckpt={tmp_path / 'edited.pt'}", *args,
-                            f"runs={tmp_path / 'runs'}", ok=False)  # fmt: skip
+        result = run_python(
+            regression_run,
+            script,
+            f"ckpt={tmp_path / 'edited.pt'}",
+            *args,
+            f"runs={tmp_path / 'runs'}",
+            ok=False,
+        )
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert "target scale is not what torchloom writes" in result.stderr
     assert not (tmp_path / "p.csv").exists()
@@ -213,8 +264,10 @@ def write_tagged_images(root: Path, folder: str, count: int, seed: int) -> Path:
     lines = ["path,label"]
     for index in range(count):
         red, blue = rng.random() < 0.5, rng.random() < 0.4
-        pixels = [[(rng.randrange(40), rng.randrange(40), rng.randrange(40)) for _ in range(8)]
-                  for _ in range(8)]  # fmt: skip
+        pixels = [
+            [(rng.randrange(40), rng.randrange(40), rng.randrange(40)) for _ in range(8)]
+            for _ in range(8)
+        ]
         if red:
             for y in range(4):
                 for x in range(4):
@@ -232,10 +285,21 @@ def write_tagged_images(root: Path, folder: str, count: int, seed: int) -> Path:
     return manifest
 
 
-MULTILABEL = ["task=multilabel", "data=image_csv", "data.root=photos", "data.manifest=photos/img.csv",
-              "data.split.test_path=photos/test.csv", "data.image_size=[8,8]", "data.batch_size=8",
-              "data.num_workers=0", "model=cnn", "data.augment.crop_padding=0",
-              "data.augment.horizontal_flip=false", "optim.lr=0.01", "trainer.max_epochs=6"]  # fmt: skip
+MULTILABEL = [
+    "task=multilabel",
+    "data=image_csv",
+    "data.root=photos",
+    "data.manifest=photos/img.csv",
+    "data.split.test_path=photos/test.csv",
+    "data.image_size=[8,8]",
+    "data.batch_size=8",
+    "data.num_workers=0",
+    "model=cnn",
+    "data.augment.crop_padding=0",
+    "data.augment.horizontal_flip=false",
+    "optim.lr=0.01",
+    "trainer.max_epochs=6",
+]
 
 
 def label_set_of(text: str) -> set[str]:
@@ -261,12 +325,20 @@ def test_multilabel_images_train_evaluate_and_predict_label_sets(tmp_path):
     assert sum(ap) / 2 == pytest.approx(result["test/map"], rel=1e-6)
 
     # predict.py on the test images: its sets score exactly what evaluate.py measured.
-    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/tags", "input=photos/test",
-               "out=p.csv", "runs=predict-runs")  # fmt: skip
+    run_python(
+        tmp_path,
+        str(PREDICT),
+        "ckpt=checkpoints/tags",
+        "input=photos/test",
+        "out=p.csv",
+        "runs=predict-runs",
+    )
     rows = table(tmp_path / "p.csv")
     assert list(rows[0]) == ["input", "labels", "p_blue", "p_red"] and len(rows) == 24
-    truth = {line.split(",")[0].removeprefix("test/"): label_set_of(line.split(",")[1])
-             for line in test_manifest.read_text().splitlines()[1:]}  # fmt: skip
+    truth = {
+        line.split(",")[0].removeprefix("test/"): label_set_of(line.split(",")[1])
+        for line in test_manifest.read_text().splitlines()[1:]
+    }
     predicted = {r["input"]: label_set_of(r["labels"]) for r in rows}
     subset = sum(predicted[name] == labels for name, labels in truth.items()) / len(truth)
     assert subset == pytest.approx(result["test/subset_acc"], abs=1e-9)
@@ -277,8 +349,15 @@ def test_multilabel_images_train_evaluate_and_predict_label_sets(tmp_path):
         assert label_set_of(r["labels"]) == {
             n for n in ("blue", "red") if float(r[f"p_{n}"]) >= 0.5
         }
-    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/tags", "input=photos/test",
-               "out=strict.csv", "threshold=0.99", "runs=predict-runs")  # fmt: skip
+    run_python(
+        tmp_path,
+        str(PREDICT),
+        "ckpt=checkpoints/tags",
+        "input=photos/test",
+        "out=strict.csv",
+        "threshold=0.99",
+        "runs=predict-runs",
+    )
     for r in table(tmp_path / "strict.csv"):
         assert label_set_of(r["labels"]) == {
             n for n in ("blue", "red") if float(r[f"p_{n}"]) >= 0.99
@@ -287,19 +366,31 @@ def test_multilabel_images_train_evaluate_and_predict_label_sets(tmp_path):
 
     for manifest in (tmp_path / "photos" / "img.csv", test_manifest):  # relabelled since
         manifest.write_text(manifest.read_text().replace("red", "crimson"))
-    refused = run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/tags", "runs=eval-runs",
-                         ok=False)  # fmt: skip
+    refused = run_python(
+        tmp_path, str(EVALUATE), "ckpt=checkpoints/tags", "runs=eval-runs", ok=False
+    )
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert ("was trained on classes ['blue', 'red'], and image_csv img.csv holds other "
-            "ones") in refused.stderr  # fmt: skip
+    assert (
+        "was trained on classes ['blue', 'red'], and image_csv img.csv holds other ones"
+    ) in refused.stderr
 
 
 def test_an_interrupted_multilabel_run_resumes_bit_identically(tmp_path):
     write_houses(tmp_path / "houses.csv", rows=160)
-    run = ["task=multilabel", "data=csv", "data.path=houses.csv", "data.target=tags", FEATURES,
-           "model._target_=signalling_model.mlp", "model.hidden_sizes=[16]", "model.dropout=0.2",
-           "data.batch_size=8", "data.augment.mixup_alpha=0.4", "trainer.max_epochs=2",
-           "trainer.log_every_n_steps=4"]  # fmt: skip
+    run = [
+        "task=multilabel",
+        "data=csv",
+        "data.path=houses.csv",
+        "data.target=tags",
+        FEATURES,
+        "model._target_=signalling_model.mlp",
+        "model.hidden_sizes=[16]",
+        "model.dropout=0.2",
+        "data.batch_size=8",
+        "data.augment.mixup_alpha=0.4",
+        "trainer.max_epochs=2",
+        "trainer.log_every_n_steps=4",
+    ]
     tags = ("train/loss", "val/loss", "val/map", "val/f1_macro")
     a, b = straight_and_resumed(tmp_path, run, at=17, tags=tags)
     assert a["global_step"] == b["global_step"] > 17
@@ -310,11 +401,21 @@ def test_a_builder_naming_num_outputs_gets_the_number_of_values(tmp_path):
 
     search = user_conf(tmp_path, {"model/linear.yaml": "_target_: examples_net.linear\n"})
     x = torch.randn(400, 3, generator=torch.Generator().manual_seed(0))
-    torch.save({"x": x, "y": torch.stack([x.sum(1), x[:, 0] - x[:, 2]], dim=1)},
-               tmp_path / "values.pt")  # fmt: skip
-    run_train(tmp_path, search, "model=linear", "task=regression", "data=tensors",
-              "data.path=values.pt", "data.batch_size=16", "optim.lr=0.05", "trainer.max_epochs=10",
-              "run_name=lin")  # fmt: skip
+    torch.save(
+        {"x": x, "y": torch.stack([x.sum(1), x[:, 0] - x[:, 2]], dim=1)}, tmp_path / "values.pt"
+    )
+    run_train(
+        tmp_path,
+        search,
+        "model=linear",
+        "task=regression",
+        "data=tensors",
+        "data.path=values.pt",
+        "data.batch_size=16",
+        "optim.lr=0.05",
+        "trainer.max_epochs=10",
+        "run_name=lin",
+    )
     metrics = read_metrics(tmp_path / "runs" / "lin")
     assert metrics["test/r2"] > 0.99  # both targets are linear in x
     weights = load_checkpoint(tmp_path / "checkpoints" / "lin" / "best.pt")["model"]
@@ -323,21 +424,38 @@ def test_a_builder_naming_num_outputs_gets_the_number_of_values(tmp_path):
 
 # One rule, every task: a model whose output width is wrong is refused at start-up, naming
 # the builder, what it outputs and what the task needs; nothing is saved.
-@pytest.mark.parametrize(("task", "expected"), [
-    ([], "expected [10] class scores (the dataset's classes)"),
-    (REGRESSION[:5], "expected [2] values (the dataset's targets)"),
-    (["task=multilabel", "data=tensors", "data.path=labels.pt"],
-     "expected [5] label scores (the dataset's labels)"),
-], ids=["classification", "regression", "multilabel"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("task", "expected"),
+    [
+        ([], "expected [10] class scores (the dataset's classes)"),
+        (REGRESSION[:5], "expected [2] values (the dataset's targets)"),
+        (
+            ["task=multilabel", "data=tensors", "data.path=labels.pt"],
+            "expected [5] label scores (the dataset's labels)",
+        ),
+    ],
+    ids=["classification", "regression", "multilabel"],
+)
 def test_a_wrong_output_width_names_the_builder_and_what_the_task_needs(tmp_path, task, expected):
     search = user_conf(tmp_path, {"model/three.yaml": "_target_: examples_net.three_outputs\n"})
     write_houses(tmp_path / "houses.csv", rows=60)
     generator = torch.Generator().manual_seed(0)
-    torch.save({"x": torch.randn(60, 4, generator=generator),
-                "y": (torch.rand(60, 5, generator=generator) > 0.5).float()},
-               tmp_path / "labels.pt")  # fmt: skip
-    result = run_train(tmp_path, search, "model=three", *task, "data.batch_size=8",
-                       "trainer.max_epochs=1", ok=False)  # fmt: skip
+    torch.save(
+        {
+            "x": torch.randn(60, 4, generator=generator),
+            "y": (torch.rand(60, 5, generator=generator) > 0.5).float(),
+        },
+        tmp_path / "labels.pt",
+    )
+    result = run_train(
+        tmp_path,
+        search,
+        "model=three",
+        *task,
+        "data.batch_size=8",
+        "trainer.max_epochs=1",
+        ok=False,
+    )
     assert result.returncode == 2
     assert f"examples_net.three_outputs outputs [3] per sample, {expected}" in result.stderr
     assert not list((tmp_path / "checkpoints").rglob("*.pt"))  # nothing saved
@@ -349,9 +467,19 @@ def test_a_lazy_model_of_the_right_width_trains_saves_and_evaluates(tmp_path):
     # for NaN before the first checkpoint).
     search = user_conf(tmp_path, {"model/three.yaml": "_target_: examples_net.three_outputs\n"})
     write_houses(tmp_path / "houses.csv", rows=60)
-    run_train(tmp_path, search, "model=three", "task=multilabel", "data=csv",
-              "data.path=houses.csv", "data.target=tags", FEATURES, "data.batch_size=8",
-              "trainer.max_epochs=2", "run_name=lazy")  # fmt: skip
+    run_train(
+        tmp_path,
+        search,
+        "model=three",
+        "task=multilabel",
+        "data=csv",
+        "data.path=houses.csv",
+        "data.target=tags",
+        FEATURES,
+        "data.batch_size=8",
+        "trainer.max_epochs=2",
+        "run_name=lazy",
+    )
     weights = load_checkpoint(tmp_path / "checkpoints" / "lazy" / "best.pt")["model"]
     assert weights["1.weight"].shape == (3, 4)  # the 4 features, the 3 labels
     assert "test/map" in read_metrics(tmp_path / "runs" / "lazy")
@@ -363,11 +491,20 @@ def test_zero_one_columns_are_label_sets_and_tensors_hold_every_kind(tmp_path):
 
     write_houses(tmp_path / "houses.csv", rows=100)
     split = {"val_path": None, "test_path": None, "val": 0.2, "test": 0.2, "seed": 0}
-    batching = {"batch_size": 8, "eval_batch_size": 64,
-                "augment": {"crop_padding": 0, "horizontal_flip": False}}  # fmt: skip
-    data = load_csv(str(tmp_path / "houses.csv"), ["sunny", "quiet"],
-                    ["rooms", "area", "age", "floor"], [], split, targets="label_sets",
-                    **batching)  # fmt: skip
+    batching = {
+        "batch_size": 8,
+        "eval_batch_size": 64,
+        "augment": {"crop_padding": 0, "horizontal_flip": False},
+    }
+    data = load_csv(
+        str(tmp_path / "houses.csv"),
+        ["sunny", "quiet"],
+        ["rooms", "area", "age", "floor"],
+        [],
+        split,
+        targets="label_sets",
+        **batching,
+    )
     rows = table(tmp_path / "houses.csv")
     every = torch.cat([data.splits[s].labels for s in ("train", "val", "test")])
     assert data.targets.kind == "label_sets" and data.classes == ["sunny", "quiet"]
@@ -376,38 +513,81 @@ def test_zero_one_columns_are_label_sets_and_tensors_hold_every_kind(tmp_path):
     x = torch.randn(50, 3)
     torch.save({"x": x, "y": x.sum(dim=1)}, tmp_path / "values.pt")
     torch.save({"x": x, "y": (x > 0).long()}, tmp_path / "sets.pt")
-    values = load_tensors(str(tmp_path / "values.pt"), None, split, None, None,
-                          targets="values", **batching)  # fmt: skip
-    sets = load_tensors(str(tmp_path / "sets.pt"), None, split, None, None,
-                        targets="label_sets", **batching)  # fmt: skip
+    values = load_tensors(
+        str(tmp_path / "values.pt"), None, split, None, None, targets="values", **batching
+    )
+    sets = load_tensors(
+        str(tmp_path / "sets.pt"), None, split, None, None, targets="label_sets", **batching
+    )
     assert values.targets.count == 1 and values.splits["train"].labels.shape[1] == 1
     assert sets.targets.count == 3 and sets.splits["train"].labels.dtype == torch.float32
     torch.save({"x": x, "y": x}, tmp_path / "bad.pt")  # floats are not label sets
     with pytest.raises(Exception, match="label sets must be 0/1, and sample 0 has"):
-        load_tensors(str(tmp_path / "bad.pt"), None, split, None, None,
-                     targets="label_sets", **batching)  # fmt: skip
+        load_tensors(
+            str(tmp_path / "bad.pt"), None, split, None, None, targets="label_sets", **batching
+        )
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["task=regression"], "task=regression learns numbers (data=csv, data=tensors or "
-                          "data=image_csv), and data.digits.load_digits reads class labels only"),
-    (["task=regression", "data=csv", "data.path=houses.csv", "data.target=tags"],
-     "houses.csv line 2, column 'tags': "),
-    (["task=multilabel", "data=csv", "data.path=houses.csv", "data.target=[price]"],
-     "column 'price': '"),
-    (["task=regression", "data=csv", "data.path=houses.csv", "data.target=price",
-      "data.augment.mixup_alpha=0.2"], "targets are values (task=regression): set both to 0"),
-    (["task=regression", "data=csv", "data.path=houses.csv", "data.target=price",
-      "trainer.monitor=val/acc"], "trainer.monitor='val/acc' is not measured; use one of "
-                                  "['val/loss', 'val/mae', 'val/rmse', 'val/r2']"),
-    (["task=multilabel", "task.pos_weight=[1,2]", "data=csv", "data.path=houses.csv",
-      "data.target=tags"], "task.pos_weight has 2 values; csv houses.csv has 3 labels"),
-    (["task=regression", "task.loss=hinge"], "task.loss="),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["task=regression"],
+            "task=regression learns numbers (data=csv, data=tensors or "
+            "data=image_csv), and data.digits.load_digits reads class labels only",
+        ),
+        (
+            ["task=regression", "data=csv", "data.path=houses.csv", "data.target=tags"],
+            "houses.csv line 2, column 'tags': ",
+        ),
+        (
+            ["task=multilabel", "data=csv", "data.path=houses.csv", "data.target=[price]"],
+            "column 'price': '",
+        ),
+        (
+            [
+                "task=regression",
+                "data=csv",
+                "data.path=houses.csv",
+                "data.target=price",
+                "data.augment.mixup_alpha=0.2",
+            ],
+            "targets are values (task=regression): set both to 0",
+        ),
+        (
+            [
+                "task=regression",
+                "data=csv",
+                "data.path=houses.csv",
+                "data.target=price",
+                "trainer.monitor=val/acc",
+            ],
+            "trainer.monitor='val/acc' is not measured; use one of "
+            "['val/loss', 'val/mae', 'val/rmse', 'val/r2']",
+        ),
+        (
+            [
+                "task=multilabel",
+                "task.pos_weight=[1,2]",
+                "data=csv",
+                "data.path=houses.csv",
+                "data.target=tags",
+            ],
+            "task.pos_weight has 2 values; csv houses.csv has 3 labels",
+        ),
+        (["task=regression", "task.loss=hinge"], "task.loss="),
+    ],
+)
 def test_data_the_task_cannot_learn_is_refused_in_one_line(tmp_path, overrides, message):
     write_houses(tmp_path / "houses.csv", rows=60)
-    result = run_train(tmp_path, *overrides, FEATURES if "data=csv" in overrides else "seed=0",
-                       "data.batch_size=8", "trainer.max_epochs=1", ok=False)  # fmt: skip
+    result = run_train(
+        tmp_path,
+        *overrides,
+        FEATURES if "data=csv" in overrides else "seed=0",
+        "data.batch_size=8",
+        "trainer.max_epochs=1",
+        ok=False,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert message in result.stderr.strip().splitlines()[-1]
     assert not list(tmp_path.rglob("*.pt"))
@@ -483,20 +663,30 @@ def test_each_regression_criterion_is_torchs_on_the_scaled_targets():
     scaled = (targets - 300) / 40
     F = torch.nn.functional
     assert RegressionLoss("mse", 1.0, scale)(outputs, targets) == pytest.approx(
-        float(F.mse_loss(outputs, scaled)), rel=1e-6)  # fmt: skip
+        float(F.mse_loss(outputs, scaled)), rel=1e-6
+    )
     assert RegressionLoss("l1", 1.0, scale)(outputs, targets) == pytest.approx(
-        float(F.l1_loss(outputs, scaled)), rel=1e-6)  # fmt: skip
+        float(F.l1_loss(outputs, scaled)), rel=1e-6
+    )
     assert RegressionLoss("huber", 0.3, scale)(outputs, targets) == pytest.approx(
-        float(F.huber_loss(outputs, scaled, delta=0.3)), rel=1e-6)  # fmt: skip
+        float(F.huber_loss(outputs, scaled, delta=0.3)), rel=1e-6
+    )
     assert RegressionLoss("huber", 0.3, scale)(outputs, targets) != pytest.approx(
-        float(F.huber_loss(outputs, scaled, delta=1.0)), rel=1e-3)  # fmt: skip
+        float(F.huber_loss(outputs, scaled, delta=1.0)), rel=1e-3
+    )
 
 
 def test_a_record_written_before_tasks_existed_is_a_classifiers():
     from utils.predictions import InputRecord
 
-    record = {"shape": [1, 8, 8], "mean": [0.5], "std": [0.2], "num_classes": 10,
-              "classes": None, "table": None}  # fmt: skip
+    record = {
+        "shape": [1, 8, 8],
+        "mean": [0.5],
+        "std": [0.2],
+        "num_classes": 10,
+        "classes": None,
+        "table": None,
+    }
     read = InputRecord.read(record, Path("old.pt"))
     assert read.targets.kind == "classes" and read.class_names[:2] == ["0", "1"]
     record["targets"] = {"kind": "values", "count": 3, "names": None}

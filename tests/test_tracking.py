@@ -41,8 +41,12 @@ pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
 
 # 19 optimizer steps an epoch on the digits, a point every 5 steps, 3 epochs.
-JOB = ("model.hidden_sizes=[32]", "trainer.max_epochs=3", "trainer.log_every_n_steps=5",
-       "logger=[tensorboard,csv,mlflow,wandb]")  # fmt: skip
+JOB = (
+    "model.hidden_sizes=[32]",
+    "trainer.max_epochs=3",
+    "trainer.log_every_n_steps=5",
+    "logger=[tensorboard,csv,mlflow,wandb]",
+)
 ENV = {"WANDB_SILENT": "true"}  # and no WANDB_API_KEY: offline
 
 
@@ -91,9 +95,16 @@ def test_every_logger_holds_the_same_history_and_marks_the_run_finished(straight
 
 def test_the_csv_is_long_form_and_stays_valid_when_a_tag_appears_mid_run(tmp_path):
     # val/ tags first appear at epoch 2; per-layer gradient norms from the first point on
-    run_train(tmp_path, "model.hidden_sizes=[32]", "trainer.max_epochs=2", "logger=csv",
-              "trainer.val_every_n_epochs=2", "trainer.log_every_n_steps=5",
-              "trainer.log_grad_norms=per_layer", "run_name=longform")  # fmt: skip
+    run_train(
+        tmp_path,
+        "model.hidden_sizes=[32]",
+        "trainer.max_epochs=2",
+        "logger=csv",
+        "trainer.val_every_n_epochs=2",
+        "trainer.log_every_n_steps=5",
+        "trainer.log_grad_norms=per_layer",
+        "run_name=longform",
+    )
     rows = csv_rows(tmp_path / "runs" / "longform")
     text = (tmp_path / "runs" / "longform" / "metrics.csv").read_text()
     assert text.startswith("step,epoch,tag,value\n")
@@ -110,16 +121,27 @@ def test_a_stopped_run_is_killed_then_the_same_run_finishes_with_the_same_histor
     tmp_path, straight
 ):
     _, reference = straight
-    stopped = run_train(tmp_path, *JOB, "model._target_=signalling_model.mlp",
-                        "run_name=stopped", ok=False,
-                        env={**ENV, "SIGNAL_AT_FORWARD": "30"})  # fmt: skip
+    stopped = run_train(
+        tmp_path,
+        *JOB,
+        "model._target_=signalling_model.mlp",
+        "run_name=stopped",
+        ok=False,
+        env={**ENV, "SIGNAL_AT_FORWARD": "30"},
+    )
     assert stopped.returncode == EXIT_INTERRUPTED, stopped.stderr[-2000:]
     (run,) = mlflow_runs(store(tmp_path), "stopped")
     assert run.info.status == "KILLED"
     (attempt,) = wandb_attempts(tmp_path / "runs" / "stopped")
     assert attempt["exit_code"] == 3
-    run_train(tmp_path, *JOB, "model._target_=signalling_model.mlp", "run_name=stopped",
-              "resume=auto", env=ENV)  # fmt: skip
+    run_train(
+        tmp_path,
+        *JOB,
+        "model._target_=signalling_model.mlp",
+        "run_name=stopped",
+        "resume=auto",
+        env=ENV,
+    )
     (run,) = mlflow_runs(store(tmp_path), "stopped")  # one MLflow run, reattached
     assert run.info.status == "FINISHED"
     assert len({a["id"] for a in wandb_attempts(tmp_path / "runs" / "stopped")}) == 1
@@ -129,9 +151,15 @@ def test_a_stopped_run_is_killed_then_the_same_run_finishes_with_the_same_histor
 
 
 def test_a_failed_run_is_marked_failed(tmp_path):
-    failed = run_train(tmp_path, "model._target_=signalling_model.crashing_mlp",
-                       "trainer.max_epochs=1", "logger=[mlflow,wandb]", "run_name=crash",
-                       ok=False, env=ENV)  # fmt: skip
+    failed = run_train(
+        tmp_path,
+        "model._target_=signalling_model.crashing_mlp",
+        "trainer.max_epochs=1",
+        "logger=[mlflow,wandb]",
+        "run_name=crash",
+        ok=False,
+        env=ENV,
+    )
     assert failed.returncode != 0
     (run,) = mlflow_runs(store(tmp_path), "crash")
     assert run.info.status == "FAILED" and run.data.params["run_name"] == "crash"
@@ -140,8 +168,16 @@ def test_a_failed_run_is_marked_failed(tmp_path):
 
 
 def test_a_three_job_sweep_is_three_tracked_runs_grouped_by_the_sweep(tmp_path):
-    run_train(tmp_path, "-m", "run_name=grid/seeds", "seed=0,1,2", "model.hidden_sizes=[16]",
-              "trainer.max_epochs=1", "logger=[mlflow,wandb]", env=ENV)  # fmt: skip
+    run_train(
+        tmp_path,
+        "-m",
+        "run_name=grid/seeds",
+        "seed=0,1,2",
+        "model.hidden_sizes=[16]",
+        "trainer.max_epochs=1",
+        "logger=[mlflow,wandb]",
+        env=ENV,
+    )
     runs = mlflow_runs(store(tmp_path), "grid/seeds")
     assert sorted(r.data.tags["torchloom.job"] for r in runs) == ["0", "1", "2"]
     assert {r.info.status for r in runs} == {"FINISHED"}
@@ -163,9 +199,17 @@ def test_a_config_value_of_10000_characters_is_shortened_with_one_warning(tmp_pa
     long = "x" * 10_000  # a table's target column of that name: data.target holds it
     rows = [f"{i % 5},{'ab'[i % 2]}" for i in range(120)]
     (tmp_path / "t.csv").write_text(f"f,{long}\n" + "\n".join(rows) + "\n")
-    result = run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "data=csv",
-                       "data.path=t.csv", f"data.target={long}", "data.batch_size=16",
-                       "logger=mlflow", "run_name=long")  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "model.hidden_sizes=[16]",
+        "trainer.max_epochs=1",
+        "data=csv",
+        "data.path=t.csv",
+        f"data.target={long}",
+        "data.batch_size=16",
+        "logger=mlflow",
+        "run_name=long",
+    )
     (run,) = mlflow_runs(store(tmp_path), "long")
     assert len(run.data.params["data.target"]) == MAX_PARAM_VAL_LENGTH
     assert run.data.params["data.target"].endswith("…") and run.info.status == "FINISHED"
@@ -176,18 +220,27 @@ def test_config_keys_mlflow_refuses_are_mapped_at_start_up_and_the_run_holds_its
     # A table's column named growth% in data.na_columns: a config key MLflow refuses.
     rows = [[f"{i % 7}" if i % 5 else "", str(i % 3), "yes" if i % 2 else "no"] for i in range(90)]
     (tmp_path / "t.csv").write_text("growth%,(b+c),y\n" + "\n".join(",".join(r) for r in rows))
-    result = run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y",
-                       "data.na_columns={growth%: median}", "data.batch_size=16",
-                       "model.hidden_sizes=[8]",
-                       "trainer.max_epochs=2", "logger=mlflow", "run_name=odd")  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "data=csv",
+        "data.path=t.csv",
+        "data.target=y",
+        "data.na_columns={growth%: median}",
+        "data.batch_size=16",
+        "model.hidden_sizes=[8]",
+        "trainer.max_epochs=2",
+        "logger=mlflow",
+        "run_name=odd",
+    )
     assert "data.na_columns.growth% -> data.na_columns.growth_" in result.stdout + result.stderr
     (run,) = mlflow_runs(store(tmp_path), "odd")
     assert run.info.status == "FINISHED" and run.data.params["data.na_columns.growth_"] == "median"
 
 
 def test_a_wandb_project_w_and_b_refuses_is_one_line_at_start_up(tmp_path):
-    result = run_train(tmp_path, "logger=wandb", "run_name=a%b/c", "trainer.max_epochs=1",
-                       ok=False, env=ENV)  # fmt: skip
+    result = run_train(
+        tmp_path, "logger=wandb", "run_name=a%b/c", "trainer.max_epochs=1", ok=False, env=ENV
+    )
     assert result.returncode == 2
     assert "logger.wandb: the project 'a%b' (run_name's first part) holds '%'" in result.stderr
     assert not list((tmp_path / "checkpoints").rglob("*.pt"))
@@ -226,10 +279,19 @@ def test_a_stop_while_the_tracking_server_never_answers_exits_3_within_seconds(t
     server = SilentServer()
     try:
         run = subprocess.Popen(
-            [sys.executable, str(ROOT / "train.py"), "logger=mlflow", "trainer.max_epochs=1",
-             f"logger.mlflow.tracking_uri=http://127.0.0.1:{server.port}", "run_name=hung"],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(ROOT / "train.py"),
+                "logger=mlflow",
+                "trainer.max_epochs=1",
+                f"logger.mlflow.tracking_uri=http://127.0.0.1:{server.port}",
+                "run_name=hung",
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         assert server.accepted.wait(timeout=120), "train.py never reached the server"
         run.send_signal(signal.SIGTERM)  # while the start-up check waits for an answer
         output, _ = run.communicate(timeout=60)  # before the fix: minutes, SIGTERM or not
@@ -244,9 +306,15 @@ def test_a_stop_while_the_tracking_server_never_answers_exits_3_within_seconds(t
 def test_a_tracking_server_that_never_answers_is_one_line_after_a_bounded_wait(tmp_path):
     server = SilentServer()
     try:
-        result = run_train(tmp_path, "logger=mlflow", "trainer.max_epochs=1",
-                           f"logger.mlflow.tracking_uri=http://127.0.0.1:{server.port}",
-                           ok=False, process=True, timeout=120)  # fmt: skip
+        result = run_train(
+            tmp_path,
+            "logger=mlflow",
+            "trainer.max_epochs=1",
+            f"logger.mlflow.tracking_uri=http://127.0.0.1:{server.port}",
+            ok=False,
+            process=True,
+            timeout=120,
+        )
     finally:
         server.close()
     assert result.returncode == 2
@@ -254,19 +322,30 @@ def test_a_tracking_server_that_never_answers_is_one_line_after_a_bounded_wait(t
 
 
 def test_evaluate_adds_its_metrics_to_the_training_run(tmp_path):
-    run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "logger=mlflow",
-              "run_name=judged")  # fmt: skip
+    run_train(
+        tmp_path,
+        "model.hidden_sizes=[16]",
+        "trainer.max_epochs=1",
+        "logger=mlflow",
+        "run_name=judged",
+    )
     run_evaluate(tmp_path, "ckpt=checkpoints/judged/best.pt", "logger=mlflow", "split=val")
     (run,) = mlflow_runs(store(tmp_path), "judged")
     assert run.data.metrics["evaluate/val/acc"] == pytest.approx(run.data.metrics["val/acc"])
     run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "run_name=untracked")
-    refused = run_evaluate(tmp_path, "ckpt=checkpoints/untracked/best.pt", "logger=mlflow",
-                           ok=False)  # fmt: skip
+    refused = run_evaluate(
+        tmp_path, "ckpt=checkpoints/untracked/best.pt", "logger=mlflow", ok=False
+    )
     assert refused.returncode == 2
     assert "was not trained with logger=mlflow" in refused.stderr.strip().splitlines()[-1]
     # A checkpoint edited to name another tracked run adds nothing to that run.
-    run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "logger=mlflow",
-              "run_name=other")  # fmt: skip
+    run_train(
+        tmp_path,
+        "model.hidden_sizes=[16]",
+        "trainer.max_epochs=1",
+        "logger=mlflow",
+        "run_name=other",
+    )
     (other,) = mlflow_runs(store(tmp_path), "other")
     best = tmp_path / "checkpoints/judged/best.pt"
     edited = torch.load(best, weights_only=True)
@@ -311,31 +390,47 @@ def test_a_missing_package_is_one_line_naming_the_extra(tmp_path, monkeypatch, p
 
 
 def test_wandb_online_without_a_key_is_refused_rather_than_prompting(tmp_path):
-    result = run_train(tmp_path, "logger=wandb", "logger.wandb.mode=online", "run_name=online",
-                       ok=False, env={**ENV, "NETRC": str(tmp_path / "none")})  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "logger=wandb",
+        "logger.wandb.mode=online",
+        "run_name=online",
+        ok=False,
+        env={**ENV, "NETRC": str(tmp_path / "none")},
+    )
     assert result.returncode == 2
     assert "needs an API key" in result.stderr.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("record", [
-    {"pending": [["step", 0, "train/loss", 1.0]], "backends": {}},
-    {"token": "../../x", "pending": [], "backends": {}},
-    {"pending": [], "backends": {"mlflow": {"run_id": ["not", "a", "string"]}}},
-    "not a record",
-    {"pending": [[10**30, 0, "train/loss", 1.0]], "backends": {}},
-    {"pending": [[3, 1, "val/a(c)c", 1.0]], "backends": {}},
-    {"pending": [[3, 1, "v" * 600, 1.0]], "backends": {}},
-    {"pending": [], "backends": {"csv": {"step": 10**30}}},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"pending": [["step", 0, "train/loss", 1.0]], "backends": {}},
+        {"token": "../../x", "pending": [], "backends": {}},
+        {"pending": [], "backends": {"mlflow": {"run_id": ["not", "a", "string"]}}},
+        "not a record",
+        {"pending": [[10**30, 0, "train/loss", 1.0]], "backends": {}},
+        {"pending": [[3, 1, "val/a(c)c", 1.0]], "backends": {}},
+        {"pending": [[3, 1, "v" * 600, 1.0]], "backends": {}},
+        {"pending": [], "backends": {"csv": {"step": 10**30}}},
+    ],
+)
 def test_an_edited_tracking_record_is_ignored_with_one_warning(tmp_path, record):
-    run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "logger=csv",
-              "run_name=edited")  # fmt: skip
+    run_train(
+        tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "logger=csv", "run_name=edited"
+    )
     path = tmp_path / "checkpoints" / "edited" / "last.pt"
     checkpoint = torch.load(path, weights_only=True)
     checkpoint["tracking"] = record
     torch.save(checkpoint, path)
-    result = run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=2",
-                       "logger=csv", "run_name=edited", "resume=auto")  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "model.hidden_sizes=[16]",
+        "trainer.max_epochs=2",
+        "logger=csv",
+        "run_name=edited",
+        "resume=auto",
+    )
     assert (result.stdout + result.stderr).count("tracking record is not what torchloom") == 1
     val = [step for step, _ in csv_history(tmp_path / "runs" / "edited")["val/acc"]]
     assert val == [19, 38]
@@ -343,8 +438,15 @@ def test_an_edited_tracking_record_is_ignored_with_one_warning(tmp_path, record)
 
 @pytest.mark.slow
 def test_two_torchrun_processes_are_one_tracked_run(tmp_path):
-    torchrun(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=2", "run_name=ddp",
-             "trainer.log_every_n_steps=3", "logger=[csv,mlflow,wandb]", env=ENV)  # fmt: skip
+    torchrun(
+        tmp_path,
+        "model.hidden_sizes=[16]",
+        "trainer.max_epochs=2",
+        "run_name=ddp",
+        "trainer.log_every_n_steps=3",
+        "logger=[csv,mlflow,wandb]",
+        env=ENV,
+    )
     (run,) = mlflow_runs(store(tmp_path), "ddp")
     assert run.info.status == "FINISHED"
     assert len(wandb_attempts(tmp_path / "runs" / "ddp")) == 1
@@ -356,11 +458,26 @@ def test_two_torchrun_processes_are_one_tracked_run(tmp_path):
 def test_a_real_mlflow_server_on_localhost_holds_the_run_and_its_evaluation(tmp_path):
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-         "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'server.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120  # a server that never starts, not a timing window
@@ -372,10 +489,20 @@ def test_a_real_mlflow_server_on_localhost_holds_the_run_and_its_evaluation(tmp_
             except OSError:
                 assert server.poll() is None and time.monotonic() < deadline, "no server"
                 time.sleep(0.5)
-        run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=2", "logger=mlflow",
-                  f"logger.mlflow.tracking_uri={uri}", "run_name=served/first")  # fmt: skip
-        run_evaluate(tmp_path, "ckpt=checkpoints/served/first/best.pt", "logger=mlflow",
-                     f"logger.mlflow.tracking_uri={uri}")  # fmt: skip
+        run_train(
+            tmp_path,
+            "model.hidden_sizes=[16]",
+            "trainer.max_epochs=2",
+            "logger=mlflow",
+            f"logger.mlflow.tracking_uri={uri}",
+            "run_name=served/first",
+        )
+        run_evaluate(
+            tmp_path,
+            "ckpt=checkpoints/served/first/best.pt",
+            "logger=mlflow",
+            f"logger.mlflow.tracking_uri={uri}",
+        )
         (run,) = mlflow_runs(uri, "served/first")
         assert run.info.status == "FINISHED"
         assert run.data.metrics["evaluate/test/acc"] == pytest.approx(run.data.metrics["test/acc"])
@@ -388,22 +515,34 @@ def test_a_real_mlflow_server_on_localhost_holds_the_run_and_its_evaluation(tmp_
 
 
 def test_a_checkpoint_from_before_tracking_resumes_into_a_new_tracked_run_quietly(tmp_path):
-    run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "logger=csv",
-              "run_name=older")  # fmt: skip
+    run_train(
+        tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=1", "logger=csv", "run_name=older"
+    )
     path = tmp_path / "checkpoints" / "older" / "last.pt"
     checkpoint = torch.load(path, weights_only=True)
     del checkpoint["tracking"]  # as torchloom wrote checkpoints before the logger group
     torch.save(checkpoint, path)
-    result = run_train(tmp_path, "model.hidden_sizes=[16]", "trainer.max_epochs=2",
-                       "logger=csv", "run_name=older", "resume=auto")  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "model.hidden_sizes=[16]",
+        "trainer.max_epochs=2",
+        "logger=csv",
+        "run_name=older",
+        "resume=auto",
+    )
     assert "tracking record" not in result.stdout + result.stderr
     val = [step for step, _ in csv_history(tmp_path / "runs" / "older")["val/acc"]]
     assert val == [19, 38]  # the CSV continues; nothing was cut or doubled
 
 
 def test_resuming_an_older_checkpoint_starts_new_tracked_runs_and_cuts_the_csv(tmp_path):
-    job = ("model.hidden_sizes=[16]", "trainer.max_epochs=3", "trainer.keep_top_k=3",
-           "logger=[csv,mlflow]", "run_name=older_point")  # fmt: skip
+    job = (
+        "model.hidden_sizes=[16]",
+        "trainer.max_epochs=3",
+        "trainer.keep_top_k=3",
+        "logger=[csv,mlflow]",
+        "run_name=older_point",
+    )
     run_train(tmp_path, *job)
     (first,) = tmp_path.glob("checkpoints/older_point/epoch=001-*.pt")
     result = run_train(tmp_path, *job, f"resume='{first}'")
@@ -427,11 +566,14 @@ def test_an_edited_run_id_never_writes_into_another_tracked_run(tmp_path):
     (victim_attempt,) = wandb_attempts(tmp_path / "runs" / "victim")
     path = tmp_path / "checkpoints" / "edited_id" / "last.pt"
     checkpoint = torch.load(path, weights_only=True)
-    checkpoint["tracking"]["backends"] = {"mlflow": {"run_id": victim.info.run_id},
-                                          "wandb": {"id": victim_attempt["id"]}}  # fmt: skip
+    checkpoint["tracking"]["backends"] = {
+        "mlflow": {"run_id": victim.info.run_id},
+        "wandb": {"id": victim_attempt["id"]},
+    }
     torch.save(checkpoint, path)
-    result = run_train(tmp_path, *job, "trainer.max_epochs=2", "run_name=edited_id",
-                       "resume=auto", env=ENV)  # fmt: skip
+    result = run_train(
+        tmp_path, *job, "trainer.max_epochs=2", "run_name=edited_id", "resume=auto", env=ENV
+    )
     said = result.stdout + result.stderr
     assert "is not this run's (another token)" in said and "W&B id" in said
     assert mlflow_history(store(tmp_path), victim.info.run_id) == before

@@ -96,8 +96,11 @@ def test_run_prints_its_paths_at_start_and_end(default_run):
 
 def test_checkpoints_are_plain_dicts_that_load_with_weights_only(default_run):
     _, run_dir, checkpoint_dir = default_run
-    assert sorted(p.name for p in checkpoint_dir.iterdir()) == [".torchloom-claim", "best.pt",
-                                                                 "last.pt"]  # fmt: skip
+    assert sorted(p.name for p in checkpoint_dir.iterdir()) == [
+        ".torchloom-claim",
+        "best.pt",
+        "last.pt",
+    ]
     last = torch.load(checkpoint_dir / "last.pt", map_location="cpu", weights_only=True)
     assert set(last) == CHECKPOINT_KEYS
     assert last["epoch"] == 20 and last["global_step"] == 20 * (1257 // 64)
@@ -192,11 +195,19 @@ def test_every_model_trains_one_epoch_on_each_dataset(
 @pytest.mark.parametrize("schedulers", ["plateau,onecycle", *slow("none,step,plateau,onecycle")])
 def test_precisions_schedulers_and_clipping_run_on_cpu(tmp_path, schedulers):
     run_train(
-        tmp_path, "-m", "run_name=options", "precision=fp16,bf16",
-        f"scheduler={schedulers}", "optim=sgd", "scheduler.warmup_steps=3",
-        "trainer.gradient_clip_val=1.0", "trainer.max_epochs=2", "trainer.log_every_n_steps=5",
-        "model=cnn", "model.channels=[8,16]",
-    )  # fmt: skip
+        tmp_path,
+        "-m",
+        "run_name=options",
+        "precision=fp16,bf16",
+        f"scheduler={schedulers}",
+        "optim=sgd",
+        "scheduler.warmup_steps=3",
+        "trainer.gradient_clip_val=1.0",
+        "trainer.max_epochs=2",
+        "trainer.log_every_n_steps=5",
+        "model=cnn",
+        "model.channels=[8,16]",
+    )
     for job in range(2 * len(schedulers.split(","))):
         metrics = read_metrics(tmp_path / "runs" / "options" / str(job))
         assert metrics["train/loss"] == pytest.approx(metrics["train/loss"])  # finite, not NaN
@@ -306,10 +317,18 @@ def test_a_data_bound_run_measures_its_waiting_and_says_what_to_change(tmp_path,
 
     monkeypatch.setattr(data.imagefolder, "decode", slow_decode)  # in-process run below
     root = write_imagefolder(tmp_path / "images", per_class=40, size=(16, 16), test=False)
-    result = run_train(tmp_path, "run_name=waiting", "data=imagefolder", f"data.root={root}",
-                       "data.image_size=[16,16]", "data.num_workers=0", "data.cache=off",
-                       "data.batch_size=16",
-                       "model.hidden_sizes=[4]", "trainer.max_epochs=1")  # fmt: skip
+    result = run_train(
+        tmp_path,
+        "run_name=waiting",
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.image_size=[16,16]",
+        "data.num_workers=0",
+        "data.cache=off",
+        "data.batch_size=16",
+        "model.hidden_sizes=[4]",
+        "trainer.max_epochs=1",
+    )
     fraction = read_metrics(tmp_path / "runs" / "waiting")["train/data_wait_fraction"]
     assert 0.5 < fraction <= 1.0
     assert result.stdout.count("waiting for batches: raise data.num_workers (now 0)") == 1

@@ -243,9 +243,16 @@ def test_a_cuda_checkpoint_evaluates_on_the_cpu(tmp_path):
 def test_evaluate_finds_moved_data_through_data_root(tmp_path, mnist_root):
     moved = tmp_path / "moved"
     shutil.copytree(mnist_root, tmp_path / "original")
-    run_train(tmp_path, "run_name=m", "data=mnist", f"data.root={tmp_path / 'original'}",
-              "data.val_size=32", "data.download=false", "trainer.max_epochs=1",
-              "data.batch_size=16")  # fmt: skip
+    run_train(
+        tmp_path,
+        "run_name=m",
+        "data=mnist",
+        f"data.root={tmp_path / 'original'}",
+        "data.val_size=32",
+        "data.download=false",
+        "trainer.max_epochs=1",
+        "data.batch_size=16",
+    )
     (tmp_path / "original").rename(moved)
     missing = run_evaluate(tmp_path, "ckpt=checkpoints/m", ok=False)
     assert "mnist not found in" in only_error_line(missing)

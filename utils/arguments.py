@@ -75,11 +75,12 @@ def pair_of_positive_ints() -> Rule:
     """``[height, width]`` of an image size, at most :data:`MAX_IMAGE_PIXELS` pixels: a stored
     config read by evaluate.py cannot make every image decode to gigabytes."""
     return Rule(
-        lambda v: len(v) == 2 and all(_whole(x) and x >= 1 for x in v)
-        and v[0] * v[1] <= MAX_IMAGE_PIXELS,
+        lambda v: (
+            len(v) == 2 and all(_whole(x) and x >= 1 for x in v) and v[0] * v[1] <= MAX_IMAGE_PIXELS
+        ),
         f"two whole numbers [height, width], each 1 or more, at most {MAX_IMAGE_PIXELS:,} "
         "pixels in all",
-    )  # fmt: skip
+    )
 
 
 def checked(group: str, **rules: Rule) -> Callable:
@@ -131,8 +132,9 @@ def check_node(
             )
     for parameter in parameters.values():
         required = parameter.default is parameter.empty and parameter.kind in (
-            parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY,
-        )  # fmt: skip
+            parameter.POSITIONAL_OR_KEYWORD,
+            parameter.KEYWORD_ONLY,
+        )
         if required and parameter.name not in given and parameter.name not in supplied:
             raise UserError(
                 f"{group}.{parameter.name} is required by {name}; pass {group}.{parameter.name}=..."

@@ -40,8 +40,12 @@ class Calibration:
     def record(self) -> dict:
         """What a checkpoint's inputs record keeps under ``calibration``."""
         thresholds = None if self.thresholds is None else list(self.thresholds)
-        return {"temperature": self.temperature, "thresholds": thresholds,
-                "weights": self.weights, "split": "val"}  # fmt: skip
+        return {
+            "temperature": self.temperature,
+            "thresholds": thresholds,
+            "weights": self.weights,
+            "split": "val",
+        }
 
     @classmethod
     def read(cls, record: Any, width: int, where: str) -> Calibration | None:
@@ -50,24 +54,31 @@ class Calibration:
         the checkpoint, for the message."""
         if record is None:
             return None
-        fix = ("evaluate.py ckpt=<it> split=val calibrate=temperature (or threshold=auto) "
-               "replaces it")  # fmt: skip
+        fix = (
+            "evaluate.py ckpt=<it> split=val calibrate=temperature (or threshold=auto) replaces it"
+        )
         if not isinstance(record, dict):
             raise UserError(f"{where}: its calibration record is not a mapping; {fix}")
         temperature, thresholds = record.get("temperature", 1.0), record.get("thresholds")
         if not (_finite(temperature) and MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
-            raise UserError(f"{where}: its calibration temperature {temperature!r} is not a "
-                            f"number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}; {fix}")  # fmt: skip
+            raise UserError(
+                f"{where}: its calibration temperature {temperature!r} is not a "
+                f"number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}; {fix}"
+            )
         if thresholds is not None:
             ok = isinstance(thresholds, list) and len(thresholds) == width and width > 0
             if not ok:
                 count = len(thresholds) if isinstance(thresholds, list) else "no list of"
-                raise UserError(f"{where}: its calibration holds {count} thresholds and the "
-                                f"model decides {width} (labels, or a binary classifier's one); {fix}")  # fmt: skip
+                raise UserError(
+                    f"{where}: its calibration holds {count} thresholds and the "
+                    f"model decides {width} (labels, or a binary classifier's one); {fix}"
+                )
             bad = [t for t in thresholds if not (_finite(t) and 0 < t < 1)]
             if bad:
-                raise UserError(f"{where}: its calibration threshold {bad[0]!r} is not between "
-                                f"0 and 1 (both excluded); {fix}")  # fmt: skip
+                raise UserError(
+                    f"{where}: its calibration threshold {bad[0]!r} is not between "
+                    f"0 and 1 (both excluded); {fix}"
+                )
             thresholds = tuple(float(t) for t in thresholds)
         weights = record.get("weights")
         if weights not in ("swa", "ema", "raw", None):
@@ -80,8 +91,11 @@ class Calibration:
         """One line of what it applies."""
         parts = [f"temperature {self.temperature:.4g}"]
         if self.thresholds is not None:
-            parts.append("threshold" + ("s " if len(self.thresholds) > 1 else " ") +
-                         " ".join(f"{t:.4g}" for t in self.thresholds))  # fmt: skip
+            parts.append(
+                "threshold"
+                + ("s " if len(self.thresholds) > 1 else " ")
+                + " ".join(f"{t:.4g}" for t in self.thresholds)
+            )
         return ", ".join(parts) + f" (fitted on val, {self.weights or 'the stored'} weights)"
 
 
@@ -120,8 +134,9 @@ def fit_temperature(logits: torch.Tensor, nll: Callable[[torch.Tensor], float]) 
     return min(max(math.exp(best), MIN_TEMPERATURE), MAX_TEMPERATURE)
 
 
-def f1_thresholds(probabilities: torch.Tensor, truth: torch.Tensor,
-                  default: float) -> tuple[list[float], list[float]]:  # fmt: skip
+def f1_thresholds(
+    probabilities: torch.Tensor, truth: torch.Tensor, default: float
+) -> tuple[list[float], list[float]]:
     """(threshold, F1) of each column: the threshold at which ``p >= t`` has the highest F1
     on these (validation) samples, halfway between the lowest score predicted positive and the
     next lower one, so the F1 here is exactly what the threshold gives; among equal F1s the

@@ -44,14 +44,28 @@ FORMAT_VERSION = 2  # 2: loss sums under "losses", with the losses not yet summe
 # What resuming needs besides the weights (format 1 kept its loss sums under other names).
 NUMBER = (int, float, type(None))
 TRAINING_KEYS = {
-    "optimizer": dict, "scheduler": dict, "scaler": dict, "epoch": int, "batch_in_epoch": int,
-    "global_step": int, "best_metric": NUMBER, "best_epoch": (int, type(None)), "top_k": list,
-    "metrics": dict, "config": dict, "rng": dict,
-}  # fmt: skip
+    "optimizer": dict,
+    "scheduler": dict,
+    "scaler": dict,
+    "epoch": int,
+    "batch_in_epoch": int,
+    "global_step": int,
+    "best_metric": NUMBER,
+    "best_epoch": (int, type(None)),
+    "top_k": list,
+    "metrics": dict,
+    "config": dict,
+    "rng": dict,
+}
 # Written by later versions; an older checkpoint without them resumes with their fresh value.
-OPTIONAL_TRAINING_KEYS = {"skipped_steps": int, "early_stopping": dict, "ema": (dict, type(None)),
-                          "swa": (dict, type(None)), "world_size": int,
-                          "elapsed_seconds": NUMBER}  # fmt: skip
+OPTIONAL_TRAINING_KEYS = {
+    "skipped_steps": int,
+    "early_stopping": dict,
+    "ema": (dict, type(None)),
+    "swa": (dict, type(None)),
+    "world_size": int,
+    "elapsed_seconds": NUMBER,
+}
 MAX_COUNT = 2**53  # epochs, steps and batch positions: a stored count beyond this was edited
 COUNTERS = ("epoch", "batch_in_epoch", "global_step", "skipped_steps", "world_size")
 STALE_AFTER_SECONDS = 3600  # a temporary file of another machine's writer, untouched this long
@@ -147,8 +161,10 @@ def replace_inputs_record(path: Path, inputs: dict, seen: os.stat_result) -> Non
         return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
     if identity(path.stat()) != identity(seen):
-        raise UserError(f"{path} changed while it was evaluated (is a run still writing it?); "
-                        "nothing was stored: run it again once the run is done")  # fmt: skip
+        raise UserError(
+            f"{path} changed while it was evaluated (is a run still writing it?); "
+            "nothing was stored: run it again once the run is done"
+        )
     checkpoint = load_checkpoint(path)
     checkpoint["inputs"] = inputs
     save_atomic(checkpoint, path)
@@ -243,14 +259,19 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(f"not a readable checkpoint: {path}") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise UserError(f"not a readable checkpoint: {path} (no model weights in it)")
-    averages = [(f"{key}.model", entry.get("model")) for key in ("ema", "swa")
-                if isinstance(entry := state.get(key), dict)]  # their own checks say more  # fmt: skip
+    averages = [
+        (f"{key}.model", entry.get("model"))
+        for key in ("ema", "swa")
+        if isinstance(entry := state.get(key), dict)
+    ]  # their own checks say more
     for where, weights in (("model", state["model"]), *averages):
         if isinstance(weights, dict) and not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
         ):
-            raise UserError(f"not a readable checkpoint: {path} (its {where} holds something "
-                            "other than named tensors; was it edited?)")  # fmt: skip
+            raise UserError(
+                f"not a readable checkpoint: {path} (its {where} holds something "
+                "other than named tensors; was it edited?)"
+            )
     version = state.get("format_version", 1)
     if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
         raise UserError(
@@ -280,17 +301,25 @@ def check_training_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:
     for key in (k for k in COUNTERS if k in checkpoint):
         least = 1 if key == "world_size" else 0  # the processes that wrote it
         if not least <= checkpoint[key] <= MAX_COUNT:
-            raise UserError(f"cannot resume from {path}: its {key}={checkpoint[key]} is out of "
-                            f"range (was it edited?); use init_from={path} for its weights")  # fmt: skip
-    numbers = all(isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
-                  for k, v in checkpoint["metrics"].items())  # fmt: skip
+            raise UserError(
+                f"cannot resume from {path}: its {key}={checkpoint[key]} is out of "
+                f"range (was it edited?); use init_from={path} for its weights"
+            )
+    numbers = all(
+        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+        for k, v in checkpoint["metrics"].items()
+    )
     if not numbers:
-        raise UserError(f"cannot resume from {path}: its metrics are not named numbers (was it "
-                        f"edited?); use init_from={path} for its weights")  # fmt: skip
+        raise UserError(
+            f"cannot resume from {path}: its metrics are not named numbers (was it "
+            f"edited?); use init_from={path} for its weights"
+        )
     elapsed = checkpoint.get("elapsed_seconds", 0.0)
     if not (elapsed is None or (math.isfinite(elapsed) and 0 <= elapsed <= MAX_COUNT)):
-        raise UserError(f"cannot resume from {path}: its elapsed_seconds={elapsed} is out of "
-                        f"range (was it edited?); use init_from={path} for its weights")  # fmt: skip
+        raise UserError(
+            f"cannot resume from {path}: its elapsed_seconds={elapsed} is out of "
+            f"range (was it edited?); use init_from={path} for its weights"
+        )
 
 
 @contextlib.contextmanager

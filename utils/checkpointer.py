@@ -38,8 +38,9 @@ TOP_K_NAME = re.compile(r"epoch=(\d{3,})-[A-Za-z0-9_.+-]+=-?(\d+\.\d{4}|inf|nan)
 
 
 class Checkpointer:
-    def __init__(self, run: Any, context: Any, parts: Any, state: TrainState, monitor: Monitor,
-                 trainer: Any) -> None:  # fmt: skip
+    def __init__(
+        self, run: Any, context: Any, parts: Any, state: TrainState, monitor: Monitor, trainer: Any
+    ) -> None:
         """For ``run`` (utils/run.py RunStart: its checkpoint folder, record and resume point)
         in the process ``context`` (whether it writes checkpoints; its rank), saving ``parts``
         (utils/loop.py) and ``state``; ``trainer`` is the typed trainer config."""
@@ -95,12 +96,19 @@ class Checkpointer:
             prune_top_k(self.folder, state.top_k, self.trainer.keep_top_k, state.epoch)
             self._finish_copies(path)
         state.batch_in_epoch = distributed.rescale_position(
-            state.batch_in_epoch, checkpoint.get("world_size", 1),
-            self.context.processes.world_size, self.trainer.accumulate_grad_batches,
-        )  # fmt: skip
+            state.batch_in_epoch,
+            checkpoint.get("world_size", 1),
+            self.context.processes.world_size,
+            self.trainer.accumulate_grad_batches,
+        )
         self.intact = (path, None)
-        log.info("resumed from %s: epoch %d, batch %d, step %d", path, state.epoch + 1,
-                 state.batch_in_epoch, state.global_step)  # fmt: skip
+        log.info(
+            "resumed from %s: epoch %d, batch %d, step %d",
+            path,
+            state.epoch + 1,
+            state.batch_in_epoch,
+            state.global_step,
+        )
 
     def _finish_copies(self, path: Path) -> None:
         """A kill after last.pt was written but before its copies: when the resumed last.pt
@@ -245,11 +253,18 @@ class Checkpointer:
         self.save_on_stop()
         if context.is_main:
             state = self.state
-            command = (sweep.continue_command(record.resolved["run_name"]) if sweep.in_sweep()
-                       else continue_command(record.overrides, self.last, context.processes))  # fmt: skip
-            log.info("stopped by %s at epoch %d, batch %d; continue with:\n  %s",
-                     stop.name or "a signal to another process", state.epoch + 1,
-                     state.batch_in_epoch, command)  # fmt: skip
+            command = (
+                sweep.continue_command(record.resolved["run_name"])
+                if sweep.in_sweep()
+                else continue_command(record.overrides, self.last, context.processes)
+            )
+            log.info(
+                "stopped by %s at epoch %d, batch %d; continue with:\n  %s",
+                stop.name or "a signal to another process",
+                state.epoch + 1,
+                state.batch_in_epoch,
+                command,
+            )
         distributed.barrier()  # no process leaves before last.pt is written: torchrun would kill the rest
         context.close()
         raise Interrupted
@@ -264,9 +279,14 @@ class Checkpointer:
             checkpoint = load_checkpoint(best)
             load_weights(self.parts.model, checkpoint["model"])
             self._restore_averages(checkpoint)
-            self.state.record("val", {name.removeprefix("val/"): value for name, value
-                                      in checkpoint.get("metrics", {}).items()
-                                      if name.startswith("val/")})  # fmt: skip
+            self.state.record(
+                "val",
+                {
+                    name.removeprefix("val/"): value
+                    for name, value in checkpoint.get("metrics", {}).items()
+                    if name.startswith("val/")
+                },
+            )
 
 
 # --- Top-k copies ---------------------------------------------------------------------------
@@ -301,8 +321,12 @@ def checked_top_k(ranked: Any, folder: Path) -> list:
         if ok and own_top_k_file(folder, entry[1]) is not None:
             kept.append(entry)
         else:
-            log.warning("warning: ignoring top-k entry %r of the checkpoint: not a top-k file "
-                        "torchloom writes in %s", entry, folder)  # fmt: skip
+            log.warning(
+                "warning: ignoring top-k entry %r of the checkpoint: not a top-k file "
+                "torchloom writes in %s",
+                entry,
+                folder,
+            )
     return kept
 
 
@@ -315,8 +339,12 @@ def prune_top_k(folder: Path, ranked: list, k: int, epoch: int) -> None:
     tracked = {name for _, name in ranked}
     for path in sorted(folder.glob("epoch=*.pt")):
         if TOP_K_NAME.fullmatch(path.name) and path.name not in tracked:
-            log.info("removing %s: not among the top %d from this resume point (epoch %d)",
-                     path, k, epoch)  # fmt: skip
+            log.info(
+                "removing %s: not among the top %d from this resume point (epoch %d)",
+                path,
+                k,
+                epoch,
+            )
             path.unlink(missing_ok=True)
 
 

@@ -50,21 +50,32 @@ class RunClaim:
             folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:
-            raise UserError(f"cannot claim {folder} for this {what}: {error.strerror}; choose "
-                            "another paths.runs or run_name") from None  # fmt: skip
+            raise UserError(
+                f"cannot claim {folder} for this {what}: {error.strerror}; choose "
+                "another paths.runs or run_name"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = _holder(fd)
             os.close(fd)
-            raise ClaimHeld(f"{folder} is in use by {holder}; wait for it to end, or choose "
-                            "another run_name=...") from None  # fmt: skip
+            raise ClaimHeld(
+                f"{folder} is in use by {holder}; wait for it to end, or choose "
+                "another run_name=..."
+            ) from None
         previous = _holder(fd)
         if previous != "unknown":  # it ended without letting go: killed, or its machine died
-            log.info("%s: taking over the claim of %s, which ended without releasing it",
-                     folder, previous)  # fmt: skip
-        mine = {"what": what, "host": socket.gethostname(), "pid": os.getpid(),
-                "since": time.strftime("%Y-%m-%d %H:%M:%S")}  # fmt: skip
+            log.info(
+                "%s: taking over the claim of %s, which ended without releasing it",
+                folder,
+                previous,
+            )
+        mine = {
+            "what": what,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(mine).encode(), 0)
         claim = cls(path, fd)
@@ -85,8 +96,10 @@ def _holder(fd: int) -> str:
     """Who the claim file names, in words; ``unknown`` when it names no one (released)."""
     try:
         holder = json.loads(os.pread(fd, 4096, 0) or b"null")
-        return (f"a {holder['what']} (process {int(holder['pid'])} on {holder['host']}, since "
-                f"{holder['since']})")  # fmt: skip
+        return (
+            f"a {holder['what']} (process {int(holder['pid'])} on {holder['host']}, since "
+            f"{holder['since']})"
+        )
     except (OSError, ValueError, TypeError, KeyError):
         return "unknown"
 

@@ -273,8 +273,12 @@ OPTIONAL_KEYS = (
     "optim.weight_decay",
     "optim.layer_decay",
 )  # may be left out of a YAML (utils/optim.py)
-NULL_ALLOWED = ("trainer.cpu_threads", "trainer.early_stopping.patience", "trainer.ema.decay",
-                "optim.layer_decay")  # fmt: skip
+NULL_ALLOWED = (
+    "trainer.cpu_threads",
+    "trainer.early_stopping.patience",
+    "trainer.ema.decay",
+    "optim.layer_decay",
+)
 
 
 def check_config(cfg: DictConfig) -> TrainerConfig:
@@ -341,11 +345,28 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # Keys of the plain dicts a builder reads whole (a builder's signature checks its own keys).
 DICT_KEYS = {
-    "data.augment": ("crop_padding", "horizontal_flip", "spatial", "mixup_alpha",
-                     "cutmix_alpha", "mix_prob", "mix_switch_prob", "mix_off_epoch"),
-    "data.split": ("val_path", "test_path", "val", "test", "seed", "folds", "fold", "stratify",
-                   "group"),
-}  # fmt: skip
+    "data.augment": (
+        "crop_padding",
+        "horizontal_flip",
+        "spatial",
+        "mixup_alpha",
+        "cutmix_alpha",
+        "mix_prob",
+        "mix_switch_prob",
+        "mix_off_epoch",
+    ),
+    "data.split": (
+        "val_path",
+        "test_path",
+        "val",
+        "test",
+        "seed",
+        "folds",
+        "fold",
+        "stratify",
+        "group",
+    ),
+}
 
 
 def check_added_keys(cfg: DictConfig) -> None:
@@ -375,8 +396,10 @@ def check_added_keys(cfg: DictConfig) -> None:
             guess = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {parent + '.' if parent else ''}{guess[0]}? " if guess else ""
             shown = override if len(override) <= 80 else f"{override[:77]}..."
-            raise UserError(f"{shown}: nothing reads {key}; {hint}correct or remove it "
-                            "(conf/ shows every key that is read)")  # fmt: skip
+            raise UserError(
+                f"{shown}: nothing reads {key}; {hint}correct or remove it "
+                "(conf/ shows every key that is read)"
+            )
 
 
 # Arguments train.py passes to each group's builder itself (the rest come from the YAML).

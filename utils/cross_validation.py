@@ -47,9 +47,13 @@ from utils.resume_changes import config_changes
 from utils.text import cell, console
 
 log = logging.getLogger("torchloom")
-FOLDED_DATA = ("data.tabular.load_csv", "data.tensors.load_tensors",
-               "data.image_manifest.load_image_csv", "data.imagefolder.load_imagefolder",
-               "data.digits.load_digits")  # fmt: skip
+FOLDED_DATA = (
+    "data.tabular.load_csv",
+    "data.tensors.load_tensors",
+    "data.image_manifest.load_image_csv",
+    "data.imagefolder.load_imagefolder",
+    "data.digits.load_digits",
+)
 PREDICTIONS = "oof.pt"  # a fold's val predictions, in its run dir
 
 
@@ -60,18 +64,26 @@ def check_cv(cfg: DictConfig) -> int:
     if not (isinstance(folds, int) and not isinstance(folds, bool) and folds >= 2):
         raise UserError(f"cv={folds} must be a whole number of folds, 2 or more (or null)")
     if str(cfg.data.get("_target_")) not in FOLDED_DATA:
-        raise UserError(f"cv={folds} needs data whose val split is held out of its samples "
-                        "(data=csv, tensors, image_csv, imagefolder or digits)")  # fmt: skip
+        raise UserError(
+            f"cv={folds} needs data whose val split is held out of its samples "
+            "(data=csv, tensors, image_csv, imagefolder or digits)"
+        )
     given = (cfg.data.get("split") or {}).get("folds")
     if given is not None and given != folds:
-        raise UserError(f"cv={folds} and data.split.folds={given} disagree; leave "
-                        "data.split.folds out (cv=K sets it for every fold)")  # fmt: skip
+        raise UserError(
+            f"cv={folds} and data.split.folds={given} disagree; leave "
+            "data.split.folds out (cv=K sets it for every fold)"
+        )
     if cfg.resume not in (None, "auto"):
-        raise UserError(f"cv={folds} continues with resume=auto (each fold from its own "
-                        f"last.pt), not resume={cfg.resume}")  # fmt: skip
+        raise UserError(
+            f"cv={folds} continues with resume=auto (each fold from its own "
+            f"last.pt), not resume={cfg.resume}"
+        )
     if cfg.tune or cfg.trainer.get("shapes_only") or not cfg.trainer.get("write_outputs", True):
-        raise UserError(f"cv={folds} trains and saves every fold; it does not combine with "
-                        "tune= or the debug modes that write nothing")  # fmt: skip
+        raise UserError(
+            f"cv={folds} trains and saves every fold; it does not combine with "
+            "tune= or the debug modes that write nothing"
+        )
     return folds
 
 
@@ -107,8 +119,11 @@ def cross_validate(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> f
     if processes_from_env().is_main:
         summary = pool_folds(root, folds, cfg)
         console().print(summary_table(summary))
-        log.info("cv: out-of-fold predictions in %s; metrics in %s", root / "oof.csv",
-                 root / "metrics.json")  # fmt: skip
+        log.info(
+            "cv: out-of-fold predictions in %s; metrics in %s",
+            root / "oof.csv",
+            root / "metrics.json",
+        )
     return statistics.fmean(values)
 
 
@@ -135,16 +150,19 @@ def check_same_split(job: DictConfig, fold_dir: Path) -> None:
     changes = config_changes(stored, to_plain(job))
     differ = changes.never + changes.need_allow
     if differ:
-        raise UserError(f"cv={job.data.split.folds} resume=auto: {fold_dir.name} was made by "
-                        f"another split or run ({'; '.join(differ)}), so its predictions cannot "
-                        "join this one's; choose a new run_name=... for this cross-validation")  # fmt: skip
+        raise UserError(
+            f"cv={job.data.split.folds} resume=auto: {fold_dir.name} was made by "
+            f"another split or run ({'; '.join(differ)}), so its predictions cannot "
+            "join this one's; choose a new run_name=... for this cross-validation"
+        )
 
 
 # --- A fold's predictions --------------------------------------------------------------------
 
 
-def save_fold_predictions(out: Any, model: Any, batches: Any, precision: Any, task: Any,
-                          data: Any) -> None:  # fmt: skip
+def save_fold_predictions(
+    out: Any, model: Any, batches: Any, precision: Any, task: Any, data: Any
+) -> None:
     """The ``model``'s (best.pt's) predictions on the fold's val part (``batches``), with each
     sample's name (``data.fold_ids``), target and decoded row, as ``oof.pt`` in its run dir."""
     outputs, targets = outputs_of(model, batches.epoch(0), precision)
@@ -152,10 +170,16 @@ def save_fold_predictions(out: Any, model: Any, batches: Any, precision: Any, ta
     if len(ids.names) != len(outputs):
         raise RuntimeError(f"{len(ids.names)} val names for {len(outputs)} predictions")
     header, rows, _ = task.decode(outputs, SimpleNamespace(topk=task.count, threshold=None))
-    saved = {"fold": ids.fold, "names": ids.names, "targets": targets,
-             "target_cells": task.target_cells(targets), "outputs": task.portable(outputs),
-             "header": header, "rows": rows,
-             "inputs": InputRecord.from_run(data, task).to_dict()}  # fmt: skip
+    saved = {
+        "fold": ids.fold,
+        "names": ids.names,
+        "targets": targets,
+        "target_cells": task.target_cells(targets),
+        "outputs": task.portable(outputs),
+        "header": header,
+        "rows": rows,
+        "inputs": InputRecord.from_run(data, task).to_dict(),
+    }
     if out.is_main:
         buffer = io.BytesIO()
         torch.save(saved, buffer)
@@ -168,16 +192,26 @@ def read_fold_predictions(path: Path) -> dict:
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise UserError(f"cannot read {path} ({type(error).__name__}); remove its fold's "
-                        "folder and resume=auto to train that fold again") from None  # fmt: skip
+        raise UserError(
+            f"cannot read {path} ({type(error).__name__}); remove its fold's "
+            "folder and resume=auto to train that fold again"
+        ) from None
     count = len(saved.get("names", [])) if isinstance(saved, dict) else -1
-    ok = (count > 0 and all(isinstance(saved.get(k), torch.Tensor) and len(saved[k]) == count
-                            for k in ("targets", "outputs"))
-          and len(saved.get("rows", [])) == count == len(saved.get("target_cells", []))
-          and isinstance(saved.get("header"), list) and isinstance(saved.get("inputs"), dict))  # fmt: skip
+    ok = (
+        count > 0
+        and all(
+            isinstance(saved.get(k), torch.Tensor) and len(saved[k]) == count
+            for k in ("targets", "outputs")
+        )
+        and len(saved.get("rows", [])) == count == len(saved.get("target_cells", []))
+        and isinstance(saved.get("header"), list)
+        and isinstance(saved.get("inputs"), dict)
+    )
     if not ok:
-        raise UserError(f"{path} is not a fold's predictions as torchloom writes them; remove "
-                        "its fold's folder and resume=auto to train that fold again")  # fmt: skip
+        raise UserError(
+            f"{path} is not a fold's predictions as torchloom writes them; remove "
+            "its fold's folder and resume=auto to train that fold again"
+        )
     return saved
 
 
@@ -193,16 +227,29 @@ def pool_folds(root: Path, folds: int, cfg: DictConfig) -> dict:
     task = build(cfg.task).fitted(record, torch.device("cpu"), record)
     scores = task.pooled_scores()
     scores.add(torch.cat([s["outputs"] for s in saved]), torch.cat([s["targets"] for s in saved]))
-    pooled = {f"oof/{name}": value for name, value in scores.result(torch.device("cpu")).items()
-              if isinstance(value, float)}  # fmt: skip
+    pooled = {
+        f"oof/{name}": value
+        for name, value in scores.result(torch.device("cpu")).items()
+        if isinstance(value, float)
+    }
     monitor = fold_metrics[0].get("monitor", cfg.trainer.monitor)
     values = [m.get("best_metric", float("nan")) for m in fold_metrics]
-    summary: dict[str, Any] = {"status": "completed", "cv": {
-        "folds": folds, "monitor": monitor, "values": values,
-        "mean": statistics.fmean(values), "std": statistics.stdev(values),
-        "checkpoints": [m.get("best_checkpoint") for m in fold_metrics]}}  # fmt: skip
-    names = [k for k, v in fold_metrics[0].items()
-             if isinstance(v, float) and k.split("/")[0] in ("train", "val", "test")]  # fmt: skip
+    summary: dict[str, Any] = {
+        "status": "completed",
+        "cv": {
+            "folds": folds,
+            "monitor": monitor,
+            "values": values,
+            "mean": statistics.fmean(values),
+            "std": statistics.stdev(values),
+            "checkpoints": [m.get("best_checkpoint") for m in fold_metrics],
+        },
+    }
+    names = [
+        k
+        for k, v in fold_metrics[0].items()
+        if isinstance(v, float) and k.split("/")[0] in ("train", "val", "test")
+    ]
     for name in names:
         numbers = [m[name] for m in fold_metrics if isinstance(m.get(name), int | float)]
         if len(numbers) == folds:
@@ -213,9 +260,15 @@ def pool_folds(root: Path, folds: int, cfg: DictConfig) -> dict:
     summary.update(pooled)
     # One definition: every fold's val/ figures are its best.pt's, so the monitored metric's
     # mean and std are those of the values the table shows.
-    summary.update({"monitor": monitor, "best_metric": summary["cv"]["mean"],
-                    monitor: summary["cv"]["mean"], f"{monitor}_std": summary["cv"]["std"],
-                    "overrides": list(HydraConfig.get().overrides.task)})  # fmt: skip
+    summary.update(
+        {
+            "monitor": monitor,
+            "best_metric": summary["cv"]["mean"],
+            monitor: summary["cv"]["mean"],
+            f"{monitor}_std": summary["cv"]["std"],
+            "overrides": list(HydraConfig.get().overrides.task),
+        }
+    )
     write_json(summary, root / "metrics.json")
     return summary
 
@@ -226,8 +279,9 @@ def write_oof_csv(path: Path, saved: list[dict]) -> None:
     writer = csv.writer(text)
     writer.writerow(["fold", "sample", "target", *saved[0]["header"]])
     for fold in saved:
-        for name, target, row in zip(fold["names"], fold["target_cells"], fold["rows"],
-                                     strict=True):  # fmt: skip
+        for name, target, row in zip(
+            fold["names"], fold["target_cells"], fold["rows"], strict=True
+        ):
             writer.writerow([fold["fold"], cell(name), target, *row])
     with atomic_file(path) as f:
         f.write(text.getvalue().encode())

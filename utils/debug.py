@@ -189,8 +189,9 @@ def profile_table(profiler: torch.profiler.profile, rows: int = 15) -> Table:
         table.add_column(column, justify="left" if column == "operator" else "right")
     for event in sorted(events, key=lambda e: getattr(e, key), reverse=True)[:rows]:
         total = event.device_time_total if on_gpu else event.cpu_time_total
-        table.add_row(event.key, str(event.count), f"{getattr(event, key) / 1000:.2f}",
-                      f"{total / 1000:.2f}")  # fmt: skip
+        table.add_row(
+            event.key, str(event.count), f"{getattr(event, key) / 1000:.2f}", f"{total / 1000:.2f}"
+        )
     return table
 
 

@@ -153,8 +153,10 @@ def rescale_position(batch_in_epoch: int, saved_world: int, world: int, accumula
     log.warning(
         "warning: the checkpoint was written by %d process(es), this run has %d: the epoch "
         "continues at batch %d of the new global batches (not bit-exact)",
-        saved_world, world, position,
-    )  # fmt: skip
+        saved_world,
+        world,
+        position,
+    )
     return position
 
 

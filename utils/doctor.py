@@ -96,12 +96,14 @@ def probe() -> Facts:
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
-            devices.append({
-                "name": props.name,
-                "memory_gib": round(props.total_memory / 2**30, 1),
-                "capability": f"{props.major}.{props.minor}",
-                "bf16": props.major >= 8,
-            })  # fmt: skip
+            devices.append(
+                {
+                    "name": props.name,
+                    "memory_gib": round(props.total_memory / 2**30, 1),
+                    "capability": f"{props.major}.{props.minor}",
+                    "bf16": props.major >= 8,
+                }
+            )
     driver_cuda, smi_gpus = nvidia_smi()
     nccl = None
     if hasattr(torch.cuda, "nccl") and torch.version.cuda:
@@ -137,46 +139,58 @@ def _version(text: str) -> tuple[int, ...]:
 def diagnose(facts: Facts) -> list[Problem]:
     problems = []
     if facts.smi_gpus and facts.torch_cuda is None:
-        problems.append(Problem(
-            f"nvidia-smi sees {facts.smi_gpus} GPU(s), but torch {facts.torch} is a CPU build",
-            "install a CUDA build: pip install torch torchvision --index-url "
-            "https://download.pytorch.org/whl/cu126 (pick the CUDA your driver supports)",
-        ))  # fmt: skip
+        problems.append(
+            Problem(
+                f"nvidia-smi sees {facts.smi_gpus} GPU(s), but torch {facts.torch} is a CPU build",
+                "install a CUDA build: pip install torch torchvision --index-url "
+                "https://download.pytorch.org/whl/cu126 (pick the CUDA your driver supports)",
+            )
+        )
     if (
         facts.driver_cuda
         and facts.torch_cuda
         and _version(facts.driver_cuda) < _version(facts.torch_cuda)
     ):
-        problems.append(Problem(
-            f"the driver supports CUDA {facts.driver_cuda}, older than torch's CUDA {facts.torch_cuda}",
-            "update the NVIDIA driver, or install a torch built for CUDA "
-            f"{facts.driver_cuda} or older",
-        ))  # fmt: skip
+        problems.append(
+            Problem(
+                f"the driver supports CUDA {facts.driver_cuda}, older than torch's CUDA {facts.torch_cuda}",
+                "update the NVIDIA driver, or install a torch built for CUDA "
+                f"{facts.driver_cuda} or older",
+            )
+        )
     if facts.torchvision_error:
-        problems.append(Problem(
-            f"torchvision does not import: {facts.torchvision_error}",
-            "install the torchvision release made for this torch (pip install torchvision "
-            "from the same index as torch)",
-        ))  # fmt: skip
+        problems.append(
+            Problem(
+                f"torchvision does not import: {facts.torchvision_error}",
+                "install the torchvision release made for this torch (pip install torchvision "
+                "from the same index as torch)",
+            )
+        )
     elif facts.torchvision and _version(facts.torch)[0] == 2:
         expected = _version(facts.torch)[1] + 15  # torch 2.N pairs with torchvision 0.(N+15)
         if _version(facts.torchvision)[1] != expected:
-            problems.append(Problem(
-                f"torchvision {facts.torchvision} does not match torch {facts.torch}",
-                f"pip install 'torchvision==0.{expected}.*'",
-            ))  # fmt: skip
+            problems.append(
+                Problem(
+                    f"torchvision {facts.torchvision} does not match torch {facts.torch}",
+                    f"pip install 'torchvision==0.{expected}.*'",
+                )
+            )
     if len(facts.torch_installs) > 1:
-        problems.append(Problem(
-            "more than one torch on sys.path: " + ", ".join(facts.torch_installs),
-            "uninstall all but one (pip uninstall torch; conda remove pytorch), and do not mix "
-            "pip and conda installs in one environment",
-        ))  # fmt: skip
+        problems.append(
+            Problem(
+                "more than one torch on sys.path: " + ", ".join(facts.torch_installs),
+                "uninstall all but one (pip uninstall torch; conda remove pytorch), and do not mix "
+                "pip and conda installs in one environment",
+            )
+        )
     if facts.shadowing_libraries:
-        problems.append(Problem(
-            "CUDA libraries on LD_LIBRARY_PATH can shadow the ones torch ships: "
-            + ", ".join(facts.shadowing_libraries[:4]),
-            "remove their folder from LD_LIBRARY_PATH (torch's wheels bring their own CUDA)",
-        ))  # fmt: skip
+        problems.append(
+            Problem(
+                "CUDA libraries on LD_LIBRARY_PATH can shadow the ones torch ships: "
+                + ", ".join(facts.shadowing_libraries[:4]),
+                "remove their folder from LD_LIBRARY_PATH (torch's wheels bring their own CUDA)",
+            )
+        )
     return problems
 
 
@@ -190,14 +204,23 @@ def report(facts: Facts, problems: list[Problem], console: Console) -> None:
         ("torch", f"{facts.torch} ({build})"),
         ("torchvision", facts.torchvision or f"fails to import: {facts.torchvision_error}"),
         ("CUDA available", f"{facts.cuda_available}, {len(facts.devices)} device(s)"),
-        *[(f"  cuda:{i}", f"{d['name']}, {d['memory_gib']} GiB, capability {d['capability']}, "
-                          f"bf16 {'yes' if d['bf16'] else 'no'}") for i, d in enumerate(facts.devices)],
+        *[
+            (
+                f"  cuda:{i}",
+                f"{d['name']}, {d['memory_gib']} GiB, capability {d['capability']}, "
+                f"bf16 {'yes' if d['bf16'] else 'no'}",
+            )
+            for i, d in enumerate(facts.devices)
+        ],
         ("driver CUDA (nvidia-smi)", facts.driver_cuda or "nvidia-smi not found"),
         ("cuDNN", str(facts.cudnn) if facts.cudnn else "none"),
         ("NCCL", facts.nccl or "none"),
-        ("torch.compile (triton)", "available" if facts.triton else "triton not installed (CPU compile only)"),
+        (
+            "torch.compile (triton)",
+            "available" if facts.triton else "triton not installed (CPU compile only)",
+        ),
         ("CPU cores / data workers", f"{facts.cpu_cores} / {facts.worker_count}"),
-    ]  # fmt: skip
+    ]
     for what, found in rows:
         table.add_row(what, found)
     console.print(table)

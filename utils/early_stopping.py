@@ -20,8 +20,12 @@ log = logging.getLogger("torchloom")
 
 
 FRESH = {"best": None, "best_epoch": None, "bad_validations": 0, "stopped_at": None}
-KINDS = {"best": (float, int, type(None)), "best_epoch": (int, type(None)),
-         "bad_validations": (int,), "stopped_at": (int, type(None))}  # fmt: skip
+KINDS = {
+    "best": (float, int, type(None)),
+    "best_epoch": (int, type(None)),
+    "bad_validations": (int,),
+    "stopped_at": (int, type(None)),
+}
 
 
 class EarlyStopping:
@@ -60,9 +64,13 @@ class EarlyStopping:
             return count["stopped_at"]
         if not self.told:
             self.told = True
-            log.info("early stopping: the checkpoint stopped after epoch %d with %d validations "
-                     "without improvement; trainer.early_stopping.patience=%s now lets it go on",
-                     count["stopped_at"], count["bad_validations"], self.patience)  # fmt: skip
+            log.info(
+                "early stopping: the checkpoint stopped after epoch %d with %d validations "
+                "without improvement; trainer.early_stopping.patience=%s now lets it go on",
+                count["stopped_at"],
+                count["bad_validations"],
+                self.patience,
+            )
         return None
 
     def done(self) -> bool:
@@ -94,9 +102,11 @@ class EarlyStopping:
         if self.stopped_at is None:
             return None
         count = self.count
-        return (f"{self.monitor.name} did not improve by {self.min_delta:g} for "
-                f"{count['bad_validations']} validations; best {count['best']:.4f} at epoch "
-                f"{count['best_epoch']}")  # fmt: skip
+        return (
+            f"{self.monitor.name} did not improve by {self.min_delta:g} for "
+            f"{count['bad_validations']} validations; best {count['best']:.4f} at epoch "
+            f"{count['best_epoch']}"
+        )
 
     def summary(self) -> dict[str, Any]:
         """What metrics.json records: the epoch the run stopped after, and why (null when it

@@ -26,7 +26,7 @@ PATH_ERRORS = {
     errno.EFBIG: "the file grew past what this file system (or ulimit -f) allows",
     errno.EACCES: "permission denied; choose a path you may use",
     errno.EROFS: "the file system is read-only; write elsewhere",
-}  # fmt: skip
+}
 
 
 def path_error(error: OSError) -> UserError | None:

@@ -32,8 +32,18 @@ def reliability_csv(rows: list[dict]) -> str:
     lines = ["lo,hi,count,accuracy,confidence,gap"]
     for row in rows:
         gap = abs(row["accuracy"] - row["confidence"]) if row["count"] else 0.0
-        lines.append(",".join([repr(row["lo"]), repr(row["hi"]), str(row["count"]),
-                               repr(row["accuracy"]), repr(row["confidence"]), repr(gap)]))  # fmt: skip
+        lines.append(
+            ",".join(
+                [
+                    repr(row["lo"]),
+                    repr(row["hi"]),
+                    str(row["count"]),
+                    repr(row["accuracy"]),
+                    repr(row["confidence"]),
+                    repr(gap),
+                ]
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -76,9 +86,12 @@ def label_tables(out: Any, name: str, metrics: dict, split: str, names: list[str
         table.add_column(column, justify="right")
     for index, label in enumerate(names):
         ap = per_label["ap"][index]
-        table.add_row(shown(label), "-" if ap != ap else f"{ap:.4f}",
-                      *(f"{per_label[s][index]:.4f}" for s in ("precision", "recall", "f1")),
-                      str(per_label["support"][index]))  # fmt: skip
+        table.add_row(
+            shown(label),
+            "-" if ap != ap else f"{ap:.4f}",
+            *(f"{per_label[s][index]:.4f}" for s in ("precision", "recall", "f1")),
+            str(per_label["support"][index]),
+        )
     out.print(table)
     return {**summary, "per_label": {"names": names, **per_label}}
 
@@ -129,7 +142,9 @@ def class_tables(out: Any, name: str, metrics: dict, split: str, names: list[str
     )
     out.print(table)
     if classes <= 20:  # named as the table above names them
-        labels = [shown(n) for n in names] if len(names) == classes else list(map(str, range(classes)))  # fmt: skip
+        labels = (
+            [shown(n) for n in names] if len(names) == classes else list(map(str, range(classes)))
+        )
         matrix = Table(title="confusion", caption="rows: true class; columns: predicted")
         matrix.add_column("")
         for label in labels:

@@ -67,8 +67,9 @@ def figures(metrics: dict) -> dict:
 
 
 @torch.inference_mode()
-def outputs_of(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-               precision: Precision) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def outputs_of(
+    model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], precision: Precision
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(outputs, targets) of every sample of ``batches`` in order, in eval mode, fp32 on the
     CPU; under torchrun the processes' shards in rank order, so every process has them all."""
     was_training = model.training
@@ -87,8 +88,9 @@ def outputs_of(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Ten
 CALIBRATION_BINS = 15
 
 
-def calibration(confidence: torch.Tensor, correct: torch.Tensor,
-                bins: int = CALIBRATION_BINS) -> dict:  # fmt: skip
+def calibration(
+    confidence: torch.Tensor, correct: torch.Tensor, bins: int = CALIBRATION_BINS
+) -> dict:
     """Expected and maximum calibration error of top-1 ``confidence`` against ``correct``,
     over ``bins`` equal-width bins ``(lo, hi]``: the first also holds a confidence of 0 and the
     last is closed at 1, so float32 softmax's saturated 1.0 counts (no hidden extra bin).
@@ -105,12 +107,21 @@ def calibration(confidence: torch.Tensor, correct: torch.Tensor,
     mean_confidence = torch.where(filled, sure / count.clamp(min=1), torch.zeros_like(count))
     gap = (accuracy - mean_confidence).abs()
     total = max(1.0, float(count.sum()))
-    rows = [{"lo": b / bins, "hi": (b + 1) / bins, "count": int(count[b]),
-             "accuracy": float(accuracy[b]), "confidence": float(mean_confidence[b])}
-            for b in range(bins)]  # fmt: skip
-    return {"ece": float((count / total * gap).sum()),
-            "mce": float(gap[filled].max()) if bool(filled.any()) else 0.0,
-            "reliability": rows}  # fmt: skip
+    rows = [
+        {
+            "lo": b / bins,
+            "hi": (b + 1) / bins,
+            "count": int(count[b]),
+            "accuracy": float(accuracy[b]),
+            "confidence": float(mean_confidence[b]),
+        }
+        for b in range(bins)
+    ]
+    return {
+        "ece": float((count / total * gap).sum()),
+        "mce": float(gap[filled].max()) if bool(filled.any()) else 0.0,
+        "reliability": rows,
+    }
 
 
 class ClassScores:
@@ -123,8 +134,9 @@ class ClassScores:
     classifier with a threshold predicts its second class when that class's probability
     reaches it (utils/calibration.py), as predict.py's rows do."""
 
-    def __init__(self, classes: int, confusion: bool = False,
-                 calibrated: Calibration | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, classes: int, confusion: bool = False, calibrated: Calibration | None = None
+    ) -> None:
         self.classes, self.confusion, self.calibrated = classes, confusion, calibrated
         self.top_k = 5 if TOP5 in measured_metrics(classes) else 1
         thresholds = calibrated.thresholds if calibrated else None
@@ -141,8 +153,13 @@ class ClassScores:
         if self.threshold is not None:  # the second class at or above its threshold
             top = (torch.softmax(logits, dim=1)[:, 1:] >= self.threshold).long()
         hits = top == labels[:, None]
-        batch = torch.stack([F.cross_entropy(logits, labels, reduction="sum"),
-                             hits[:, 0].sum().float(), hits.any(dim=1).sum().float()])  # fmt: skip
+        batch = torch.stack(
+            [
+                F.cross_entropy(logits, labels, reduction="sum"),
+                hits[:, 0].sum().float(),
+                hits.any(dim=1).sum().float(),
+            ]
+        )
         self.sums = batch if self.sums is None else self.sums + batch
         if self.confusion:
             pairs = labels * self.classes + top[:, 0]
@@ -200,8 +217,13 @@ class LabelSetScores:
     mean ROC-AUC). A ``calibrated`` model's logits are divided by its temperature first, and
     its thresholds, one a label, replace ``threshold`` (utils/calibration.py)."""
 
-    def __init__(self, labels: int, threshold: float, detailed: bool = False,
-                 calibrated: Calibration | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        labels: int,
+        threshold: float,
+        detailed: bool = False,
+        calibrated: Calibration | None = None,
+    ) -> None:
         self.labels, self.detailed, self.calibrated = labels, detailed, calibrated
         chosen = calibrated.thresholds if calibrated and calibrated.thresholds else [threshold]
         cut = torch.tensor(chosen, dtype=torch.float64)
@@ -220,8 +242,9 @@ class LabelSetScores:
         predicted, truth = logits >= self.cut, targets > 0.5
         loss = F.binary_cross_entropy_with_logits(logits, targets.float(), reduction="sum")
         batch = torch.stack([loss / self.labels, (predicted == truth).all(dim=1).sum().float()])
-        counts = torch.stack([(predicted & truth).sum(0), (predicted & ~truth).sum(0),
-                              (~predicted & truth).sum(0)])  # fmt: skip
+        counts = torch.stack(
+            [(predicted & truth).sum(0), (predicted & ~truth).sum(0), (~predicted & truth).sum(0)]
+        )
         self.sums = batch if self.sums is None else self.sums + batch
         self.counts = counts if self.counts is None else self.counts + counts
         self.scores.append(torch.sigmoid(logits))
@@ -307,8 +330,15 @@ class ValueScores:
     def add(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
         predicted = self.scale.undo(outputs).double()
         error, centred = predicted - targets.double(), targets.double() - self.scale.center
-        per_target = torch.stack([error.abs().sum(0), error.square().sum(0), error.sum(0),
-                                  centred.sum(0), centred.square().sum(0)])  # fmt: skip
+        per_target = torch.stack(
+            [
+                error.abs().sum(0),
+                error.square().sum(0),
+                error.sum(0),
+                centred.sum(0),
+                centred.square().sum(0),
+            ]
+        )
         loss = self.loss(outputs, targets, reduction="sum").double() / targets.shape[1]
         self.sums = loss if self.sums is None else self.sums + loss
         self.per_target = per_target if self.per_target is None else self.per_target + per_target
@@ -334,15 +364,21 @@ class ValueScores:
         spread = centred_sq - centred.square()  # the targets' variance
         mae, rmse = absolute, squared.sqrt()
         r2 = torch.where(spread > 0, 1 - squared / spread, torch.full_like(spread, math.nan))
-        metrics = {"loss": float(all_sum(loss) / count), "mae": float(mae.mean()),
-                   "rmse": float(rmse.mean()), "r2": float(r2.mean())}  # fmt: skip
+        metrics = {
+            "loss": float(all_sum(loss) / count),
+            "mae": float(mae.mean()),
+            "rmse": float(rmse.mean()),
+            "r2": float(r2.mean()),
+        }
         if residuals is not None:
             magnitude = residuals.abs().double()
             metrics["per_target"] = {
-                "mae": mae.tolist(), "rmse": rmse.tolist(), "r2": r2.tolist(),
+                "mae": mae.tolist(),
+                "rmse": rmse.tolist(),
+                "r2": r2.tolist(),
                 "bias": bias.tolist(),
                 "median_abs_error": magnitude.median(dim=0).values.tolist(),
                 "p90_abs_error": magnitude.quantile(0.9, dim=0).tolist(),
                 "max_abs_error": magnitude.max(dim=0).values.tolist(),
-            }  # fmt: skip
+            }
         return metrics

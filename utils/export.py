@@ -43,9 +43,14 @@ SUFFIXES = (".pt2", ".onnx")
 EXPORTERS = ("dynamo", "torchscript")
 
 
-def export_model(model: nn.Module, input_shape: Sequence[int], path: Path,
-                 outputs: Sequence[str] = ("logits",), unit: torch.Tensor | None = None,
-                 exporter: str = "dynamo") -> float:  # fmt: skip
+def export_model(
+    model: nn.Module,
+    input_shape: Sequence[int],
+    path: Path,
+    outputs: Sequence[str] = ("logits",),
+    unit: torch.Tensor | None = None,
+    exporter: str = "dynamo",
+) -> float:
     """Write ``model`` to ``path`` (.pt2 or .onnx), its outputs named ``outputs``, and return
     the largest absolute difference between the written program's outputs and the eager
     model's on batches of 1, 2 and 8, in ``unit`` per column of the first output (None: the
@@ -59,9 +64,11 @@ def export_model(model: nn.Module, input_shape: Sequence[int], path: Path,
         run, data = _pt2(_traced(cpu, input_shape))
     difference = parity(cpu, run, input_shape, unit)
     if difference > TOLERANCE:
-        raise UserError(f"the {path.suffix} export differs from PyTorch by up to "
-                        f"{difference:.2e} (more than {TOLERANCE:g}); nothing was written to "
-                        f"{path}")  # fmt: skip
+        raise UserError(
+            f"the {path.suffix} export differs from PyTorch by up to "
+            f"{difference:.2e} (more than {TOLERANCE:g}); nothing was written to "
+            f"{path}"
+        )
     try:
         with atomic_file(path) as f:  # only a verified program is written
             f.write(data)
@@ -82,7 +89,8 @@ class _NotFrom(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         ours = record.name in self.names or record.name.startswith(
-            tuple(f"{n}." for n in self.names))  # fmt: skip
+            tuple(f"{n}." for n in self.names)
+        )
         return not ours or record.levelno >= logging.WARNING
 
 
@@ -90,8 +98,11 @@ class _NotFrom(logging.Filter):
 def kept_in_the_log(names: Sequence[str]) -> Iterator[None]:
     """The info lines of the ``names`` loggers go to the log file, not the console."""
     quiet = _NotFrom(names)
-    consoles = [h for h in logging.getLogger().handlers
-                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]  # fmt: skip
+    consoles = [
+        h
+        for h in logging.getLogger().handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+    ]
     for handler in consoles:
         handler.addFilter(quiet)
     try:
@@ -112,15 +123,19 @@ def _traced(model: nn.Module, input_shape: Sequence[int]) -> torch.export.Export
         raise _cannot("torch.export", error) from None
     traced = [n for n in program.graph.nodes if n.op == "placeholder"][-1].meta["val"]
     if not isinstance(traced.shape[0], torch.SymInt):  # pragma: no cover - torch's contract
-        raise UserError("torch.export fixed the batch size of this model; it cannot be exported "
-                        "with a dynamic batch")  # fmt: skip
+        raise UserError(
+            "torch.export fixed the batch size of this model; it cannot be exported "
+            "with a dynamic batch"
+        )
     return program
 
 
 def _cannot(exporter: str, error: Exception) -> UserError:
     reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
-    return UserError(f"the model cannot be exported with {exporter} ({type(error).__name__}: "
-                     f"{reason}); export=model.safetensors keeps the weights")  # fmt: skip
+    return UserError(
+        f"the model cannot be exported with {exporter} ({type(error).__name__}: "
+        f"{reason}); export=model.safetensors keeps the weights"
+    )
 
 
 def _pt2(program: torch.export.ExportedProgram) -> tuple[Callable, bytes]:
@@ -132,25 +147,33 @@ def _pt2(program: torch.export.ExportedProgram) -> tuple[Callable, bytes]:
     return lambda inputs: loaded(inputs), data
 
 
-def _onnx(model: nn.Module, input_shape: Sequence[int], outputs: Sequence[str],
-          exporter: str) -> tuple[Callable, bytes]:  # fmt: skip
+def _onnx(
+    model: nn.Module, input_shape: Sequence[int], outputs: Sequence[str], exporter: str
+) -> tuple[Callable, bytes]:
     """(an onnxruntime session of the graph, the bytes of the .onnx file)."""
     try:
         import onnxruntime
     except ImportError:
-        raise UserError('export=*.onnx needs the extra: pip install -e ".[export]" '
-                        "(onnxruntime is missing)") from None  # fmt: skip
+        raise UserError(
+            'export=*.onnx needs the extra: pip install -e ".[export]" (onnxruntime is missing)'
+        ) from None
     if exporter == "dynamo":
         try:
             import onnxscript  # noqa: F401  (torch's exporter needs it)
         except ImportError:
-            raise UserError('export=*.onnx needs the extra: pip install -e ".[export]" '
-                            "(onnxscript is missing)") from None  # fmt: skip
+            raise UserError(
+                'export=*.onnx needs the extra: pip install -e ".[export]" (onnxscript is missing)'
+            ) from None
         program = _traced(model, input_shape)
         try:
-            onnx_program = torch.onnx.export(program, input_names=["input"],
-                                             output_names=list(outputs),
-                                             opset_version=OPSET, dynamo=True, verbose=False)  # fmt: skip
+            onnx_program = torch.onnx.export(
+                program,
+                input_names=["input"],
+                output_names=list(outputs),
+                opset_version=OPSET,
+                dynamo=True,
+                verbose=False,
+            )
             data = onnx_program.model_proto.SerializeToString()
         except Exception as error:
             raise _cannot("torch.onnx (dynamo)", error) from None
@@ -161,29 +184,37 @@ def _onnx(model: nn.Module, input_shape: Sequence[int], outputs: Sequence[str],
     return lambda inputs: session.run(None, {name: inputs.numpy()}), data
 
 
-def _torchscript_onnx(model: nn.Module, input_shape: Sequence[int],
-                      outputs: Sequence[str]) -> bytes:  # fmt: skip
+def _torchscript_onnx(
+    model: nn.Module, input_shape: Sequence[int], outputs: Sequence[str]
+) -> bytes:
     """The graph of torch's deprecated TorchScript-based exporter, on request only."""
-    log.warning("warning: onnx_exporter=torchscript is the exporter torch deprecated in 2.9 "
-                "and will remove; the default (dynamo) is its replacement")  # fmt: skip
+    log.warning(
+        "warning: onnx_exporter=torchscript is the exporter torch deprecated in 2.9 "
+        "and will remove; the default (dynamo) is its replacement"
+    )
     graph = io.BytesIO()
     with warnings.catch_warnings():  # said once above, in one line
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
         try:
             torch.onnx.export(
-                model, (torch.zeros(EXAMPLE_BATCH, *input_shape),), graph,
-                input_names=["input"], output_names=list(outputs),
+                model,
+                (torch.zeros(EXAMPLE_BATCH, *input_shape),),
+                graph,
+                input_names=["input"],
+                output_names=list(outputs),
                 dynamic_axes={"input": {0: "batch"}, **{name: {0: "batch"} for name in outputs}},
-                opset_version=OPSET, dynamo=False,
-            )  # fmt: skip
+                opset_version=OPSET,
+                dynamo=False,
+            )
         except Exception as error:
             raise _cannot("torch.onnx (torchscript)", error) from None
     return graph.getvalue()
 
 
-def parity(model: nn.Module, run: Callable, input_shape: Sequence[int],
-           unit: torch.Tensor | None = None) -> float:  # fmt: skip
+def parity(
+    model: nn.Module, run: Callable, input_shape: Sequence[int], unit: torch.Tensor | None = None
+) -> float:
     """The largest absolute difference between ``run``'s outputs and ``model``'s on seeded
     batches of each size, divided by ``unit`` per column of the first output when given."""
     generator = torch.Generator().manual_seed(0)
@@ -196,8 +227,7 @@ def parity(model: nn.Module, run: Callable, input_shape: Sequence[int],
             answers = run(inputs.clone())
             answers = answers if isinstance(answers, tuple | list) else (answers,)
             if len(answers) != len(expected):
-                raise UserError(f"the export gives {len(answers)} outputs, PyTorch "
-                                f"{len(expected)}")  # fmt: skip
+                raise UserError(f"the export gives {len(answers)} outputs, PyTorch {len(expected)}")
             for index, (want, got) in enumerate(zip(expected, answers, strict=True)):
                 got = got if isinstance(got, torch.Tensor) else torch.from_numpy(got)
                 difference = _difference(want.float(), got.float(), batch)
@@ -208,11 +238,15 @@ def parity(model: nn.Module, run: Callable, input_shape: Sequence[int],
 
 def _difference(expected: torch.Tensor, got: torch.Tensor, batch: int) -> torch.Tensor:
     if tuple(got.shape) != tuple(expected.shape):
-        raise UserError(f"the export gives shape {list(got.shape)} for a batch of "
-                        f"{batch}, PyTorch {list(expected.shape)}")  # fmt: skip
+        raise UserError(
+            f"the export gives shape {list(got.shape)} for a batch of "
+            f"{batch}, PyTorch {list(expected.shape)}"
+        )
     for who, outputs in (("PyTorch", expected), ("the export", got)):
         if not bool(torch.isfinite(outputs).all()):  # NaN would compare as no difference
-            raise UserError(f"the model's outputs under {who} are not finite (NaN or "
-                            f"inf) on a batch of {batch}: are its weights finite? "
-                            "Nothing was exported")  # fmt: skip
+            raise UserError(
+                f"the model's outputs under {who} are not finite (NaN or "
+                f"inf) on a batch of {batch}: are its weights finite? "
+                "Nothing was exported"
+            )
     return (got - expected).abs()

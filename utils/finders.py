@@ -112,8 +112,9 @@ def plot_curve(lrs: list[float], losses: list[float], suggested: float, path: Pa
         draw.text((x + 4, margin + 4), f"suggested lr {suggested:.2e}", fill="red")
     draw.text((margin, height - margin + 8), f"lr {lrs[0]:.0e}", fill="black")
     draw.text((width - margin - 60, height - margin + 8), f"lr {lrs[-1]:.0e}", fill="black")
-    draw.text((margin, margin - 20), "smoothed training loss vs learning rate (log scale)",
-              fill="black")  # fmt: skip
+    draw.text(
+        (margin, margin - 20), "smoothed training loss vs learning rate (log scale)", fill="black"
+    )
     image.save(path)
 
 

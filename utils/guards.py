@@ -131,12 +131,18 @@ def small_eval_splits(sizes: dict[str, int], test_split: str) -> None:
     for split in dict.fromkeys(("val", test_split)):
         count = sizes.get(split)
         if count is not None and 0 < count < MIN_EVAL_SAMPLES:
-            log.warning("warning: the %s split holds %d samples: its figures move in steps of "
-                        "%.2g, so %s; hold out more (data.split.%s=0.2 for a table or arrays, "
-                        "data.%s_size for synthetic data, or more files in its %s split)",
-                        split, count, 1 / count,
-                        "best.pt is chosen by noise" if split == "val" else "its test figure is rough",
-                        split, split, split)  # fmt: skip
+            log.warning(
+                "warning: the %s split holds %d samples: its figures move in steps of "
+                "%.2g, so %s; hold out more (data.split.%s=0.2 for a table or arrays, "
+                "data.%s_size for synthetic data, or more files in its %s split)",
+                split,
+                count,
+                1 / count,
+                "best.pt is chosen by noise" if split == "val" else "its test figure is rough",
+                split,
+                split,
+                split,
+            )
 
 
 @dataclass(frozen=True)
@@ -166,8 +172,14 @@ def check_start_up(
             f"{len(batches)} training batches cannot fill one step of "
             f"trainer.accumulate_grad_batches={accumulate}; lower it"
         )
-    log.info("data %s: %s samples; %d per optimizer step (batch %d per process × %d "
-             "accumulated × %d processes)", data.name, data.sizes(),
-             data.batch_size * accumulate * world_size, data.batch_size, accumulate,
-             world_size)  # fmt: skip
+    log.info(
+        "data %s: %s samples; %d per optimizer step (batch %d per process × %d "
+        "accumulated × %d processes)",
+        data.name,
+        data.sizes(),
+        data.batch_size * accumulate * world_size,
+        data.batch_size,
+        accumulate,
+        world_size,
+    )
     return StartUp(first, StepCounts(steps_per_epoch, steps_per_epoch * trainer.max_epochs))

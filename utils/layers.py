@@ -68,15 +68,19 @@ def _check_cover(model: nn.Module, layers: list[Layer]) -> None:
     for layer in layers:
         for parameter in layer.parameters:
             if id(parameter) in seen:
-                raise UserError(f"optim.layer_decay: {owner}.layer_groups() puts a parameter in "
-                                f"both {seen[id(parameter)]!r} and {layer.name!r}; give each "
-                                "parameter one layer")  # fmt: skip
+                raise UserError(
+                    f"optim.layer_decay: {owner}.layer_groups() puts a parameter in "
+                    f"both {seen[id(parameter)]!r} and {layer.name!r}; give each "
+                    "parameter one layer"
+                )
             seen[id(parameter)] = layer.name
     for name, parameter in model.named_parameters():
         if parameter.requires_grad and id(parameter) not in seen:
-            raise UserError(f"optim.layer_decay: parameter {name} is in none of "
-                            f"{owner}.layer_groups()'s layers (it would train at the full LR "
-                            "unnoticed); add it to one")  # fmt: skip
+            raise UserError(
+                f"optim.layer_decay: parameter {name} is in none of "
+                f"{owner}.layer_groups()'s layers (it would train at the full LR "
+                "unnoticed); add it to one"
+            )
 
 
 class _Walk:

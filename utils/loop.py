@@ -52,9 +52,14 @@ class Parts:
 
     @classmethod
     def assemble(
-        cls, modules: Any, optimizer: Any, schedule: Schedule, precision: Precision,
-        loss: Callable, trainer: Any,
-    ) -> Parts:  # fmt: skip
+        cls,
+        modules: Any,
+        optimizer: Any,
+        schedule: Schedule,
+        precision: Precision,
+        loss: Callable,
+        trainer: Any,
+    ) -> Parts:
         """The parts around ``modules.step_model``: fresh loss sums on the model's device,
         the NaN watch over them (``trainer.nonfinite``, ``max_consecutive_skips``,
         ``accumulate_grad_batches``), and the weight average ``trainer.ema`` or ``trainer.swa``
@@ -65,11 +70,15 @@ class Parts:
         ema = WeightAverage.of(trainer.ema, modules.model)
         swa = StochasticAverage.of(trainer.swa, modules.model, trainer.max_epochs)
         if ema and swa:
-            raise UserError("trainer.ema and trainer.swa each average the weights that are "
-                            "judged; choose one (set the other's decay or start to null)")  # fmt: skip
+            raise UserError(
+                "trainer.ema and trainer.swa each average the weights that are "
+                "judged; choose one (set the other's decay or start to null)"
+            )
         if swa and trainer.sync_batchnorm:  # its refit pass would be a collective per batch
-            raise UserError("trainer.swa refits BatchNorm statistics in each process and "
-                            "averages them; set trainer.sync_batchnorm=false with it")  # fmt: skip
+            raise UserError(
+                "trainer.swa refits BatchNorm statistics in each process and "
+                "averages them; set trainer.sync_batchnorm=false with it"
+            )
         if swa:
             schedule = AveragingSchedule(schedule, optimizer, trainer.swa, swa.start)
         return cls(modules.step_model, optimizer, schedule, precision, watch, loss, ema, swa)
@@ -112,10 +121,12 @@ class Loop:
         position to resume from."""
         state, device = self.state, self.parts.losses.device
         if state.batch_in_epoch > len(batches):
-            raise UserError(f"the checkpoint's position, batch {state.batch_in_epoch} of epoch "
-                            f"{state.epoch + 1}, is past the end of an epoch of {len(batches)} "
-                            "batches (was it edited, or the data or batch size changed?); use "
-                            "init_from=... to start from its weights")  # fmt: skip
+            raise UserError(
+                f"the checkpoint's position, batch {state.batch_in_epoch} of epoch "
+                f"{state.epoch + 1}, is past the end of an epoch of {len(batches)} "
+                "batches (was it edited, or the data or batch size changed?); use "
+                "init_from=... to start from its weights"
+            )
         self.stopped = distributed.agree(self.stop.requested, device)  # a signal at start-up
         with self.progress, cycle_collection_by_the_loop():
             while state.epoch < self.trainer.max_epochs and not self.stopped and not done():

@@ -48,8 +48,10 @@ def check_fits(needed: float, asked: str, fix: str) -> None:
     when the machine has fewer available: ``asked`` names the value, ``fix`` the remedy."""
     available = available_memory()
     if needed > available:
-        raise UserError(f"{asked} needs {needed / 2**30:,.1f} GiB of memory, and "
-                        f"{available / 2**30:,.1f} GiB are available; {fix}")  # fmt: skip
+        raise UserError(
+            f"{asked} needs {needed / 2**30:,.1f} GiB of memory, and "
+            f"{available / 2**30:,.1f} GiB are available; {fix}"
+        )
 
 
 def free_memory() -> None:

@@ -13,9 +13,13 @@ from utils.errors import UserError
 
 
 def check_forward(
-    model: nn.Module, input_shape: Sequence[int], num_classes: int, device: torch.device,
-    builder: str = "the model", outputs: str = "class scores (the dataset's classes)",
-) -> bool:  # fmt: skip
+    model: nn.Module,
+    input_shape: Sequence[int],
+    num_classes: int,
+    device: torch.device,
+    builder: str = "the model",
+    outputs: str = "class scores (the dataset's classes)",
+) -> bool:
     """Run a 2-sample dummy batch through ``model`` so an input shape it cannot take fails now,
     naming the layer, instead of at the first training step. ``num_classes`` is the width the
     output must have, ``outputs`` what those columns are. Returns whether the first layer the

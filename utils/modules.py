@@ -45,8 +45,9 @@ class Modules:
         model = build(node, **accepted_by(node["_target_"], shapes))
         layout = wants_channels_last(model, device, channels_last)
         model = model.to(device, memory_format=torch.channels_last if layout else None)
-        flat = check_forward(model, data.input_shape, data.num_classes, device,
-                             str(node["_target_"]), task.outputs)  # fmt: skip
+        flat = check_forward(
+            model, data.input_shape, data.num_classes, device, str(node["_target_"]), task.outputs
+        )
         return cls(model, layout, device, tuple(data.input_shape), model, model, flat)
 
     def wrap_for_steps(self, processes: distributed.Processes, trainer: Any) -> None:

@@ -60,8 +60,11 @@ def build_optimizer(model: nn.Module, optim_cfg: DictConfig) -> torch.optim.Opti
     (:data:`OPTIONAL_OPTIM_KEYS`). The param groups are fixed here, once: freezing a backbone
     later only turns its gradients off, so a resume across a thaw finds the same groups."""
     kwargs = OmegaConf.to_container(optim_cfg, resolve=True)
-    ours = {key: kwargs.pop(key, default) for key, default in OPTIONAL_OPTIM_KEYS.items()
-            if key != "weight_decay"}  # fmt: skip
+    ours = {
+        key: kwargs.pop(key, default)
+        for key, default in OPTIONAL_OPTIM_KEYS.items()
+        if key != "weight_decay"
+    }
     weight_decay = kwargs.get("weight_decay", OPTIONAL_OPTIM_KEYS["weight_decay"])
     if weight_decay is None:
         weight_decay = default_weight_decay(kwargs["_target_"])
@@ -83,14 +86,17 @@ def build_optimizer(model: nn.Module, optim_cfg: DictConfig) -> torch.optim.Opti
     return build(kwargs)(groups if len(groups) > 1 else groups[0]["params"])
 
 
-def lr_parts(model: nn.Module, backbone_scale: float,
-             layer_decay: float | None) -> list[tuple[str | None, set[int] | None, float]]:  # fmt: skip
+def lr_parts(
+    model: nn.Module, backbone_scale: float, layer_decay: float | None
+) -> list[tuple[str | None, set[int] | None, float]]:
     """(layer name, its parameter ids, its LR scale) for each part of ``model`` with its own
     LR. One meaning for both keys: a parameter's LR is ``optim.lr × layer_decay^(layers above
     it) × backbone_lr_scale`` (the last factor for all but model=torchvision's classifier)."""
     if backbone_scale != 1.0 and not hasattr(model, "backbone_parameters"):
-        raise UserError(f"optim.backbone_lr_scale={backbone_scale} needs a model with a backbone "
-                        "and a classifier (model=torchvision); leave it at 1.0")  # fmt: skip
+        raise UserError(
+            f"optim.backbone_lr_scale={backbone_scale} needs a model with a backbone "
+            "and a classifier (model=torchvision); leave it at 1.0"
+        )
     head = {id(p) for p in model.head_parameters()} if backbone_scale != 1.0 else set()
     if layer_decay is None:
         if backbone_scale == 1.0:

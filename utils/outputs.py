@@ -37,8 +37,9 @@ class Outputs:
         """Whether this process writes the run's files (the history, tune='s curve)."""
         return self.tracker.writes
 
-    def track(self, run: TrackedRun | None = None, state: Any = None,
-              resumed: dict | None = None) -> Tracker:  # fmt: skip
+    def track(
+        self, run: TrackedRun | None = None, state: Any = None, resumed: dict | None = None
+    ) -> Tracker:
         """Open the history of ``run`` (a resumed run passes its checkpoint's tracking
         record); without one, of the run dir alone (evaluate.py, tune=)."""
         if run is None:
@@ -91,8 +92,11 @@ def check_output(path: Path, key: str, inputs: Sequence[Path], suffixes: Sequenc
         raise UserError(f"{key}={path} is a folder; name a file in it")
     target = path.resolve()
     for given in inputs:
-        same = given.resolve() == target or (path.exists() and given.exists()
-                                             and os.path.samefile(given, path))  # fmt: skip
+        same = given.resolve() == target or (
+            path.exists() and given.exists() and os.path.samefile(given, path)
+        )
         if same:
-            raise UserError(f"{key}={path} is this command's own input ({given}); writing there "
-                            "would replace it: choose another file")  # fmt: skip
+            raise UserError(
+                f"{key}={path} is this command's own input ({given}); writing there "
+                "would replace it: choose another file"
+            )

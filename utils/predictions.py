@@ -46,49 +46,83 @@ class InputRecord:
     def from_run(cls, data: Any, task: Any) -> InputRecord:
         """How ``data`` reaches the model (data/batches.py Data), and what the fitted ``task``
         (utils/tasks.py) needs to read the outputs back."""
-        return cls(tuple(data.input_shape), list(data.mean), list(data.std), data.num_classes,
-                   data.classes, data.table, data.targets, task.record())  # fmt: skip
+        return cls(
+            tuple(data.input_shape),
+            list(data.mean),
+            list(data.std),
+            data.num_classes,
+            data.classes,
+            data.table,
+            data.targets,
+            task.record(),
+        )
 
     def to_dict(self) -> dict:
         """What a checkpoint's ``inputs`` holds; :meth:`read` reads it back."""
-        return {"shape": list(self.input_shape), "mean": list(self.mean), "std": list(self.std),
-                "num_classes": self.num_classes, "classes": self.classes, "table": self.table,
-                "targets": self.targets.record(), **(self.task or {})}  # fmt: skip
+        return {
+            "shape": list(self.input_shape),
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "num_classes": self.num_classes,
+            "classes": self.classes,
+            "table": self.table,
+            "targets": self.targets.record(),
+            **(self.task or {}),
+        }
 
     @classmethod
     def read(cls, record: Any, path: Path) -> InputRecord:
         """A checkpoint's ``inputs`` (untrusted: checked), from the file ``path``."""
         if record is None:
-            raise UserError(f"{path} holds no record of its inputs (it was saved before "
-                            "predict.py); evaluate.py reads it, or train it one more epoch "
-                            "with resume=... to write one")  # fmt: skip
+            raise UserError(
+                f"{path} holds no record of its inputs (it was saved before "
+                "predict.py); evaluate.py reads it, or train it one more epoch "
+                "with resume=... to write one"
+            )
         shape, classes = record.get("shape") if isinstance(record, dict) else None, None
         ok = (
             isinstance(record, dict)
-            and isinstance(shape, list) and len(shape) >= 1
+            and isinstance(shape, list)
+            and len(shape) >= 1
             and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape)
             and stored_floats(record.get("mean"), shape[0])
             and stored_floats(record.get("std"), shape[0], divisor=True)
-            and isinstance(record.get("num_classes"), int) and record["num_classes"] > 0
+            and isinstance(record.get("num_classes"), int)
+            and record["num_classes"] > 0
             and isinstance(record.get("table"), dict | type(None))
-        )  # fmt: skip
+        )
         if ok:
             classes = record.get("classes")
             ok = classes is None or (
-                isinstance(classes, list) and len(classes) == record["num_classes"]
+                isinstance(classes, list)
+                and len(classes) == record["num_classes"]
                 and all(isinstance(c, str) for c in classes)
-            )  # fmt: skip
+            )
         if not ok:
-            raise UserError(f"{path}: its inputs record is not what torchloom writes (was it "
-                            "edited?)")  # fmt: skip
+            raise UserError(
+                f"{path}: its inputs record is not what torchloom writes (was it edited?)"
+            )
         if math.prod(shape) > MAX_SAMPLE_ELEMENTS:
-            raise UserError(f"{path}: its inputs record asks for inputs of shape {shape}, more "
-                            f"than {MAX_SAMPLE_ELEMENTS:,} values each; refusing (was it edited?)")  # fmt: skip
+            raise UserError(
+                f"{path}: its inputs record asks for inputs of shape {shape}, more "
+                f"than {MAX_SAMPLE_ELEMENTS:,} values each; refusing (was it edited?)"
+            )
         targets = _targets(record, path)
-        task = {key: record[key] for key in ("threshold", "target_scale", "calibration")
-                if key in record}  # fmt: skip
-        return cls(tuple(shape), list(record["mean"]), list(record["std"]),
-                   record["num_classes"], classes, record["table"], targets, task)  # fmt: skip
+        task = {
+            key: record[key]
+            for key in ("threshold", "target_scale", "calibration")
+            if key in record
+        }
+        return cls(
+            tuple(shape),
+            list(record["mean"]),
+            list(record["std"]),
+            record["num_classes"],
+            classes,
+            record["table"],
+            targets,
+            task,
+        )
 
     @property
     def class_names(self) -> list[str]:
@@ -105,16 +139,27 @@ class InputRecord:
 def _targets(record: dict, path: Path) -> Any:
     from data.targets import KINDS, Targets
 
-    stored = record.get("targets") or {"kind": "classes", "count": record["num_classes"],
-                                       "names": record.get("classes")}  # fmt: skip
+    stored = record.get("targets") or {
+        "kind": "classes",
+        "count": record["num_classes"],
+        "names": record.get("classes"),
+    }
     names = stored.get("names") if isinstance(stored, dict) else None
-    ok = (isinstance(stored, dict) and stored.get("kind") in KINDS
-          and stored.get("count") == record["num_classes"]
-          and (names is None or (isinstance(names, list) and len(names) == record["num_classes"]
-                                 and all(isinstance(n, str) for n in names))))  # fmt: skip
+    ok = (
+        isinstance(stored, dict)
+        and stored.get("kind") in KINDS
+        and stored.get("count") == record["num_classes"]
+        and (
+            names is None
+            or (
+                isinstance(names, list)
+                and len(names) == record["num_classes"]
+                and all(isinstance(n, str) for n in names)
+            )
+        )
+    )
     if not ok:
-        raise UserError(f"{path}: its targets record is not what torchloom writes (was it "
-                        "edited?)")  # fmt: skip
+        raise UserError(f"{path}: its targets record is not what torchloom writes (was it edited?)")
     return Targets(stored["kind"], stored["count"], tuple(names) if names else None)
 
 
@@ -126,8 +171,10 @@ def read_inputs(path: Path, record: InputRecord) -> tuple[list[str], torch.Tenso
         raise UserError(f"input={path}: no such file or folder")
     if path.is_file() and path.suffix.lower() in TABLE_EXTENSIONS:
         if record.table is None:
-            raise UserError(f"input={path} is a table, but the checkpoint's model takes images "
-                            f"of shape {list(record.input_shape)}; give an image or a folder")  # fmt: skip
+            raise UserError(
+                f"input={path} is a table, but the checkpoint's model takes images "
+                f"of shape {list(record.input_shape)}; give an image or a folder"
+            )
         from data.tabular import Columns, read_table
 
         header, rows = read_table(path)
@@ -135,13 +182,19 @@ def read_inputs(path: Path, record: InputRecord) -> tuple[list[str], torch.Tenso
         features = columns.features(header, rows, path)
         return [str(n) for n in range(1, len(rows) + 1)], features, columns.unseen(header, rows)
     if record.table is not None or len(record.input_shape) != 3:
-        raise UserError(f"input={path}: the checkpoint's model takes a table's rows "
-                        f"({record.input_shape[0]} features); give a CSV file")  # fmt: skip
+        raise UserError(
+            f"input={path}: the checkpoint's model takes a table's rows "
+            f"({record.input_shape[0]} features); give a CSV file"
+        )
     from data.imagefolder import decode
 
-    files = [path] if path.is_file() else sorted(
-        p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
-    )  # fmt: skip
+    files = (
+        [path]
+        if path.is_file()
+        else sorted(
+            p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
+        )
+    )
     if not files:
         raise UserError(f"input={path}: no image files ({', '.join(sorted(IMAGE_EXTENSIONS))})")
     channels, height, width = record.input_shape
@@ -155,8 +208,10 @@ def top_classes(
 ) -> list[list[tuple[str, float]]]:
     """The ``k`` most probable classes of each row, by name, most probable first."""
     values, indices = probabilities.topk(k, dim=1)
-    return [[(names[i], p) for i, p in zip(row_i, row_p, strict=True)]
-            for row_i, row_p in zip(indices.tolist(), values.tolist(), strict=True)]  # fmt: skip
+    return [
+        [(names[i], p) for i, p in zip(row_i, row_p, strict=True)]
+        for row_i, row_p in zip(indices.tolist(), values.tolist(), strict=True)
+    ]
 
 
 def label_sets(

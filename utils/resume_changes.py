@@ -18,19 +18,44 @@ from utils.monitor import monitor_mode
 CHANGES_NEED_ALLOW = ("model", "data", "trainer.accumulate_grad_batches", "seed")
 # refused always: the saved optimizer, schedule or best-so-far state cannot carry over;
 CHANGES_NEVER = (
-    "optim._target_", "optim.decay_bias_and_norm", "scheduler._target_", "trainer.monitor",
-    "trainer.monitor_mode", "task._target_", "task.standardize_targets", "optim.layer_decay",
-    "trainer.swa.start", "trainer.swa.lr", "trainer.swa.anneal_epochs", "distill.weights",
-)  # fmt: skip
+    "optim._target_",
+    "optim.decay_bias_and_norm",
+    "scheduler._target_",
+    "trainer.monitor",
+    "trainer.monitor_mode",
+    "task._target_",
+    "task.standardize_targets",
+    "optim.layer_decay",
+    "trainer.swa.start",
+    "trainer.swa.lr",
+    "trainer.swa.anneal_epochs",
+    "distill.weights",
+)
 # data keys that only say where the same data lives or how fast it is read;
-DATA_KEYS_FREE_TO_CHANGE = ("root", "download", "num_workers", "eval_batch_size", "path",
-                            "cache", "cache_max_gb", "cache_dir")  # fmt: skip
+DATA_KEYS_FREE_TO_CHANGE = (
+    "root",
+    "download",
+    "num_workers",
+    "eval_batch_size",
+    "path",
+    "cache",
+    "cache_max_gb",
+    "cache_dir",
+)
 # everything else is applied exactly from the resume point on and reported. Of those, these
 # rebuild the optimizer's hyperparameters and the LR schedule at the current step.
 CHANGES_RESCHEDULE = ("optim", "scheduler", "trainer.max_epochs", "data.batch_size")
 # Keys that say how to start this invocation, not what the run is.
-INVOCATION_KEYS = ("resume", "resume_allow_changes", "overwrite", "init_from", "tune", "run_name",
-                   "logger", "cv")  # fmt: skip
+INVOCATION_KEYS = (
+    "resume",
+    "resume_allow_changes",
+    "overwrite",
+    "init_from",
+    "tune",
+    "run_name",
+    "logger",
+    "cv",
+)
 
 
 @dataclass
@@ -53,14 +78,23 @@ def _added_later() -> dict[str, Any]:
 
     return {
         **{f"data.augment.{key}": off for key, off in MIXING_OFF.items()},
-        "task._target_": "utils.tasks.classification", "task.label_smoothing": 0.0,
-        "task.class_weights": None, "trainer.ema.decay": None, "trainer.ema.warmup": True,
-        "trainer.ema.evaluate": True, "trainer.early_stopping.patience": None,
-        "trainer.early_stopping.min_delta": 0.0, "optim.layer_decay": None,
-        "trainer.swa.start": None, "trainer.swa.lr": None, "trainer.swa.anneal_epochs": 1,
-        "distill.teacher": None, "distill.weights": "auto", "distill.temperature": 4.0,
+        "task._target_": "utils.tasks.classification",
+        "task.label_smoothing": 0.0,
+        "task.class_weights": None,
+        "trainer.ema.decay": None,
+        "trainer.ema.warmup": True,
+        "trainer.ema.evaluate": True,
+        "trainer.early_stopping.patience": None,
+        "trainer.early_stopping.min_delta": 0.0,
+        "optim.layer_decay": None,
+        "trainer.swa.start": None,
+        "trainer.swa.lr": None,
+        "trainer.swa.anneal_epochs": 1,
+        "distill.teacher": None,
+        "distill.weights": "auto",
+        "distill.temperature": 4.0,
         "distill.alpha": 0.5,
-    }  # fmt: skip
+    }
 
 
 def config_changes(stored: dict, current: dict) -> ResumeChanges:

@@ -90,8 +90,9 @@ class RunStart:
         """The run as its history names it: run name, sweep job, config."""
         config = self.record.resolved
         job = str(HydraConfig.get().job.num) if sweep.in_sweep() else None
-        return TrackedRun(config["run_name"], job, self.run_dir, config,
-                          Path(config["paths"]["runs"]))  # fmt: skip
+        return TrackedRun(
+            config["run_name"], job, self.run_dir, config, Path(config["paths"]["runs"])
+        )
 
     def remove_replaced(self) -> None:
         """``overwrite=true``: remove the earlier run's files, once this run is set up (so a
@@ -124,8 +125,9 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
     run.resumed = resume_point(resume, checkpoint_dir, asked=cfg.resume is not None)
     if run.resumed:
         check_same_run(*run.resumed, checkpoint_dir)
-        run.changes = check_resumable(*run.resumed, run.record.resolved, cfg.resume_allow_changes,
-                                      run.record.overrides)  # fmt: skip
+        run.changes = check_resumable(
+            *run.resumed, run.record.resolved, cfg.resume_allow_changes, run.record.overrides
+        )
         for line in run.changes.applied + run.changes.need_allow:
             log.info("resume: applying the changed %s", line)
     return run
@@ -159,8 +161,12 @@ def resume_point(
 # What an earlier run of the same name leaves that is worth keeping: its checkpoints and its
 # final metrics. Its history files alone (TensorBoard events, metrics.csv: a run that ended
 # before its first checkpoint) are removed, so two attempts never mix in one history.
-SAVED_FILES = (("checkpoints", "last.pt"), ("checkpoints", "best.pt"),
-               ("checkpoints", "epoch=*.pt"), ("run", "metrics.json"))  # fmt: skip
+SAVED_FILES = (
+    ("checkpoints", "last.pt"),
+    ("checkpoints", "best.pt"),
+    ("checkpoints", "epoch=*.pt"),
+    ("run", "metrics.json"),
+)
 HISTORY_FILES = ("events.out.tfevents.*", "metrics.csv", ".tracking.json")
 
 
@@ -181,8 +187,11 @@ def check_new_run(run_dir: Path, checkpoint_dir: Path, overwrite: bool) -> list[
 
 def remove_files(paths: list[Path]) -> None:
     if paths:
-        log.info("removing %d files of an earlier run of this name: %s", len(paths),
-                 ", ".join(p.name for p in paths))  # fmt: skip
+        log.info(
+            "removing %d files of an earlier run of this name: %s",
+            len(paths),
+            ", ".join(p.name for p in paths),
+        )
     for path in paths:
         path.unlink(missing_ok=True)
 
@@ -264,8 +273,9 @@ class RunContext:
         joined = distributed.join(processes, resolve_device(device))
         configure_device(joined)
         threads = configure_threads(cpu_threads, sweep.parallel_jobs())
-        log.info("device: %s, %d CPU threads, %d process(es)", joined, threads,
-                 processes.world_size)  # fmt: skip
+        log.info(
+            "device: %s, %d CPU threads, %d process(es)", joined, threads, processes.world_size
+        )
         return cls(processes, joined, threads, writes=processes.is_main)
 
     @classmethod

@@ -135,8 +135,9 @@ class StopGrace:
             self.stopped_at = time.monotonic()
         if self.stopped_at is None or time.monotonic() - self.stopped_at <= STOP_GRACE_SECONDS:
             return False
-        log.warning("%s received while waiting for %s; stopping without it", stop_requested(),
-                    self.what)  # fmt: skip
+        log.warning(
+            "%s received while waiting for %s; stopping without it", stop_requested(), self.what
+        )
         return True
 
 

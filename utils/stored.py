@@ -54,8 +54,7 @@ def read_checkpoint(
     require_keys(config, source, {"model": dict, "data": dict, "seed": int})
     check_stored_config(config, source)
     if inputs is not None and not isinstance(inputs, dict):
-        raise UserError(f"{path}: its inputs record is not what torchloom writes (was it "
-                        "edited?)")  # fmt: skip
+        raise UserError(f"{path}: its inputs record is not what torchloom writes (was it edited?)")
     return config, weights, inputs, name
 
 
@@ -82,22 +81,31 @@ def average_checkpoints(paths: list[Path], which: str) -> tuple[dict, dict, dict
     ``which`` weights of ``paths`` (a run's top-k copies): the config and record of the last,
     without a calibration (fitted to other weights). Every file must hold the same tensors."""
     if len(paths) < 2:
-        raise UserError(f"average=top_k needs two or more top-k copies; found {len(paths)} "
-                        "(train with trainer.keep_top_k=3 or more)")  # fmt: skip
+        raise UserError(
+            f"average=top_k needs two or more top-k copies; found {len(paths)} "
+            "(train with trainer.keep_top_k=3 or more)"
+        )
     summed: dict[str, torch.Tensor] = {}
     for path in paths:
         config, weights, inputs, name = read_checkpoint(path, None, which)
         if summed and {k: v.shape for k, v in weights.items()} != {
-                k: v.shape for k, v in summed.items()}:  # fmt: skip
-            raise UserError(f"average=top_k: {path} holds other tensors than {paths[0]} (another "
-                            "model?); average copies of one run only")  # fmt: skip
+            k: v.shape for k, v in summed.items()
+        }:
+            raise UserError(
+                f"average=top_k: {path} holds other tensors than {paths[0]} (another "
+                "model?); average copies of one run only"
+            )
         for key, value in weights.items():
             if value.is_floating_point():
                 summed[key] = summed.get(key, 0) + value.double()
             else:  # counters: the last file's
                 summed[key] = value
-    averaged = {key: (value / len(paths)).to(weights[key].dtype)
-                if weights[key].is_floating_point() else value for key, value in summed.items()}  # fmt: skip
+    averaged = {
+        key: (value / len(paths)).to(weights[key].dtype)
+        if weights[key].is_floating_point()
+        else value
+        for key, value in summed.items()
+    }
     if isinstance(inputs, dict):
         inputs = {key: value for key, value in inputs.items() if key != "calibration"}
     return config, averaged, inputs, name
@@ -106,8 +114,11 @@ def average_checkpoints(paths: list[Path], which: str) -> tuple[dict, dict, dict
 def task_config(stored: dict) -> DictConfig:
     """The stored task node; a checkpoint written before the task group existed trained a
     plain classifier."""
-    task = stored.get("task") or {"_target_": "utils.tasks.classification",
-                                  "label_smoothing": 0.0, "class_weights": None}  # fmt: skip
+    task = stored.get("task") or {
+        "_target_": "utils.tasks.classification",
+        "label_smoothing": 0.0,
+        "class_weights": None,
+    }
     if not isinstance(task, dict):
         raise UserError("the stored config's task is not a mapping (was it edited?)")
     return OmegaConf.create(task)
@@ -155,18 +166,22 @@ def judged_averages(checkpoint: dict) -> tuple[str, ...]:
 def chosen_weights(checkpoint: dict, which: str, path: Path) -> tuple[dict, str]:
     """(the weights ``which`` names, their name: swa, ema or raw; see :func:`read_checkpoint`)."""
     if which == "auto":
-        which = next((k for k in judged_averages(checkpoint) if checkpoint.get(k) is not None),
-                     "raw")  # fmt: skip
+        which = next(
+            (k for k in judged_averages(checkpoint) if checkpoint.get(k) is not None), "raw"
+        )
     if which == "raw":
         return checkpoint["model"], "raw"
     average = checkpoint.get(which)
     if average is None:
         trained = "trainer.swa.start" if which == "swa" else "trainer.ema"
-        raise UserError(f"{path} holds no {which.upper()} weights (trained without {trained}); "
-                        "use weights=raw")  # fmt: skip
+        raise UserError(
+            f"{path} holds no {which.upper()} weights (trained without {trained}); use weights=raw"
+        )
     if not isinstance(average, dict) or not isinstance(average.get("model"), dict):
-        raise UserError(f"{path}: its {which} entry is not what torchloom writes (was it "
-                        "edited?); weights=raw reads the trained weights")  # fmt: skip
+        raise UserError(
+            f"{path}: its {which} entry is not what torchloom writes (was it "
+            "edited?); weights=raw reads the trained weights"
+        )
     return average["model"], which
 
 
@@ -196,8 +211,9 @@ def read_yaml_config(path: Path) -> Any:
         raise UserError(f"config={path}: not a readable YAML config") from None
 
 
-def export_safetensors(model: torch.nn.Module, config: dict, inputs: dict | None,
-                       path: Path) -> None:  # fmt: skip
+def export_safetensors(
+    model: torch.nn.Module, config: dict, inputs: dict | None, path: Path
+) -> None:
     """The weights without pickle, the config and the inputs record (a regression run's
     target scale) as JSON metadata beside them."""
     try:
@@ -212,8 +228,10 @@ def export_safetensors(model: torch.nn.Module, config: dict, inputs: dict | None
         with atomic_file(path) as f:  # complete or not at all, its folder made if missing
             f.write(save(weights, metadata=metadata))
     except OSError as error:
-        raise UserError(f"cannot write {path}: {error.strerror or error}; nothing was written "
-                        "there (choose another export=...)") from None  # fmt: skip
+        raise UserError(
+            f"cannot write {path}: {error.strerror or error}; nothing was written "
+            "there (choose another export=...)"
+        ) from None
 
 
 def data_config(stored: dict, overrides: DictConfig, record: Any = None) -> DictConfig:
@@ -257,6 +275,8 @@ def reading_stored_data(node: DictConfig, overrides: DictConfig) -> Iterator[Non
         where = node.get(key)
         if named_here or where is None or not Path(str(where)).exists():  # nothing to hide
             raise
-        raise UserError(f"the checkpoint's data.{key}={where} does not hold the data it was "
-                        "trained on (what it holds is not shown: the path came from the "
-                        f"checkpoint); pass data.{key}=... to name the data here") from None  # fmt: skip
+        raise UserError(
+            f"the checkpoint's data.{key}={where} does not hold the data it was "
+            "trained on (what it holds is not shown: the path came from the "
+            f"checkpoint); pass data.{key}=... to name the data here"
+        ) from None

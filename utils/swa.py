@@ -40,13 +40,17 @@ def start_epoch(start: Any, max_epochs: int) -> int | None:
     if start is None:
         return None
     if isinstance(start, bool) or not isinstance(start, int | float) or not math.isfinite(start):
-        raise UserError(f"trainer.swa.start={start!r} must be an epoch count or a fraction of "
-                        "trainer.max_epochs, or null for off")  # fmt: skip
+        raise UserError(
+            f"trainer.swa.start={start!r} must be an epoch count or a fraction of "
+            "trainer.max_epochs, or null for off"
+        )
     epochs = int(start * max_epochs) if isinstance(start, float) and 0 < start < 1 else start
     if epochs != int(epochs) or not 0 <= epochs < max(max_epochs, 1):
-        raise UserError(f"trainer.swa.start={start} must be a whole number of epochs from 0 to "
-                        f"{max_epochs - 1} (trainer.max_epochs={max_epochs}) or a fraction "
-                        "between 0 and 1")  # fmt: skip
+        raise UserError(
+            f"trainer.swa.start={start} must be a whole number of epochs from 0 to "
+            f"{max_epochs - 1} (trainer.max_epochs={max_epochs}) or a fraction "
+            "between 0 and 1"
+        )
     return int(epochs)
 
 
@@ -57,8 +61,9 @@ def check_swa(config: Any, max_epochs: int) -> int | None:
     if epochs is None:
         return None
     if config.lr is not None and not (math.isfinite(config.lr) and config.lr > 0):
-        raise UserError(f"trainer.swa.lr={config.lr} must be greater than 0, or null to "
-                        "keep the schedule's LR")  # fmt: skip
+        raise UserError(
+            f"trainer.swa.lr={config.lr} must be greater than 0, or null to keep the schedule's LR"
+        )
     if config.anneal_epochs < 0:
         raise UserError(f"trainer.swa.anneal_epochs={config.anneal_epochs} must be 0 or more")
     return epochs
@@ -71,8 +76,9 @@ class StochasticAverage:
         self.module = copy.deepcopy(unwrap(model)).eval().requires_grad_(False)
         self.start, self.updates = start, 0
         trained = unwrap(model)
-        self.pairs = list(zip(trained.state_dict().values(), self.module.state_dict().values(),
-                              strict=True))  # fmt: skip
+        self.pairs = list(
+            zip(trained.state_dict().values(), self.module.state_dict().values(), strict=True)
+        )
 
     @classmethod
     def of(cls, config: Any, model: nn.Module, max_epochs: int) -> StochasticAverage | None:
@@ -103,11 +109,18 @@ class StochasticAverage:
     def load_state_dict(self, state: Any, where: str) -> None:
         """The average a checkpoint at ``where`` holds, its types checked (it is untrusted)."""
         updates = state.get("updates") if isinstance(state, dict) else None
-        ok = (isinstance(state, dict) and isinstance(state.get("model"), dict)
-              and isinstance(updates, int) and not isinstance(updates, bool) and updates >= 0)  # fmt: skip
+        ok = (
+            isinstance(state, dict)
+            and isinstance(state.get("model"), dict)
+            and isinstance(updates, int)
+            and not isinstance(updates, bool)
+            and updates >= 0
+        )
         if not ok:
-            raise UserError(f"{where}: its swa entry is not what torchloom writes (was it "
-                            "edited?); use init_from=... for its weights")  # fmt: skip
+            raise UserError(
+                f"{where}: its swa entry is not what torchloom writes (was it "
+                "edited?); use init_from=... for its weights"
+            )
         load_weights(self.module, state["model"])
         self.updates = updates
 
@@ -160,8 +173,11 @@ class AveragingSchedule:
         groups = self.optimizer.param_groups
         if self.lr_start is None:
             self.lr_start = [group["lr"] for group in groups]
-        done = 1.0 if self.anneal_steps == 0 else min(1.0, (self.taken - self.start_step + 1)
-                                                      / self.anneal_steps)  # fmt: skip
+        done = (
+            1.0
+            if self.anneal_steps == 0
+            else min(1.0, (self.taken - self.start_step + 1) / self.anneal_steps)
+        )
         toward = (1 - math.cos(math.pi * done)) / 2
         for group, begun in zip(groups, self.lr_start, strict=True):
             target = self.lr * group.get("lr_scale", 1.0)
@@ -181,8 +197,11 @@ class AveragingSchedule:
         if not isinstance(taken, int) or isinstance(taken, bool) or taken < 0:
             raise ValueError("swa.taken")
         groups = len(self.optimizer.param_groups)  # one LR each: zip() would fail mid-step
-        if begun is not None and not (isinstance(begun, list) and len(begun) == groups and all(
-                isinstance(v, float) and math.isfinite(v) and v >= 0 for v in begun)):  # fmt: skip
+        if begun is not None and not (
+            isinstance(begun, list)
+            and len(begun) == groups
+            and all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in begun)
+        ):
             raise ValueError("swa.lr_start")
         self.taken, self.lr_start = taken, begun
 

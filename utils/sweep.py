@@ -49,8 +49,14 @@ def shown_metrics() -> tuple[str, ...]:
     task's main test metric (utils/tasks.py), R², the losses, then the same on val."""
     from utils.tasks import main_metrics
 
-    return (*main_metrics("test"), "test/r2", "test/loss", *main_metrics("val"), "val/loss",
-            "train/loss")  # fmt: skip
+    return (
+        *main_metrics("test"),
+        "test/r2",
+        "test/loss",
+        *main_metrics("val"),
+        "val/loss",
+        "train/loss",
+    )
 
 
 def in_sweep() -> bool:
@@ -131,8 +137,10 @@ def record_failure(run_dir: Path, error: BaseException, monitor_mode: str) -> fl
     """Write the failed job's ``metrics.json`` (status and error) and return its worst value."""
     run_dir.mkdir(parents=True, exist_ok=True)
     message = str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
-    write_json({"status": "failed", "error": message, "overrides": job_overrides()},
-               run_dir / "metrics.json")  # fmt: skip
+    write_json(
+        {"status": "failed", "error": message, "overrides": job_overrides()},
+        run_dir / "metrics.json",
+    )
     return worst_value(monitor_mode)
 
 
@@ -206,8 +214,12 @@ def seed_groups(rows: list[dict[str, Any]], metrics: list[str]) -> list[dict[str
     return summaries
 
 
-def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], columns: list[str],
-                  groups: list[dict[str, Any]] | None) -> None:  # fmt: skip
+def write_summary(
+    sweep_dir: Path,
+    rows: list[dict[str, Any]],
+    columns: list[str],
+    groups: list[dict[str, Any]] | None,
+) -> None:
     with open(sweep_dir / "summary.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
@@ -269,8 +281,11 @@ def summarize(sweep_dir: Path, monitor: str, mode: str, console: Console) -> lis
         columns.append("stopped_early_at_epoch")
     if any(row.get("error") for row in rows):
         columns.append("error")
-    varied = [word for word, prefix in zip(("seeds", "folds"), REPEATS, strict=True)
-              if any(o.startswith(prefix) for row in rows for o in row["overrides"])]  # fmt: skip
+    varied = [
+        word
+        for word, prefix in zip(("seeds", "folds"), REPEATS, strict=True)
+        if any(o.startswith(prefix) for row in rows for o in row["overrides"])
+    ]
     groups = seed_groups(rows, metrics) if varied else None
     write_summary(sweep_dir, rows, columns, groups)
     console.print(summary_table(rows, columns, f"sweep {sweep_dir}: {len(rows)} jobs"))

@@ -60,18 +60,26 @@ from utils.trust import FLOAT32_MAX, stored_floats
 log = logging.getLogger("torchloom")
 MAX_OUTPUTS = 2**20  # classes, labels or values: a label of 10**9 is a mistake, not a class
 
-SMOOTHING = Rule(lambda v: isinstance(v, float | int) and not isinstance(v, bool) and 0 <= v < 1,
-                 "at least 0 and below 1")  # fmt: skip
+SMOOTHING = Rule(
+    lambda v: isinstance(v, float | int) and not isinstance(v, bool) and 0 <= v < 1,
+    "at least 0 and below 1",
+)
 
 
 def _weights(what: str) -> Rule:
     return Rule(
-        lambda v: v is None or v == "auto" or (
-            isinstance(v, Sequence) and not isinstance(v, str) and len(v) >= 1
-            and all(POSITIVE.test(w) and w <= FLOAT32_MAX for w in v)
+        lambda v: (
+            v is None
+            or v == "auto"
+            or (
+                isinstance(v, Sequence)
+                and not isinstance(v, str)
+                and len(v) >= 1
+                and all(POSITIVE.test(w) and w <= FLOAT32_MAX for w in v)
+            )
         ),
         f"null, auto, or a list of one finite positive weight per {what}",
-    )  # fmt: skip
+    )
 
 
 CLASS_WEIGHTS, POS_WEIGHT = _weights("class"), _weights("label")
@@ -95,8 +103,12 @@ def multilabel(pos_weight: Any, threshold: float) -> MultiLabel:
     return MultiLabel(pos_weight, float(threshold))
 
 
-@checked("task", loss=one_of("mse", "huber", "l1"), huber_delta=POSITIVE,
-         standardize_targets=one_of(True, False))  # fmt: skip
+@checked(
+    "task",
+    loss=one_of("mse", "huber", "l1"),
+    huber_delta=POSITIVE,
+    standardize_targets=one_of(True, False),
+)
 def regression(loss: str, huber_delta: float, standardize_targets: bool) -> Regression:
     """conf/task/regression.yaml."""
     return Regression(loss, float(huber_delta), standardize_targets)
@@ -125,34 +137,42 @@ class Task:
 
         kinds = target_kinds(_locate(node["_target_"]))
         if self.targets not in kinds:
-            raise UserError(f"task={self.name} learns {HINTS[self.targets]}, and "
-                            f"{node['_target_']} reads class labels only; use data=csv, "
-                            "data=tensors or data=image_csv")  # fmt: skip
+            raise UserError(
+                f"task={self.name} learns {HINTS[self.targets]}, and "
+                f"{node['_target_']} reads class labels only; use data=csv, "
+                "data=tensors or data=image_csv"
+            )
         return {"targets": self.targets} if len(kinds) > 1 else {}
 
     def check(self, data: Any) -> Targets:
         targets = data.targets
         if targets.kind != self.targets:
-            raise UserError(f"task={self.name} learns {HINTS[self.targets]}, and {data.name} "
-                            f"gives {targets.kind.replace('_', ' ')} (for task="
-                            f"{TASK_OF[targets.kind]}); choose the task or data that match")  # fmt: skip
+            raise UserError(
+                f"task={self.name} learns {HINTS[self.targets]}, and {data.name} "
+                f"gives {targets.kind.replace('_', ' ')} (for task="
+                f"{TASK_OF[targets.kind]}); choose the task or data that match"
+            )
         if data.mixing and not self.mixes:
             raise UserError(
                 "data.augment.mixup_alpha and cutmix_alpha blend class targets, and "
                 f"{data.name}'s targets are {targets.kind} (task={self.name}): set both to 0"
             )
         if targets.count > MAX_OUTPUTS:
-            raise UserError(f"{data.name} gives {targets.count:,} {targets.kind.replace('_', ' ')}"
-                            f", more than the {MAX_OUTPUTS:,} a model output may have; class "
-                            "labels are indices 0..N-1 (check the labels, or data.num_classes)")  # fmt: skip
+            raise UserError(
+                f"{data.name} gives {targets.count:,} {targets.kind.replace('_', ' ')}"
+                f", more than the {MAX_OUTPUTS:,} a model output may have; class "
+                "labels are indices 0..N-1 (check the labels, or data.num_classes)"
+            )
         least = 2 if targets.kind == "classes" else 1  # one class is a constant, 100% "right"
         if targets.count < least:
             shown = f" ({', '.join(map(repr, targets.names))})" if targets.names else ""
             table = getattr(data, "table", None)
             where = f"column {table['target']!r}" if table else "the labels"
-            raise UserError(f"{data.name}: {where} hold {targets.count} "
-                            f"{targets.kind.replace('_', ' ')}{shown}, and task={self.name} needs "
-                            f"{least} or more; check data.target or the data")  # fmt: skip
+            raise UserError(
+                f"{data.name}: {where} hold {targets.count} "
+                f"{targets.kind.replace('_', ' ')}{shown}, and task={self.name} needs "
+                f"{least} or more; check data.target or the data"
+            )
         return targets
 
     def training_loss(self) -> Any:
@@ -198,18 +218,23 @@ class Task:
         task.calibrated = calibrated
         return task
 
-    def calibrate(self, outputs: torch.Tensor, targets: torch.Tensor, fit: tuple[bool, bool],
-                  weights: str) -> Calibration:  # fmt: skip
+    def calibrate(
+        self, outputs: torch.Tensor, targets: torch.Tensor, fit: tuple[bool, bool], weights: str
+    ) -> Calibration:
         """A :class:`Calibration` fitted on these (validation) ``outputs`` and ``targets``:
         ``fit`` = (a temperature, F1-best thresholds); ``weights``: the weights they came
         from. A task without probabilities (no :meth:`nll`) is refused."""
         if type(self).nll is Task.nll:
-            raise UserError(f"calibrate=temperature and threshold=auto apply to class and label "
-                            f"scores; task={self.name} has none")  # fmt: skip
+            raise UserError(
+                f"calibrate=temperature and threshold=auto apply to class and label "
+                f"scores; task={self.name} has none"
+            )
         if fit[1] and not self.decisions:
-            raise UserError(f"threshold=auto chooses a threshold for two classes (or with "
-                            f"task=multilabel); this model has {self.count} classes, and "
-                            "predicts the most probable")  # fmt: skip
+            raise UserError(
+                f"threshold=auto chooses a threshold for two classes (or with "
+                f"task=multilabel); this model has {self.count} classes, and "
+                "predicts the most probable"
+            )
         temperature = fit_temperature(outputs, lambda z: self.nll(z, targets)) if fit[0] else 1.0
         if not fit[1]:
             return Calibration(temperature, None, weights)
@@ -271,10 +296,14 @@ class Task:
         when its probability reaches ``threshold``), then both probabilities."""
         names = self.names
         chosen = (probabilities[:, 1] >= threshold).long().tolist()
-        rows = [[cell(names[c]), *map(repr, row)]
-                for c, row in zip(chosen, probabilities.tolist(), strict=True)]  # fmt: skip
-        lines = [f"{names[c]}  (p {names[1]} {row[1]:.3f}, threshold {threshold:.3g})"
-                 for c, row in zip(chosen, probabilities.tolist(), strict=True)]  # fmt: skip
+        rows = [
+            [cell(names[c]), *map(repr, row)]
+            for c, row in zip(chosen, probabilities.tolist(), strict=True)
+        ]
+        lines = [
+            f"{names[c]}  (p {names[1]} {row[1]:.3f}, threshold {threshold:.3g})"
+            for c, row in zip(chosen, probabilities.tolist(), strict=True)
+        ]
         return ["class", *(cell(f"p_{n}") for n in names)], rows, lines
 
     def exportable(
@@ -349,24 +378,30 @@ class Classification(Task):
             counts = torch.bincount(data.train_targets(), minlength=classes).double()
             if (counts == 0).any():
                 missing = (counts == 0).nonzero().flatten().tolist()
-                raise UserError(f"task.class_weights=auto: classes {missing} have no training "
-                                "samples; give the weights as a list instead")  # fmt: skip
+                raise UserError(
+                    f"task.class_weights=auto: classes {missing} have no training "
+                    "samples; give the weights as a list instead"
+                )
             weights = (counts.sum() / (classes * counts)).tolist()
-            log.info("class weights (inverse train frequency): %s",
-                     " ".join(f"{w:.3g}" for w in weights))  # fmt: skip
+            log.info(
+                "class weights (inverse train frequency): %s", " ".join(f"{w:.3g}" for w in weights)
+            )
         weight = _weight_tensor(weights, "class_weights", ("class", "classes"), data, device)
         return ClassificationLoss(self.label_smoothing, weight, classes)
 
 
-def _weight_tensor(weights: list | None, key: str, what: tuple[str, str], data: Any,
-                   device: torch.device) -> torch.Tensor | None:  # fmt: skip
+def _weight_tensor(
+    weights: list | None, key: str, what: tuple[str, str], data: Any, device: torch.device
+) -> torch.Tensor | None:
     """``task.<key>``'s weights, one per class or label of ``data`` (``what``: the word and its
     plural), on ``device``."""
     if weights is None:
         return None
     if len(weights) != data.targets.count:
-        raise UserError(f"task.{key} has {len(weights)} values; {data.name} has "
-                        f"{data.targets.count} {what[1]}: give one per {what[0]}, or auto")  # fmt: skip
+        raise UserError(
+            f"task.{key} has {len(weights)} values; {data.name} has "
+            f"{data.targets.count} {what[1]}: give one per {what[0]}, or auto"
+        )
     return torch.tensor(weights, dtype=torch.float32, device=device)
 
 
@@ -407,8 +442,9 @@ class ClassificationLoss:
         # F.cross_entropy by attribute: the fault-injection tests replace it.
         if targets.is_floating_point():  # mixed: probabilities, smoothed here and only here
             return F.cross_entropy(logits, self.smoothed(targets), weight=self.weight)
-        return F.cross_entropy(logits, targets, weight=self.weight,
-                               label_smoothing=self.label_smoothing)  # fmt: skip
+        return F.cross_entropy(
+            logits, targets, weight=self.weight, label_smoothing=self.label_smoothing
+        )
 
 
 class MultiLabel(Task):
@@ -454,8 +490,10 @@ class MultiLabel(Task):
 
     def shown_targets(self, targets: torch.Tensor) -> list[str]:
         """Its labels' indices, a;b (- for none)."""
-        return [";".join(str(i) for i, on in enumerate(row) if on >= 0.5) or "-"
-                for row in targets.tolist()]  # fmt: skip
+        return [
+            ";".join(str(i) for i, on in enumerate(row) if on >= 0.5) or "-"
+            for row in targets.tolist()
+        ]
 
     def tables(self, out: Any, where: tuple[str, int | None], metrics: dict, split: str) -> dict:
         return eval_tables.label_tables(out, where[0], metrics, split, self.names)
@@ -463,8 +501,10 @@ class MultiLabel(Task):
     def target_cells(self, targets: torch.Tensor) -> list[str]:
         """Its label set, ``a;b`` (empty for none)."""
         names = self.names
-        return [cell(";".join(names[i] for i, on in enumerate(row) if on >= 0.5))
-                for row in targets.tolist()]  # fmt: skip
+        return [
+            cell(";".join(names[i] for i, on in enumerate(row) if on >= 0.5))
+            for row in targets.tolist()
+        ]
 
     def decode(self, outputs: torch.Tensor, options: Any) -> tuple[list[str], list, list[str]]:
         """The label set at the thresholds (``options.threshold`` for every label, else the
@@ -480,11 +520,14 @@ class MultiLabel(Task):
             thresholds = [float(options.threshold)] * self.count
         names, probabilities = self.names, torch.sigmoid(outputs)
         chosen = label_sets(probabilities, names, thresholds)
-        rows = [[cell(";".join(n for n, _ in sets)), *map(repr, row)]
-                for sets, row in zip(chosen, probabilities.tolist(), strict=True)]  # fmt: skip
+        rows = [
+            [cell(";".join(n for n, _ in sets)), *map(repr, row)]
+            for sets, row in zip(chosen, probabilities.tolist(), strict=True)
+        ]
         shown_at = f"{thresholds[0]:g}" if len(set(thresholds)) == 1 else "its thresholds"
-        lines = ["  ".join(f"{n} {p:.3f}" for n, p in sets) or f"(none at {shown_at})"
-                 for sets in chosen]  # fmt: skip
+        lines = [
+            "  ".join(f"{n} {p:.3f}" for n, p in sets) or f"(none at {shown_at})" for sets in chosen
+        ]
         return ["labels", *(cell(f"p_{n}") for n in names)], rows, lines
 
     def loss(self) -> MultiLabelLoss:
@@ -496,11 +539,15 @@ class MultiLabel(Task):
             positives = train.double().sum(dim=0)
             if (positives == 0).any():
                 missing = (positives == 0).nonzero().flatten().tolist()
-                raise UserError(f"task.pos_weight=auto: labels {missing} have no positive "
-                                "training sample; give the weights as a list instead")  # fmt: skip
+                raise UserError(
+                    f"task.pos_weight=auto: labels {missing} have no positive "
+                    "training sample; give the weights as a list instead"
+                )
             weights = ((len(train) - positives) / positives).tolist()
-            log.info("positive weights (negatives/positives of each label): %s",
-                     " ".join(f"{w:.3g}" for w in weights))  # fmt: skip
+            log.info(
+                "positive weights (negatives/positives of each label): %s",
+                " ".join(f"{w:.3g}" for w in weights),
+            )
         return MultiLabelLoss(
             _weight_tensor(weights, "pos_weight", ("label", "labels"), data, device)
         )
@@ -513,12 +560,15 @@ class MultiLabelLoss:
         self.pos_weight = pos_weight
 
     def training_note(self, mixing: Any) -> str | None:
-        parts = _mixing_words(mixing) + (["with positive weights"] if self.pos_weight is not None
-                                         else [])  # fmt: skip
+        parts = _mixing_words(mixing) + (
+            ["with positive weights"] if self.pos_weight is not None else []
+        )
         if not parts:
             return None
-        return ("train/loss is the binary cross-entropy " + ", ".join(parts) + "; val/loss "
-                "and test/loss are the plain binary cross-entropy")  # fmt: skip
+        return (
+            "train/loss is the binary cross-entropy " + ", ".join(parts) + "; val/loss "
+            "and test/loss are the plain binary cross-entropy"
+        )
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(logits, targets, pos_weight=self.pos_weight)
@@ -528,8 +578,9 @@ class TargetScale:
     """Regression targets as the model learns them: ``(y - mean) / std`` per target, and back.
     ``center`` is the train mean even when not standardising, so R²'s sums stay accurate."""
 
-    def __init__(self, mean: list[float], std: list[float], center: list[float],
-                 device: torch.device) -> None:  # fmt: skip
+    def __init__(
+        self, mean: list[float], std: list[float], center: list[float], device: torch.device
+    ) -> None:
         self.count = len(mean)
         self.mean = torch.tensor(mean, dtype=torch.float32, device=device)
         self.std = torch.tensor(std, dtype=torch.float32, device=device)
@@ -543,8 +594,11 @@ class TargetScale:
         return outputs if self.identity else outputs * self.std + self.mean
 
     def record(self) -> dict:
-        return {"mean": self.mean.tolist(), "std": self.std.tolist(),
-                "center": self.center.tolist()}  # fmt: skip
+        return {
+            "mean": self.mean.tolist(),
+            "std": self.std.tolist(),
+            "center": self.center.tolist(),
+        }
 
     @classmethod
     def from_record(cls, record: Any, count: int, device: torch.device) -> TargetScale:
@@ -553,10 +607,11 @@ class TargetScale:
         ok = isinstance(record, dict) and all(
             stored_floats(record.get(key), count, divisor=key == "std")
             for key in ("mean", "std", "center")
-        )  # fmt: skip
+        )
         if not ok:
-            raise UserError("the checkpoint's target scale is not what torchloom writes (was "
-                            "it edited?)")  # fmt: skip
+            raise UserError(
+                "the checkpoint's target scale is not what torchloom writes (was it edited?)"
+            )
         return cls(record["mean"], record["std"], record["center"], device)
 
 
@@ -592,9 +647,12 @@ class Regression(Task):
         std = torch.where(std > 0, std, torch.ones_like(std))
         if self.standardize_targets:
             fitted.scale = TargetScale(center.tolist(), std.tolist(), center.tolist(), device)
-            log.info("targets standardised with the train split's mean %s and std %s; "
-                     "predictions and metrics are in the targets' units",
-                     _shown(center), _shown(std))  # fmt: skip
+            log.info(
+                "targets standardised with the train split's mean %s and std %s; "
+                "predictions and metrics are in the targets' units",
+                _shown(center),
+                _shown(std),
+            )
         else:
             fitted.scale = TargetScale([0.0] * count, [1.0] * count, center.tolist(), device)
         return fitted
@@ -633,8 +691,9 @@ class Regression(Task):
         """Each target's predicted value, in the targets' own units (the scale undone)."""
         names, values = self.names, self.scale.undo(outputs.to(self.scale.mean.device)).tolist()
         rows = [[repr(v) for v in row] for row in values]
-        lines = ["  ".join(f"{n}={v:.6g}" for n, v in zip(names, row, strict=True))
-                 for row in values]  # fmt: skip
+        lines = [
+            "  ".join(f"{n}={v:.6g}" for n, v in zip(names, row, strict=True)) for row in values
+        ]
         return [cell(n) for n in names], rows, lines
 
     def exportable(
@@ -696,8 +755,9 @@ class RegressionLoss:
     def training_note(self, mixing: Any) -> str | None:
         return None  # val/loss is the same criterion on the same scale
 
-    def __call__(self, outputs: torch.Tensor, targets: torch.Tensor,
-                 reduction: str = "mean") -> torch.Tensor:  # fmt: skip
+    def __call__(
+        self, outputs: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
+    ) -> torch.Tensor:
         scaled = self.scale.apply(targets)
         if self.criterion == "mse":
             return F.mse_loss(outputs, scaled, reduction=reduction)
@@ -706,8 +766,11 @@ class RegressionLoss:
         return F.huber_loss(outputs, scaled, reduction=reduction, delta=self.huber_delta)
 
 
-TASKS = {"utils.tasks.classification": Classification, "utils.tasks.multilabel": MultiLabel,
-         "utils.tasks.regression": Regression}  # fmt: skip
+TASKS = {
+    "utils.tasks.classification": Classification,
+    "utils.tasks.multilabel": MultiLabel,
+    "utils.tasks.regression": Regression,
+}
 
 
 def default_monitor(task_target: str) -> str:

@@ -36,16 +36,18 @@ from utils.stored import WEIGHTS
 
 
 class Teacher:
-    def __init__(self, model: nn.Module, renormalize: tuple | None, config: Any,
-                 file: tuple[Path, str]) -> None:  # fmt: skip
+    def __init__(
+        self, model: nn.Module, renormalize: tuple | None, config: Any, file: tuple[Path, str]
+    ) -> None:
         self.model = model.eval().requires_grad_(False)
         self.renormalize = renormalize  # (scale, shift) from the student's inputs to its own
         self.temperature, self.alpha = float(config.temperature), float(config.alpha)
         self.path, self.sha256 = file
 
     @classmethod
-    def of(cls, config: Any, data: Any, task: Any, device: torch.device,
-           own_folder: Path) -> Teacher | None:  # fmt: skip
+    def of(
+        cls, config: Any, data: Any, task: Any, device: torch.device, own_folder: Path
+    ) -> Teacher | None:
         """``distill`` for a student of ``task`` on ``data`` (None when ``teacher`` is null);
         the teacher may not be a file of this run (``own_folder``), which the run rewrites."""
         if config.teacher is None:
@@ -54,32 +56,44 @@ class Teacher:
 
         check_settings(config)
         if not task.distills:
-            raise UserError(f"distill.teacher distils class probabilities; this run's task is "
-                            f"{task.name} (task=classification only)")  # fmt: skip
+            raise UserError(
+                f"distill.teacher distils class probabilities; this run's task is "
+                f"{task.name} (task=classification only)"
+            )
         path = teacher_file(Path(str(config.teacher)))
         if path.resolve().parent == Path(own_folder).resolve():
-            raise UserError(f"distill.teacher={path} is a checkpoint of this run, which it "
-                            "rewrites; name another run's checkpoint")  # fmt: skip
+            raise UserError(
+                f"distill.teacher={path} is a checkpoint of this run, which it "
+                "rewrites; name another run's checkpoint"
+            )
         sha256 = file_sha256(path)
         rebuilt = rebuild(path, config.weights, device)
         record = rebuilt.record
         if not rebuilt.task.distills:
-            raise UserError(f"distill.teacher={path} was trained for {rebuilt.task.name}; a "
-                            "teacher is a classifier")  # fmt: skip
+            raise UserError(
+                f"distill.teacher={path} was trained for {rebuilt.task.name}; a "
+                "teacher is a classifier"
+            )
         data.check_encoded_as(record, f"distill.teacher={path}", "distil from it")  # as evaluate.py
         if record.num_classes != data.num_classes or (
-                record.classes and data.classes and list(record.classes) != list(data.classes)):  # fmt: skip
-            raise UserError(f"distill.teacher={path} predicts other classes ({record.num_classes}) "
-                            f"than this data has ({data.num_classes}); a teacher must know the "
-                            "same classes, in the same order")  # fmt: skip
+            record.classes and data.classes and list(record.classes) != list(data.classes)
+        ):
+            raise UserError(
+                f"distill.teacher={path} predicts other classes ({record.num_classes}) "
+                f"than this data has ({data.num_classes}); a teacher must know the "
+                "same classes, in the same order"
+            )
         if tuple(record.input_shape) != tuple(data.input_shape):
-            raise UserError(f"distill.teacher={path} takes inputs of shape "
-                            f"{list(record.input_shape)}, this data {list(data.input_shape)}")  # fmt: skip
+            raise UserError(
+                f"distill.teacher={path} takes inputs of shape "
+                f"{list(record.input_shape)}, this data {list(data.input_shape)}"
+            )
         renormalize = _renormalization(data, record, device)
         return cls(rebuilt.model, renormalize, config, (path, sha256))
 
-    def blend(self, loss: torch.Tensor, outputs: torch.Tensor,
-              inputs: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    def blend(
+        self, loss: torch.Tensor, outputs: torch.Tensor, inputs: torch.Tensor
+    ) -> torch.Tensor:
         """``(1 − α)·loss + α·T²·KL``, the teacher's outputs taken on the same ``inputs``."""
         with torch.inference_mode():
             if self.renormalize is not None:
@@ -104,20 +118,26 @@ class Teacher:
         """A resume continues with the teacher file it was trained with."""
         stored_sha = stored.get("sha256") if isinstance(stored, dict) else None
         if isinstance(stored_sha, str) and stored_sha != self.sha256:
-            raise UserError(f"cannot resume {where} with distill.teacher={self.path}: its "
-                            f"contents (sha256 {self.sha256[:12]}…) are not the teacher the run "
-                            f"was trained with (sha256 {stored_sha[:12]}…); restore that file or "
-                            "start a new run")  # fmt: skip
+            raise UserError(
+                f"cannot resume {where} with distill.teacher={self.path}: its "
+                f"contents (sha256 {self.sha256[:12]}…) are not the teacher the run "
+                f"was trained with (sha256 {stored_sha[:12]}…); restore that file or "
+                "start a new run"
+            )
 
 
 def check_settings(config: Any) -> None:
     temperature, alpha = config.temperature, config.alpha
     if not (math.isfinite(temperature) and temperature > 0):
-        raise UserError(f"distill.temperature={temperature} must be greater than 0 (1 = the "
-                        "teacher's own probabilities; 2 to 8 is usual)")  # fmt: skip
+        raise UserError(
+            f"distill.temperature={temperature} must be greater than 0 (1 = the "
+            "teacher's own probabilities; 2 to 8 is usual)"
+        )
     if not (math.isfinite(alpha) and 0 <= alpha <= 1):
-        raise UserError(f"distill.alpha={alpha} must be from 0 to 1 (the share of the loss "
-                        "that follows the teacher)")  # fmt: skip
+        raise UserError(
+            f"distill.alpha={alpha} must be from 0 to 1 (the share of the loss "
+            "that follows the teacher)"
+        )
     if config.weights not in WEIGHTS:
         raise UserError(f"distill.weights={config.weights!r} must be auto, swa, ema or raw")
 

@@ -77,8 +77,9 @@ class Mlflow(Backend):
         self.tracked = run
         local = self.client.tracking_uri.startswith(("sqlite:", "file:", "/"))
         artifacts = (Path(run.runs_root) / "mlartifacts").resolve().as_uri() if local else None
-        self.experiment_id = experiment_id(self.client, self.experiment or run.experiment,
-                                           artifacts)  # fmt: skip
+        self.experiment_id = experiment_id(
+            self.client, self.experiment or run.experiment, artifacts
+        )
         run_id = (stored or {}).get("run_id")
         if stored is not None and not (isinstance(run_id, str) and run_id):
             run_id = run_by_token(self.client, [self.experiment_id], run.token)  # killed while
@@ -98,8 +99,12 @@ class Mlflow(Backend):
         params = [Param(k, v) for k, v in shortened_params(run.config).items()]
         for start in range(0, len(params), PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=params[start : start + PARAMS_PER_BATCH])
-        log.info("logger.mlflow: run %s in experiment %r at %s", self.run_id,
-                 self.experiment or run.experiment, self.client.tracking_uri)  # fmt: skip
+        log.info(
+            "logger.mlflow: run %s in experiment %r at %s",
+            self.run_id,
+            self.experiment or run.experiment,
+            self.client.tracking_uri,
+        )
 
     def _send(self, points: list) -> None:
         if not points:
@@ -159,8 +164,10 @@ def connect(uri: str) -> Any:
                 client.search_experiments(max_results=1)  # creates a new sqlite store's tables
     except Exception as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise UserError(f"logger.mlflow.tracking_uri={uri}: MLflow cannot use that store "
-                        f"({first[:200]}); check the URI or the server") from None  # fmt: skip
+        raise UserError(
+            f"logger.mlflow.tracking_uri={uri}: MLflow cannot use that store "
+            f"({first[:200]}); check the URI or the server"
+        ) from None
     return client
 
 
@@ -215,8 +222,7 @@ def run_by_token(client: Any, experiments: list[str], token: Any) -> str | None:
     """The run a resumed run's token names, if one was made before a checkpoint said so."""
     if not isinstance(token, str) or not TOKEN.fullmatch(token):
         return None
-    found = client.search_runs(experiments, f"tags.`torchloom.token` = '{token}'",
-                               max_results=1)  # fmt: skip
+    found = client.search_runs(experiments, f"tags.`torchloom.token` = '{token}'", max_results=1)
     return found[0].info.run_id if found else None
 
 
@@ -225,13 +231,20 @@ def reattach(client: Any, run_id: str, token: str) -> str | None:
     when it is not this run's (its token differs: the checkpoint was edited or copied)."""
     found = fetched(client, run_id)
     if found is None:
-        log.warning("warning: logger.mlflow: the checkpoint's run %s is not in %s; the history "
-                    "continues in a new run", run_id, client.tracking_uri)  # fmt: skip
+        log.warning(
+            "warning: logger.mlflow: the checkpoint's run %s is not in %s; the history "
+            "continues in a new run",
+            run_id,
+            client.tracking_uri,
+        )
         return None
     if found.data.tags.get("torchloom.token") != token:
-        log.warning("warning: logger.mlflow: run %s in %s is not this run's (another token); "
-                    "not writing into it: the history continues in a new run", run_id,
-                    client.tracking_uri)  # fmt: skip
+        log.warning(
+            "warning: logger.mlflow: run %s in %s is not this run's (another token); "
+            "not writing into it: the history continues in a new run",
+            run_id,
+            client.tracking_uri,
+        )
         return None
     client.update_run(run_id, status="RUNNING")
     log.info("logger.mlflow: continuing run %s", run_id)
@@ -264,18 +277,27 @@ def shortened_params(config: Mapping) -> dict[str, str]:
             renamed.append(f"{key} -> {accepted_key(key)}")
         params[accepted_key(key)] = text
     if shortened:
-        log.warning("warning: logger.mlflow: %d config value(s) longer than MLflow's %d "
-                    "characters are shortened in its params (%s); the run dir's .hydra/ and the "
-                    "checkpoint keep them whole", len(shortened), MAX_PARAM_VAL_LENGTH,
-                    ", ".join(shortened[:3]))  # fmt: skip
+        log.warning(
+            "warning: logger.mlflow: %d config value(s) longer than MLflow's %d "
+            "characters are shortened in its params (%s); the run dir's .hydra/ and the "
+            "checkpoint keep them whole",
+            len(shortened),
+            MAX_PARAM_VAL_LENGTH,
+            ", ".join(shortened[:3]),
+        )
     if renamed:
-        log.warning("warning: logger.mlflow: %d config key(s) hold characters MLflow refuses "
-                    "and are named so in its params: %s", len(renamed), ", ".join(renamed[:3]))  # fmt: skip
+        log.warning(
+            "warning: logger.mlflow: %d config key(s) hold characters MLflow refuses "
+            "and are named so in its params: %s",
+            len(renamed),
+            ", ".join(renamed[:3]),
+        )
     return params
 
 
-def log_evaluation(node: Any, names: tuple, where: tuple[Path, int], metrics: Mapping[str, Any],
-                   prefix: str) -> tuple[str, str]:  # fmt: skip
+def log_evaluation(
+    node: Any, names: tuple, where: tuple[Path, int], metrics: Mapping[str, Any], prefix: str
+) -> tuple[str, str]:
     """``evaluate.py logger=mlflow``: a checkpoint's evaluated metrics into the training run
     it came from (``names``: the run id its checkpoint recorded, and the run's token), as
     ``<prefix>/<name>`` at the checkpoint's step (``where``: the training run's
@@ -287,9 +309,11 @@ def log_evaluation(node: Any, names: tuple, where: tuple[Path, int], metrics: Ma
     if not uri:  # the training run's default store: found, never made from a stored path
         store = Path(runs_root) / "mlflow.db"
         if not store.is_file():
-            raise UserError(f"logger=mlflow: no MLflow store at {store}, where the checkpoint's "
-                            "paths.runs puts the default one; pass "
-                            "logger.mlflow.tracking_uri= the store it was trained with")  # fmt: skip
+            raise UserError(
+                f"logger=mlflow: no MLflow store at {store}, where the checkpoint's "
+                "paths.runs puts the default one; pass "
+                "logger.mlflow.tracking_uri= the store it was trained with"
+            )
         uri = local_store(runs_root)
     client = connect(uri)
     if not isinstance(run_id, str):
@@ -297,16 +321,23 @@ def log_evaluation(node: Any, names: tuple, where: tuple[Path, int], metrics: Ma
         run_id = run_by_token(client, experiments, token) if experiments else None
     found = fetched(client, run_id) if isinstance(run_id, str) else None
     if found is None:
-        raise UserError("logger=mlflow: the checkpoint's training run is not in "
-                        f"{client.tracking_uri}; pass logger.mlflow.tracking_uri= the store it "
-                        "was trained with")  # fmt: skip
+        raise UserError(
+            "logger=mlflow: the checkpoint's training run is not in "
+            f"{client.tracking_uri}; pass logger.mlflow.tracking_uri= the store it "
+            "was trained with"
+        )
     if not (isinstance(token, str) and token and found.data.tags.get("torchloom.token") == token):
-        raise UserError(f"logger=mlflow: run {run_id} in {client.tracking_uri} is not the run "
-                        "that trained this checkpoint (another token: the checkpoint was edited "
-                        "or copied); nothing was added to it")  # fmt: skip
+        raise UserError(
+            f"logger=mlflow: run {run_id} in {client.tracking_uri} is not the run "
+            "that trained this checkpoint (another token: the checkpoint was edited "
+            "or copied); nothing was added to it"
+        )
     now = int(time.time() * 1000)
-    values = [Metric(f"{prefix}/{k}", float(v), now, step) for k, v in metrics.items()
-              if isinstance(v, (int, float)) and not isinstance(v, bool)]  # fmt: skip
+    values = [
+        Metric(f"{prefix}/{k}", float(v), now, step)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
     client.log_batch(run_id, metrics=values)
     return run_id, client.tracking_uri
 

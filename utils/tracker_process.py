@@ -63,8 +63,9 @@ def start_early(argv: Sequence[str]) -> None:
         return
     context = multiprocessing.get_context("fork")
     pipe, theirs = context.Pipe()
-    process = context.Process(target=serve_early, args=(theirs,), daemon=True,
-                              name="torchloom tracker")  # fmt: skip
+    process = context.Process(
+        target=serve_early, args=(theirs,), daemon=True, name="torchloom tracker"
+    )
     process.start()
     theirs.close()
     _early.append((process, pipe))
@@ -91,8 +92,12 @@ def in_own_process(backend: Backend, runs_root: Path) -> Backend:
         return InChildProcess(backend, process, pipe)
     context = multiprocessing.get_context("fork")
     pipe, theirs = context.Pipe()
-    process = context.Process(target=serve, args=(backend, runs_root, theirs), daemon=True,
-                              name=f"torchloom {backend.name}")  # fmt: skip
+    process = context.Process(
+        target=serve,
+        args=(backend, runs_root, theirs),
+        daemon=True,
+        name=f"torchloom {backend.name}",
+    )
     process.start()
     theirs.close()
     return InChildProcess(backend, process, pipe)

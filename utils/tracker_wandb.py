@@ -43,13 +43,16 @@ class Wandb(Backend):
     name = "wandb"
     holds = True
 
-    def __init__(self, project: str | None = None, entity: str | None = None,
-                 mode: str = "auto") -> None:  # fmt: skip
+    def __init__(
+        self, project: str | None = None, entity: str | None = None, mode: str = "auto"
+    ) -> None:
         if mode not in MODES:
             raise UserError(f"logger.wandb.mode={mode!r}: choose auto, offline or online")
         if mode == "online" and not has_api_key():
-            raise UserError("logger.wandb.mode=online needs an API key: set WANDB_API_KEY or run "
-                            "`wandb login` first (this run never prompts for one)")  # fmt: skip
+            raise UserError(
+                "logger.wandb.mode=online needs an API key: set WANDB_API_KEY or run "
+                "`wandb login` first (this run never prompts for one)"
+            )
         self.project, self.entity = project, entity
         self.mode = mode if mode != "auto" else ("online" if has_api_key() else "offline")
         self.run_id: str | None = None
@@ -62,17 +65,23 @@ class Wandb(Backend):
         refused = [c for c in REFUSED_IN_PROJECT if c in project]
         if refused or len(project) > 128:
             source = "logger.wandb.project" if self.project else "run_name's first part"
-            raise UserError(f"logger.wandb: the project {project!r} ({source}) "
-                            + (f"holds {refused[0]!r}" if refused else "is over 128 characters")
-                            + ", which W&B refuses; choose another run_name or set "
-                            "logger.wandb.project=")  # fmt: skip
+            raise UserError(
+                f"logger.wandb: the project {project!r} ({source}) "
+                + (f"holds {refused[0]!r}" if refused else "is over 128 characters")
+                + ", which W&B refuses; choose another run_name or set "
+                "logger.wandb.project="
+            )
         self.tracked = run
         # The W&B id is the run's token: a run killed before a checkpoint said its id is
         # continued too, and an edited id never points this run into another W&B run.
         stored_id = (stored or {}).get("id")
         if stored_id not in (None, run.token):
-            log.warning("warning: logger.wandb: the checkpoint's W&B id %r is not this run's; "
-                        "continuing W&B run %s", stored_id, run.token)  # fmt: skip
+            log.warning(
+                "warning: logger.wandb: the checkpoint's W&B id %r is not this run's; "
+                "continuing W&B run %s",
+                stored_id,
+                run.token,
+            )
         self.run_id = run.token
 
     def _start(self) -> None:
@@ -90,12 +99,20 @@ class Wandb(Backend):
 
     def _init(self, wandb: Any, run: TrackedRun) -> Any:
         return wandb.init(
-            project=self.project or run.experiment, entity=self.entity, name=run.display_name,
-            group=run.name if run.job is not None else None, id=self.run_id, resume="allow",
-            dir=str(run.run_dir), mode=self.mode, config=run.config, reinit="create_new",
-            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True,
-                                    init_timeout=60),
-        )  # fmt: skip
+            project=self.project or run.experiment,
+            entity=self.entity,
+            name=run.display_name,
+            group=run.name if run.job is not None else None,
+            id=self.run_id,
+            resume="allow",
+            dir=str(run.run_dir),
+            mode=self.mode,
+            config=run.config,
+            reinit="create_new",
+            settings=wandb.Settings(
+                silent=True, console="off", x_disable_stats=True, init_timeout=60
+            ),
+        )
 
     def send(self, points: list) -> None:
         if not points:
@@ -123,8 +140,9 @@ class Wandb(Backend):
     def summary(self, config: Mapping, final: Mapping[str, float], metrics: Mapping) -> None:
         if self.run is None:
             self._start()
-        self.run.summary.update({k: v for k, v in metrics.items()
-                                 if isinstance(v, (int, float, str))})  # fmt: skip
+        self.run.summary.update(
+            {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
+        )
 
     def close(self, status: str) -> None:
         if self.run is None and status == FAILED and self.tracked is not None:

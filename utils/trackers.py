@@ -143,8 +143,14 @@ def cut_to(path: Path, length: int) -> None:
     if size > length >= 0:
         with path.open("r+b") as f:
             f.truncate(length)
-        log.info("%s: dropped the %d bytes written after the resumed checkpoint", path,
-                 size - length)  # fmt: skip
+        log.info(
+            "%s: dropped the %d bytes written after the resumed checkpoint", path, size - length
+        )
     elif size < length:
-        log.warning("warning: %s is shorter than when the checkpoint was written (%d < %d "
-                    "bytes); appending after its end", path, size, length)  # fmt: skip
+        log.warning(
+            "warning: %s is shorter than when the checkpoint was written (%d < %d "
+            "bytes); appending after its end",
+            path,
+            size,
+            length,
+        )

@@ -112,8 +112,10 @@ class Tracker:
         nodes = dict(logger or {})
         for name in nodes:
             if name not in BACKENDS:
-                raise UserError(f"logger.{name}: no such logger; choose from "
-                                f"{', '.join(BACKENDS)} (logger=[tensorboard,mlflow])")  # fmt: skip
+                raise UserError(
+                    f"logger.{name}: no such logger; choose from "
+                    f"{', '.join(BACKENDS)} (logger=[tensorboard,mlflow])"
+                )
             module, extra = BACKENDS[name]
             if module:
                 require(module, extra, f"logger={name}")
@@ -134,8 +136,11 @@ class Tracker:
         record = None if resumed is None else checked_record(resumed or empty_record())
         step = None if state is None or record is None else state.global_step
         if record is not None and self.held and tracked_past(run.run_dir, step):
-            log.warning("warning: this checkpoint (step %d) is older than the last one the run "
-                        "tracked; its history continues in a new MLflow/W&B run", step)  # fmt: skip
+            log.warning(
+                "warning: this checkpoint (step %d) is older than the last one the run "
+                "tracked; its history continues in a new MLflow/W&B run",
+                step,
+            )
             live = {b.name for b in self.live}  # TensorBoard and the CSV still drop what is later
             kept = {name: p for name, p in record["backends"].items() if name in live}
             record = {**empty_record(), "backends": kept}
@@ -205,9 +210,11 @@ class Tracker:
                 raise
             except Exception as error:  # the points are in last.pt: a resume sends them
                 first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-                raise UserError(f"logger.{backend.name} could not take the history ({first}); "
-                                "the checkpoint holds it: continue with resume=auto once it is "
-                                "reachable") from None  # fmt: skip
+                raise UserError(
+                    f"logger.{backend.name} could not take the history ({first}); "
+                    "the checkpoint holds it: continue with resume=auto once it is "
+                    "reachable"
+                ) from None
         if self.held and self.run is not None:
             from utils.report import write_json
 
@@ -293,16 +300,23 @@ TAG = re.compile(r"[/\w.\- :]{1,250}")
 
 
 def is_point(point: Any) -> bool:
-    return (isinstance(point, (list, tuple)) and len(point) == 4
-            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_STEP
-                    for v in point[:2])
-            and isinstance(point[2], str) and TAG.fullmatch(point[2]) is not None
-            and isinstance(point[3], float))  # fmt: skip
+    return (
+        isinstance(point, (list, tuple))
+        and len(point) == 4
+        and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_STEP for v in point[:2]
+        )
+        and isinstance(point[2], str)
+        and TAG.fullmatch(point[2]) is not None
+        and isinstance(point[3], float)
+    )
 
 
 def _dropped(fresh: dict) -> dict:
-    log.warning("warning: the checkpoint's tracking record is not what torchloom writes; "
-                "ignoring it: the tracked history starts anew from here")  # fmt: skip
+    log.warning(
+        "warning: the checkpoint's tracking record is not what torchloom writes; "
+        "ignoring it: the tracked history starts anew from here"
+    )
     return fresh
 
 

@@ -26,12 +26,33 @@ from utils.errors import UserError
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # The groups a stored config holds builders of (conf/hydra and the callbacks in train.yaml are
 # Hydra's own, never stored).
-BUILDER_GROUPS = ("model", "data", "optim", "scheduler", "precision", "task", "experiment",
-                  "logger")  # fmt: skip
+BUILDER_GROUPS = (
+    "model",
+    "data",
+    "optim",
+    "scheduler",
+    "precision",
+    "task",
+    "experiment",
+    "logger",
+)
 OPTIMIZERS = (
-    "SGD", "Adam", "AdamW", "Adamax", "Adadelta", "Adagrad", "ASGD", "NAdam", "RAdam", "RMSprop",
-    "Rprop", "LBFGS", "SparseAdam", "Adafactor", "Muon",
-)  # fmt: skip
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "Adadelta",
+    "Adagrad",
+    "ASGD",
+    "NAdam",
+    "RAdam",
+    "RMSprop",
+    "Rprop",
+    "LBFGS",
+    "SparseAdam",
+    "Adafactor",
+    "Muon",
+)
 INTERPOLATION = "${"
 # Hydra's instantiation keys besides _target_ (_partial_, _recursive_, _convert_, _args_) change
 # what building does; a stored config may hold one only as torchloom's own conf/ files do.
@@ -127,7 +148,14 @@ def stored_floats(value: Any, count: int, divisor: bool = False) -> bool:
     """Whether ``value`` (read from a file) is a list of ``count`` numbers that stay finite as
     float32, the dtype they are applied in; a ``divisor`` (a standard deviation) is also at
     least float32's smallest normal number, so dividing by it gives no inf or NaN."""
-    return isinstance(value, list) and len(value) == count and all(
-        isinstance(v, int | float) and not isinstance(v, bool) and abs(v) <= FLOAT32_MAX
-        and (not divisor or v >= FLOAT32_TINY) for v in value
-    )  # fmt: skip
+    return (
+        isinstance(value, list)
+        and len(value) == count
+        and all(
+            isinstance(v, int | float)
+            and not isinstance(v, bool)
+            and abs(v) <= FLOAT32_MAX
+            and (not divisor or v >= FLOAT32_TINY)
+            for v in value
+        )
+    )

@@ -16,9 +16,12 @@ TIMED = ("train/samples_per_second", "train/data_wait_fraction")
 def comparable(history: dict[str, list[tuple[int, float]]]) -> dict[str, list]:
     """Per tag, the (step, value) points, values as float32 (TensorBoard's precision); for
     timed tags only the steps."""
-    return {tag: [step for step, _ in points] if tag in TIMED
-            else [(step, struct.unpack("f", struct.pack("f", value))[0]) for step, value in points]
-            for tag, points in history.items()}  # fmt: skip
+    return {
+        tag: [step for step, _ in points]
+        if tag in TIMED
+        else [(step, struct.unpack("f", struct.pack("f", value))[0]) for step, value in points]
+        for tag, points in history.items()
+    }
 
 
 def csv_rows(run_dir: Path) -> list[dict]:
@@ -38,8 +41,9 @@ def tensorboard_history(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
-            for tag in events.Tags()["scalars"]}  # fmt: skip
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
 
 
 def mlflow_runs(uri: str, run_name: str | None = None) -> list:
@@ -58,9 +62,15 @@ def mlflow_history(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
 
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(run_id)
-    return {tag: [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, tag),
-                                                   key=lambda m: (m.step, m.timestamp))]
-            for tag in run.data.metrics}  # fmt: skip
+    return {
+        tag: [
+            (m.step, m.value)
+            for m in sorted(
+                client.get_metric_history(run_id, tag), key=lambda m: (m.step, m.timestamp)
+            )
+        ]
+        for tag in run.data.metrics
+    }
 
 
 # --- W&B offline files ------------------------------------------------------------------------
@@ -112,8 +122,9 @@ def wandb_attempts(run_dir: Path) -> list[dict]:
                 attempt["start"] = record.run.start_time.ToNanoseconds()
             elif kind == "history":
                 items = record.history.item
-                attempt["rows"].append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                                        for i in items})  # fmt: skip
+                attempt["rows"].append(
+                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
+                )
             elif kind == "summary":
                 for i in record.summary.update:
                     attempt["summary"][i.key or "/".join(i.nested_key)] = json.loads(i.value_json)

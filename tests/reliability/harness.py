@@ -24,8 +24,12 @@ ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "train.py"
 FAULTY_RUN = ROOT / "tests" / "helpers" / "faulty_run.py"
 # Small but real: 39 optimizer steps per epoch, 3 epochs, dropout and the cosine schedule on.
-JOB = ("model.hidden_sizes=[64]", "data.batch_size=32", "trainer.max_epochs=3",
-       "trainer.log_every_n_steps=10")  # fmt: skip
+JOB = (
+    "model.hidden_sizes=[64]",
+    "data.batch_size=32",
+    "trainer.max_epochs=3",
+    "trainer.log_every_n_steps=10",
+)
 
 
 def paused(process: subprocess.Popen) -> bool:
@@ -46,8 +50,14 @@ def run(cwd: Path, *overrides: str, env: dict | None = None, signal_at: tuple | 
     if signal_at:
         env["STOP_AT"] = signal_at[1]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        process = subprocess.Popen([sys.executable, str(FAULTY_RUN), str(TRAIN), *JOB, *overrides],
-                                   cwd=cwd, stdout=out, stderr=err, text=True, env=env)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, str(FAULTY_RUN), str(TRAIN), *JOB, *overrides],
+            cwd=cwd,
+            stdout=out,
+            stderr=err,
+            text=True,
+            env=env,
+        )
         if signal_at:
             deadline = time.monotonic() + 300  # a hang, not a timing window: the run pauses
             while process.poll() is None and not paused(process):

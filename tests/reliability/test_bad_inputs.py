@@ -87,10 +87,14 @@ def hostile_configs(cwd: Path, state: dict) -> None:
     config = state["config"]
     evil = "${oc.create:{_target_: pathlib.Path.write_text, _args_: [{_target_: pathlib.Path, "
     evil += "_args_: [pwned]}, 'import os']}}"
-    for name, key, value in (("interpolated", "dropout", evil),
-                             ("prefix", "_target_", "torch.nn.attention._fa4._fa4_import_module")):  # fmt: skip
-        torch.save({**state, "config": {**config, "model": {**config["model"], key: value}}},
-                   cwd / f"{name}.pt")  # fmt: skip
+    for name, key, value in (
+        ("interpolated", "dropout", evil),
+        ("prefix", "_target_", "torch.nn.attention._fa4._fa4_import_module"),
+    ):
+        torch.save(
+            {**state, "config": {**config, "model": {**config["model"], key: value}}},
+            cwd / f"{name}.pt",
+        )
     torch.save({"model": state["model"]}, cwd / "weights.pt")
     torch.save({**state, "format_version": 99}, cwd / "future.pt")
 
@@ -113,8 +117,9 @@ def python(cwd: Path, script: Path | str, *args: str, check: bool = True, env=No
     (conftest.run_python), except with decoding workers: that a run with workers still exits
     at once on bad input is a property of the process's exit, so those rows get a process."""
     command = ["-m", script] if isinstance(script, str) else [str(script)]
-    workers = any(arg.startswith("data.num_workers=") and arg != "data.num_workers=0"
-                  for arg in args)  # fmt: skip
+    workers = any(
+        arg.startswith("data.num_workers=") and arg != "data.num_workers=0" for arg in args
+    )
     return run_python(cwd, *command, *args, ok=check, timeout=180, env=env, process=workers)
 
 
@@ -269,8 +274,12 @@ def test_the_matrix_is_at_least_30_rows():
     kinds = {"train.py": 0, "evaluate.py": 0}
     for _, entry, _, _ in ROWS:
         kinds[entry.name] += 1
-    report("bad_input", rows=len(ROWS) + 1, **{k.replace(".py", ""): v for k, v in kinds.items()},
-           doctor=1)  # fmt: skip
+    report(
+        "bad_input",
+        rows=len(ROWS) + 1,
+        **{k.replace(".py", ""): v for k, v in kinds.items()},
+        doctor=1,
+    )
     assert len(ROWS) >= 30
 
 

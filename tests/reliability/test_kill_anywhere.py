@@ -33,8 +33,9 @@ def test_sigkill_anywhere_then_resume_ends_as_an_uninterrupted_run(tmp_path, ref
 
     def finish_chain() -> None:
         nonlocal chains
-        endings.append(same_ending(tmp_path / "checkpoints" / f"chain{chains}" / "last.pt",
-                                   reference))  # fmt: skip
+        endings.append(
+            same_ending(tmp_path / "checkpoints" / f"chain{chains}" / "last.pt", reference)
+        )
         chains += 1
 
     for kind, value in plan:
@@ -50,8 +51,14 @@ def test_sigkill_anywhere_then_resume_ends_as_an_uninterrupted_run(tmp_path, ref
     code, out, err = run(tmp_path, f"run_name=chain{chains}", "resume=auto")
     assert code == 0, err[-3000:]
     finish_chain()
-    report("sigkill", kills=len(plan), resumed_runs=resumed, corrupt_files=corrupt,
-           chains=chains, equal_endings=f"{sum(endings)}/{len(endings)}")  # fmt: skip
+    report(
+        "sigkill",
+        kills=len(plan),
+        resumed_runs=resumed,
+        corrupt_files=corrupt,
+        chains=chains,
+        equal_endings=f"{sum(endings)}/{len(endings)}",
+    )
     assert len(plan) >= 20
     assert corrupt == 0
     assert all(endings)
@@ -61,8 +68,9 @@ def test_a_kill_between_last_pt_and_its_copies_still_tests_the_best_epoch(tmp_pa
     # The 3rd epoch is the best; the kill comes once its last.pt is complete, before best.pt
     # and the top-k copy are made of it. The resumed run never validates that epoch again,
     # so it makes the copies at resume; the final test judges the same weights.
-    code, _, _ = run(tmp_path, "run_name=copies", "trainer.keep_top_k=2",
-                     env={"KILL_AT": "copies:3"})  # fmt: skip
+    code, _, _ = run(
+        tmp_path, "run_name=copies", "trainer.keep_top_k=2", env={"KILL_AT": "copies:3"}
+    )
     assert code == -signal.SIGKILL
     code, _, err = run(tmp_path, "run_name=copies", "resume=auto", "trainer.keep_top_k=2")
     assert code == 0, err[-3000:]

@@ -34,8 +34,9 @@ def test_sigterm_anywhere_saves_exits_3_and_resumes_exactly(tmp_path, reference)
     plan = stop_plan(random.Random(7))
     stopped = saved = 0
     for where in plan:
-        code, out, err = run(tmp_path, "run_name=term", "resume=auto",
-                             signal_at=(signal.SIGTERM, where))  # fmt: skip
+        code, out, err = run(
+            tmp_path, "run_name=term", "resume=auto", signal_at=(signal.SIGTERM, where)
+        )
         assert code == EXIT_INTERRUPTED, f"SIGTERM at {where} exited {code}: {err[-2000:]}"
         stopped += 1
         assert "continue with:" in out
@@ -43,8 +44,13 @@ def test_sigterm_anywhere_saves_exits_3_and_resumes_exactly(tmp_path, reference)
     code, _, err = run(tmp_path, "run_name=term", "resume=auto")
     assert code == 0, err[-3000:]
     equal = same_ending(folder / "last.pt", reference)
-    report("sigterm", trials=len(plan), stopped_with_code_3=stopped, checkpoint_written=saved,
-           equal_ending=equal)  # fmt: skip
+    report(
+        "sigterm",
+        trials=len(plan),
+        stopped_with_code_3=stopped,
+        checkpoint_written=saved,
+        equal_ending=equal,
+    )
     assert stopped == len(plan) and saved == stopped and equal
 
 

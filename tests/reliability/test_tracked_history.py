@@ -22,8 +22,14 @@ pytest.importorskip("wandb")
 LOGGERS = ("logger=[tensorboard,csv,mlflow,wandb]",)
 ENV = {"WANDB_SILENT": "true"}
 # Each resumed attempt counts its own events from 1 (3 epochs of 39 steps, a checkpoint each).
-KILLS = ("train_step:50", "history_send:1", "mlflow_sent:1", "checkpoint_write:1",
-         "mlflow_sent:2", "eval_batch:1")  # fmt: skip
+KILLS = (
+    "train_step:50",
+    "history_send:1",
+    "mlflow_sent:1",
+    "checkpoint_write:1",
+    "mlflow_sent:2",
+    "eval_batch:1",
+)
 
 
 def logged(cwd, name: str) -> dict:
@@ -46,8 +52,9 @@ def test_sigkill_around_checkpoints_leaves_every_history_as_an_uninterrupted_run
     reference = logged(tmp_path, "straight")
     killed = 0
     for kill in KILLS:
-        code, _, err = run(tmp_path, "run_name=chain", "resume=auto", *LOGGERS,
-                           env={**ENV, "KILL_AT": kill})  # fmt: skip
+        code, _, err = run(
+            tmp_path, "run_name=chain", "resume=auto", *LOGGERS, env={**ENV, "KILL_AT": kill}
+        )
         assert code in (0, -signal.SIGKILL), f"{kill}: exited {code}\n{err[-3000:]}"
         killed += code == -signal.SIGKILL
     code, _, err = run(tmp_path, "run_name=chain", "resume=auto", *LOGGERS, env=ENV)
@@ -55,8 +62,12 @@ def test_sigkill_around_checkpoints_leaves_every_history_as_an_uninterrupted_run
     resumed = logged(tmp_path, "chain")
     rows = [(r["step"], r["tag"]) for r in read.csv_rows(tmp_path / "runs" / "chain")]
     equal = [b for b in ("tensorboard", "csv", "mlflow", "wandb") if resumed[b] == reference[b]]
-    report("tracked history", kills=killed, equal_backends=f"{len(equal)}/4",
-           csv_duplicates=len(rows) - len(set(rows)))  # fmt: skip
+    report(
+        "tracked history",
+        kills=killed,
+        equal_backends=f"{len(equal)}/4",
+        csv_duplicates=len(rows) - len(set(rows)),
+    )
     assert killed == len(KILLS)
     assert resumed["status"] == "FINISHED"
     assert len(rows) == len(set(rows))
