@@ -17,8 +17,8 @@
 
 The stored config is data read from a file, so it is untrusted: it may hold no interpolation,
 and only the exact builders named in torchloom's own conf/ files are instantiated from it
-(utils/trust.py). It never downloads unless data.download=true is given here.
-Outputs in runs/eval/<timestamp>/: metrics.json and the task's tables (utils/eval_tables.py):
+(utils/config/trust.py). It never downloads unless data.download=true is given here.
+Outputs in runs/eval/<timestamp>/: metrics.json and the task's tables (utils/evaluation/tables.py):
 for classification also a confusion-matrix CSV per checkpoint and TensorBoard images of the
 confusion matrices; for multilabel each label's AP, precision, recall and F1; for regression
 each target's errors and residuals, in the targets' own units (the checkpoint's target scale).
@@ -27,7 +27,7 @@ each target's errors and residuals, in the targets' own units (the checkpoint's 
 threshold of best F1 of a binary classifier or of each label, there too; the metrics before and
 after are shown on the split asked (the test split by default), and the calibration is stored
 in the checkpoint's record, so evaluate.py, predict.py and the exports apply it
-(utils/calibration.py).
+(utils/evaluation/calibration.py).
 """
 
 from __future__ import annotations
@@ -39,30 +39,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from utils import eval_tables as tables
-from utils.calibration import Calibration
-from utils.checkpoint import (
-    FORMAT_VERSION,
-    checkpoint_to_evaluate,
-    load_checkpoint,
-    load_weights,
-    replace_inputs_record,
-    save_atomic,
-)
-from utils.checkpointer import top_k_files
-from utils.cli import one_line_errors, run_cli
-from utils.config import build
-from utils.distributed import processes_from_env
-from utils.errors import UserError
-from utils.evaluation import evaluate, outputs_of
-from utils.export import EXPORTERS, export_model
-from utils.export import SUFFIXES as PROGRAM_SUFFIXES
-from utils.modules import Modules, model_shapes
-from utils.outputs import Outputs, check_output
-from utils.precision import Precision
-from utils.predictions import InputRecord
-from utils.run import RunContext
-from utils.stored import (
+from utils.checkpoint.format import FORMAT_VERSION
+from utils.checkpoint.load import checkpoint_to_evaluate, load_checkpoint, replace_inputs_record
+from utils.checkpoint.record import InputRecord
+from utils.checkpoint.stored import (
     average_checkpoints,
     check_stored_model,
     data_config,
@@ -72,10 +52,26 @@ from utils.stored import (
     reading_stored_data,
     task_config,
 )
-from utils.swa import recompute_batchnorm
-from utils.tracker_mlflow import log_evaluation
-from utils.trackers import TensorBoard
-from utils.tracking import Tracker, require
+from utils.config.build import build
+from utils.errors import UserError
+from utils.evaluation import tables as tables
+from utils.evaluation.calibration import Calibration
+from utils.evaluation.export import EXPORTERS, export_model
+from utils.evaluation.export import SUFFIXES as PROGRAM_SUFFIXES
+from utils.evaluation.metrics import evaluate, outputs_of
+from utils.files import save_atomic
+from utils.fit.checkpointer import top_k_files
+from utils.fit.swa import recompute_batchnorm
+from utils.model.modules import Modules, model_shapes
+from utils.model.weights import load_weights
+from utils.precision import Precision
+from utils.run.cli import one_line_errors, run_cli
+from utils.run.outputs import Outputs, check_output
+from utils.run.start import RunContext
+from utils.system.distributed import processes_from_env
+from utils.tracking.local import TensorBoard
+from utils.tracking.mlflow import log_evaluation
+from utils.tracking.tracker import Tracker, require
 
 
 def checkpoint_files(ckpt: Any) -> list[Path]:

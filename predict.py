@@ -14,7 +14,7 @@ target column may be there or not). Each input gets one row in ``out``: its path
 the ``topk`` classes and probabilities (classification); the labels whose probability reaches
 ``threshold``, then every label's probability (multilabel); or each target's predicted value,
 in the targets' own units (regression). Images are decoded and resized exactly as an image folder's are, and normalised
-with the checkpoint's own mean and std. A checkpoint is read as untrusted data (utils/trust.py).
+with the checkpoint's own mean and std. A checkpoint is read as untrusted data (utils/config/trust.py).
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from data.tabular import unseen_line
-from utils.checkpoint import atomic_file, checkpoint_to_evaluate
-from utils.cli import one_line_errors, run_cli
-from utils.distributed import Processes
+from utils.checkpoint.load import checkpoint_to_evaluate
+from utils.checkpoint.rebuild import rebuild
+from utils.checkpoint.record import read_inputs
 from utils.errors import UserError
-from utils.outputs import Outputs, check_output
-from utils.predictions import read_inputs
-from utils.rebuild import rebuild
-from utils.run import RunContext
+from utils.files import atomic_file
+from utils.run.cli import one_line_errors, run_cli
+from utils.run.outputs import Outputs, check_output
+from utils.run.start import RunContext
+from utils.system.distributed import Processes
 from utils.text import cell, shown
 
 log = logging.getLogger("torchloom")

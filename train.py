@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import sys
 
-from utils.signals import catch_early_signals
-from utils.tracker_process import start_early
+from utils.config.resolvers import in_sweep
+from utils.system.signals import catch_early_signals
+from utils.tracking.process import start_early
 
 catch_early_signals()  # first: a SIGTERM while torch is still importing is acted on, not lost
 start_early(sys.argv)  # logger=...mlflow: its process imports MLflow while torch imports here
@@ -35,28 +36,30 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from utils import debug, report, sweep
-from utils.checkpointer import Checkpointer
-from utils.cli import run_cli
-from utils.config import build, check_config
-from utils.cross_validation import cross_validate, save_fold_predictions
-from utils.early_stopping import EarlyStopping
+from utils.checkpoint.record import InputRecord
+from utils.config.build import build
+from utils.config.monitor import Monitor
+from utils.diagnose import debug
+from utils.diagnose.tune import tune
 from utils.errors import EXIT_USER_ERROR, UserError, print_error, user_error_in
-from utils.evaluation import evaluate, figures  # bound here: benchmarks patch evaluate
-from utils.finders import tune
-from utils.guards import check_start_up
-from utils.loop import Loop, Parts
-from utils.modules import Modules
-from utils.monitor import Monitor
-from utils.optim import build_optimizer, lr_table
-from utils.outputs import Outputs
-from utils.predictions import InputRecord
-from utils.progress import TrainingProgress
-from utils.run import RunContext, start_run
-from utils.signals import EXIT_INTERRUPTED, Interrupted, StopRequest
-from utils.state import TrainState
-from utils.teacher import Teacher
-from utils.tracking import Tracker
+from utils.evaluation.metrics import evaluate, figures  # bound here: benchmarks patch evaluate
+from utils.fit.checkpointer import Checkpointer
+from utils.fit.early_stopping import EarlyStopping
+from utils.fit.loop import Loop, Parts
+from utils.fit.progress import TrainingProgress
+from utils.fit.state import TrainState
+from utils.fit.teacher import Teacher
+from utils.model.guards import check_start_up
+from utils.model.modules import Modules
+from utils.model.optim import build_optimizer, lr_table
+from utils.preflight.train import check_config
+from utils.run import report, sweep
+from utils.run.cli import run_cli
+from utils.run.cross_validation import cross_validate, save_fold_predictions
+from utils.run.outputs import Outputs
+from utils.run.start import RunContext, start_run
+from utils.system.signals import EXIT_INTERRUPTED, Interrupted, StopRequest
+from utils.tracking.tracker import Tracker
 
 log = logging.getLogger("torchloom")
 
@@ -78,9 +81,9 @@ def main(cfg: DictConfig) -> float:
         failure = user_error_in(error) or error  # an OS error on a path counts as bad input
         if isinstance(failure, UserError):
             print_error(failure)
-            if not sweep.in_sweep() or isinstance(failure, sweep.ForeignJob):
+            if not in_sweep() or isinstance(failure, sweep.ForeignJob):
                 sys.exit(EXIT_USER_ERROR)
-        elif not sweep.in_sweep():
+        elif not in_sweep():
             raise
         else:
             log.exception("job failed")

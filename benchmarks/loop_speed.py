@@ -105,7 +105,7 @@ def build_case(overrides: list[str]):
     """The case's data (as torchloom builds it) and a fresh model and optimizer factory."""
     from hydra.utils import instantiate
 
-    from utils.optim import build_optimizer
+    from utils.model.optim import build_optimizer
 
     cfg = compose(overrides)
     torch.manual_seed(cfg.seed)
@@ -188,7 +188,7 @@ def torchloom_run(
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    import utils.evaluation
+    import utils.evaluation.metrics
 
     argv = [
         str(ROOT / "train.py"),
@@ -199,7 +199,7 @@ def torchloom_run(
         f"paths.checkpoints={workdir / 'checkpoints'}",
     ]
     floors = [next(floor)] if floor else []
-    evaluate = utils.evaluation.evaluate
+    evaluate = utils.evaluation.metrics.evaluate
 
     def floor_epoch_then_evaluate(*args, **kwargs):
         if floor:
@@ -209,12 +209,14 @@ def torchloom_run(
     saved_argv, saved_env = sys.argv, dict(os.environ)
     sys.argv = argv
     os.environ["TTY_COMPATIBLE"] = "1"  # the live rich bar, as on a terminal
-    utils.evaluation.evaluate = floor_epoch_then_evaluate  # train.py imports it as it starts
+    utils.evaluation.metrics.evaluate = (
+        floor_epoch_then_evaluate  # train.py imports it as it starts
+    )
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
     finally:
-        utils.evaluation.evaluate = evaluate
+        utils.evaluation.metrics.evaluate = evaluate
         sys.argv = saved_argv
         os.environ.clear()
         os.environ.update(saved_env)

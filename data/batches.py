@@ -33,10 +33,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data.mixing import MixedBatches, Mixing
 from data.targets import Targets
-from utils.arguments import POSITIVE_INT, check_values, one_of
+from utils.config.arguments import POSITIVE_INT, check_values, one_of
 from utils.errors import UserError
-from utils.seeding import mix_seed
-from utils.signals import STOP_SIGNALS
+from utils.system.seeding import mix_seed
+from utils.system.signals import STOP_SIGNALS
 
 log = logging.getLogger("torchloom")
 SPATIAL = ("auto", "on", "off")  # data.augment.spatial: crops and flips for which models
@@ -486,7 +486,7 @@ class Data:
 
     def fit_augmentation(self, flattens_input: bool) -> None:
         """``data.augment.spatial`` for a model whose first layer flattens each sample (an
-        MLP; utils/model_check.py) or not: ``auto`` turns random crops and flips off for the
+        MLP; utils/model/checks.py) or not: ``auto`` turns random crops and flips off for the
         first, which has no translation invariance for them to teach and loses accuracy to
         them, and keeps them for the second; ``on`` keeps them for both, with a warning for
         the first; ``off`` has none (set in ``__init__``)."""
@@ -529,7 +529,7 @@ class Data:
 
     def follow_record(self, record: Any, source: Any, use: str = "evaluate it") -> None:
         """Normalise as the checkpoint ``source`` recorded (``record``: its checked
-        :class:`utils.predictions.InputRecord`), not with statistics refitted to this data,
+        :class:`utils.checkpoint.record.InputRecord`), not with statistics refitted to this data,
         once :meth:`check_encoded_as` passes."""
         self.check_encoded_as(record, source, use)
         if (list(record.mean), list(record.std)) != (list(self.mean), list(self.std)):

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from data.batches import TensorSplit, fill_splits
 from utils.errors import UserError
 
 STRATIFY = ("auto", True, False)
@@ -226,7 +227,6 @@ def tensor_splits(
     ``plan``: a ``given`` test split (a file of its own) or the test share held out first (of
     whole ``groups`` when given), then fold ``plan.fold`` of the rest as val (or the val share,
     without folds). ``val rows``: the val samples' indices in ``samples``."""
-    from data.batches import TensorSplit, fill_splits
 
     if plan.folds is None and plan.group is None:  # the plain seeded hold-out, as it always was
         return (*fill_splits(samples, given, split), None)

@@ -53,10 +53,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.utils.data import DataLoader, Dataset
 
 from data.batches import MappedSplit, TensorSplit, _reraised, _worker_ignores_signals
-from utils.checkpoint import atomic_file, remove_stale_temporary_files
 from utils.errors import UserError
-from utils.memory import available_memory
-from utils.signals import Interrupted, stop_requested
+from utils.files import atomic_file, remove_stale_temporary_files
+from utils.system.memory import available_memory
+from utils.system.signals import Interrupted, stop_requested
 
 log = logging.getLogger("torchloom")
 

@@ -35,7 +35,7 @@ from data.targets import (
     reads_targets,
     sorted_names,
 )
-from utils.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
+from utils.config.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
 from utils.errors import UserError
 
 

@@ -26,7 +26,7 @@ from data.batches import Batching, Data, Splits
 from data.folds import FoldIds, FoldPlan
 from data.image_cache import MODES, ImageCache
 from data.targets import Targets
-from utils.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
+from utils.config.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")

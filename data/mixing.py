@@ -33,8 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from utils.arguments import NON_NEGATIVE, POSITIVE_INT, UNIT_INTERVAL, Rule, check_values
-from utils.seeding import mix_seed
+from utils.config.arguments import NON_NEGATIVE, POSITIVE_INT, UNIT_INTERVAL, Rule, check_values
+from utils.system.seeding import mix_seed
 
 MIX_STREAM = 0x4D1C  # keeps mixing's draws apart from the crop-and-flip draws of the same batch
 # What the keys mean when a config has none of them (one stored before they existed): off.

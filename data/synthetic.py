@@ -15,7 +15,7 @@ import torch
 
 from data.batches import Batching, Data, Splits, TensorSplit, holdout
 from utils.errors import UserError
-from utils.memory import check_fits
+from utils.system.memory import check_fits
 
 
 def make_samples(

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from models.init import SCHEME_NAMES, initialize
-from utils.arguments import DROPOUT, POSITIVE_INTS, checked, one_of
+from utils.config.arguments import DROPOUT, POSITIVE_INTS, checked, one_of
 
 
 def conv_bn_relu(in_channels: int, out_channels: int) -> list[nn.Module]:

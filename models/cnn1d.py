@@ -17,7 +17,7 @@ from torch import nn
 
 from models.cnn import pooled_head
 from models.init import SCHEME_NAMES, initialize
-from utils.arguments import DROPOUT, POSITIVE_INTS, checked, one_of
+from utils.config.arguments import DROPOUT, POSITIVE_INTS, checked, one_of
 from utils.errors import UserError
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from models.init import SCHEME_NAMES, initialize
-from utils.arguments import DROPOUT, POSITIVE_INTS, checked, one_of
+from utils.config.arguments import DROPOUT, POSITIVE_INTS, checked, one_of
 
 
 @checked("model", hidden_sizes=POSITIVE_INTS, dropout=DROPOUT, init=one_of(*SCHEME_NAMES))

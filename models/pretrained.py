@@ -25,7 +25,7 @@ keeps its parameters (no gradients) and its BatchNorm statistics (BatchNorm stay
 although the loop calls ``train()``). From epoch N+1 everything trains. Whether an epoch is
 frozen depends on its number alone, so a resume on either side of the boundary is exact.
 ``optim.backbone_lr_scale`` gives the backbone a smaller LR than the classifier
-(utils/optim.py).
+(utils/model/optim.py).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from utils.arguments import NON_NEGATIVE_INT, checked
+from models.layers import by_module_order
+from utils.config.arguments import NON_NEGATIVE_INT, checked
 from utils.errors import UserError
-from utils.layers import by_module_order
 
 IMAGENET_CLASSES = 1000
 
@@ -185,7 +185,7 @@ class FineTuned(nn.Module):
 
     def layer_groups(self) -> list[tuple[str, list[nn.Parameter]]]:
         """Its layers for ``optim.layer_decay``: torchvision's by module order
-        (utils/layers.py), then the new classifier as the head."""
+        (models/layers.py), then the new classifier as the head."""
         head = list(self.head_parameters())
         layers = by_module_order(self.model, leave_out=head)
         return [*((layer.name, layer.parameters) for layer in layers), (f"head {self.head}", head)]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from models.init import SCHEME_NAMES, initialize
-from utils.arguments import checked, one_of
+from utils.config.arguments import checked, one_of
 
 
 @checked("model", small_input_stem=one_of(True, False), init=one_of(*SCHEME_NAMES))

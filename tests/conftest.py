@@ -18,7 +18,7 @@ import pytest
 import torch
 from hypothesis import settings
 
-from utils.signals import EXIT_INTERRUPTED
+from utils.system.signals import EXIT_INTERRUPTED
 
 # Randomised tests draw the same examples on every run in CI (a landing never rests on luck);
 # an example one of them finds becomes an @example of that test.
@@ -92,7 +92,7 @@ def run_in_process(
 
     from hydra.core.global_hydra import GlobalHydra
 
-    from utils.signals import STOP_SIGNALS
+    from utils.system.signals import STOP_SIGNALS
 
     saved = (os.getcwd(), sys.argv, dict(os.environ), list(sys.path))
     handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
@@ -165,7 +165,7 @@ def compose_train(cwd: Path, *overrides: str) -> float:
     from hydra.types import RunMode
     from omegaconf import OmegaConf, open_dict
 
-    from utils.signals import STOP_SIGNALS, StopRequest
+    from utils.system.signals import STOP_SIGNALS, StopRequest
 
     handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     if str(ROOT) not in sys.path:

@@ -10,8 +10,8 @@ import torch
 from conftest import run_train
 
 from utils.errors import UserError, print_error
-from utils.evaluation import ClassScores, evaluate
-from utils.model_check import check_forward
+from utils.evaluation.metrics import ClassScores, evaluate
+from utils.model.checks import check_forward
 from utils.precision import Precision
 
 

@@ -1,6 +1,6 @@
 """Bring your own model and optimizer: one Python file and one YAML each, nothing else. The
 dataset's ``input_shape`` and ``num_classes`` go only to builders that take them; optional
-optimizer keys have their documented defaults (utils/optim.py)."""
+optimizer keys have their documented defaults (utils/model/optim.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from conftest import (
 )
 
 from data.batches import Placement
-from utils.checkpoint import load_checkpoint
+from utils.checkpoint.load import load_checkpoint
 
 
 def test_the_pytorch_examples_net_trains_unchanged_with_a_one_line_yaml(tmp_path, mnist_root):
@@ -56,7 +56,7 @@ def test_the_pytorch_examples_net_trains_unchanged_with_a_one_line_yaml(tmp_path
 
 
 def test_builders_that_take_the_shapes_still_get_them():
-    from utils.modules import accepted_by
+    from utils.model.modules import accepted_by
 
     shapes = {"input_shape": (1, 8, 8), "num_classes": 10}
     assert accepted_by("models.mlp.mlp", shapes) == shapes

@@ -1,5 +1,5 @@
-"""How far a classifier's probabilities can be trusted (utils/evaluation.py calibration,
-utils/calibration.py): ECE and MCE worked by hand with confidences of exactly 0 and 1,
+"""How far a classifier's probabilities can be trusted (utils/evaluation/metrics.py calibration,
+utils/evaluation/calibration.py): ECE and MCE worked by hand with confidences of exactly 0 and 1,
 evaluate.py's reliability table and diagram, ROC-AUC and AP with ties, F1-best thresholds and
 temperatures, hostile calibration records, and calibrate=/threshold= through evaluate.py,
 predict.py and the ONNX export."""
@@ -23,7 +23,7 @@ from conftest import (
     write_table,
 )
 
-from utils.evaluation import calibration
+from utils.evaluation.metrics import calibration
 
 
 def test_ece_and_mce_by_hand_with_confidences_of_exactly_0_and_1():
@@ -77,12 +77,12 @@ def test_evaluate_reports_calibration_and_writes_the_reliability_table(tmp_path)
     assert "test/ece" in result.stdout
 
 
-# --- Ranking figures, thresholds and temperatures (utils/calibration.py) -------------------
+# --- Ranking figures, thresholds and temperatures (utils/evaluation/calibration.py) -------------------
 
 
 def test_roc_auc_and_average_precision_by_hand_with_ties():
-    from utils.calibration import roc_aucs
-    from utils.evaluation import average_precisions
+    from utils.evaluation.calibration import roc_aucs
+    from utils.evaluation.metrics import average_precisions
 
     scores = torch.tensor([[0.9], [0.8], [0.8], [0.8], [0.1]])
     truth = torch.tensor([[1.0], [1.0], [0.0], [0.0], [0.0]])
@@ -94,7 +94,7 @@ def test_roc_auc_and_average_precision_by_hand_with_ties():
 
 
 def test_the_f1_best_threshold_by_hand_lies_between_scores_and_gives_its_f1():
-    from utils.calibration import f1_thresholds
+    from utils.evaluation.calibration import f1_thresholds
 
     scores = torch.tensor([[0.9], [0.7], [0.7], [0.2]])
     truth = torch.tensor([[1.0], [1.0], [0.0], [0.0]])
@@ -106,8 +106,8 @@ def test_the_f1_best_threshold_by_hand_lies_between_scores_and_gives_its_f1():
 
 
 def test_a_temperature_of_one_reproduces_the_uncalibrated_figures_and_a_fit_lowers_nll():
-    from utils.calibration import Calibration, fit_temperature
-    from utils.evaluation import ClassScores
+    from utils.evaluation.calibration import Calibration, fit_temperature
+    from utils.evaluation.metrics import ClassScores
 
     generator = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 4, (400,), generator=generator)
@@ -144,8 +144,8 @@ HOSTILE_RECORDS = [
 
 @pytest.mark.parametrize(("record", "message"), HOSTILE_RECORDS)
 def test_a_hostile_calibration_record_is_refused_in_one_line(record, message):
-    from utils.calibration import Calibration
     from utils.errors import UserError
+    from utils.evaluation.calibration import Calibration
 
     with pytest.raises(UserError, match=re.escape(message)):
         Calibration.read(record, 2, "best.pt")
@@ -224,7 +224,7 @@ def test_calibrate_fits_on_val_stores_the_record_and_predict_reproduces_every_fi
     labels = torch.tensor([t == "small" for t in truth], dtype=torch.float64)
     accuracy = float(((second >= threshold).double() == labels).double().mean())
     nll = float(-torch.where(labels == 1, second, 1 - second).clamp(min=1e-300).log().mean())
-    from utils.calibration import roc_aucs
+    from utils.evaluation.calibration import roc_aucs
 
     assert test["test/acc"] == pytest.approx(accuracy, abs=1e-6)  # fp32 sums
     assert test["test/nll"] == pytest.approx(nll, rel=1e-4, abs=1e-6)

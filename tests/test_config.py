@@ -15,10 +15,10 @@ from hydra.utils import instantiate
 from omegaconf.errors import ValidationError
 
 from data.batches import Placement
-from utils.config import check_config
 from utils.errors import UserError
-from utils.model_check import check_forward
-from utils.optim import build_optimizer
+from utils.model.checks import check_forward
+from utils.model.optim import build_optimizer
+from utils.preflight.train import check_config
 from utils.schedulers import StepCounts
 
 CPU = torch.device("cpu")

@@ -12,8 +12,8 @@ from conftest import read_events, read_metrics, run_train, scalars
 from data.batches import Placement
 from models.init import initialize
 from models.mlp import mlp
+from utils.diagnose.tune import RangeTest, find_batch_size, lr_range_test
 from utils.errors import UserError
-from utils.finders import RangeTest, find_batch_size, lr_range_test
 from utils.precision import Precision
 
 FAULTY = "model._target_=signalling_model.faulty_mlp"
@@ -174,7 +174,7 @@ def test_a_grid_of_training_samples_and_per_layer_grad_norms_reach_tensorboard(t
 def test_the_sample_grid_is_torchvisions_make_grid_without_torchvision():
     from torchvision.utils import make_grid
 
-    from utils.report import image_grid
+    from utils.run.report import image_grid
 
     for images in (torch.rand(16, 3, 8, 8), torch.rand(13, 1, 5, 7)):
         assert torch.equal(image_grid(images, columns=8), make_grid(images, nrow=8, pad_value=1.0))

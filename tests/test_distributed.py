@@ -15,8 +15,8 @@ import pytest
 import torch
 from conftest import EVALUATE, HELPERS, TRAIN, free_port, run_python, run_train, torchrun
 
-from utils.checkpoint import load_checkpoint
-from utils.distributed import rescale_position
+from utils.checkpoint.load import load_checkpoint
+from utils.system.distributed import rescale_position
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),

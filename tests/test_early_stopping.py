@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import read_metrics, run_train
 
-from utils.early_stopping import EarlyStopping
+from utils.config.monitor import Monitor
 from utils.errors import UserError
-from utils.monitor import Monitor
-from utils.state import TrainState
+from utils.fit.early_stopping import EarlyStopping
+from utils.fit.state import TrainState
 
 # On digits the val loss never falls by 10: the first validation sets the best, the next two
 # do not improve on it, so patience=2 stops the run after epoch 3.

@@ -39,8 +39,8 @@ def test_pt2_and_onnx_give_evaluate_py_outputs_on_the_test_split(cnn_run):
 
     from data.batches import Placement
     from models.cnn import cnn
-    from utils.checkpoint import load_checkpoint
-    from utils.config import build
+    from utils.checkpoint.load import load_checkpoint
+    from utils.config.build import build
 
     cwd = cnn_run
     shown = ""
@@ -107,7 +107,7 @@ def test_a_missing_onnxscript_is_one_line_naming_the_extra(cnn_run, monkeypatch)
 
 def test_an_export_that_differs_from_the_model_is_not_written(tmp_path):
     from utils.errors import UserError
-    from utils.export import export_model
+    from utils.evaluation.export import export_model
 
     class Drifts(torch.nn.Module):  # traced on one path, run eagerly on another
         def forward(self, x):

@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import read_metrics, run_train
 
-from utils.checkpoint import load_checkpoint
-from utils.loss_sums import LossSums
-from utils.nonfinite import MIN_LOSS_SCALE, NonFinite, NonFiniteWatch
+from utils.checkpoint.load import load_checkpoint
+from utils.fit.loss_sums import LossSums
+from utils.fit.nonfinite import MIN_LOSS_SCALE, NonFinite, NonFiniteWatch
 
 FAULTY = ("model._target_=signalling_model.faulty_mlp", "trainer.max_epochs=3")
 # 19 optimizer steps per epoch on digits: forward 30 is in epoch 2.
@@ -64,7 +64,7 @@ def test_a_collapsed_fp16_loss_scale_is_an_error_not_a_stall():
     scaler = torch.amp.GradScaler("cpu", init_scale=MIN_LOSS_SCALE / 2)
     losses = LossSums(torch.device("cpu"), accumulate=1)
 
-    def parts(scaler):  # what the check reads of a step's parts (utils/loop.py)
+    def parts(scaler):  # what the check reads of a step's parts (utils/fit/loop.py)
         return SimpleNamespace(
             model=model, optimizer=optimizer, precision=SimpleNamespace(scaler=scaler)
         )

@@ -1,4 +1,4 @@
-"""Fine-tuning: layer-wise LR decay (optim.layer_decay, utils/layers.py), knowledge
+"""Fine-tuning: layer-wise LR decay (optim.layer_decay, models/layers.py), knowledge
 distillation from a checkpoint (distill.*), and weight averaging (trainer.swa, evaluate.py
 average=top_k)."""
 
@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 from test_hardening import HOSTILE_CONFIGS
 from torch import nn
 
-from utils.config import build
+from utils.config.build import build
 from utils.errors import UserError
-from utils.optim import build_optimizer
+from utils.model.optim import build_optimizer
 from utils.schedulers import StepCounts
 
 SCHEDULERS = {  # each with a warmup, so the warmup's factor is checked too
@@ -115,7 +115,7 @@ def test_layer_decay_out_of_range_is_refused_before_data_is_read(tmp_path):
     )
 
 
-# --- SWA and checkpoint averaging (utils/swa.py) -------------------------------------------
+# --- SWA and checkpoint averaging (utils/fit/swa.py) -------------------------------------------
 
 SWA = [
     "model=cnn",
@@ -147,9 +147,9 @@ def train_split(checkpoint: dict):
 
 def test_swa_averages_the_epochs_after_start_and_refits_batchnorm_cumulatively(swa_run):
     from models.cnn import cnn
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoint.load import load_checkpoint
+    from utils.fit.swa import recompute_batchnorm
     from utils.precision import Precision
-    from utils.swa import recompute_batchnorm
 
     folder = swa_run / "checkpoints" / "s"
     last = load_checkpoint(folder / "last.pt")
@@ -203,7 +203,7 @@ def test_swa_averages_the_epochs_after_start_and_refits_batchnorm_cumulatively(s
 def test_a_resume_on_either_side_of_swa_start_is_bit_identical(swa_run, epoch):
     from conftest import run_train
 
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoint.load import load_checkpoint
 
     folder = swa_run / "checkpoints" / "s"
     (copy,) = folder.glob(f"epoch={epoch:03d}-*.pt")
@@ -236,7 +236,7 @@ def test_swa_anneals_to_its_lr_and_weights_swa_evaluates_and_exports(swa_run):
 
     from conftest import run_evaluate
 
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoint.load import load_checkpoint
 
     last = load_checkpoint(swa_run / "checkpoints" / "s" / "last.pt")
     assert last["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.0005)  # annealed
@@ -256,7 +256,7 @@ def test_swa_anneals_to_its_lr_and_weights_swa_evaluates_and_exports(swa_run):
 def test_average_top_k_averages_the_copies_refits_batchnorm_and_keeps_the_result(swa_run):
     from conftest import run_evaluate
 
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoint.load import load_checkpoint
 
     folder = swa_run / "checkpoints" / "s"
     copies = [load_checkpoint(p) for p in sorted(folder.glob("epoch=*.pt"))]
@@ -330,7 +330,7 @@ def test_a_resume_that_changes_swa_is_refused(swa_run):
     assert result.returncode == 2 and "trainer.swa.start: 1 -> 2" in result.stderr
 
 
-# --- Knowledge distillation (utils/teacher.py) ----------------------------------------------
+# --- Knowledge distillation (utils/fit/teacher.py) ----------------------------------------------
 
 STUDENT = ["model.hidden_sizes=[32]", "trainer.max_epochs=2"]
 
@@ -351,7 +351,7 @@ def distill_node(path, **settings) -> OmegaConf:
 
 
 def digits_and_task(teacher_run):
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoint.load import load_checkpoint
 
     stored = load_checkpoint(teacher_run / "checkpoints" / "t" / "best.pt")["config"]["data"]
     data = build(OmegaConf.create(stored))  # the same digits the teacher trained on
@@ -370,7 +370,7 @@ def digits_and_task(teacher_run):
 def test_the_kl_term_is_zero_for_a_copy_of_the_teacher_and_alpha_blends(teacher_run, tmp_path):
     import copy
 
-    from utils.teacher import Teacher
+    from utils.fit.teacher import Teacher
 
     data, task = digits_and_task(teacher_run)
     best = teacher_run / "checkpoints" / "t" / "best.pt"
@@ -399,7 +399,7 @@ def test_the_kl_term_is_zero_for_a_copy_of_the_teacher_and_alpha_blends(teacher_
 
 
 def load_checkpoint_record(path) -> dict:
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoint.load import load_checkpoint
 
     return load_checkpoint(path)["inputs"]
 
@@ -407,8 +407,8 @@ def load_checkpoint_record(path) -> dict:
 def test_a_student_learns_from_its_teacher_and_keeps_only_its_path_and_hash(teacher_run):
     from conftest import run_train
 
-    from utils.checkpoint import load_checkpoint
-    from utils.teacher import file_sha256
+    from utils.checkpoint.load import load_checkpoint
+    from utils.fit.teacher import file_sha256
 
     best = teacher_run / "checkpoints" / "t" / "best.pt"
     before = file_sha256(best)
@@ -431,7 +431,7 @@ def test_a_resume_with_another_teacher_file_is_refused_and_a_moved_copy_is_not(t
 
     from conftest import run_train
 
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoint.load import load_checkpoint
 
     best = teacher_run / "checkpoints" / "t" / "best.pt"
     run_train(
@@ -497,7 +497,7 @@ def crafted(config: dict):
 def test_a_hostile_or_unfit_teacher_is_refused_in_one_line(teacher_run, tmp_path, edit, message):
     from conftest import run_train
 
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoint.load import load_checkpoint
 
     checkpoint = load_checkpoint(teacher_run / "checkpoints" / "t" / "best.pt")
     edit(checkpoint)
@@ -512,7 +512,7 @@ def test_a_hostile_or_unfit_teacher_is_refused_in_one_line(teacher_run, tmp_path
 
 
 def test_distilling_into_another_task_or_with_bad_settings_is_one_line(teacher_run, tmp_path):
-    from utils.teacher import Teacher
+    from utils.fit.teacher import Teacher
 
     data, _ = digits_and_task(teacher_run)
     best = teacher_run / "checkpoints" / "t" / "best.pt"
@@ -630,7 +630,7 @@ def test_on_cuda_a_bf16_student_distils_averages_and_exports(teacher_run, tmp_pa
 def test_an_edited_average_is_named_as_edited_not_as_missing(swa_run, tmp_path, entry):
     from conftest import run_evaluate
 
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoint.load import load_checkpoint
 
     checkpoint = load_checkpoint(swa_run / "checkpoints" / "s" / "best.pt")
     checkpoint[entry] = [1, 2]  # what no torchloom version writes

@@ -14,7 +14,7 @@ from models.cnn import cnn
 from models.mlp import mlp
 from models.resnet import resnet18
 from utils.errors import UserError
-from utils.guards import run_guards
+from utils.model.guards import run_guards
 
 SHAPE = (1, 8, 8)
 
@@ -132,7 +132,7 @@ def test_the_softmax_guard_applies_to_classification_only(caplog, task, kind, wa
 
     from data.targets import Targets
     from utils import tasks
-    from utils.guards import check_start_up
+    from utils.model.guards import check_start_up
 
     batches = type(
         "Batches", (), {"epoch": lambda self, e: iter(clean_batches()), "__len__": lambda self: 4}

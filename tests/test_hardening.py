@@ -17,12 +17,13 @@ import pytest
 import torch
 from conftest import error_line, read_metrics, run_evaluate, run_train, scalars
 
-from utils.checkpoint import load_checkpoint, remove_stale_temporary_files, save_atomic
-from utils.checkpointer import checked_top_k, own_top_k_file, top_k_name
+from utils.checkpoint.load import load_checkpoint
+from utils.config.monitor import monitor_mode
+from utils.config.trust import allowed_builders, check_stored_config
 from utils.errors import UserError
-from utils.monitor import monitor_mode
-from utils.seeding import mix_seed
-from utils.trust import allowed_builders, check_stored_config
+from utils.files import remove_stale_temporary_files, save_atomic
+from utils.fit.checkpointer import checked_top_k, own_top_k_file, top_k_name
+from utils.system.seeding import mix_seed
 
 TINY = ("model.hidden_sizes=[16]", "data.batch_size=128")
 
@@ -483,7 +484,7 @@ def test_resume_auto_refuses_when_every_checkpoint_is_unreadable(base, tmp_path)
 
 
 def test_instance_and_rms_norm_weights_get_no_weight_decay():
-    from utils.optim import parameter_groups
+    from utils.model.optim import parameter_groups
 
     model = torch.nn.Sequential(
         torch.nn.Conv2d(1, 4, 3), torch.nn.InstanceNorm2d(4, affine=True), torch.nn.RMSNorm(4)
@@ -511,7 +512,7 @@ def test_a_cifar_batch_with_fewer_labels_than_images_is_refused(tmp_path):
 
 
 def test_a_plateau_schedule_keeps_its_reductions_scaled_to_a_new_lr_on_resume():
-    from utils.optim import hyperparameters
+    from utils.model.optim import hyperparameters
     from utils.schedulers import StepCounts, plateau
 
     def build(lr: float, factor: float):
@@ -551,7 +552,7 @@ def test_a_plateau_schedule_keeps_its_reductions_scaled_to_a_new_lr_on_resume():
     ],
 )
 def test_an_edited_training_checkpoint_is_refused_naming_the_key(base, key, value):
-    from utils.checkpoint import check_training_checkpoint
+    from utils.checkpoint.format import check_training_checkpoint
 
     state = load_checkpoint(base / "checkpoints/base/last.pt")
     check_training_checkpoint(Path("last.pt"), state)

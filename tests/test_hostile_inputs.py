@@ -32,7 +32,7 @@ from conftest import (
     write_rows,
 )
 
-from utils.claim import CLAIM_FILE
+from utils.system.claim import CLAIM_FILE
 
 TINY = ("model.hidden_sizes=[16]", "data.batch_size=64", "trainer.max_epochs=1")
 CACHED = (
@@ -72,7 +72,7 @@ def test_an_infinite_or_nan_value_is_refused_before_any_step(tmp_path, override)
 
 
 def test_a_second_sigterm_ends_whatever_is_running(tmp_path):
-    from utils.signals import StopRequest
+    from utils.system.signals import StopRequest
 
     with StopRequest() as stop, pytest.raises(SystemExit) as exited:
         os.kill(os.getpid(), signal.SIGTERM)  # the first: finish the step, then save
@@ -162,7 +162,7 @@ HOLDER = """
 import sys, time
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from utils.claim import RunClaim
+from utils.system.claim import RunClaim
 RunClaim.take(Path(sys.argv[1]), sys.argv[2])
 print("claimed", flush=True)
 time.sleep(600)
@@ -593,7 +593,7 @@ def test_empty_label_sets_and_infinite_class_weights_name_the_data_and_the_key(t
 
 
 def test_the_confusion_image_stays_small_for_many_classes():
-    from utils.eval_tables import MAX_IMAGE_SIDE, confusion_image
+    from utils.evaluation.tables import MAX_IMAGE_SIDE, confusion_image
 
     assert confusion_image(torch.ones(10, 10, dtype=torch.long)).shape == (1, 120, 120)
     assert max(confusion_image(torch.ones(600, 600, dtype=torch.long)).shape) <= MAX_IMAGE_SIDE

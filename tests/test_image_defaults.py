@@ -27,7 +27,7 @@ from PIL import Image
 from data.batches import Placement
 from data.image_manifest import load_image_csv
 from data.imagefolder import load_imagefolder
-from utils.checkpoint import load_checkpoint
+from utils.checkpoint.load import load_checkpoint
 
 BATCHING = {
     "batch_size": 4,
@@ -220,7 +220,7 @@ def test_the_default_mlp_on_an_image_folder_trains_without_crops_and_says_why(tm
 def test_a_linear_layer_on_the_flattened_sample_counts_as_flattening():
     from torch import nn
 
-    from utils.model_check import check_forward
+    from utils.model.checks import check_forward
 
     class ViewFirst(nn.Module):
         def __init__(self):

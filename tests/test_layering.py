@@ -1,95 +1,269 @@
-"""Where things live, checked: the module map in utils/__init__.py names every module of utils/
-(and nothing that is gone), and the layers import downwards only. Read from the source with
-``ast`` (imports inside functions count too), so nothing is imported to decide."""
+"""Where things live, checked from the source with ``ast`` (imports inside functions count too,
+so nothing is imported to decide):
+
+- the packages sit in one declared order of layers, and a module imports only from its own
+  package or from a lower layer: no import points up or sideways, so there is no cycle;
+- no module imports a project module inside a function, but for the few listed with a reason;
+- each package's ``__init__`` maps its modules, and ``utils/__init__.py`` its packages;
+- the pieces stay small: packages, modules, functions and signatures within the bars;
+- only the task asks which kind of task it is.
+"""
 
 from __future__ import annotations
 
 import ast
 import re
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
 
-# What data/ may use of utils/: errors, argument rules, seeds, stop signals, atomic files and
-# memory checks. Never the training loop, the checkpointer, the task or the outputs: a
-# dataset builds tensors and knows nothing of how they are trained.
-DATA_MAY_IMPORT = {
-    "utils.errors",
-    "utils.arguments",
-    "utils.seeding",
-    "utils.signals",
-    "utils.checkpoint",
-    "utils.memory",
+# Lowest first. A module may import its own package and anything in a lower layer; never a
+# package in its own layer or above. "utils" is the foundation at utils/'s top (errors, text,
+# files, doctor); utils.precision and utils.schedulers are modules at the top because
+# checkpoints store their builders' paths; the entry points sit above everything.
+LAYERS = (
+    ("utils",),
+    ("utils.system",),
+    ("utils.config",),
+    ("data.batching", "models"),
+    ("data.readers",),
+    ("data",),
+    ("utils.precision", "utils.schedulers"),
+    ("utils.model", "utils.evaluation", "utils.tracking", "utils.diagnose"),
+    ("utils.tasks",),
+    ("utils.checkpoint",),
+    ("utils.fit", "utils.run"),
+    ("utils.preflight",),
+    ("train", "evaluate", "predict"),
+)
+LEVEL = {package: level for level, packages in enumerate(LAYERS) for package in packages}
+TOP_MODULES = {"utils.precision", "utils.schedulers"}
+# The project imports that stay inside a function, each with its reason.
+LOCAL_IMPORTS = {
+    # ${default_monitor:...} resolves the task's metric once a config is composed; importing
+    # the tasks (and torch) with the schema would slow every command's start and the doctor.
+    ("utils/config/monitor.py", "utils.tasks"),
 }
-# Safe files and stored data (reading, writing, checking, claiming) sit below the training loop
-# and never import it.
-FILE_MODULES = ("checkpoint", "claim", "trust", "text", "errors", "memory", "signals")
-TRAINING = {
-    "utils.loop",
-    "utils.checkpointer",
-    "utils.modules",
-    "utils.tasks",
-    "utils.run",
-    "utils.outputs",
-    "utils.report",
-    "utils.evaluation",
+ENTRY_POINTS = ("train.py", "evaluate.py", "predict.py")
+SOURCES = sorted(
+    p for folder in ("utils", "data", "models") for p in (ROOT / folder).rglob("*.py")
+) + [ROOT / name for name in ENTRY_POINTS]
+MODULES = {
+    ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+    for p in SOURCES
 }
 
 
-def imported(path) -> set[str]:
-    """The torchloom modules (``utils.*``, ``data.*``, ``models.*``) a file imports."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = (
-                [node.module]
-                if "." in node.module
-                else [f"{node.module}.{alias.name}" for alias in node.names]
+def project_module(name: str) -> str | None:
+    """The project module ``name`` (a module or a name in one) refers to, if any."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in MODULES:
+            return ".".join(parts[:end])
+    return None
+
+
+def imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(project module, line, inside a function) for each import in ``path``."""
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            names = []
+            if isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                names = [f"{child.module}.{alias.name}" for alias in child.names]
+            elif isinstance(child, ast.Import):
+                names = [alias.name for alias in child.names]
+            found.extend(
+                (module, child.lineno, inside)
+                for module in filter(None, map(project_module, names))
             )
-            found |= set(names)
-        elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-    return {name for name in found if name.split(".")[0] in ("utils", "data", "models")}
+            visit(child, inside)
+
+    visit(ast.parse(path.read_text()), False)
+    return found
 
 
-def test_the_module_map_names_every_module_of_utils_and_only_those():
-    text = (ROOT / "utils" / "__init__.py").read_text()
-    mapped = set(re.findall(r"^    ([a-z_]+) ", text, flags=re.MULTILINE))
-    modules = {p.stem for p in (ROOT / "utils").glob("*.py") if p.stem != "__init__"}
-    assert modules - mapped == set(), "modules missing from utils/__init__.py's map"
-    assert mapped - modules == set(), "the map names modules that do not exist"
+def where(module: str) -> str:
+    return str(MODULES[module].relative_to(ROOT))
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "data").glob("*.py")), ids=lambda p: p.name)
-def test_data_uses_only_the_foundation_of_utils(path):
-    used = {name for name in imported(path) if name.startswith("utils")}
-    assert used <= DATA_MAY_IMPORT, f"{path.name} imports {sorted(used - DATA_MAY_IMPORT)}"
+def package(module: str) -> str:
+    """The layer-owning package of ``module``: ``utils.fit.loop`` → ``utils.fit``."""
+    parts = module.split(".")
+    if parts[0] in ("train", "evaluate", "predict", "models"):
+        return parts[0]
+    if parts[0] == "data":
+        nested = ".".join(parts[:2])
+        return nested if nested in LEVEL else "data"
+    if module in TOP_MODULES or ".".join(parts[:2]) in LEVEL:
+        return ".".join(parts[:2])
+    return "utils"
 
 
-@pytest.mark.parametrize("name", FILE_MODULES)
-def test_file_handling_never_imports_the_training_loop(name):
-    used = imported(ROOT / "utils" / f"{name}.py")
-    assert not used & TRAINING, f"utils/{name}.py imports {sorted(used & TRAINING)}"
+def test_every_package_has_a_layer():
+    assert {package(module) for module in MODULES} <= set(LEVEL)
 
 
-def test_starting_a_run_never_imports_the_training_loop_or_the_checkpointer():
-    # run.py decides where a run lives and whether it continues; what a step changes and what
-    # is saved come after it (utils/loop.py, utils/checkpointer.py).
-    assert not imported(ROOT / "utils" / "run.py") & {"utils.loop", "utils.checkpointer"}
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down_the_layers(module):
+    own = package(module)
+    wrong = [
+        f"{module}:{line} imports {target} ({package(target)}, not below {own})"
+        for target, line, inside in imports(MODULES[module])
+        if package(target) != own
+        and LEVEL[package(target)] >= LEVEL[own]
+        and not (inside and (where(module), package(target)) in LOCAL_IMPORTS)
+    ]
+    assert wrong == []
 
 
-# The task owns what the model's outputs mean (utils/tasks.py). data/targets.py defines the
-# kinds of target; the readers of tables, tensors and manifests parse a file's targets by the
-# kind they were asked for. Nothing else asks which kind of task it is: a new task is a class
-# in utils/tasks.py and its YAML.
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                connect(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = [stack.pop()]
+            while component[-1] != node:
+                component.append(stack.pop())
+            on_stack.difference_update(component)
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def test_no_module_import_cycle_even_through_imports_inside_functions():
+    graph = {m: {t for t, _, _ in imports(p) if t != m} for m, p in MODULES.items()}
+    # The listed import inside a function is the one edge up; without it, no cycle either.
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_project_imports_inside_functions_are_only_the_listed_ones():
+    local = {
+        (str(p.relative_to(ROOT)), package(t) if package(t) != "utils" else t)
+        for p in SOURCES
+        for t, _, inside in imports(p)
+        if inside
+    }
+    assert local == LOCAL_IMPORTS
+
+
+def test_fit_and_run_never_import_each_other():
+    for one, other in (("utils.fit", "utils.run"), ("utils.run", "utils.fit")):
+        assert not [
+            (m, t)
+            for m, p in MODULES.items()
+            if package(m) == one
+            for t, _, _ in imports(p)
+            if package(t) == other
+        ]
+
+
+# --- The maps ---------------------------------------------------------------------------------
+
+
+def mapped(init: Path) -> set[str]:
+    """The names a package's ``__init__`` docstring maps (``    name   what it answers``)."""
+    first = ast.parse(init.read_text()).body[0]
+    text = first.value.value if isinstance(first, ast.Expr) else ""
+    return set(re.findall(r"^ *([a-z_]+/?)  +\S", text, flags=re.MULTILINE))
+
+
+PACKAGES = sorted(
+    p.parent for folder in ("utils", "data", "models") for p in (ROOT / folder).rglob("__init__.py")
+)
+
+
+@pytest.mark.parametrize("folder", PACKAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_package_maps_its_modules_and_only_those(folder):
+    modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    modules |= {f"{p.parent.name}/" for p in folder.glob("*/__init__.py")}
+    if folder.name in ("data", "models"):  # builders, one per source: their YAML names them
+        modules = {m for m in modules if m.endswith("/")}
+    assert mapped(folder / "__init__.py") == modules
+
+
+def test_the_architecture_page_links_every_package_map():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    missing = [
+        str(folder.relative_to(ROOT))
+        for folder in PACKAGES
+        if f"{folder.relative_to(ROOT)}/__init__.py" not in page
+    ]
+    assert missing == []
+
+
+# --- Small pieces -----------------------------------------------------------------------------
+
+MAX_MODULES, MAX_LINES, MAX_FUNCTION, MAX_TRAIN, MAX_PARAMETERS = 11, 400, 60, 80, 6
+# Builders whose parameters are the YAML keys of their config group (one key, one parameter).
+YAML_KEYED = {"data/imagefolder.py:load_imagefolder"}
+# Lines the formatter may not lay out. None today; a new one must say why it needs to be here.
+FMT_SKIPS = 0
+
+
+@pytest.mark.parametrize("folder", PACKAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_package_is_a_drawer(folder):
+    assert len([p for p in folder.glob("*.py") if p.stem != "__init__"]) <= MAX_MODULES
+
+
+def functions(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_modules_functions_and_signatures_stay_small(path):
+    where = str(path.relative_to(ROOT))
+    assert len(path.read_text().splitlines()) <= MAX_LINES
+    for node in functions(path):
+        limit = MAX_TRAIN if (where, node.name) == ("train.py", "train") else MAX_FUNCTION
+        assert node.end_lineno - node.lineno + 1 <= limit, f"{where}:{node.lineno} {node.name}"
+        arguments = node.args
+        named = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+        count = len([a for a in named if a.arg not in ("self", "cls")])
+        if f"{where}:{node.name}" not in YAML_KEYED:
+            assert count <= MAX_PARAMETERS, f"{where}:{node.lineno} {node.name}"
+
+
+def test_the_formatter_lays_out_the_code():
+    tracked = [
+        p
+        for folder in ("utils", "data", "models", "tests", "benchmarks")
+        for p in (ROOT / folder).rglob("*.py")
+    ] + [ROOT / n for n in ENTRY_POINTS]
+    assert sum(p.read_text().count("# fmt: " + "skip") for p in tracked) <= FMT_SKIPS
+
+
+# --- The task owns what outputs mean ----------------------------------------------------------
+
+# The task owns what the model's outputs mean (utils/tasks/). data/batching/targets.py defines
+# the kinds of target, and asks the task class named by each kind how to read a column of
+# targets. Nothing else asks which kind of task it is: a new task is a module in utils/tasks/
+# and its YAML.
 KINDS = {"classes", "label_sets", "values"}
-KIND_OWNERS = {
-    "utils/tasks.py",
-    "data/targets.py",
-    "data/tabular.py",
-    "data/tensors.py",
-    "data/image_manifest.py",
-}
+KIND_OWNERS = {"data/batching/targets.py"}
 TASK_CLASSES = {"Classification", "MultiLabel", "Regression"}
 
 
@@ -123,17 +297,10 @@ def kind_branches(path) -> list[str]:
     return found
 
 
-SOURCES = sorted(p for folder in ("utils", "data", "models") for p in (ROOT / folder).glob("*.py"))
-
-
-@pytest.mark.parametrize(
-    "path",
-    [*SOURCES, *(ROOT / f for f in ("train.py", "evaluate.py", "predict.py"))],
-    ids=lambda p: str(p.relative_to(ROOT)),
-)
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_only_the_task_asks_which_kind_of_task_it_is(path):
-    if str(path.relative_to(ROOT)) in KIND_OWNERS:
-        assert path.exists()
+    where = str(path.relative_to(ROOT))
+    if where in KIND_OWNERS or where.startswith("utils/tasks/"):
         return
     assert kind_branches(path) == []
 

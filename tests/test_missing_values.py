@@ -152,7 +152,7 @@ def test_predict_fills_a_rows_gaps_as_training_did(tmp_path):
         "run_name=gaps",
         "model.hidden_sizes=[8]",
     )
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoint.load import load_checkpoint
 
     fills = load_checkpoint(tmp_path / "checkpoints" / "gaps" / "best.pt")["inputs"]["table"]["na"][
         "fills"

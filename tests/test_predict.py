@@ -204,7 +204,7 @@ def test_the_onnx_export_runs_in_onnxruntime_with_any_batch_size(image_run):
     from omegaconf import OmegaConf
 
     from models.cnn import cnn
-    from utils.checkpoint import load_checkpoint
+    from utils.checkpoint.load import load_checkpoint
 
     cwd = image_run
     result = run_python(

@@ -24,10 +24,10 @@ from conftest import (
 
 from data.batches import TensorBatches
 from data.mixing import Draw, MixedBatches, Mixing, mixed
-from utils.checkpoint import load_checkpoint
-from utils.ema import WeightAverage
+from utils.checkpoint.load import load_checkpoint
 from utils.errors import UserError
-from utils.resume_changes import config_changes
+from utils.fit.ema import WeightAverage
+from utils.run.resume_changes import config_changes
 from utils.tasks import ClassificationLoss
 
 # 160 samples in batches of 8, 2 micro-batches a step: 20 micro-batches and 10 steps an epoch.

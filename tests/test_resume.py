@@ -25,7 +25,7 @@ from conftest import (
     write_imagefolder,
 )
 
-from utils.signals import EXIT_INTERRUPTED
+from utils.system.signals import EXIT_INTERRUPTED
 
 # Whole-tensor path: 160 samples, batches of 8, 2 micro-batches per step → 20 micro-batches and
 # 10 optimizer steps per epoch; dropout, random crops and flips on.

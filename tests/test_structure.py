@@ -14,21 +14,21 @@ import torch
 import torch.nn.functional as F
 from conftest import compose_train, read_metrics, run_train
 
-from utils.checkpoint import TO_EVALUATE, find_checkpoints, load_checkpoint
-from utils.checkpointer import Checkpointer
-from utils.distributed import Processes
+from utils.checkpoint.load import TO_EVALUATE, find_checkpoints, load_checkpoint
+from utils.config.monitor import Monitor
 from utils.errors import UserError
-from utils.loop import Parts
-from utils.loss_sums import LossSums
-from utils.monitor import Monitor
-from utils.nonfinite import NonFiniteWatch
-from utils.outputs import Outputs
+from utils.fit.checkpointer import Checkpointer
+from utils.fit.loop import Parts
+from utils.fit.loss_sums import LossSums
+from utils.fit.nonfinite import NonFiniteWatch
+from utils.fit.state import TrainState
 from utils.precision import Precision
-from utils.run import RunContext, RunRecord
+from utils.run.outputs import Outputs
+from utils.run.start import RunContext, RunRecord
 from utils.schedulers import StepCounts, none
-from utils.signals import _hold
-from utils.state import TrainState
-from utils.tracking import Tracker
+from utils.system.distributed import Processes
+from utils.system.signals import _hold
+from utils.tracking.tracker import Tracker
 
 # The top-level keys every checkpoint so far has held for the training state.
 STATE_KEYS = {
@@ -157,7 +157,7 @@ def test_zero_epochs_sets_everything_up_and_tests_the_initial_weights(tmp_path):
 def test_outputs_decide_once_who_prints_and_who_writes_events(
     tmp_path, rank, write_outputs, prints, events
 ):
-    tensorboard = {"tensorboard": {"_target_": "utils.trackers.TensorBoard"}}
+    tensorboard = {"tensorboard": {"_target_": "utils.tracking.local.TensorBoard"}}
     out = Outputs(tmp_path, rank == 0, Tracker.of(tensorboard, rank == 0 and write_outputs))
     out.track()
     out.scalars("val", {"acc": 0.5}, 1)

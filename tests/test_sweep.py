@@ -13,8 +13,8 @@ import torch
 from conftest import run_train
 
 from utils.errors import EXIT_USER_ERROR
-from utils.signals import EXIT_INTERRUPTED, StopRequest
-from utils.sweep import EXIT_JOBS_FAILED
+from utils.run.sweep import EXIT_JOBS_FAILED
+from utils.system.signals import EXIT_INTERRUPTED, StopRequest
 
 TINY = ("trainer.max_epochs=1", "model.hidden_sizes=[32]")
 

@@ -26,7 +26,7 @@ from conftest import (
 )
 from PIL import Image
 
-from utils.checkpoint import load_checkpoint
+from utils.checkpoint.load import load_checkpoint
 
 PREDICT = ROOT / "predict.py"
 
@@ -594,7 +594,7 @@ def test_data_the_task_cannot_learn_is_refused_in_one_line(tmp_path, overrides, 
 
 
 def test_average_precision_is_the_step_sum_with_ties_as_one_threshold():
-    from utils.evaluation import average_precisions
+    from utils.evaluation.metrics import average_precisions
 
     scores = torch.tensor([[0.9, 0.9], [0.8, 0.5], [0.7, 0.5], [0.6, 0.1]])
     truth = torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
@@ -606,7 +606,7 @@ def test_average_precision_is_the_step_sum_with_ties_as_one_threshold():
 
 
 def test_label_set_and_value_scores_equal_their_definitions_over_any_batching():
-    from utils.evaluation import LabelSetScores, ValueScores
+    from utils.evaluation.metrics import LabelSetScores, ValueScores
     from utils.tasks import RegressionLoss, TargetScale
 
     generator = torch.Generator().manual_seed(0)
@@ -677,7 +677,7 @@ def test_each_regression_criterion_is_torchs_on_the_scaled_targets():
 
 
 def test_a_record_written_before_tasks_existed_is_a_classifiers():
-    from utils.predictions import InputRecord
+    from utils.checkpoint.record import InputRecord
 
     record = {
         "shape": [1, 8, 8],

@@ -342,7 +342,7 @@ def test_progress_is_rate_limited_by_time_and_ends_on_the_last_step(caplog):
 
     from rich.console import Console
 
-    from utils.progress import TrainingProgress
+    from utils.fit.progress import TrainingProgress
 
     plain = TrainingProgress(Console(file=io.StringIO()), 1000, 1, line_seconds=60)
     with caplog.at_level(logging.INFO, logger="torchloom"), plain:

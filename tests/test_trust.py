@@ -13,10 +13,12 @@ import pytest
 import torch
 from conftest import ROOT, read_metrics, run_evaluate, run_train
 
-from utils import checkpoint as checkpoint_module
-from utils.checkpoint import load_checkpoint, load_weights, save_atomic, strip_wrapper_prefixes
+from utils.checkpoint import load as checkpoint_module
+from utils.checkpoint.load import load_checkpoint
+from utils.config.trust import check_stored_config
 from utils.errors import EXIT_USER_ERROR, UserError
-from utils.trust import check_stored_config
+from utils.files import save_atomic
+from utils.model.weights import load_weights, strip_wrapper_prefixes
 
 EVALUATE = ROOT / "evaluate.py"
 SHORT = ["trainer.max_epochs=3", "model.hidden_sizes=[64]"]

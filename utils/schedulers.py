@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.optim.lr_scheduler import LambdaLR, OneCycleLR, ReduceLROnPlateau
 
-from utils.arguments import (
+from utils.config.arguments import (
     BELOW_ONE,
     NON_NEGATIVE,
     NON_NEGATIVE_INT,

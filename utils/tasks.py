@@ -24,9 +24,9 @@ what validation measures and which metric picks best.pt by default.
 A task is built from its config, then ``fitted`` to one dataset (or to a checkpoint's inputs
 record, for predict.py) and device: its targets must be of the task's kind (data/targets.py),
 and the fitted task owns what the model's outputs mean, end to end: the loss, the scores
-validation adds up (utils/evaluation.py), evaluate.py's tables, how a prediction row reads
+validation adds up (utils/evaluation/metrics.py), evaluate.py's tables, how a prediction row reads
 (:meth:`decode`), the words the reports use, and its part of the inputs record
-(utils/predictions.py). No other module asks which kind of task it is (tests/test_layering.py
+(utils/checkpoint/record.py). No other module asks which kind of task it is (tests/test_layering.py
 checks): a new task is a class here and its YAML.
 """
 
@@ -41,11 +41,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from data.targets import TASK_OF, Targets, target_kinds
-from utils import eval_tables
-from utils.arguments import BELOW_ONE, POSITIVE, Rule, checked, one_of
-from utils.calibration import Calibration, f1_thresholds, fit_temperature
+from utils.checkpoint.record import label_sets, top_classes
+from utils.config.arguments import BELOW_ONE, POSITIVE, Rule, checked, one_of
+from utils.config.trust import FLOAT32_MAX, stored_floats
 from utils.errors import UserError
-from utils.evaluation import (
+from utils.evaluation import tables as eval_tables
+from utils.evaluation.calibration import Calibration, f1_thresholds, fit_temperature
+from utils.evaluation.metrics import (
     LABEL_SET_METRICS,
     VALUE_METRICS,
     ClassScores,
@@ -53,9 +55,7 @@ from utils.evaluation import (
     ValueScores,
     measured_metrics,
 )
-from utils.predictions import label_sets, top_classes
 from utils.text import cell
-from utils.trust import FLOAT32_MAX, stored_floats
 
 log = logging.getLogger("torchloom")
 MAX_OUTPUTS = 2**20  # classes, labels or values: a label of 10**9 is a mistake, not a class
@@ -125,7 +125,7 @@ class Task:
     monitor = "val/acc"  # trainer.monitor's default: the main validation metric
     mixes = True  # MixUp/CutMix may blend its targets
     distills = True  # distill.teacher may teach it: its outputs are one distribution over classes
-    quiet_guards: tuple[str, ...] = ()  # start-up guards (utils/guards.py) that do not apply
+    quiet_guards: tuple[str, ...] = ()  # start-up guards (utils/model/guards.py) that do not apply
     fitted_to: Targets | None = None  # the targets of the data or record it was fitted to
     calibrated: Calibration | None = None  # a temperature and thresholds fitted on val
 
@@ -194,12 +194,12 @@ class Task:
         return self.fitted_to.shown_names
 
     def record(self) -> dict:
-        """The task's part of the inputs record (utils/predictions.py): what evaluate.py and
+        """The task's part of the inputs record (utils/checkpoint/record.py): what evaluate.py and
         predict.py need to read outputs as training did (its calibration, if any, and what
         a task adds)."""
         return {"calibration": self.calibrated.record()} if self.calibrated else {}
 
-    # --- Calibration (utils/calibration.py): fitted on val by evaluate.py, kept in the record
+    # --- Calibration (utils/evaluation/calibration.py): fitted on val by evaluate.py, kept in the record
 
     decisions = 0  # thresholds a calibration may choose: a binary classifier's 1, a label each
 
@@ -311,7 +311,7 @@ class Task:
     ) -> tuple[nn.Module, tuple[str, ...], torch.Tensor | None]:
         """(what an ONNX export holds, its outputs' names, the unit its parity is measured in;
         None: the outputs' own): the model's logits, divided by a stored temperature, and with
-        stored thresholds also what is ``predicted`` (utils/calibration.py)."""
+        stored thresholds also what is ``predicted`` (utils/evaluation/calibration.py)."""
         if self.calibrated is None:
             return model, ("logits",), None
         decides = self.calibrated.thresholds is not None
@@ -633,7 +633,7 @@ class Regression(Task):
 
     def fitted(self, data: Any, device: torch.device, stored: dict | None = None) -> Regression:
         """Fitted to ``data`` on ``device``: the target scale of the train split, or the one a
-        checkpoint ``stored`` (its :class:`utils.predictions.InputRecord`): evaluation undoes
+        checkpoint ``stored`` (its :class:`utils.checkpoint.record.InputRecord`): evaluation undoes
         what training applied."""
         fitted = Regression(self.criterion, self.huber_delta, self.standardize_targets)
         fitted.fitted_to, fitted.data = self.check(data), data

@@ -14,7 +14,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from utils import checkpointer  # noqa: E402
+from utils.fit import checkpointer  # noqa: E402
 
 save = checkpointer.Checkpointer.save
 

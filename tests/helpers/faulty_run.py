@@ -6,7 +6,7 @@ KILL_AT=checkpoint_write:1   SIGKILL half-way through writing the 1st checkpoint
 KILL_AT=copies:3             SIGKILL after the 3rd last.pt is written, before best.pt and the
                              top-k copies are made of it
 KILL_AT=history_send:1       SIGKILL once the 1st checkpoint is written, before the history
-                             it covers is sent to MLflow or W&B (utils/tracking.py)
+                             it covers is sent to MLflow or W&B (utils/tracking/tracker.py)
 KILL_AT=mlflow_sent:1        SIGKILL just after the 1st batch of points reached MLflow
 KILL_AT=startup:2            SIGKILL at start-up milestone 2 (0: before train.py runs; then
                              check_config, start_run, the model build, check_start_up)
@@ -27,19 +27,19 @@ import runpy
 import signal
 import sys
 
-from utils.signals import catch_early_signals
+from utils.system.signals import catch_early_signals
 
 catch_early_signals()  # as train.py does, before torch is imported
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import utils.checkpointer  # noqa: E402
-import utils.config  # noqa: E402
-import utils.guards  # noqa: E402
-import utils.modules  # noqa: E402
-import utils.run  # noqa: E402
-import utils.tracking  # noqa: E402
+import utils.fit.checkpointer  # noqa: E402
+import utils.model.guards  # noqa: E402
+import utils.model.modules  # noqa: E402
+import utils.preflight.train  # noqa: E402
+import utils.run.start  # noqa: E402
+import utils.tracking.tracker  # noqa: E402
 
 
 def point(name: str) -> tuple[str, int]:
@@ -77,11 +77,11 @@ def main() -> None:
         "copies": 0,
     }
     cross_entropy, save = F.cross_entropy, torch.save
-    build = utils.modules.Modules.build.__func__
-    utils.config.check_config = milestone(1, utils.config.check_config)
-    utils.run.start_run = milestone(2, utils.run.start_run)
-    utils.modules.Modules.build = classmethod(milestone(3, build))
-    utils.guards.check_start_up = milestone(4, utils.guards.check_start_up)
+    build = utils.model.modules.Modules.build.__func__
+    utils.preflight.train.check_config = milestone(1, utils.preflight.train.check_config)
+    utils.run.start.start_run = milestone(2, utils.run.start.start_run)
+    utils.model.modules.Modules.build = classmethod(milestone(3, build))
+    utils.model.guards.check_start_up = milestone(4, utils.model.guards.check_start_up)
 
     def counted_cross_entropy(*args, **kwargs):
         kind = "train_step" if torch.is_grad_enabled() else "eval_batch"
@@ -117,12 +117,12 @@ def main() -> None:
 
         return wrapper
 
-    utils.checkpointer.keep_copies = counted("copies", utils.checkpointer.keep_copies, True)
-    tracker = utils.tracking.Tracker
+    utils.fit.checkpointer.keep_copies = counted("copies", utils.fit.checkpointer.keep_copies, True)
+    tracker = utils.tracking.tracker.Tracker
     tracker.checkpoint_written = counted("history_send", tracker.checkpoint_written, True)
-    if "mlflow" in " ".join(sys.argv):  # once MLflow's process answered (utils/tracker_process.py)
-        from utils.tracker_mlflow import Mlflow
-        from utils.tracker_process import InChildProcess, forks
+    if "mlflow" in " ".join(sys.argv):  # once MLflow's process answered (utils/tracking/process.py)
+        from utils.tracking.mlflow import Mlflow
+        from utils.tracking.process import InChildProcess, forks
 
         sender = InChildProcess if forks() else Mlflow
         sender.send = counted("mlflow_sent", sender.send, False)

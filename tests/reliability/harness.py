@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from utils.checkpoint import load_checkpoint
+from utils.checkpoint.load import load_checkpoint
 from utils.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from utils.checkpoint import load_checkpoint
+from utils.checkpoint.load import load_checkpoint
 
 EVALUATE = ROOT / "evaluate.py"
 HELPERS = ROOT / "tests" / "helpers"
@@ -307,7 +307,7 @@ def test_random_overrides_compose_or_fail_with_one_line(overrides):
     """Composition in-process: a config, or one of the messages the command line shows."""
     from hydra import compose, initialize_config_dir
 
-    from utils.cli import command_line_error
+    from utils.run.cli import command_line_error
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         try:

@@ -10,7 +10,7 @@ import signal
 import pytest
 from harness import reference, report, run, same_ending, unreadable_checkpoints
 
-from utils.checkpoint import load_checkpoint
+from utils.checkpoint.load import load_checkpoint
 
 # the SIGKILL matrix: slow; .ci/run runs them, `pytest -m "not slow"` leaves them out
 pytestmark = pytest.mark.slow

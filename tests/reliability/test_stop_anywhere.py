@@ -12,8 +12,8 @@ import signal
 import pytest
 from harness import reference, report, run, same_ending, unreadable_checkpoints
 
-from utils.checkpoint import load_checkpoint
-from utils.signals import EXIT_INTERRUPTED
+from utils.checkpoint.load import load_checkpoint
+from utils.system.signals import EXIT_INTERRUPTED
 
 # the SIGTERM matrix: slow; .ci/run runs them, `pytest -m "not slow"` leaves them out
 pytestmark = pytest.mark.slow

@@ -1,0 +1,42 @@
+"""A model rebuilt from a checkpoint alone, the checkpoint read as untrusted data: its config
+checked against torchloom's exact builders (utils/config/trust.py), its inputs record checked
+(utils/checkpoint/record.py), the model built on the meta device first to check its weights fit
+(utils/checkpoint/stored.py). What predict.py predicts with, and what ``distill.teacher`` teaches with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from utils.checkpoint.record import InputRecord
+from utils.checkpoint.stored import check_stored_model, model_config, read_checkpoint, task_config
+from utils.config.build import build
+from utils.model.modules import Modules, model_shapes
+from utils.model.weights import load_weights
+
+
+@dataclass
+class Rebuilt:
+    model: nn.Module  # in eval mode, on the device asked for
+    record: InputRecord  # how its inputs were shaped and normalised
+    task: Any  # what it predicts (utils/tasks.py), fitted to the record
+    weights: str  # which of the checkpoint's weights: swa, ema, raw, or export
+
+
+def rebuild(path: Path, weights: str, device: torch.device) -> Rebuilt:
+    """The model of the checkpoint (or .safetensors export) at ``path`` with its ``weights``
+    (auto, swa, ema or raw) on ``device``, in eval mode."""
+    config, state, inputs, which = read_checkpoint(path, None, weights)
+    record = InputRecord.read(inputs, path)
+    task = build(task_config(config)).fitted(record, torch.device("cpu"), record)  # as trained
+    model_node = OmegaConf.create(model_config(config["model"]))
+    shapes = model_shapes(record.input_shape, record.num_classes)
+    check_stored_model(model_node, shapes, state)  # before anything it asks is allocated
+    modules = Modules.build(model_node, record, device, None, task)
+    load_weights(modules.model, state)
+    return Rebuilt(modules.model.eval(), record, task, which)

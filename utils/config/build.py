@@ -1,0 +1,65 @@
+"""Building objects from config nodes, and the config as plain data.
+
+:func:`build` is Hydra's ``instantiate`` with a constructor's refusal of its values reaching the
+user as one line; :func:`flatten` and :func:`to_plain` give the config as the flat keys and plain
+containers that checkpoints, trackers and tables hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from utils.errors import UserError
+from utils.system.signals import Interrupted
+
+
+def to_plain(cfg: DictConfig) -> dict:
+    """The resolved config as plain dicts, lists, strings and numbers (safe in a checkpoint)."""
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def build(node: Any, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate``, but a constructor refusing its config values reaches the user
+    as one line (Hydra would wrap it in a multi-line InstantiationException)."""
+    try:
+        return instantiate(node, **kwargs)
+    except MissingMandatoryValue as error:
+        key = error.full_key or "a value"
+        raise UserError(f"{key} is required (it is ??? in the config); pass {key}=...") from None
+    except InstantiationException as error:
+        cause = error.__cause__
+        if isinstance(cause, UserError | Interrupted):  # bad input; a stop while building
+            raise cause from None
+        target = OmegaConf.select(node, "_target_") if isinstance(node, DictConfig) else node
+        if isinstance(cause, AttributeError) and (
+            "before Module.__init__() call" in str(cause) or "_modules" in str(cause)
+        ):
+            raise UserError(
+                f"{target}: a module's __init__ assigned a layer or parameter before calling "
+                "super().__init__() (torch says: "
+                f"{cause}); make super().__init__() the first line of that __init__"
+            ) from None
+        if isinstance(cause, (TypeError, ValueError)):
+            raise UserError(f"{target}: {cause}; check its keys in the config") from None
+        raise
+
+
+def flatten(config: Mapping, prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 0.1}}`` → ``{"optim.lr": 0.1}``; values other than numbers, strings
+    and booleans become strings (what TensorBoard's hparams accept)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[name] = value
+        else:
+            flat[name] = str(value)
+    return flat

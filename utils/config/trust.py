@@ -1,0 +1,188 @@
+"""What a config read from a file may build.
+
+A config stored in a checkpoint (or a ``.safetensors`` export, or a YAML file given to
+``evaluate.py config=``) came from elsewhere, so it is data, never code:
+
+- no interpolation anywhere in it, keys included (``${oc.create:...}`` would build objects the
+  check below never saw, ``${oc.env:...}`` would read the environment);
+- no Hydra instantiation key but ``_target_`` (and the optimizer's ``_partial_: true``):
+  ``_recursive_``, ``_convert_``, ``_args_`` or a ``_partial_`` elsewhere change what building does;
+- every ``_target_`` anywhere in the tree, nested ones and those inside ``_args_`` included, is
+  one of an exact list: the ``_target_`` values torchloom's own YAML files under ``conf/`` hold,
+  plus ``torch.optim``'s optimizer classes. No package prefix is trusted, and nothing is
+  imported to decide.
+
+The check runs before anything in the config is resolved, imported or built.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from utils.config.schema import CONF
+from utils.errors import UserError
+
+# The groups a stored config holds builders of (conf/hydra and the callbacks in train.yaml are
+# Hydra's own, never stored).
+BUILDER_GROUPS = (
+    "model",
+    "data",
+    "optim",
+    "scheduler",
+    "precision",
+    "task",
+    "experiment",
+    "logger",
+)
+OPTIMIZERS = (
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "Adadelta",
+    "Adagrad",
+    "ASGD",
+    "NAdam",
+    "RAdam",
+    "RMSprop",
+    "Rprop",
+    "LBFGS",
+    "SparseAdam",
+    "Adafactor",
+    "Muon",
+)
+INTERPOLATION = "${"
+# Hydra's instantiation keys besides _target_ (_partial_, _recursive_, _convert_, _args_) change
+# what building does; a stored config may hold one only as torchloom's own conf/ files do.
+STORED_SPECIAL_KEYS = {"optim._partial_": True}
+
+
+# Builders whose module moved since a checkpoint was written: a stored config naming the old
+# path means the builder at the new one. Applied as the config is read (load_checkpoint, an
+# export's or a YAML file's config), before the allowlist check and before a resume compares
+# configs. Only the loggers moved (conf/logger); every other stored path is where it was.
+MOVED_TARGETS = {
+    "utils.trackers.TensorBoard": "utils.tracking.local.TensorBoard",
+    "utils.trackers.CsvLog": "utils.tracking.local.CsvLog",
+    "utils.tracker_mlflow.Mlflow": "utils.tracking.mlflow.Mlflow",
+    "utils.tracker_wandb.Wandb": "utils.tracking.wandb.Wandb",
+}
+
+
+def with_current_targets(config: Any) -> Any:
+    """``config`` (plain containers) with every ``_target_`` that moved renamed to where its
+    builder lives now (:data:`MOVED_TARGETS`); everything else as it was."""
+    if isinstance(config, dict):
+        return {
+            key: MOVED_TARGETS.get(value, value)
+            if key == "_target_" and isinstance(value, str)
+            else with_current_targets(value)
+            for key, value in config.items()
+        }
+    if isinstance(config, list):
+        return [with_current_targets(value) for value in config]
+    return config
+
+
+@cache
+def allowed_builders() -> frozenset[str]:
+    """The exact ``_target_`` strings a stored config may name."""
+    import yaml
+
+    found: set[str] = {f"torch.optim.{name}" for name in OPTIMIZERS}
+    for group in BUILDER_GROUPS:
+        for path in sorted((CONF / group).glob("*.yaml")):
+            found |= _targets_in(yaml.safe_load(path.read_text()))
+    return frozenset(found)
+
+
+def _targets_in(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        found = {node["_target_"]} if isinstance(node.get("_target_"), str) else set()
+        for value in node.values():
+            found |= _targets_in(value)
+        return found
+    if isinstance(node, list):
+        return set().union(*(_targets_in(value) for value in node)) if node else set()
+    return set()
+
+
+def check_stored_config(config: Any, source: Path | str) -> None:
+    """Refuse ``config`` (plain containers read from ``source``) if it holds an interpolation
+    or a ``_target_`` outside :func:`allowed_builders`, naming the key."""
+    for key, value in _walk(config, ""):
+        if isinstance(value, str) and INTERPOLATION in value:
+            raise UserError(
+                f"refusing the config stored in {source}: {key}={value!r} is an interpolation, "
+                "and a stored config is data; the file may be hostile, so nothing was built"
+            )
+        is_target = key.rsplit(".", 1)[-1] == "_target_"
+        if is_target and not (isinstance(value, str) and value in allowed_builders()):
+            raise UserError(
+                f"refusing the config stored in {source}: {key}={value!r} is not one of "
+                "torchloom's builders (the _target_s in conf/); the file may be hostile, so "
+                "nothing was built or imported"
+            )
+    for key, value in _walk(config, ""):
+        name = key.rsplit(".", 1)[-1]
+        special = len(name) > 2 and name.startswith("_") and name.endswith("_")
+        if special and name != "_target_" and STORED_SPECIAL_KEYS.get(key, ...) is not value:
+            raise UserError(
+                f"refusing the config stored in {source}: {key}={value!r} changes how it is "
+                "built, and torchloom never stores it so; the file may be hostile, so nothing "
+                "was built"
+            )
+
+
+def _walk(node: Any, where: str):
+    """(dotted key, value) for every key and leaf of plain containers."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{where}.{key}" if where else str(key)
+            if not isinstance(key, str) or INTERPOLATION in key:
+                raise UserError(
+                    f"refusing a stored config: key {path!r} is not a plain name; "
+                    "the file may be hostile, so nothing was built"
+                )
+            yield path, value
+            yield from _walk(value, path)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            path = f"{where}[{index}]"
+            yield path, value
+            yield from _walk(value, path)
+
+
+def require_keys(config: Any, source: Path | str, keys: dict[str, type]) -> None:
+    """``config`` is a dict with each of ``keys`` of its type: one line naming what is not."""
+    if not isinstance(config, dict):
+        raise UserError(f"{source} holds no torchloom config; it cannot be rebuilt from the file")
+    for key, kind in keys.items():
+        if not isinstance(config.get(key), kind):
+            raise UserError(
+                f"{source}: its stored config has no valid {key!r}; it was not written by "
+                "torchloom (or was edited), so it cannot be rebuilt from the file"
+            )
+
+
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32: a divisor below it is 0 or inf
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def stored_floats(value: Any, count: int, divisor: bool = False) -> bool:
+    """Whether ``value`` (read from a file) is a list of ``count`` numbers that stay finite as
+    float32, the dtype they are applied in; a ``divisor`` (a standard deviation) is also at
+    least float32's smallest normal number, so dividing by it gives no inf or NaN."""
+    return (
+        isinstance(value, list)
+        and len(value) == count
+        and all(
+            isinstance(v, int | float)
+            and not isinstance(v, bool)
+            and abs(v) <= FLOAT32_MAX
+            and (not divisor or v >= FLOAT32_TINY)
+            for v in value
+        )
+    )

@@ -1,0 +1,252 @@
+"""``evaluate.py export=model.pt2`` and ``export=model.onnx``: the model as a program that runs
+without torchloom, with a dynamic batch dimension, verified before it is kept.
+
+Both start from one ``torch.export`` ExportedProgram of an fp32 copy of the model on the CPU,
+traced on a batch of 2 with the batch dimension declared dynamic (a batch of 1 would let the
+tracer specialise it). The export holds what the checkpoint's record says (the task's
+``exportable``: the weights chosen, the target scale, a temperature and thresholds).
+
+- ``.pt2``: ``torch.export.save``; ``torch.export.load(path).module()`` runs it in a process
+  that imports nothing of torchloom.
+- ``.onnx``: torch's current exporter (``torch.onnx.export(..., dynamo=True)``, which needs
+  ``onnxscript``: the ``export`` extra), checked in onnxruntime. ``onnx_exporter=torchscript``
+  asks for the TorchScript-based exporter torch has deprecated, with one line saying so.
+
+Verification: the written bytes are read back (``torch.export.load``, or an onnxruntime
+session) and run on seeded batches of 1, 2 and 8; each output is compared with the eager
+model's. Above :data:`TOLERANCE` the export is an error and nothing is written; a verified
+file is written atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from utils.errors import UserError
+from utils.files import atomic_file
+
+log = logging.getLogger("torchloom")
+TOLERANCE = 1e-5  # fp32: the largest absolute difference in an output that is accepted
+OPSET = 18  # the dynamo exporter's default; the TorchScript one is asked for the same
+BATCHES = (1, 2, 8)
+EXAMPLE_BATCH = 2  # traced on: 0 and 1 are sizes torch.export specialises
+SUFFIXES = (".pt2", ".onnx")
+EXPORTERS = ("dynamo", "torchscript")
+
+
+def export_model(
+    model: nn.Module,
+    input_shape: Sequence[int],
+    path: Path,
+    outputs: Sequence[str] = ("logits",),
+    unit: torch.Tensor | None = None,
+    exporter: str = "dynamo",
+) -> float:
+    """Write ``model`` to ``path`` (.pt2 or .onnx), its outputs named ``outputs``, and return
+    the largest absolute difference between the written program's outputs and the eager
+    model's on batches of 1, 2 and 8, in ``unit`` per column of the first output (None: the
+    outputs' own units). ``exporter``: the ONNX exporter (dynamo, or the deprecated
+    torchscript; evaluate.py checks it where it enters)."""
+    cpu = copy.deepcopy(model).float().cpu().eval()
+    if path.suffix.lower() == ".onnx":
+        with kept_in_the_log(CHATTY_EXPORTERS):  # its optimiser's notes: not the console's
+            run, data = _onnx(cpu, input_shape, outputs, exporter)
+    else:
+        run, data = _pt2(_traced(cpu, input_shape))
+    difference = parity(cpu, run, input_shape, unit)
+    if difference > TOLERANCE:
+        raise UserError(
+            f"the {path.suffix} export differs from PyTorch by up to "
+            f"{difference:.2e} (more than {TOLERANCE:g}); nothing was written to "
+            f"{path}"
+        )
+    try:
+        with atomic_file(path) as f:  # only a verified program is written
+            f.write(data)
+    except OSError as error:
+        raise UserError(f"cannot write {path}: {error.strerror or error}") from None
+    return difference
+
+
+CHATTY_EXPORTERS = ("onnxscript", "onnx_ir", "torch.onnx")
+
+
+class _NotFrom(logging.Filter):
+    """Passes records of other loggers, and these loggers' warnings and errors."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        super().__init__()
+        self.names = tuple(names)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ours = record.name in self.names or record.name.startswith(
+            tuple(f"{n}." for n in self.names)
+        )
+        return not ours or record.levelno >= logging.WARNING
+
+
+@contextlib.contextmanager
+def kept_in_the_log(names: Sequence[str]) -> Iterator[None]:
+    """The info lines of the ``names`` loggers go to the log file, not the console."""
+    quiet = _NotFrom(names)
+    consoles = [
+        h
+        for h in logging.getLogger().handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+    ]
+    for handler in consoles:
+        handler.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for handler in consoles:
+            handler.removeFilter(quiet)
+
+
+def _traced(model: nn.Module, input_shape: Sequence[int]) -> torch.export.ExportedProgram:
+    """``model`` as an ExportedProgram whose batch dimension stays symbolic."""
+    batch = torch.export.Dim("batch", min=1)
+    example = torch.zeros(EXAMPLE_BATCH, *input_shape)
+    try:
+        with torch.inference_mode(False), torch.no_grad():
+            program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+    except Exception as error:
+        raise _cannot("torch.export", error) from None
+    traced = [n for n in program.graph.nodes if n.op == "placeholder"][-1].meta["val"]
+    if not isinstance(traced.shape[0], torch.SymInt):  # pragma: no cover - torch's contract
+        raise UserError(
+            "torch.export fixed the batch size of this model; it cannot be exported "
+            "with a dynamic batch"
+        )
+    return program
+
+
+def _cannot(exporter: str, error: Exception) -> UserError:
+    reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+    return UserError(
+        f"the model cannot be exported with {exporter} ({type(error).__name__}: "
+        f"{reason}); export=model.safetensors keeps the weights"
+    )
+
+
+def _pt2(program: torch.export.ExportedProgram) -> tuple[Callable, bytes]:
+    """(the saved program as loaded back, the bytes of the .pt2 file)."""
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    data = buffer.getvalue()
+    loaded = torch.export.load(io.BytesIO(data)).module()
+    return lambda inputs: loaded(inputs), data
+
+
+def _onnx(
+    model: nn.Module, input_shape: Sequence[int], outputs: Sequence[str], exporter: str
+) -> tuple[Callable, bytes]:
+    """(an onnxruntime session of the graph, the bytes of the .onnx file)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise UserError(
+            'export=*.onnx needs the extra: pip install -e ".[export]" (onnxruntime is missing)'
+        ) from None
+    if exporter == "dynamo":
+        try:
+            import onnxscript  # noqa: F401  (torch's exporter needs it)
+        except ImportError:
+            raise UserError(
+                'export=*.onnx needs the extra: pip install -e ".[export]" (onnxscript is missing)'
+            ) from None
+        program = _traced(model, input_shape)
+        try:
+            onnx_program = torch.onnx.export(
+                program,
+                input_names=["input"],
+                output_names=list(outputs),
+                opset_version=OPSET,
+                dynamo=True,
+                verbose=False,
+            )
+            data = onnx_program.model_proto.SerializeToString()
+        except Exception as error:
+            raise _cannot("torch.onnx (dynamo)", error) from None
+    else:
+        data = _torchscript_onnx(model, input_shape, outputs)
+    session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda inputs: session.run(None, {name: inputs.numpy()}), data
+
+
+def _torchscript_onnx(
+    model: nn.Module, input_shape: Sequence[int], outputs: Sequence[str]
+) -> bytes:
+    """The graph of torch's deprecated TorchScript-based exporter, on request only."""
+    log.warning(
+        "warning: onnx_exporter=torchscript is the exporter torch deprecated in 2.9 "
+        "and will remove; the default (dynamo) is its replacement"
+    )
+    graph = io.BytesIO()
+    with warnings.catch_warnings():  # said once above, in one line
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            torch.onnx.export(
+                model,
+                (torch.zeros(EXAMPLE_BATCH, *input_shape),),
+                graph,
+                input_names=["input"],
+                output_names=list(outputs),
+                dynamic_axes={"input": {0: "batch"}, **{name: {0: "batch"} for name in outputs}},
+                opset_version=OPSET,
+                dynamo=False,
+            )
+        except Exception as error:
+            raise _cannot("torch.onnx (torchscript)", error) from None
+    return graph.getvalue()
+
+
+def parity(
+    model: nn.Module, run: Callable, input_shape: Sequence[int], unit: torch.Tensor | None = None
+) -> float:
+    """The largest absolute difference between ``run``'s outputs and ``model``'s on seeded
+    batches of each size, divided by ``unit`` per column of the first output when given."""
+    generator = torch.Generator().manual_seed(0)
+    largest = 0.0
+    with torch.inference_mode():
+        for batch in BATCHES:
+            inputs = torch.randn(batch, *input_shape, generator=generator)
+            expected = model(inputs)
+            expected = expected if isinstance(expected, tuple) else (expected,)
+            answers = run(inputs.clone())
+            answers = answers if isinstance(answers, tuple | list) else (answers,)
+            if len(answers) != len(expected):
+                raise UserError(f"the export gives {len(answers)} outputs, PyTorch {len(expected)}")
+            for index, (want, got) in enumerate(zip(expected, answers, strict=True)):
+                got = got if isinstance(got, torch.Tensor) else torch.from_numpy(got)
+                difference = _difference(want.float(), got.float(), batch)
+                scaled = difference if unit is None or index else difference / unit
+                largest = max(largest, float(scaled.max()))
+    return largest
+
+
+def _difference(expected: torch.Tensor, got: torch.Tensor, batch: int) -> torch.Tensor:
+    if tuple(got.shape) != tuple(expected.shape):
+        raise UserError(
+            f"the export gives shape {list(got.shape)} for a batch of "
+            f"{batch}, PyTorch {list(expected.shape)}"
+        )
+    for who, outputs in (("PyTorch", expected), ("the export", got)):
+        if not bool(torch.isfinite(outputs).all()):  # NaN would compare as no difference
+            raise UserError(
+                f"the model's outputs under {who} are not finite (NaN or "
+                f"inf) on a batch of {batch}: are its weights finite? "
+                "Nothing was exported"
+            )
+    return (got - expected).abs()

@@ -1,0 +1,373 @@
+"""What a run saves, when and where, and how it continues from a checkpoint: one owner,
+registered once with the parts it saves (timm's ``CheckpointSaver``, torchtitan's
+``CheckpointManager``); train.py then calls ``start``, ``save_epoch``, ``stop_here`` and
+``load_best``. Which top-k copies are kept is decided here too (its only caller); the file
+mechanisms (atomic writes, safe loading) are in :mod:`utils.checkpoint`.
+
+Every file a resume or a new best would delete is checked first: only top-k names torchloom
+writes (``epoch=NNN-<monitor>=<value>.pt``), inside the run's own checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from utils.checkpoint.format import FORMAT_VERSION, legacy_loss_sums
+from utils.checkpoint.load import load_checkpoint, restoring
+from utils.config.monitor import Monitor
+from utils.config.resolvers import in_sweep
+from utils.errors import UserError
+from utils.files import copy_atomic, save_atomic
+from utils.fit.state import TrainState
+from utils.model.optim import hyperparameters
+from utils.model.weights import load_weights, unwrap
+from utils.system import distributed
+from utils.system.seeding import all_rng_states, restore_rng
+from utils.system.signals import Interrupted, continue_command, continue_sweep_command
+
+log = logging.getLogger("torchloom")
+TOP_K_NAME = re.compile(r"epoch=(\d{3,})-[A-Za-z0-9_.+-]+=-?(\d+\.\d{4}|inf|nan)\.pt")
+
+
+class Checkpointer:
+    def __init__(
+        self, run: Any, context: Any, parts: Any, state: TrainState, monitor: Monitor, trainer: Any
+    ) -> None:
+        """For ``run`` (utils/run/start.py RunStart: its checkpoint folder, record and resume point)
+        in the process ``context`` (whether it writes checkpoints; its rank), saving ``parts``
+        (utils/fit/loop.py) and ``state``; ``trainer`` is the typed trainer config."""
+        self.folder, self.run, self.context = run.checkpoint_dir, run, context
+        self.parts, self.state, self.monitor, self.trainer = parts, state, monitor, trainer
+        self.intact: tuple[Path, int | None] | None = None  # the last good checkpoint, epoch
+        self.history: Any = None  # the run's tracker: what each checkpoint's history covers
+
+    @property
+    def last(self) -> Path:
+        return self.folder / "last.pt"
+
+    @property
+    def writes(self) -> bool:
+        return self.context.writes  # rank 0 of a run that writes outputs
+
+    def describe(self) -> str:
+        """What the last good checkpoint holds, for the messages of a run that fails."""
+        if self.intact is None:
+            return "no checkpoint was written yet"
+        path, epoch = self.intact
+        return f"{path} is intact" if epoch is None else f"{path} (epoch {epoch}) is intact"
+
+    # --- Continuing ------------------------------------------------------------------------
+
+    def start(self, init_from: str | None, history: Any = None) -> None:
+        """Continue the checkpoint the run resumes, with its config changes applied; or start
+        fresh (each process its own forward-pass RNG stream), from the weights of
+        ``init_from`` when given. ``history`` is the run's tracker (utils/tracking/tracker.py): each
+        checkpoint records how far it got, and it is sent on once the checkpoint is written."""
+        self.history = history
+        if self.run.resumed:
+            self.resume(*self.run.resumed, self.run.changes)
+            return
+        self.context.seed_own_stream()
+        if init_from:
+            load_weights(unwrap(self.parts.model), load_checkpoint(init_from)["model"])
+            if self.parts.ema:
+                self.parts.ema.restart_from(self.parts.model)
+            log.info("weights from %s; optimizer, schedule and counters start fresh", init_from)
+
+    def resume(self, path: Path, checkpoint: dict, changes: Any) -> None:
+        """Put ``checkpoint`` back into the parts and the state, with the config ``changes``
+        applied (utils/run/resume_changes.py)."""
+        parts, state = self.parts, self.state
+        built = hyperparameters(parts.optimizer)  # as the new config builds them
+        self._restore(path, checkpoint, reschedule=changes.reschedule)
+        if changes.reschedule:
+            with restoring("scheduler settings", path):
+                parts.schedule.continue_changed(checkpoint["scheduler"], parts.optimizer, built)
+        state.top_k = checked_top_k(state.top_k, self.folder)
+        if self.writes:
+            prune_top_k(self.folder, state.top_k, self.trainer.keep_top_k, state.epoch)
+            self._finish_copies(path)
+        state.batch_in_epoch = distributed.rescale_position(
+            state.batch_in_epoch,
+            checkpoint.get("world_size", 1),
+            self.context.processes.world_size,
+            self.trainer.accumulate_grad_batches,
+        )
+        self.intact = (path, None)
+        log.info(
+            "resumed from %s: epoch %d, batch %d, step %d",
+            path,
+            state.epoch + 1,
+            state.batch_in_epoch,
+            state.global_step,
+        )
+
+    def _finish_copies(self, path: Path) -> None:
+        """A kill after last.pt was written but before its copies: when the resumed last.pt
+        is the run's best epoch (or one of its top-k), that copy is made now, since the
+        resumed run never validates that epoch again."""
+        state = self.state
+        if path.resolve() != self.last.resolve() or state.batch_in_epoch:
+            return
+        if state.best_epoch == state.epoch and state.best_metric is not None:
+            copy_atomic(self.last, self.folder / "best.pt")
+        for _, name in state.top_k:
+            copy = own_top_k_file(self.folder, name)
+            match = TOP_K_NAME.fullmatch(name)
+            if copy and not copy.exists() and match and int(match.group(1)) == state.epoch:
+                copy_atomic(self.last, copy)
+
+    def _restore(self, path: Path, checkpoint: dict[str, Any], reschedule: bool) -> None:
+        """Put every piece of a training checkpoint back: weights, optimizer, schedule (unless
+        the caller continues a changed one), loss scaler, the state, the loss sums, and — last,
+        because building the model drew from it — this process's RNG. A loss scaler that the
+        checkpoint's precision did not use starts fresh."""
+        parts, scaler = self.parts, self.parts.precision.scaler
+        if parts.teacher:
+            parts.teacher.check_resumed(checkpoint.get("distill"), path)
+        load_weights(parts.model, checkpoint["model"])
+        try:
+            parts.optimizer.load_state_dict(checkpoint["optimizer"])
+        except (ValueError, KeyError) as error:
+            raise UserError(
+                f"the checkpoint's optimizer state does not fit this model's parameters "
+                f"({error}); start from its weights with init_from=... instead"
+            ) from None
+        if not reschedule:
+            with restoring("scheduler settings", path):
+                parts.schedule.load_state_dict(checkpoint["scheduler"])
+        if scaler.is_enabled() and not checkpoint["scaler"]:
+            log.info("precision changed to float16: loss scaling starts at %g", scaler.get_scale())
+        else:
+            with restoring("loss scaler settings", path):
+                scaler.load_state_dict(checkpoint["scaler"])
+        self.state.load_state_dict(checkpoint)
+        self._restore_averages(checkpoint)
+        with restoring("loss sums", path):
+            parts.losses.load_state_dict(checkpoint.get("losses") or legacy_loss_sums(checkpoint))
+        with restoring("RNG states", path):
+            restore_rng(checkpoint, self.context.processes)
+
+    def _restore_averages(self, checkpoint: dict[str, Any]) -> None:
+        """The weight averages the checkpoint holds. An EMA it lacks (trainer.ema turned on
+        at a resume) starts at the restored weights; SWA's is always there (a resume cannot
+        turn trainer.swa on, utils/run/resume_changes.py)."""
+        if self.parts.swa:
+            self.parts.swa.load_state_dict(checkpoint.get("swa"), "the checkpoint")
+        ema = self.parts.ema
+        if ema is None:
+            return
+        if checkpoint.get("ema") is None:
+            ema.restart_from(self.parts.model)
+            log.info("trainer.ema: the checkpoint holds no EMA; it starts at the resumed weights")
+        else:
+            ema.load_state_dict(checkpoint["ema"], "the checkpoint")
+
+    # --- Saving ----------------------------------------------------------------------------
+
+    def contents(self, rng: list[dict]) -> dict[str, Any]:
+        """Everything that rebuilds and resumes the run, as a plain dict: the unwrapped model's
+        weights, optimizer, schedule, loss scaler, the state and loss sums, the config, and the
+        RNG of every process (``rng``, one per rank)."""
+        parts, record = self.parts, self.run.record
+        return {
+            "format_version": FORMAT_VERSION,
+            "model": unwrap(parts.model).state_dict(),
+            "optimizer": parts.optimizer.state_dict(),
+            "scheduler": parts.schedule.state_dict(),
+            "scaler": parts.precision.scaler.state_dict(),
+            **self.state.state_dict(),
+            "losses": parts.losses.state_dict(),
+            "ema": parts.ema.state_dict() if parts.ema else None,
+            "swa": parts.swa.state_dict() if parts.swa else None,
+            "distill": parts.teacher.record() if parts.teacher else None,  # its path, sha256
+            "monitor": self.monitor.name,
+            "config": record.resolved,
+            "overrides": record.overrides,
+            "classes": (record.inputs or {}).get("classes"),
+            "inputs": record.inputs,
+            "rng": rng[0],
+            "rng_per_rank": rng,
+            "world_size": len(rng),
+            "tracking": self.history.checkpoint_record() if self.history else None,
+        }
+
+    def save(self) -> None:
+        """Write ``last.pt`` (collective: every process's RNG stream goes in). Never from
+        non-finite weights."""
+        parts, state = self.parts, self.state
+        parts.watch.check(state.global_step, parts, self.describe(), weights=True)
+        rng = all_rng_states()
+        if self.writes:  # one process writes the weights
+            save_atomic(self.contents(rng), self.last)
+
+    def save_epoch(self, value: float | None) -> None:
+        """At the end of an epoch: ``last.pt``, and when the epoch was validated (``value``
+        is the monitored metric) ``best.pt`` if it is at least as good as the best so far and
+        its top-k copy if it ranks. Copies are made after last.pt is complete, and top-k files
+        that fall out are deleted last."""
+        state, improved, top_k_file, dropped = self.state, False, "", []
+        if value is not None:
+            improved = self.monitor.at_least_as_good(value, state.best_metric)
+            if improved:
+                state.best_metric, state.best_epoch = value, state.epoch
+            name = top_k_name(state.epoch, self.monitor.name, value)
+            keep, dropped = rank_top_k(
+                state.top_k, self.trainer.keep_top_k, name, value, self.monitor
+            )
+            top_k_file = name if keep else ""
+        self.save()
+        self.intact = (self.last, state.epoch)
+        if self.writes:  # best.pt, top-k: copies of last.pt
+            keep_copies(self.folder, best=improved, top_k_file=top_k_file, dropped=dropped)
+        self.sent_on()
+
+    def sent_on(self) -> None:
+        """last.pt and its copies are complete: the history they cover goes to the trackers
+        that get points only then (utils/tracking/tracker.py)."""
+        if self.writes and self.history:
+            self.history.checkpoint_written(self.state.global_step)
+
+    def save_on_stop(self) -> None:
+        """A stop: the exact position, unless last.pt already holds it (all processes agree)."""
+        unsaved = self.state.batch_in_epoch or not self.last.exists()
+        if distributed.agree(
+            bool(unsaved), self.context.device
+        ):  # saving is collective: all or none
+            self.save()
+            self.sent_on()
+
+    def stop_here(self, stop: Any) -> None:
+        """A stop every process agreed on: the exact position in last.pt (and the history it
+        covers), the command that continues the run; then :class:`Interrupted` (the tracked
+        run is marked killed)."""
+        context, record = self.context, self.run.record
+        self.save_on_stop()
+        if context.is_main:
+            state = self.state
+            command = (
+                continue_sweep_command(record.resolved["run_name"])
+                if in_sweep()
+                else continue_command(record.overrides, self.last, context.processes)
+            )
+            log.info(
+                "stopped by %s at epoch %d, batch %d; continue with:\n  %s",
+                stop.name or "a signal to another process",
+                state.epoch + 1,
+                state.batch_in_epoch,
+                command,
+            )
+        distributed.barrier()  # no process leaves before last.pt is written: torchrun would kill the rest
+        context.close()
+        raise Interrupted
+
+    def load_best(self) -> None:
+        """The best epoch's weights into the model (and its EMA), for the final test (once
+        every process can read a complete best.pt), and its val/ figures into the state: a
+        run's metrics.json reports the val and test figures of one checkpoint, best.pt."""
+        distributed.barrier()
+        best = self.folder / "best.pt"
+        if best.exists():
+            checkpoint = load_checkpoint(best)
+            load_weights(self.parts.model, checkpoint["model"])
+            self._restore_averages(checkpoint)
+            self.state.record(
+                "val",
+                {
+                    name.removeprefix("val/"): value
+                    for name, value in checkpoint.get("metrics", {}).items()
+                    if name.startswith("val/")
+                },
+            )
+
+
+# --- Top-k copies ---------------------------------------------------------------------------
+
+
+def top_k_name(epoch: int, monitor: str, value: float) -> str:
+    return f"epoch={epoch:03d}-{monitor.replace('/', '_')}={value:.4f}.pt"
+
+
+def own_top_k_file(folder: Path, name: Any) -> Path | None:
+    """``folder / name`` when ``name`` is a top-k file name torchloom writes and the path lies
+    directly inside ``folder``; None for anything else (a stored list is untrusted input)."""
+    if not isinstance(name, str) or not TOP_K_NAME.fullmatch(name):
+        return None
+    path = folder / name
+    if path.resolve().parent != folder.resolve():
+        return None
+    return path
+
+
+def top_k_files(folder: Path) -> list[Path]:
+    """The top-k copies torchloom wrote in a run's checkpoint ``folder``, oldest epoch first."""
+    return sorted(p for p in folder.glob("epoch=*.pt") if own_top_k_file(folder, p.name))
+
+
+def checked_top_k(ranked: Any, folder: Path) -> list:
+    """The ``top_k`` list of a checkpoint, without entries that are not torchloom's own top-k
+    files in ``folder`` (each dropped with a warning)."""
+    kept = []
+    for entry in ranked if isinstance(ranked, list) else []:
+        ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int | float)
+        if ok and own_top_k_file(folder, entry[1]) is not None:
+            kept.append(entry)
+        else:
+            log.warning(
+                "warning: ignoring top-k entry %r of the checkpoint: not a top-k file "
+                "torchloom writes in %s",
+                entry,
+                folder,
+            )
+    return kept
+
+
+def prune_top_k(folder: Path, ranked: list, k: int, epoch: int) -> None:
+    """After a resume: trim ``ranked`` to ``k`` (``keep_top_k`` may have been lowered), and
+    delete the top-k files the run no longer tracks: the trimmed ones, those of epochs after
+    the resume point (left by the run's own later epochs, which it now trains again), and
+    those a kill kept from being deleted once they fell out."""
+    del ranked[k:]
+    tracked = {name for _, name in ranked}
+    for path in sorted(folder.glob("epoch=*.pt")):
+        if TOP_K_NAME.fullmatch(path.name) and path.name not in tracked:
+            log.info(
+                "removing %s: not among the top %d from this resume point (epoch %d)",
+                path,
+                k,
+                epoch,
+            )
+            path.unlink(missing_ok=True)
+
+
+def rank_top_k(ranked: list, k: int, name: str, value: float, monitor) -> tuple[bool, list[str]]:
+    """Enter ``name`` (scored ``value``) into ``ranked``, the ``[[value, file name], ...]`` list
+    kept in the training state, best first. Returns whether the file should be written and
+    which files fell out; the caller writes the new file before deleting those, so a crash
+    never leaves fewer than before."""
+    if k == 0 or (len(ranked) >= k and not monitor.better(value, ranked[-1][0])):
+        return False, []
+    ranked.append([value, name])
+    ranked.sort(key=lambda entry: -monitor.sign * entry[0])
+    dropped = [dropped_name for _, dropped_name in ranked[k:]]
+    del ranked[k:]
+    return True, dropped
+
+
+def keep_copies(folder: Path, best: bool, top_k_file: str | bool, dropped: list[str]) -> None:
+    """Copy the just-written ``last.pt`` to ``best.pt`` and to its top-k name, then delete the
+    top-k files that fell out: new files are complete before old ones go. Only torchloom's own
+    top-k files in ``folder`` are ever deleted."""
+    if best:
+        copy_atomic(folder / "last.pt", folder / "best.pt")
+    if top_k_file:
+        copy_atomic(folder / "last.pt", folder / top_k_file)
+        for name in dropped:
+            path = own_top_k_file(folder, name)
+            if path is None:
+                log.warning("warning: not deleting %r: not a top-k file of %s", name, folder)
+            else:
+                path.unlink(missing_ok=True)

@@ -1,0 +1,277 @@
+"""The training step, and what an epoch of steps keeps count of: the loss sums and the NaN
+watch, timing and data wait, and when the processes stop together.
+
+The step body is :meth:`Loop.epoch`'s loop, in one place. Its order of operations is what
+bit-identical resume relies on: forward and backward per micro-batch, then (every
+``accumulate_grad_batches``) unscale, clip or measure, step, schedule, EMA, zero, count.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from utils.diagnose import debug
+from utils.errors import UserError
+from utils.fit.ema import WeightAverage
+from utils.fit.loss_sums import LossSums
+from utils.fit.nonfinite import NonFiniteWatch
+from utils.fit.progress import data_wait_advice
+from utils.fit.swa import AveragingSchedule, StochasticAverage
+from utils.fit.teacher import Teacher
+from utils.model.weights import unwrap
+from utils.precision import Precision
+from utils.schedulers import Schedule
+from utils.system import distributed
+from utils.system.memory import collect_cycles, cycle_collection_by_the_loop, out_of_memory
+
+log = logging.getLogger("torchloom")
+DATA_WAIT_WARNING = 0.2  # the share of training time spent waiting for batches that warns
+
+
+@dataclass
+class Parts:
+    """What a training step changes and a checkpoint saves. ``model`` is the module as the
+    step calls it (DDP or torch.compile wrappers allowed: checkpoints hold the unwrapped one)."""
+
+    model: nn.Module
+    optimizer: Any
+    schedule: Schedule
+    precision: Precision
+    watch: NonFiniteWatch  # the NaN/Inf policy over the loss sums
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # the task's (utils/tasks.py)
+    ema: WeightAverage | None = None  # trainer.ema: updated after each step, saved beside it
+    swa: StochasticAverage | None = None  # trainer.swa: updated after each epoch, saved too
+    teacher: Teacher | None = None  # distill.teacher: blended into the loss, never saved
+
+    @classmethod
+    def assemble(
+        cls,
+        modules: Any,
+        optimizer: Any,
+        schedule: Schedule,
+        precision: Precision,
+        loss: Callable,
+        trainer: Any,
+    ) -> Parts:
+        """The parts around ``modules.step_model``: fresh loss sums on the model's device,
+        the NaN watch over them (``trainer.nonfinite``, ``max_consecutive_skips``,
+        ``accumulate_grad_batches``), and the weight average ``trainer.ema`` or ``trainer.swa``
+        asks for (of the unwrapped model, so the same on every process); with SWA the
+        schedule hands over to SWA's LR at ``trainer.swa.start`` (utils/fit/swa.py)."""
+        losses = LossSums(precision.device, trainer.accumulate_grad_batches)
+        watch = NonFiniteWatch(trainer.nonfinite, trainer.max_consecutive_skips, losses)
+        ema = WeightAverage.of(trainer.ema, modules.model)
+        swa = StochasticAverage.of(trainer.swa, modules.model, trainer.max_epochs)
+        if ema and swa:
+            raise UserError(
+                "trainer.ema and trainer.swa each average the weights that are "
+                "judged; choose one (set the other's decay or start to null)"
+            )
+        if swa and trainer.sync_batchnorm:  # its refit pass would be a collective per batch
+            raise UserError(
+                "trainer.swa refits BatchNorm statistics in each process and "
+                "averages them; set trainer.sync_batchnorm=false with it"
+            )
+        if swa:
+            schedule = AveragingSchedule(schedule, optimizer, trainer.swa, swa.start)
+        return cls(modules.step_model, optimizer, schedule, precision, watch, loss, ema, swa)
+
+    @property
+    def losses(self) -> LossSums:
+        """The running loss sums (saved in checkpoints), read by the loop at its syncs."""
+        return self.watch.losses
+
+    def judged(self, eval_model: nn.Module, ema_config: Any) -> nn.Module:
+        """The module validation, best.pt and the test judge: SWA's when it is on, the EMA's
+        when it is on and ``trainer.ema.evaluate`` says so, else ``eval_model``."""
+        if self.swa:
+            return self.swa.module
+        return self.ema.module if self.ema and ema_config.evaluate else eval_model
+
+
+class Loop:
+    def __init__(
+        self, checkpointer: Any, trainer: Any, stop: Any, tracker: Any, progress: Any
+    ) -> None:
+        """Steps the parts ``checkpointer`` saves (utils/fit/checkpointer.py), from and into its
+        state; a failure's message says what its last good checkpoint holds. Its points go
+        to ``tracker`` (utils/tracking/tracker.py)."""
+        self.parts, self.state, self.saved = (
+            checkpointer.parts,
+            checkpointer.state,
+            checkpointer.describe,
+        )
+        self.trainer, self.stop, self.tracker, self.progress = trainer, stop, tracker, progress
+        self.train_seconds = 0.0  # inside epochs, evaluation excluded
+        self.trained_steps = 0  # by this invocation (a resumed run counts from its resume)
+        self.stopped = False  # every process agreed to stop before the last epoch ended
+
+    def epochs(self, batches: Any, batch_size: int, done: Any) -> Iterator[int]:
+        """Train epoch after epoch up to ``trainer.max_epochs`` or until ``done()`` (early
+        stopping), with the progress bar shown and cycle collection by the loop; yields after
+        each finished epoch (the caller then validates and saves). Ends early when every
+        process agrees on a stop, which sets :attr:`stopped`: the state then holds the
+        position to resume from."""
+        state, device = self.state, self.parts.losses.device
+        if state.batch_in_epoch > len(batches):
+            raise UserError(
+                f"the checkpoint's position, batch {state.batch_in_epoch} of epoch "
+                f"{state.epoch + 1}, is past the end of an epoch of {len(batches)} "
+                "batches (was it edited, or the data or batch size changed?); use "
+                "init_from=... to start from its weights"
+            )
+        self.stopped = distributed.agree(self.stop.requested, device)  # a signal at start-up
+        with self.progress, cycle_collection_by_the_loop():
+            while state.epoch < self.trainer.max_epochs and not self.stopped and not done():
+                if not self.epoch(batches, batch_size):
+                    self.stopped = True
+                    break
+                state.next_epoch()
+                yield state.epoch
+                collect_cycles()  # also once an epoch, however long the logging window
+                self.stopped = distributed.agree(self.stop.requested, device)
+
+    def epoch(self, batches: Any, batch_size: int) -> bool:
+        """Train from the state's data position to the end of its epoch, then log its loss,
+        speed and data wait. Returns False when a stop was requested first; the state then
+        holds the position to resume from."""
+        state, progress, tracker = self.state, self.progress, self.tracker
+        accumulate = self.trainer.accumulate_grad_batches
+        epoch_start, step_before = time.perf_counter(), state.global_step
+        wait_before = progress.data_wait.seconds
+        set_epoch = getattr(unwrap(self.parts.model), "set_epoch", None)
+        if set_epoch:  # a model that trains differently by epoch (model.freeze_backbone_epochs)
+            set_epoch(state.epoch)
+        try:
+            finished = self._steps(batches)
+        except torch.OutOfMemoryError:
+            device = self.parts.losses.device
+            raise out_of_memory(device, batch_size, accumulate, self.saved()) from None
+        except RuntimeError as error:  # debug=anomaly names the op that made a NaN
+            raise (debug.anomaly_error(error) or error) from None
+        if finished:  # reading the loss waits for the device, so the clock below is true
+            micro_batches = len(batches) // accumulate * accumulate
+            losses = self.parts.losses
+            epoch_loss = losses.epoch_mean(state.global_step, micro_batches)
+            state.metrics["train/loss"] = distributed.all_mean(epoch_loss, losses.device)
+        seconds = time.perf_counter() - epoch_start
+        self.train_seconds += seconds
+        self.trained_steps += state.global_step - step_before
+        if finished:
+            samples = (state.global_step - step_before) * accumulate * batch_size
+            tracker.scalar("train/samples_per_second", samples / seconds, state.global_step)
+            waited = (progress.data_wait.seconds - wait_before) / seconds
+            tracker.scalar("train/data_wait_fraction", waited, state.global_step)
+        return finished
+
+    def summary(self, data: Any) -> dict[str, float]:
+        """Throughput, data wait and skipped steps over this invocation's training epochs;
+        warns, saying what to change, when the loop waited for batches much of the time."""
+        seconds = self.train_seconds
+        samples = self.trained_steps * self.trainer.accumulate_grad_batches * data.batch_size
+        waited = self.progress.data_wait.seconds / seconds if seconds else 0.0
+        if waited > DATA_WAIT_WARNING:
+            log.warning("warning: %s", data_wait_advice(waited, data))
+        return {
+            "train/samples_per_second": samples / seconds if seconds else 0.0,
+            "train/data_wait_fraction": waited,
+            "train/skipped_steps": self.state.skipped_steps,
+        }
+
+    def _steps(self, batches: Any) -> bool:
+        """The step, from the data position in the state to the end of its epoch. The loss
+        stays on the device; the host waits for it only on logging steps."""
+        model, optimizer, loss_of = self.parts.model, self.parts.optimizer, self.parts.loss
+        schedule, precision, watch = self.parts.schedule, self.parts.precision, self.parts.watch
+        ema, teacher = self.parts.ema, self.parts.teacher
+        trainer, state, tracker, progress = self.trainer, self.state, self.tracker, self.progress
+        losses = self.parts.losses
+        model.train()
+        accumulate = trainer.accumulate_grad_batches
+        # Every optimizer step sees exactly `accumulate` micro-batches; a remainder is dropped.
+        micro_batches = (len(batches) // accumulate) * accumulate
+        start = state.batch_in_epoch
+        timed_batches, window_start = 0, time.perf_counter()
+        several_processes = distributed.is_distributed()
+        batches_left = itertools.islice(batches.epoch(state.epoch, start), micro_batches - start)
+        for index, (images, labels) in enumerate(progress.data_wait.timed(batches_left), start):
+            # Under DDP, only the last micro-batch of a step all-reduces its gradients.
+            with distributed.gradient_sync(model, sync=(index + 1) % accumulate == 0):
+                with precision.autocast():
+                    outputs = model(images)
+                    loss = loss_of(outputs, labels)
+                    if teacher:  # distill.*: (1 − α)·loss + α·T²·KL to the teacher's outputs
+                        loss = teacher.blend(loss, outputs, images)
+                precision.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
+            losses.add(watch.observe(loss))  # summed, and checked for NaN/Inf, at the next sync
+            timed_batches += 1
+            state.batch_in_epoch = index + 1
+            if (index + 1) % accumulate:
+                continue
+
+            log_due = (state.global_step + 1) % trainer.log_every_n_steps == 0
+            grad_norm = None
+            if trainer.gradient_clip_val is not None or log_due:
+                precision.scaler.unscale_(optimizer)  # clip and measure true gradients
+                if trainer.gradient_clip_val is not None:
+                    max_norm = trainer.gradient_clip_val
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+                else:  # measured only: no pass over every gradient to scale it by 1
+                    grads = [p.grad for p in model.parameters() if p.grad is not None]
+                    grad_norm = torch.nn.utils.get_total_norm(grads)
+                if log_due and trainer.log_grad_norms == "per_layer":
+                    for name, norm in per_layer_grad_norms(model).items():
+                        tracker.scalar(f"grad_norm/{name}", norm, state.global_step + 1)
+            if watch.step_allowed(state.global_step + 1, optimizer):
+                precision.scaler.step(optimizer)
+                precision.scaler.update()
+                schedule.after_optimizer_step()  # the LR schedule counts the steps taken
+                if ema:
+                    ema.update()  # toward the weights just written (utils/fit/ema.py)
+            else:
+                precision.discard_step()
+                state.skipped_steps += 1  # saved with the state: a resumed run keeps counting
+            optimizer.zero_grad(set_to_none=True)
+            state.global_step += 1
+
+            if log_due:
+                step, seconds = state.global_step, time.perf_counter() - window_start
+                mean_loss = distributed.all_mean(losses.window_mean(step), labels.device)  # sync
+                watch.check(step, self.parts, self.saved())
+                samples_per_second = timed_batches * len(labels) / seconds
+                tracker.scalar("train/loss", mean_loss, step)
+                tracker.scalar("train/lr", optimizer.param_groups[0]["lr"], step)
+                tracker.scalar("train/grad_norm", grad_norm.item(), step)
+                tracker.scalar("train/skipped_steps", state.skipped_steps, step)
+                progress.update(state.epoch, step, mean_loss, samples_per_second)
+                collect_cycles()  # here, not at a random step (utils/system/memory.py)
+                timed_batches, window_start = 0, time.perf_counter()
+            else:
+                progress.update(state.epoch, state.global_step)
+            # Several processes must stop at the same step: they agree when they sync anyway.
+            stop_check_due = log_due or not several_processes
+            if (
+                stop_check_due
+                and distributed.agree(self.stop.requested, labels.device)
+                and index + 1 < micro_batches
+            ):
+                return False
+        return True
+
+
+def per_layer_grad_norms(model: nn.Module) -> dict[str, float]:
+    """The L2 norm of each parameter's gradient (``trainer.log_grad_norms=per_layer``), read
+    from the device in one transfer."""
+    named = [(name, p.grad) for name, p in model.named_parameters() if p.grad is not None]
+    if not named:
+        return {}
+    norms = torch.stack([grad.detach().float().norm() for _, grad in named]).tolist()
+    return {name: norm for (name, _), norm in zip(named, norms, strict=True)}

@@ -1,0 +1,11 @@
+"""A command's life: where it lives, how it starts and continues, what it shows and writes.
+
+cli               run_cli: a command line Hydra cannot compose ends in one line
+folders           the run dir checked and claimed before Hydra writes it; the checkpoint folder
+start             continue, replace or refuse; RunContext: which process, whether it writes files
+resume_changes    what a resume may change, and how each difference is classified
+outputs           who prints and who writes (the history, metrics.json, tables), decided once
+report            what the config tree, model summary, final table and metrics.json hold
+sweep             sweep jobs: skip finished, record failures, the summary table
+cross_validation  cv=K: every fold a run of its own, resumable; oof.csv, pooled metrics
+"""
