@@ -201,25 +201,3 @@ def read_inputs(path: Path, record: InputRecord) -> tuple[list[str], torch.Tenso
     images = torch.stack([decode(str(f), (height, width), channels) for f in files])
     base = path if path.is_dir() else path.parent
     return [str(f.relative_to(base)) for f in files], images, None
-
-
-def top_classes(
-    probabilities: torch.Tensor, names: list[str], k: int
-) -> list[list[tuple[str, float]]]:
-    """The ``k`` most probable classes of each row, by name, most probable first."""
-    values, indices = probabilities.topk(k, dim=1)
-    return [
-        [(names[i], p) for i, p in zip(row_i, row_p, strict=True)]
-        for row_i, row_p in zip(indices.tolist(), values.tolist(), strict=True)
-    ]
-
-
-def label_sets(
-    probabilities: torch.Tensor, names: list[str], thresholds: list[float]
-) -> list[list[tuple[str, float]]]:
-    """Each row's labels whose probability reaches its threshold, most probable first."""
-    rows = []
-    for row in probabilities.tolist():
-        chosen = [(names[i], p) for i, p in enumerate(row) if p >= thresholds[i]]
-        rows.append(sorted(chosen, key=lambda pair: -pair[1]))
-    return rows

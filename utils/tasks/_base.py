@@ -1,0 +1,302 @@
+"""What every task shares (:class:`Task`): the kind of targets it learns, the check that a
+dataset's targets are of that kind, calibration and its record, the words the reports use, and
+the model wrapped with its calibration for an export."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from data.targets import TASK_OF, Targets, target_kinds
+from utils.errors import UserError
+from utils.evaluation import tables as eval_tables
+from utils.evaluation.calibration import Calibration, f1_thresholds, fit_temperature
+from utils.text import cell
+
+log = logging.getLogger("torchloom")
+MAX_OUTPUTS = 2**20  # classes, labels or values: a label of 10**9 is a mistake, not a class
+HINTS = {
+    "classes": "class labels",
+    "label_sets": "label sets (a;b labels in data=csv or data=image_csv, 0/1 columns, or a 0/1 "
+    "y in data=tensors)",
+    "values": "numbers (data=csv, data=tensors or data=image_csv)",
+}
+
+
+def top_classes(
+    probabilities: torch.Tensor, names: list[str], k: int
+) -> list[list[tuple[str, float]]]:
+    """The ``k`` most probable classes of each row, by name, most probable first."""
+    values, indices = probabilities.topk(k, dim=1)
+    return [
+        [(names[i], p) for i, p in zip(row_i, row_p, strict=True)]
+        for row_i, row_p in zip(indices.tolist(), values.tolist(), strict=True)
+    ]
+
+
+class Task:
+    """What every task shares: the kind of targets it learns, a check that a dataset's
+    targets are of that kind, and the words and defaults the rest of torchloom asks for."""
+
+    targets = "classes"  # data/targets.py KINDS
+    name = "classification"
+    unit = "classes"  # the model's outputs, counted: "10 classes"
+    outputs = "class scores (the dataset's classes)"  # what a model must output
+    monitor = "val/acc"  # trainer.monitor's default: the main validation metric
+    mixes = True  # MixUp/CutMix may blend its targets
+    distills = True  # distill.teacher may teach it: its outputs are one distribution over classes
+    quiet_guards: tuple[str, ...] = ()  # start-up guards (utils/model/guards.py) that do not apply
+    fitted_to: Targets | None = None  # the targets of the data or record it was fitted to
+    calibrated: Calibration | None = None  # a temperature and thresholds fitted on val
+
+    def data_arguments(self, node: Any) -> dict[str, str]:
+        """What the data builder of config ``node`` is passed besides its keys: the kind of
+        ``targets`` to read, when it reads several (data/targets.py). A builder that cannot
+        read this task's kind is refused before any data is read."""
+        from hydra._internal.utils import _locate
+
+        kinds = target_kinds(_locate(node["_target_"]))
+        if self.targets not in kinds:
+            raise UserError(
+                f"task={self.name} learns {HINTS[self.targets]}, and "
+                f"{node['_target_']} reads class labels only; use data=csv, "
+                "data=tensors or data=image_csv"
+            )
+        return {"targets": self.targets} if len(kinds) > 1 else {}
+
+    def check(self, data: Any) -> Targets:
+        targets = data.targets
+        if targets.kind != self.targets:
+            raise UserError(
+                f"task={self.name} learns {HINTS[self.targets]}, and {data.name} "
+                f"gives {targets.kind.replace('_', ' ')} (for task="
+                f"{TASK_OF[targets.kind]}); choose the task or data that match"
+            )
+        if data.mixing and not self.mixes:
+            raise UserError(
+                "data.augment.mixup_alpha and cutmix_alpha blend class targets, and "
+                f"{data.name}'s targets are {targets.kind} (task={self.name}): set both to 0"
+            )
+        if targets.count > MAX_OUTPUTS:
+            raise UserError(
+                f"{data.name} gives {targets.count:,} {targets.kind.replace('_', ' ')}"
+                f", more than the {MAX_OUTPUTS:,} a model output may have; class "
+                "labels are indices 0..N-1 (check the labels, or data.num_classes)"
+            )
+        least = 2 if targets.kind == "classes" else 1  # one class is a constant, 100% "right"
+        if targets.count < least:
+            shown = f" ({', '.join(map(repr, targets.names))})" if targets.names else ""
+            table = getattr(data, "table", None)
+            where = f"column {table['target']!r}" if table else "the labels"
+            raise UserError(
+                f"{data.name}: {where} hold {targets.count} "
+                f"{targets.kind.replace('_', ' ')}{shown}, and task={self.name} needs "
+                f"{least} or more; check data.target or the data"
+            )
+        return targets
+
+    def training_loss(self) -> Any:
+        """What the training step computes (:meth:`loss`), logging what train/loss measures
+        when it is not what val/loss measures (MixUp/CutMix, smoothing, weights)."""
+        loss = self.loss()
+        if note := loss.training_note(self.data.mixing):
+            log.info(note)
+        return loss
+
+    @property
+    def count(self) -> int:
+        """How many outputs the model has (classes, labels or values; 0 before fitting)."""
+        return self.fitted_to.count if self.fitted_to else 0
+
+    @property
+    def names(self) -> list[str]:
+        """The names of the model's outputs (class, label or target names, else numbers)."""
+        return self.fitted_to.shown_names
+
+    def record(self) -> dict:
+        """The task's part of the inputs record (utils/checkpoint/record.py): what evaluate.py and
+        predict.py need to read outputs as training did (its calibration, if any, and what
+        a task adds)."""
+        return {"calibration": self.calibrated.record()} if self.calibrated else {}
+
+    # --- Calibration (utils/evaluation/calibration.py): fitted on val by evaluate.py, kept in the record
+
+    decisions = 0  # thresholds a calibration may choose: a binary classifier's 1, a label each
+
+    def read_calibration(self, stored: Any) -> None:
+        """The calibration a checkpoint's record (``stored``: an InputRecord) holds, checked
+        as untrusted data; none when fitting to data."""
+        if stored is not None:
+            record = (stored.task or {}).get("calibration")
+            self.calibrated = Calibration.read(record, self.decisions, "the checkpoint")
+
+    def with_calibration(self, calibrated: Calibration | None) -> Task:
+        """This fitted task with ``calibrated`` applied to its scores, rows and exports."""
+        import copy
+
+        task = copy.copy(self)
+        task.calibrated = calibrated
+        return task
+
+    def calibrate(
+        self, outputs: torch.Tensor, targets: torch.Tensor, fit: tuple[bool, bool], weights: str
+    ) -> Calibration:
+        """A :class:`Calibration` fitted on these (validation) ``outputs`` and ``targets``:
+        ``fit`` = (a temperature, F1-best thresholds); ``weights``: the weights they came
+        from. A task without probabilities (no :meth:`nll`) is refused."""
+        if type(self).nll is Task.nll:
+            raise UserError(
+                f"calibrate=temperature and threshold=auto apply to class and label "
+                f"scores; task={self.name} has none"
+            )
+        if fit[1] and not self.decisions:
+            raise UserError(
+                f"threshold=auto chooses a threshold for two classes (or with "
+                f"task=multilabel); this model has {self.count} classes, and "
+                "predicts the most probable"
+            )
+        temperature = fit_temperature(outputs, lambda z: self.nll(z, targets)) if fit[0] else 1.0
+        if not fit[1]:
+            return Calibration(temperature, None, weights)
+        scores = self.probability(outputs.float() / temperature)  # in predict.py's precision
+        positives, default = self.positives(targets), getattr(self, "threshold", 0.5)
+        thresholds, _ = f1_thresholds(scores.reshape(len(outputs), -1), positives, default)
+        return Calibration(temperature, tuple(thresholds), weights)
+
+    def nll(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
+        """The mean negative log-likelihood of ``targets`` (what a temperature minimises)."""
+        raise NotImplementedError
+
+    def positives(self, targets: torch.Tensor) -> torch.Tensor:
+        """[N, decisions] booleans: what each threshold decides correctly when it says yes."""
+        raise NotImplementedError
+
+    def shown_targets(self, targets: torch.Tensor) -> list[str]:
+        """Each sample's target as the TensorBoard sample grid labels it: its class index (the
+        larger share of a MixUp/CutMix-mixed one)."""
+        if targets.is_floating_point():
+            targets = targets.argmax(dim=1)
+        return [str(t) for t in targets.tolist()]
+
+    def tables(self, out: Any, where: tuple[str, int | None], metrics: dict, split: str) -> dict:
+        """Print evaluate.py's tables of one checkpoint's detailed ``metrics`` through ``out``
+        (``where``: its title, and its number among several checkpoints, else None), with the
+        confusion matrix as a CSV and a TensorBoard image; returns its JSON-ready metrics."""
+        title, index = where
+        confusion = metrics["confusion"]
+        out.tracker.image(f"confusion/{index or 0}", eval_tables.confusion_image(confusion), 0)
+        name = "confusion.csv" if index is None else f"confusion-{index}.csv"
+        out.write_text(name, eval_tables.confusion_csv(confusion))
+        suffix = "" if index is None else f"-{index}"  # the reliability table and diagram
+        rows = metrics["reliability"]
+        out.write_text(f"reliability{suffix}.csv", eval_tables.reliability_csv(rows))
+        diagram = eval_tables.reliability_image(rows)
+        out.tracker.image(f"reliability/{index or 0}", diagram, 0)
+        out.write_png(f"reliability{suffix}.png", diagram)
+        return eval_tables.class_tables(out, title, metrics, split, self.names)
+
+    def decode(self, outputs: torch.Tensor, options: Any) -> tuple[list[str], list, list[str]]:
+        """(CSV header, CSV rows, one printed line a row) of predict.py for the model's
+        ``outputs``: the ``options.topk`` classes and probabilities. Numbers are written in
+        full (``repr``: they read back as the same float), names as spreadsheet text."""
+        names = self.names
+        if self.calibrated is not None:
+            outputs = self.calibrated.logits(outputs)
+        probabilities = torch.softmax(outputs, dim=1)
+        if self.calibrated is not None and self.calibrated.thresholds:
+            return self._decided(probabilities, self.calibrated.thresholds[0])
+        k = min(options.topk, len(names))
+        top = top_classes(probabilities, names, k)
+        header = [f"{what}{i}" for i in range(1, k + 1) for what in ("class", "p")]
+        rows = [[v for label, p in row for v in (cell(label), repr(p))] for row in top]
+        return header, rows, ["  ".join(f"{label} {p:.3f}" for label, p in row) for row in top]
+
+    def _decided(self, probabilities: torch.Tensor, threshold: float) -> tuple:
+        """A binary classifier's rows at its stored threshold: the class decided (the second
+        when its probability reaches ``threshold``), then both probabilities."""
+        names = self.names
+        chosen = (probabilities[:, 1] >= threshold).long().tolist()
+        rows = [
+            [cell(names[c]), *map(repr, row)]
+            for c, row in zip(chosen, probabilities.tolist(), strict=True)
+        ]
+        lines = [
+            f"{names[c]}  (p {names[1]} {row[1]:.3f}, threshold {threshold:.3g})"
+            for c, row in zip(chosen, probabilities.tolist(), strict=True)
+        ]
+        return ["class", *(cell(f"p_{n}") for n in names)], rows, lines
+
+    def exportable(
+        self, model: nn.Module
+    ) -> tuple[nn.Module, tuple[str, ...], torch.Tensor | None]:
+        """(what an ONNX export holds, its outputs' names, the unit its parity is measured in;
+        None: the outputs' own): the model's logits, divided by a stored temperature, and with
+        stored thresholds also what is ``predicted`` (utils/evaluation/calibration.py)."""
+        if self.calibrated is None:
+            return model, ("logits",), None
+        decides = self.calibrated.thresholds is not None
+        return (
+            Calibrated(model, self.calibrated, self.probability),
+            (("logits", "predicted") if decides else ("logits",)),
+            None,
+        )
+
+    def target_cells(self, targets: torch.Tensor) -> list[str]:
+        """Each sample's target as a CSV cell (cv=K's oof.csv): its class name."""
+        names = self.names
+        return [cell(names[t]) for t in targets.tolist()]
+
+    def portable(self, outputs: torch.Tensor) -> torch.Tensor:
+        """The outputs in units every fold of a cross-validation shares, so the folds' outputs
+        pool (:meth:`pooled_scores`): the outputs themselves, unless a task says otherwise."""
+        return outputs
+
+    def pooled_scores(self) -> Any:
+        """The scores of :meth:`portable` outputs pooled over folds (cv=K's out-of-fold
+        metrics)."""
+        return self.scores()
+
+
+def _weight_tensor(
+    weights: list | None, key: str, what: tuple[str, str], data: Any, device: torch.device
+) -> torch.Tensor | None:
+    """``task.<key>``'s weights, one per class or label of ``data`` (``what``: the word and its
+    plural), on ``device``."""
+    if weights is None:
+        return None
+    if len(weights) != data.targets.count:
+        raise UserError(
+            f"task.{key} has {len(weights)} values; {data.name} has "
+            f"{data.targets.count} {what[1]}: give one per {what[0]}, or auto"
+        )
+    return torch.tensor(weights, dtype=torch.float32, device=device)
+
+
+def _mixing_words(mixing: Any) -> list[str]:
+    if not mixing:
+        return []
+    epochs = f"the first {mixing.mix_off_epoch} epochs" if mixing.mix_off_epoch else "every epoch"
+    return [f"on MixUp/CutMix-mixed targets in {epochs}"]
+
+
+class Calibrated(nn.Module):
+    """A model whose logits are divided by a stored temperature, and, with stored thresholds,
+    that also outputs what is predicted at them: a binary classifier's class index, or each
+    label as 0/1 (for exports, which carry no record beside them)."""
+
+    def __init__(self, model: nn.Module, calibrated: Calibration, probability: Any) -> None:
+        super().__init__()
+        self.model, self.probability = model, probability
+        self.temperature = calibrated.temperature
+        thresholds = calibrated.thresholds
+        self.decides = thresholds is not None
+        self.register_buffer("thresholds", torch.tensor(thresholds or [0.5]))
+
+    def forward(self, inputs: torch.Tensor) -> Any:
+        logits = self.model(inputs) / self.temperature
+        if not self.decides:
+            return logits
+        return logits, (self.probability(logits) >= self.thresholds).long()
