@@ -29,7 +29,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from data.tabular import unseen_line
+from data.readers.table import unseen_line
 from utils.checkpoint.load import checkpoint_to_evaluate
 from utils.checkpoint.rebuild import rebuild
 from utils.checkpoint.record import read_inputs

@@ -31,6 +31,7 @@ start_early(sys.argv)  # logger=...mlflow: its process imports MLflow while torc
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -42,10 +43,10 @@ from utils.config.monitor import Monitor
 from utils.diagnose import debug
 from utils.diagnose.tune import tune
 from utils.errors import EXIT_USER_ERROR, UserError, print_error, user_error_in
-from utils.evaluation.metrics import evaluate, figures  # bound here: benchmarks patch evaluate
+from utils.evaluation.judge import Judge
 from utils.fit.checkpointer import Checkpointer
 from utils.fit.early_stopping import EarlyStopping
-from utils.fit.loop import Loop, Parts
+from utils.fit.loop import Loop, Objective, Parts
 from utils.fit.progress import TrainingProgress
 from utils.fit.state import TrainState
 from utils.fit.teacher import Teacher
@@ -92,10 +93,9 @@ def main(cfg: DictConfig) -> float:
 
 
 def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> float:
-    """Compose → check → set up the run → data and parts → (debug and tune exits) → epochs
-    {train, validate, checkpoint, log} → test best.pt → report. Returns the best monitored
-    value; raises UserError on bad input and Interrupted once a stop's last.pt is written.
-    ``run_dir``: a cross-validation fold's folder (else Hydra's run dir)."""
+    """Check → set up the run → data and parts → (debug and tune exits) → epochs {train,
+    validate, checkpoint, log} → test best.pt → report; the best monitored value. Raises
+    UserError on bad input, Interrupted once a stop's last.pt is written. ``run_dir``: a cv fold's."""
     started = time.perf_counter()
     trainer = check_config(cfg)
     monitor = Monitor.from_config(trainer.monitor, trainer.monitor_mode)
@@ -110,14 +110,8 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     precision = build(cfg.precision, device=context.device)
 
     # --- Task, data and model: the task says what targets are; shapes flow to the model ----
-    task = build(cfg.task)  # conf/task/: classification, multilabel or regression
-    data = build(cfg.data, **task.data_arguments(cfg.data))  # csv, tensors, image_csv: the kind
-    if run.stored_inputs is not None:  # a resumed run normalises exactly as it started
-        data.follow_record(run.stored_inputs, "the resumed checkpoint", use="resume it")
-    task = task.fitted(data, context.device, run.stored_inputs)  # kind checked; target scale
-    task = task.with_calibration(None)  # one fitted by evaluate.py fits the weights it saw only
+    task, data = task_and_data(cfg, run.stored_inputs, context.device)
     monitor.check_measured([f"val/{name}" for name in task.measured()])
-    loss = task.training_loss()  # cross-entropy, binary cross-entropy, or MSE/Huber/L1
     teacher = Teacher.of(cfg.distill, data, task, context.device, run.checkpoint_dir)  # or None
     modules = Modules.build(cfg.model, data, context.device, trainer.channels_last, task)
     data.fit_augmentation(modules.flattens_input)  # no random crops or flips for an MLP
@@ -125,19 +119,16 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     if trainer.shapes_only:  # debug=shapes
         return debug.show_shapes(modules, out)
     modules.wrap_for_steps(context.processes, trainer)  # DDP, torch.compile
-    batches = debug.wrap_batches(
-        data.batches_for(context.placement(modules.channels_last), cfg.seed), trainer
-    )
-    start = check_start_up(
-        modules.model, data, batches.train, trainer, task, context.processes.world_size
-    )
+    placement = context.placement(modules.channels_last)
+    batches = debug.wrap_batches(data.batches_for(placement, cfg.seed), trainer)
+    start = check_start_up(modules.model, data, batches.train, trainer, task, context.processes)
 
     # --- Optimizer, schedule and what a step changes; then fresh or where a checkpoint left off
     optimizer = build_optimizer(modules.model, cfg.optim)  # param groups fixed here, once
     out.print(lr_table(optimizer))  # optim.layer_decay: each layer's LR
     schedule = build(cfg.scheduler)(optimizer, start.steps)
-    parts = Parts.assemble(modules, optimizer, schedule, precision, loss, trainer)  # EMA, SWA
-    parts.teacher = teacher  # distill.teacher: its outputs blended into each step's loss
+    objective = Objective(task.training_loss(), teacher)  # a teacher's outputs blended in
+    parts = Parts.assemble(modules, optimizer, schedule, precision, objective, trainer)  # EMA, SWA
     if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were
         return tune(cfg.tune, parts, batches.train, data, out)
     state = TrainState.since(started)  # every counter that resumes: position, best, patience, skips
@@ -147,7 +138,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     checkpointer.start(cfg.init_from, out.tracker)  # the resumed position, or a fresh run
     run.remove_replaced()  # overwrite=true: the earlier run's files, now that this one is set up
     debugging = debug.Debugging(trainer, run.run_dir)  # debug=anomaly, debug=profile
-    judged = parts.judged(modules.eval_model, trainer.ema)  # the EMA's weights, when on
+    judge = Judge(parts.judged(modules.eval_model, trainer.ema), precision, task, state, out)
 
     # --- Train, tracked (conf/logger/): never ahead of last.pt; failed or killed if it raises
     with out.track(run.tracked, state, run.stored_tracking).tracking() as tracker:
@@ -160,10 +151,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
                 parts.swa.epoch_finished(state.epoch, batches.train_in_order().epoch(0), precision)
             value = None  # the monitored metric, when this epoch is validated
             if state.validation_due(trainer.val_every_n_epochs, trainer.max_epochs):
-                val = evaluate(judged, batches.val.epoch(0), precision, task.scores())
-                state.record("val", val)
-                out.scalars("val", val, state.global_step)
-                schedule.after_validation(state.metrics)
+                schedule.after_validation(judge.validate(batches.val))  # scheduler=plateau
                 value = state.metrics[monitor.name]
                 early.update(value, state.epoch)  # counted in the state: saved with the epoch
             checkpointer.save_epoch(value)  # last.pt, then the history it covers is sent
@@ -174,13 +162,9 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
 
         # --- Test the best checkpoint (val when the dataset has no test split) ------------
         checkpointer.load_best()  # its weights, and its val/ figures for metrics.json
-        test = figures(
-            evaluate(judged, batches.test().epoch(0), precision, task.scores(detailed=True))
-        )  # + calibration, ROC-AUC
-        state.record("test", test)
-        out.scalars("test", test, state.global_step)
+        judge.test(batches.test())
         if data.fold_ids is not None:  # data.split.folds: best.pt's val predictions (oof.csv)
-            save_fold_predictions(out, judged, batches.val, precision, task, data)
+            save_fold_predictions(out, judge.model, batches.val, precision, task, data)
         summary = loop.summary(data)  # throughput and data wait, with advice when it waited
         metrics = report.final_metrics(state, summary, data.test_split, checkpointer)
         out.finish({**metrics, **early.summary()}, run.record.resolved, state.metrics)
@@ -188,6 +172,18 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)
     debug.after_fit(trainer, state, batches.train)  # debug=overfit: did the loss fall?
     return monitor.best_or_worst(state.best_metric)
+
+
+def task_and_data(cfg: DictConfig, stored: InputRecord | None, device: Any) -> tuple[Any, Any]:
+    """The task (conf/task/: classification, multilabel or regression) says what the targets
+    are, the data builder reads them (csv, tensors, image_csv: of the task's kind), and the
+    task is fitted to them. A resumed run (``stored``: its checkpoint's inputs record) reads
+    its data exactly as it started: the same normalisation and target scale."""
+    task = build(cfg.task)
+    data = build(cfg.data, **task.data_arguments(cfg.data))
+    if stored is not None:
+        data.follow_record(stored, "the resumed checkpoint", use="resume it")
+    return task.fitted(data, device, stored), data
 
 
 if __name__ == "__main__":

@@ -70,7 +70,8 @@ def load_floor(root: str, image_size, channels: int, **keys):
     in-memory dataset (the cache keys of the imagefolder config are ignored)."""
     import torch
 
-    from data.batches import Batching, Data, Splits, TensorSplit
+    from data.batching.dataset import Batching, Data, Splits
+    from data.batching.splits import TensorSplit
 
     saved = torch.load(Path(root) / "floor.pt", weights_only=True)
     splits = Splits(*(TensorSplit(*saved[name]) for name in ("train", "val")))

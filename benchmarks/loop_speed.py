@@ -188,7 +188,7 @@ def torchloom_run(
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    import utils.evaluation.metrics
+    import utils.evaluation.judge
 
     argv = [
         str(ROOT / "train.py"),
@@ -199,7 +199,7 @@ def torchloom_run(
         f"paths.checkpoints={workdir / 'checkpoints'}",
     ]
     floors = [next(floor)] if floor else []
-    evaluate = utils.evaluation.metrics.evaluate
+    evaluate = utils.evaluation.judge.evaluate
 
     def floor_epoch_then_evaluate(*args, **kwargs):
         if floor:
@@ -209,14 +209,14 @@ def torchloom_run(
     saved_argv, saved_env = sys.argv, dict(os.environ)
     sys.argv = argv
     os.environ["TTY_COMPATIBLE"] = "1"  # the live rich bar, as on a terminal
-    utils.evaluation.metrics.evaluate = (
-        floor_epoch_then_evaluate  # train.py imports it as it starts
+    utils.evaluation.judge.evaluate = (
+        floor_epoch_then_evaluate  # what the run's validation and test call
     )
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
     finally:
-        utils.evaluation.metrics.evaluate = evaluate
+        utils.evaluation.judge.evaluate = evaluate
         sys.argv = saved_argv
         os.environ.clear()
         os.environ.update(saved_env)

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.batches import Batching, Data, Splits, TensorSplit, holdout
+from data.batching.dataset import Batching, Data, Splits
+from data.batching.splits import TensorSplit, holdout
 from utils.errors import UserError
 
 FOLDER = "cifar-10-batches-py"

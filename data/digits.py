@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.batches import Batching, Data, Splits, TensorSplit, holdout
-from data.folds import FoldIds, FoldPlan, tensor_splits
+from data.batching.dataset import Batching, Data, Splits
+from data.batching.folds import FoldIds, FoldPlan, tensor_splits
+from data.batching.splits import TensorSplit, holdout
 from utils.errors import UserError
 
 BUNDLED = Path(__file__).parent / "assets" / "digits.csv.gz"
@@ -56,8 +57,8 @@ def load_digits(
     **batching,
 ) -> Data:
     """``path``: a digits CSV (gzip), or null for the bundled one. ``split``: the fold keys
-    (data/folds.py; with folds, the test_size is held out first and val is a fold of the rest).
-    ``batching``: the keys of :class:`data.batches.Data` (batch_size, eval_batch_size, augment,
+    (data/batching/folds.py; with folds, the test_size is held out first and val is a fold of the rest).
+    ``batching``: the keys of :class:`data.batching.dataset.Data` (batch_size, eval_batch_size, augment,
     mean, std)."""
     samples = read_digits_csv(Path(path) if path else BUNDLED)
     plan = FoldPlan.of(split, True, split_seed)

@@ -1,5 +1,5 @@
 """Images listed in a CSV manifest of ``path,label`` rows (``data=image_csv``), decoded and
-cached exactly as an image folder's are (data/imagefolder.py, data/image_cache.py).
+cached exactly as an image folder's are (data/imagefolder.py, data/readers/image_cache.py).
 
     python train.py data=image_csv data.root=photos data.manifest=labels.csv
     python train.py data=image_csv data.root=photos data.manifest=train.csv \\
@@ -23,11 +23,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from data.batches import Data
-from data.folds import FoldIds, FoldPlan, group_values
-from data.imagefolder import ImageList, choose_channels, held_data
-from data.tabular import read_table
-from data.targets import (
+from data.batching.dataset import Data
+from data.batching.folds import FoldIds, FoldPlan, group_values
+from data.batching.targets import (
     SET_SEPARATOR,
     Targets,
     label_set,
@@ -35,6 +33,8 @@ from data.targets import (
     reads_targets,
     sorted_names,
 )
+from data.imagefolder import ImageList, choose_channels, held_data
+from data.readers.table import read_table
 from utils.config.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
 from utils.errors import UserError
 
@@ -143,8 +143,8 @@ def load_image_csv(
     **options,
 ) -> Data:
     """conf/data/image_csv.yaml. ``options``: the cache keys (``cache``, ``cache_max_gb``,
-    ``cache_dir``), those of :class:`data.batches.Batching`, and ``targets``, the kind of
-    target the task learns (data/targets.py; train.py passes it)."""
+    ``cache_dir``), those of :class:`data.batching.dataset.Batching`, and ``targets``, the kind of
+    target the task learns (data/batching/targets.py; train.py passes it)."""
     kind = options.pop("targets", "classes")
     check_values(
         "data",
@@ -173,7 +173,7 @@ def load_image_csv(
     cut = [name for name in ("val", "test") if name not in entries]
     plan = FoldPlan.of(
         split, kind == "classes", split["seed"], groups_allowed=True
-    )  # data/folds.py
+    )  # data/batching/folds.py
     if plan.folds is not None or plan.group is not None:
         entries, fold_ids = _fold_entries(entries, split, plan, Path(manifest))
         cut = []

@@ -1,5 +1,5 @@
 """Images in class folders: decoded once into a cache and batched by slicing (data.cache,
-data/image_cache.py), or read lazily through a DataLoader (data.cache=off).
+data/readers/image_cache.py), or read lazily through a DataLoader (data.cache=off).
 
 <root>/train/<class>/*.png|jpg|...
 <root>/val/<class>/...
@@ -22,10 +22,10 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from data.batches import Batching, Data, Splits
-from data.folds import FoldIds, FoldPlan
-from data.image_cache import MODES, ImageCache
-from data.targets import Targets
+from data.batching.dataset import Batching, Data, Splits
+from data.batching.folds import FoldIds, FoldPlan
+from data.batching.targets import Targets
+from data.readers.image_cache import MODES, ImageCache
 from utils.config.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
 from utils.errors import UserError
 
@@ -47,9 +47,9 @@ def find_classes(split_dir: Path) -> list[str]:
 
 class ImageList(Dataset):
     """(uint8 image [C, H, W], target) pairs of the files in ``samples``, decoded on access;
-    ``root`` is what their cache key names them relative to (data/image_cache.py). A sample's
+    ``root`` is what their cache key names them relative to (data/readers/image_cache.py). A sample's
     label is a class index, or a tuple of floats (a 0/1 label-set row, or values): ``targets``
-    holds them all as one tensor (data/targets.py)."""
+    holds them all as one tensor (data/batching/targets.py)."""
 
     def __init__(
         self, samples: list[tuple[str, Any]], root: Path, image_size: Sequence[int], channels: int
@@ -175,12 +175,12 @@ def load_imagefolder(
 ) -> Data:
     """``channels``: 1, 3 or ``auto`` (:func:`choose_channels`); ``mean`` and ``std`` in
     ``batching`` may be ``auto``, the train split's own (:func:`held_data`). ``cache``: how the
-    decoded images are held (data/image_cache.py): ``auto``, ``memory``,
+    decoded images are held (data/readers/image_cache.py): ``auto``, ``memory``,
     ``disk`` or ``off``; ``cache_max_gb``: the memory ``auto`` may use (null: half of what is
     available); ``cache_dir``: where cache files go (null: ``<root>/.torchloom-cache``).
-    ``batching`` holds the keys of :class:`data.batches.Batching`; ``num_workers``, the
+    ``batching`` holds the keys of :class:`data.batching.dataset.Batching`; ``num_workers``, the
     decoding processes, is null for one per core, at most 8. ``split``: the fold keys
-    (data/folds.py): with ``folds``, train/ and val/ (when there is one) are pooled and val is a
+    (data/batching/folds.py): with ``folds``, train/ and val/ (when there is one) are pooled and val is a
     fold of them; the test is test/, or without one the ``split.test`` share held out first.
     Configs stored before the cache or folds existed get their defaults."""
     check_values(

@@ -13,7 +13,8 @@ import contextlib
 import io
 from pathlib import Path
 
-from data.batches import Batching, Data, Splits, TensorSplit, holdout
+from data.batching.dataset import Batching, Data, Splits
+from data.batching.splits import TensorSplit, holdout
 from utils.errors import UserError
 
 VARIANTS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from data.batches import Batching, Data, Splits, TensorSplit, holdout
+from data.batching.dataset import Batching, Data, Splits
+from data.batching.splits import TensorSplit, holdout
 from utils.errors import UserError
 from utils.system.memory import check_fits
 
@@ -35,7 +36,7 @@ def load_synthetic(
 ) -> Data:
     """conf/data/synthetic.yaml: ``num_samples`` training samples of ``shape``, plus
     ``options["val_size"]`` and ``options["test_size"]`` held out; the other ``options`` are
-    the batching keys (data/batches.py Batching)."""
+    the batching keys (data/batching/dataset.py Batching)."""
     val_size, test_size = options.pop("val_size"), options.pop("test_size")
     if len(shape) != 3 or min(shape) < 1:
         raise UserError(f"data.shape={list(shape)} must be [channels, height, width]")

@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics
-from data.folds import FoldIds, FoldPlan, tensor_splits
-from data.targets import Targets, reads_targets
+from data.batching.dataset import Batching, Data, Splits
+from data.batching.folds import FoldIds, FoldPlan, tensor_splits
+from data.batching.splits import TensorSplit, channel_statistics
+from data.batching.targets import Targets, reads_targets
 from utils.errors import UserError
 
 PAD = (
@@ -128,8 +129,8 @@ def load_tensors(
     **options,
 ) -> Data:
     """conf/data/tensors.yaml. ``num_classes``: null = the largest label + 1. ``options``: the
-    keys of :class:`data.batches.Batching`, and ``targets``, the kind of target the task learns
-    (data/targets.py; train.py passes it)."""
+    keys of :class:`data.batching.dataset.Batching`, and ``targets``, the kind of target the task learns
+    (data/batching/targets.py; train.py passes it)."""
     kind = options.pop("targets", "classes")
     file = Path(path)
     arrays = read_arrays(file)
@@ -144,7 +145,7 @@ def load_tensors(
                 f"{list(part.inputs.shape[1:])}, and x of "
                 f"{list(samples.inputs.shape[1:])}; give every split the same"
             )
-    plan = FoldPlan.of(split, kind == "classes", split["seed"])  # data/folds.py
+    plan = FoldPlan.of(split, kind == "classes", split["seed"])  # data/batching/folds.py
     if plan.folds is not None and "val" in given:  # the file's own val split, not a path
         raise UserError(
             f"data.split.folds cuts val out of {file}'s x and y, but the file holds "

@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.batches import Batching, Data, Splits, TensorSplit, channel_statistics, holdout
+from data.batching.dataset import Batching, Data, Splits
+from data.batching.splits import TensorSplit, channel_statistics, holdout
 from data.cifar10 import read_batch, read_pickle
 from utils.errors import UserError
 

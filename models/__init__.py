@@ -1,2 +1,11 @@
 """Models. Each builder takes ``input_shape`` (C, H, W) and ``num_classes`` from the dataset,
-plus the keys of its YAML file in ``conf/model/``."""
+plus the keys of its YAML file in ``conf/model/`` (checkpoints store the builders' paths).
+
+    mlp         a multilayer perceptron on flattened inputs, the default
+    cnn         a small convolutional net for images
+    cnn1d       a 1-D convolutional net for sequences (channels × length)
+    resnet      torchvision's ResNets, from scratch
+    pretrained  a torchvision or timm backbone with its weights, and a new head
+    init        weight initialisations (default, xavier, kaiming, orthogonal)
+    layers      which layer each parameter belongs to (optim.layer_decay)
+"""

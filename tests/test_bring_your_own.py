@@ -19,7 +19,7 @@ from conftest import (
     write_table,
 )
 
-from data.batches import Placement
+from data.batching.batches import Placement
 from utils.checkpoint.load import load_checkpoint
 
 

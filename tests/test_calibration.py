@@ -238,7 +238,7 @@ def test_calibrate_fits_on_val_stores_the_record_and_predict_reproduces_every_fi
     run_evaluate(tmp_path, "ckpt=checkpoints/b", "export=b.onnx", "runs=export")
     session = ort.InferenceSession(str(tmp_path / "b.onnx"), providers=["CPUExecutionProvider"])
     assert [o.name for o in session.get_outputs()] == ["logits", "predicted"]
-    from data.tabular import Columns, read_table
+    from data.readers.table import Columns, read_table
 
     inputs = stored["inputs"]
     header, table = read_table(tmp_path / "test.csv")
@@ -318,7 +318,7 @@ def test_threshold_auto_beats_one_half_on_a_skewed_multilabel_set(tmp_path):
         assert set(filter(None, row["labels"].split(";"))) == chosen
     ort = pytest.importorskip("onnxruntime")  # and the ONNX export decides the same
     run_evaluate(tmp_path, "ckpt=checkpoints/m", "export=m.onnx", "runs=export")
-    from data.tabular import Columns, read_table
+    from data.readers.table import Columns, read_table
 
     inputs = torch.load(tmp_path / "checkpoints/m/best.pt", weights_only=True)["inputs"]
     header, table = read_table(tmp_path / "val.csv")

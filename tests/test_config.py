@@ -14,7 +14,7 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf.errors import ValidationError
 
-from data.batches import Placement
+from data.batching.batches import Placement
 from utils.errors import UserError
 from utils.model.checks import check_forward
 from utils.model.optim import build_optimizer

@@ -1,4 +1,4 @@
-"""k-fold cross-validation (data/folds.py, utils/run/cross_validation.py): the folds a user relies
+"""k-fold cross-validation (data/batching/folds.py, utils/run/cross_validation.py): the folds a user relies
 on (disjoint, covering train ∪ val, stratified, groups whole, the test fixed), a sweep over
 folds summarised, and cv=K in one job: fold folders, the same initial weights, oof.csv, the
 mean returned, and a kill inside a fold resumed exactly."""

@@ -10,7 +10,8 @@ import pytest
 import torch
 from conftest import write_cifar10, write_imagefolder, write_mnist
 
-from data.batches import Placement, TensorSplit, random_crop
+from data.batching.batches import Placement, random_crop
+from data.batching.splits import TensorSplit
 from data.cifar10 import load_cifar10
 from data.digits import load_digits
 from data.imagefolder import load_imagefolder
@@ -224,7 +225,7 @@ def test_normalisation_uses_the_configured_mean_and_std():
     split = TensorSplit(
         torch.full((8, 1, 2, 2), 255, dtype=torch.uint8), torch.zeros(8, dtype=torch.long)
     )
-    from data.batches import Batching, Data, Splits
+    from data.batching.dataset import Batching, Data, Splits
 
     augment = {"crop_padding": 0, "horizontal_flip": False}
     data = Data("white", Splits(split, split), 2, Batching(4, 4, [0.5], [0.25], augment))

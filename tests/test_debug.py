@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from conftest import read_events, read_metrics, run_train, scalars
 
-from data.batches import Placement
+from data.batching.batches import Placement
 from models.init import initialize
 from models.mlp import mlp
 from utils.diagnose.tune import RangeTest, find_batch_size, lr_range_test

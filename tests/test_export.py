@@ -37,7 +37,7 @@ def cnn_run(tmp_path_factory):
 def test_pt2_and_onnx_give_evaluate_py_outputs_on_the_test_split(cnn_run):
     from omegaconf import OmegaConf
 
-    from data.batches import Placement
+    from data.batching.batches import Placement
     from models.cnn import cnn
     from utils.checkpoint.load import load_checkpoint
     from utils.config.build import build

@@ -139,7 +139,7 @@ def swa_run(tmp_path_factory):
 
 def train_split(checkpoint: dict):
     """The train split in order, unaugmented, in the run's evaluation batches."""
-    from data.batches import Placement
+    from data.batching.batches import Placement
 
     data = build(OmegaConf.create(checkpoint["config"]["data"]))
     return data.batches("train", Placement(torch.device("cpu")), seed=0, train=False)

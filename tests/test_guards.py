@@ -130,7 +130,7 @@ def test_the_softmax_guard_applies_to_classification_only(caplog, task, kind, wa
     """Multi-label and regression outputs may be anything, rows summing to 1 included."""
     from types import SimpleNamespace
 
-    from data.targets import Targets
+    from data.batching.targets import Targets
     from utils import tasks
     from utils.model.guards import check_start_up
 
@@ -148,7 +148,12 @@ def test_the_softmax_guard_applies_to_classification_only(caplog, task, kind, wa
     trainer = SimpleNamespace(silence_guards=[], accumulate_grad_batches=1, max_epochs=1)
     with caplog.at_level(logging.WARNING, logger="torchloom"):
         check_start_up(
-            SoftmaxAtTheEnd(), data, batches, trainer, getattr(tasks, task), world_size=1
+            SoftmaxAtTheEnd(),
+            data,
+            batches,
+            trainer,
+            getattr(tasks, task),
+            SimpleNamespace(world_size=1),
         )
     assert ("remove the final softmax" in caplog.text) == warns
 

@@ -1,4 +1,4 @@
-"""Image folders decoded once into a uint8 cache (data/image_cache.py): batches bitwise those of
+"""Image folders decoded once into a uint8 cache (data/readers/image_cache.py): batches bitwise those of
 the DataLoader path in the same order, a cache rebuilt when the folder changes or the file is
 broken, concurrent builders, an unwritable folder, a full disk, runs that are the same cached
 or not, and an evaluation that follows no stored cache folder."""
@@ -17,8 +17,9 @@ import pytest
 import torch
 from conftest import EVALUATE, ROOT, read_metrics, run_python, run_train, write_imagefolder
 
-import data.image_cache as image_cache
-from data.batches import LoaderBatches, MappedBatches, Placement, TensorBatches
+import data.readers.image_cache as image_cache
+from data.batching.batches import MappedBatches, Placement, TensorBatches
+from data.batching.loader import LoaderBatches
 from data.imagefolder import load_imagefolder
 from utils.errors import UserError
 

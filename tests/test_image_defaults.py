@@ -24,7 +24,7 @@ from conftest import (
 )
 from PIL import Image
 
-from data.batches import Placement
+from data.batching.batches import Placement
 from data.image_manifest import load_image_csv
 from data.imagefolder import load_imagefolder
 from utils.checkpoint.load import load_checkpoint

@@ -223,7 +223,7 @@ def test_a_gap_in_a_column_training_dropped_rows_for_is_refused_at_predict(tmp_p
     ],
 )
 def test_an_edited_gaps_record_is_refused(edit):
-    from data.missing import MissingValues
+    from data.readers.missing import MissingValues
     from utils.errors import UserError
 
     record = {

@@ -22,8 +22,8 @@ from conftest import (
     torchrun,
 )
 
-from data.batches import TensorBatches
-from data.mixing import Draw, MixedBatches, Mixing, mixed
+from data.batching.batches import TensorBatches
+from data.batching.mixing import Draw, MixedBatches, Mixing, mixed
 from utils.checkpoint.load import load_checkpoint
 from utils.errors import UserError
 from utils.fit.ema import WeightAverage
@@ -222,7 +222,8 @@ def test_ema_turned_on_at_a_resume_starts_at_the_resumed_weights(tmp_path):
 
 
 def batches_of(n: int, batch_size: int, mixing: Mixing, seed: int = 0) -> MixedBatches:
-    from data.batches import BatchPlan, BatchTransform, TensorSplit
+    from data.batching.batches import BatchPlan, BatchTransform
+    from data.batching.splits import TensorSplit
 
     generator = torch.Generator().manual_seed(1)
     split = TensorSplit(
@@ -295,7 +296,7 @@ def test_validation_and_test_batches_are_never_mixed(tmp_path):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from data.batches import Placement
+    from data.batching.batches import Placement
 
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=["data.augment.mixup_alpha=0.4"])

@@ -181,7 +181,7 @@ def test_exports_carry_the_target_scale(regression_run):
     .safetensors export is evaluated with its stored scale, not one refitted to other data."""
     import onnxruntime
 
-    from data.tabular import Columns, read_table
+    from data.readers.table import Columns, read_table
 
     cwd = regression_run
     run_python(cwd, str(EVALUATE), "ckpt=checkpoints/reg", "export=reg.onnx", "runs=export-runs")

@@ -9,6 +9,7 @@ evaluate.py and predict.py all read through it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +17,10 @@ from typing import Any
 
 import torch
 
-from data.batches import BatchTransform
+from data.batching.batches import BatchTransform
+from data.batching.targets import KINDS, Targets
 from data.imagefolder import decode
-from data.tabular import Columns, read_table
-from data.targets import KINDS, Targets
+from data.readers.table import Columns, read_table
 from utils.config.trust import stored_floats
 from utils.errors import UserError
 
@@ -41,14 +42,14 @@ class InputRecord:
     num_classes: int
     classes: list[str] | None
     table: dict | None
-    targets: Any = None  # data/targets.py Targets
+    targets: Any = None  # data/batching/targets.py Targets
     task: dict | None = None  # the task's own record (Task.record): threshold, target_scale
     mixing = None  # a record is never augmented: Task.check reads it like a dataset's
     name = "the checkpoint's inputs record"
 
     @classmethod
     def from_run(cls, data: Any, task: Any) -> InputRecord:
-        """How ``data`` reaches the model (data/batches.py Data), and what the fitted ``task``
+        """How ``data`` reaches the model (data/batching/dataset.py Data), and what the fitted ``task``
         (utils/tasks.py) needs to read the outputs back."""
         return cls(
             tuple(data.input_shape),
@@ -128,13 +129,19 @@ class InputRecord:
             task,
         )
 
+    def without_calibration(self) -> InputRecord:
+        """This record less the calibration its task part holds (a temperature and thresholds
+        belong to the weights they were fitted on)."""
+        task = {k: v for k, v in (self.task or {}).items() if k != "calibration"}
+        return dataclasses.replace(self, task=task)
+
     @property
     def class_names(self) -> list[str]:
         return self.targets.shown_names
 
     def transform(self, device: torch.device) -> Any:
         """What normalises inputs on ``device`` as the evaluation batches were
-        (data/batches.py)."""
+        (data/batching/dataset.py)."""
 
         return BatchTransform(self.mean, self.std, device)
 

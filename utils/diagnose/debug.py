@@ -21,7 +21,7 @@ import torch
 from rich.table import Table
 from torch import nn
 
-from data.batches import RunBatches
+from data.batching.dataset import RunBatches
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")

@@ -36,6 +36,15 @@ log = logging.getLogger("torchloom")
 DATA_WAIT_WARNING = 0.2  # the share of training time spent waiting for batches that warns
 
 
+@dataclass(frozen=True)
+class Objective:
+    """What a training step minimises: the task's loss (utils/tasks/), blended with a teacher's
+    outputs when distilling (``distill.teacher``, utils/fit/teacher.py)."""
+
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    teacher: Teacher | None = None
+
+
 @dataclass
 class Parts:
     """What a training step changes and a checkpoint saves. ``model`` is the module as the
@@ -58,7 +67,7 @@ class Parts:
         optimizer: Any,
         schedule: Schedule,
         precision: Precision,
-        loss: Callable,
+        objective: Objective,
         trainer: Any,
     ) -> Parts:
         """The parts around ``modules.step_model``: fresh loss sums on the model's device,
@@ -82,7 +91,17 @@ class Parts:
             )
         if swa:
             schedule = AveragingSchedule(schedule, optimizer, trainer.swa, swa.start)
-        return cls(modules.step_model, optimizer, schedule, precision, watch, loss, ema, swa)
+        return cls(
+            modules.step_model,
+            optimizer,
+            schedule,
+            precision,
+            watch,
+            objective.loss,
+            ema,
+            swa,
+            objective.teacher,
+        )
 
     @property
     def losses(self) -> LossSums:
@@ -189,11 +208,9 @@ class Loop:
     def _steps(self, batches: Any) -> bool:
         """The step, from the data position in the state to the end of its epoch. The loss
         stays on the device; the host waits for it only on logging steps."""
-        model, optimizer, loss_of = self.parts.model, self.parts.optimizer, self.parts.loss
-        schedule, precision, watch = self.parts.schedule, self.parts.precision, self.parts.watch
-        ema, teacher = self.parts.ema, self.parts.teacher
-        trainer, state, tracker, progress = self.trainer, self.state, self.tracker, self.progress
-        losses = self.parts.losses
+        model, loss_of, teacher = self.parts.model, self.parts.loss, self.parts.teacher
+        precision, watch, losses = self.parts.precision, self.parts.watch, self.parts.losses
+        trainer, state, progress = self.trainer, self.state, self.progress
         model.train()
         accumulate = trainer.accumulate_grad_batches
         # Every optimizer step sees exactly `accumulate` micro-batches; a remainder is dropped.
@@ -218,41 +235,10 @@ class Loop:
                 continue
 
             log_due = (state.global_step + 1) % trainer.log_every_n_steps == 0
-            grad_norm = None
-            if trainer.gradient_clip_val is not None or log_due:
-                precision.scaler.unscale_(optimizer)  # clip and measure true gradients
-                if trainer.gradient_clip_val is not None:
-                    max_norm = trainer.gradient_clip_val
-                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-                else:  # measured only: no pass over every gradient to scale it by 1
-                    grads = [p.grad for p in model.parameters() if p.grad is not None]
-                    grad_norm = torch.nn.utils.get_total_norm(grads)
-                if log_due and trainer.log_grad_norms == "per_layer":
-                    for name, norm in per_layer_grad_norms(model).items():
-                        tracker.scalar(f"grad_norm/{name}", norm, state.global_step + 1)
-            if watch.step_allowed(state.global_step + 1, optimizer):
-                precision.scaler.step(optimizer)
-                precision.scaler.update()
-                schedule.after_optimizer_step()  # the LR schedule counts the steps taken
-                if ema:
-                    ema.update()  # toward the weights just written (utils/fit/ema.py)
-            else:
-                precision.discard_step()
-                state.skipped_steps += 1  # saved with the state: a resumed run keeps counting
-            optimizer.zero_grad(set_to_none=True)
-            state.global_step += 1
-
+            grad_norm = self._optimizer_step(log_due)
             if log_due:
-                step, seconds = state.global_step, time.perf_counter() - window_start
-                mean_loss = distributed.all_mean(losses.window_mean(step), labels.device)  # sync
-                watch.check(step, self.parts, self.saved())
-                samples_per_second = timed_batches * len(labels) / seconds
-                tracker.scalar("train/loss", mean_loss, step)
-                tracker.scalar("train/lr", optimizer.param_groups[0]["lr"], step)
-                tracker.scalar("train/grad_norm", grad_norm.item(), step)
-                tracker.scalar("train/skipped_steps", state.skipped_steps, step)
-                progress.update(state.epoch, step, mean_loss, samples_per_second)
-                collect_cycles()  # here, not at a random step (utils/system/memory.py)
+                seconds = time.perf_counter() - window_start
+                self._log_window(grad_norm, timed_batches * len(labels) / seconds, labels.device)
                 timed_batches, window_start = 0, time.perf_counter()
             else:
                 progress.update(state.epoch, state.global_step)
@@ -265,6 +251,50 @@ class Loop:
             ):
                 return False
         return True
+
+    def _optimizer_step(self, log_due: bool) -> torch.Tensor | None:
+        """The optimizer step after the last micro-batch of a step: gradients unscaled to clip
+        or measure them, the step taken (or skipped on a NaN/Inf loss), the schedule and the
+        EMA moved on. Returns the gradients' total norm when it was measured."""
+        model, optimizer, trainer = self.parts.model, self.parts.optimizer, self.trainer
+        precision, state, grad_norm = self.parts.precision, self.state, None
+        if trainer.gradient_clip_val is not None or log_due:
+            precision.scaler.unscale_(optimizer)  # clip and measure true gradients
+            if trainer.gradient_clip_val is not None:
+                max_norm = trainer.gradient_clip_val
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            else:  # measured only: no pass over every gradient to scale it by 1
+                grads = [p.grad for p in model.parameters() if p.grad is not None]
+                grad_norm = torch.nn.utils.get_total_norm(grads)
+            if log_due and trainer.log_grad_norms == "per_layer":
+                for name, norm in per_layer_grad_norms(model).items():
+                    self.tracker.scalar(f"grad_norm/{name}", norm, state.global_step + 1)
+        if self.parts.watch.step_allowed(state.global_step + 1, optimizer):
+            precision.scaler.step(optimizer)
+            precision.scaler.update()
+            self.parts.schedule.after_optimizer_step()  # the LR schedule counts the steps taken
+            if self.parts.ema:
+                self.parts.ema.update()  # toward the weights just written (utils/fit/ema.py)
+        else:
+            precision.discard_step()
+            state.skipped_steps += 1  # saved with the state: a resumed run keeps counting
+        optimizer.zero_grad(set_to_none=True)
+        state.global_step += 1
+        return grad_norm
+
+    def _log_window(self, grad_norm: torch.Tensor, samples_per_second: float, device) -> None:
+        """A logging step: the window's mean loss (the one host sync), checked for NaN/Inf,
+        and the step's figures to the history and the progress bar."""
+        state, tracker, losses = self.state, self.tracker, self.parts.losses
+        step = state.global_step
+        mean_loss = distributed.all_mean(losses.window_mean(step), device)  # sync
+        self.parts.watch.check(step, self.parts, self.saved())
+        tracker.scalar("train/loss", mean_loss, step)
+        tracker.scalar("train/lr", self.parts.optimizer.param_groups[0]["lr"], step)
+        tracker.scalar("train/grad_norm", grad_norm.item(), step)
+        tracker.scalar("train/skipped_steps", state.skipped_steps, step)
+        self.progress.update(state.epoch, step, mean_loss, samples_per_second)
+        collect_cycles()  # here, not at a random step (utils/system/memory.py)
 
 
 def per_layer_grad_norms(model: nn.Module) -> dict[str, float]:

@@ -155,11 +155,12 @@ class StartUp:
 
 
 def check_start_up(
-    model: nn.Module, data: Any, batches: Any, trainer: Any, task: Any, world_size: int
+    model: nn.Module, data: Any, batches: Any, trainer: Any, task: Any, processes: Any
 ) -> StartUp:
     """The guards on the first two training batches (less those the ``task`` says do not
     apply), then the step counts: an epoch must hold at least one optimizer step. Logs what
-    one step trains on."""
+    one step trains on, by all of ``processes`` (torchrun's world)."""
+    world_size = processes.world_size
     first = list(itertools.islice(batches.epoch(0), 2))
     silenced = [*trainer.silence_guards, *task.quiet_guards]
     run_guards(model, data.input_shape, data.batch_size, first, silenced)

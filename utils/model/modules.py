@@ -21,7 +21,7 @@ from utils.system import distributed
 from utils.system.compilation import compile_or_eager
 from utils.system.device import wants_channels_last
 
-# What the output columns are, for the dummy forward's message (data/targets.py kinds).
+# What the output columns are, for the dummy forward's message (data/batching/targets.py kinds).
 
 
 @dataclass

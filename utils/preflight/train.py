@@ -13,7 +13,7 @@ import math
 
 from omegaconf import DictConfig, OmegaConf
 
-from data.mixing import Mixing
+from data.batching.mixing import Mixing
 from utils.config.arguments import check_node
 from utils.config.build import build
 from utils.config.monitor import monitor_mode

@@ -1,4 +1,4 @@
-"""``cv=K``: every fold of a K-fold cross-validation (data/folds.py) in one job.
+"""``cv=K``: every fold of a K-fold cross-validation (data/batching/folds.py) in one job.
 
     python train.py cv=5                                        # the bundled digits, 5 folds
     python train.py cv=5 data=csv data.path=t.csv data.target=y

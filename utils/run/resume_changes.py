@@ -8,7 +8,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from data.mixing import MIXING_OFF
+from data.batching.mixing import MIXING_OFF
 from utils.config.build import flatten
 from utils.config.monitor import monitor_mode
 from utils.errors import UserError

@@ -20,7 +20,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from data.batches import Placement
+from data.batching.batches import Placement
 from utils.checkpoint.format import check_training_checkpoint
 from utils.checkpoint.load import find_checkpoints, load_checkpoint, load_latest
 from utils.checkpoint.record import InputRecord
@@ -71,11 +71,12 @@ class RunStart:
     def stored_inputs(self) -> InputRecord | None:
         """The resumed checkpoint's record of its inputs and targets (None for a fresh run or
         one saved before the record existed): a resumed regression run keeps the target scale
-        it started with."""
+        it started with. Without a calibration evaluate.py stored there: it fitted the
+        weights it saw, and training moves them on."""
         if not self.resumed or self.resumed[1].get("inputs") is None:
             return None
         path, checkpoint = self.resumed
-        return InputRecord.read(checkpoint["inputs"], path)
+        return InputRecord.read(checkpoint["inputs"], path).without_calibration()
 
     @property
     def stored_tracking(self) -> dict | None:

@@ -167,7 +167,7 @@ def sort_jobs(rows: list[dict[str, Any]], monitor: str, mode: str) -> list[dict[
 
 
 # Overrides that repeat one experiment rather than change it: the summary groups the jobs that
-# differ only in these (seeds, and the folds of a cross-validation, data/folds.py).
+# differ only in these (seeds, and the folds of a cross-validation, data/batching/folds.py).
 REPEATS = ("seed=", "data.split.fold=")
 
 

@@ -7,7 +7,7 @@ what validation measures and which metric picks best.pt by default.
 
 - ``task=classification`` (conf/task/classification.yaml): one class a sample; cross-entropy
   over the classes. Targets reach the loss as class indices, or as probabilities over the
-  classes when MixUp/CutMix mixed the batch (data/mixing.py). Label smoothing is applied
+  classes when MixUp/CutMix mixed the batch (data/batching/mixing.py). Label smoothing is applied
   exactly once to either: ``(1 - ε) · target + ε / C``. Validation and test always measure
   the plain cross-entropy of the hard labels, so their losses compare across runs. Monitor:
   ``val/acc``.
@@ -22,7 +22,7 @@ what validation measures and which metric picks best.pt by default.
   Monitor: ``val/mae``.
 
 A task is built from its config, then ``fitted`` to one dataset (or to a checkpoint's inputs
-record, for predict.py) and device: its targets must be of the task's kind (data/targets.py),
+record, for predict.py) and device: its targets must be of the task's kind (data/batching/targets.py),
 and the fitted task owns what the model's outputs mean, end to end: the loss, the scores
 validation adds up (utils/evaluation/metrics.py), evaluate.py's tables, how a prediction row reads
 (:meth:`decode`), the words the reports use, and its part of the inputs record

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from data.targets import TASK_OF, Targets, target_kinds
+from data.batching.targets import TASK_OF, Targets, target_kinds
 from utils.errors import UserError
 from utils.evaluation import tables as eval_tables
 from utils.evaluation.calibration import Calibration, f1_thresholds, fit_temperature
@@ -41,7 +41,7 @@ class Task:
     """What every task shares: the kind of targets it learns, a check that a dataset's
     targets are of that kind, and the words and defaults the rest of torchloom asks for."""
 
-    targets = "classes"  # data/targets.py KINDS
+    targets = "classes"  # data/batching/targets.py KINDS
     name = "classification"
     unit = "classes"  # the model's outputs, counted: "10 classes"
     outputs = "class scores (the dataset's classes)"  # what a model must output
@@ -54,7 +54,7 @@ class Task:
 
     def data_arguments(self, node: Any) -> dict[str, str]:
         """What the data builder of config ``node`` is passed besides its keys: the kind of
-        ``targets`` to read, when it reads several (data/targets.py). A builder that cannot
+        ``targets`` to read, when it reads several (data/batching/targets.py). A builder that cannot
         read this task's kind is refused before any data is read."""
         from hydra._internal.utils import _locate
 

@@ -14,7 +14,7 @@ probabilities that sum to 1, which the task's loss smooths once (utils/tasks.py)
 (``task=regression``) are not mixed, and mixing is refused for them.
 
 Everything a batch's mixing draws — whether, which, λ, the box and the pairing ``perm`` — is a
-pure function of (seed, epoch, batch index, rank), as the rest of a batch is (data/batches.py),
+pure function of (seed, epoch, batch index, rank), as the rest of a batch is (data/batching/dataset.py),
 so a run resumed at any batch mixes exactly as an uninterrupted one. The pairing is a seeded
 permutation of the batch, so any batch size works, odd or 1. The ops are batched tensor ops on
 the batch's device; λ and the box are drawn on the host from the seed alone, so nothing waits

@@ -52,7 +52,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader, Dataset
 
-from data.batches import MappedSplit, TensorSplit, _reraised, _worker_ignores_signals
+from data.batching.loader import _reraised, _worker_ignores_signals
+from data.batching.splits import MappedSplit, TensorSplit
 from utils.errors import UserError
 from utils.files import atomic_file, remove_stale_temporary_files
 from utils.system.memory import available_memory

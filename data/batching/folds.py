@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from data.batches import TensorSplit, fill_splits
+from data.batching.splits import TensorSplit, fill_splits
 from utils.errors import UserError
 
 STRATIFY = ("auto", True, False)
@@ -96,7 +96,7 @@ class FoldPlan:
         self, count: int, sizes: Sequence[int], groups: Sequence[Any] | None = None
     ) -> list[torch.Tensor]:
         """Indices of ``count`` samples cut into parts of ``sizes`` (the rest first), by the
-        seeded permutation of :func:`data.batches.holdout`; with ``groups``, whole groups,
+        seeded permutation of :func:`data.batching.splits.holdout`; with ``groups``, whole groups,
         each part taking groups until it holds its size."""
         order = torch.randperm(count, generator=torch.Generator().manual_seed(self.seed))
         rest = count - sum(sizes)
@@ -223,7 +223,7 @@ def tensor_splits(
     plan: FoldPlan,
     groups: Sequence[Any] | None = None,
 ) -> tuple:
-    """(train, val, test, val rows) of the :class:`data.batches.TensorSplit` ``samples`` by
+    """(train, val, test, val rows) of the :class:`data.batching.splits.TensorSplit` ``samples`` by
     ``plan``: a ``given`` test split (a file of its own) or the test share held out first (of
     whole ``groups`` when given), then fold ``plan.fold`` of the rest as val (or the val share,
     without folds). ``val rows``: the val samples' indices in ``samples``."""

@@ -1,0 +1,202 @@
+"""In-memory batches: a seeded permutation an epoch and each batch a slice of it, normalised
+and augmented (random crop, flip) as batched tensor ops on the training device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from data.batching.splits import MappedSplit, TensorSplit, shard, shard_bounds
+from utils.system.seeding import mix_seed
+
+SPATIAL = ("auto", "on", "off")  # data.augment.spatial: crops and flips for which models
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where batches go: the device, its memory layout, and this process's share (rank of
+    world_size processes). One value for every split of a run, in train.py and evaluate.py."""
+
+    device: torch.device
+    channels_last: bool = False
+    rank: int = 0
+    world_size: int = 1
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one split is cut into batches: their size; for training (shuffled by ``seed``,
+    augmented, the last partial batch dropped) or evaluation (in order, every sample once);
+    and this process's share."""
+
+    batch_size: int
+    train: bool
+    seed: int
+    rank: int = 0
+    world_size: int = 1
+
+    def batch_count(self, samples: int) -> int:
+        """Batches of ``samples``: for training, whole global batches of every process (the
+        last partial one dropped); for evaluation, ``samples`` is this process's share and its
+        last batch may be partial."""
+        if self.train:
+            return samples // (self.batch_size * self.world_size)
+        return math.ceil(samples / self.batch_size)
+
+
+def permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(mix_seed(seed, epoch))
+    return torch.randperm(n, generator=generator)
+
+
+class BatchTransform:
+    """Normalisation (uint8 → float) and, for training batches, augmentation: batched tensor
+    ops on the batch's device."""
+
+    def __init__(
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        device: torch.device,
+        crop_padding: int = 0,
+        horizontal_flip: bool = False,
+        channels_last: bool = False,
+    ) -> None:
+        # Fold the /255 of uint8 pixels into the affine map: x_float = x * scale + shift (float
+        # inputs, such as a CSV's features, are in their own units: no /255).
+        std_t = torch.tensor(std, dtype=torch.float32, device=device)
+        mean_t = torch.tensor(mean, dtype=torch.float32, device=device)
+        self.scale = {True: 1.0 / (255.0 * std_t), False: 1.0 / std_t}  # by "is it uint8?"
+        self.shift = -mean_t / std_t
+        self.device = device
+        self.crop_padding = crop_padding
+        self.horizontal_flip = horizontal_flip
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 images (or float inputs) on the device → normalised floats, per channel (per
+        feature for inputs of shape (F,)), without a second full-size copy."""
+        per_channel = (1, -1) + (1,) * (images.dim() - 2)
+        scale = self.scale[images.dtype == torch.uint8].view(per_channel)
+        layout = self.memory_format if images.dim() == 4 else torch.contiguous_format
+        images = images.to(self.device).to(torch.float32, memory_format=layout, copy=True)
+        return images.mul_(scale).add_(self.shift.view(per_channel))
+
+    def augment(self, images: torch.Tensor, seed: int) -> torch.Tensor:
+        """Random crops (padded with 0, the dataset mean) and flips, drawn from ``seed``."""
+        if self.crop_padding == 0 and not self.horizontal_flip:
+            return images
+        generator = torch.Generator(device=images.device).manual_seed(seed)
+        if self.crop_padding > 0:
+            images = random_crop(images, self.crop_padding, generator)
+        if self.horizontal_flip:
+            flip = torch.rand(len(images), device=images.device, generator=generator) < 0.5
+            images = torch.where(flip.view(-1, 1, 1, 1), images.flip(3), images)
+        return images.contiguous(memory_format=self.memory_format)
+
+
+def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
+    """Pad with zeros by ``padding`` and crop back at a random offset per image, as one gather."""
+    n, c, h, w = images.shape
+    device = images.device
+    padded = F.pad(images, (padding, padding, padding, padding))
+    dy = torch.randint(0, 2 * padding + 1, (n,), device=device, generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (n,), device=device, generator=generator)
+    rows = (dy[:, None] + torch.arange(h, device=device)).view(n, 1, h, 1)
+    cols = (dx[:, None] + torch.arange(w, device=device)).view(n, 1, 1, w)
+    batch = torch.arange(n, device=device).view(n, 1, 1, 1)
+    channel = torch.arange(c, device=device).view(1, c, 1, 1)
+    return padded[batch, channel, rows, cols]
+
+
+class TensorBatches:
+    """Batches sliced from a split held whole on the device.
+
+    With several processes (``world_size``), a training step's global batch is
+    ``batch_size × world_size`` rows of the one seeded permutation, and this process takes its
+    ``rank``-th slice of it: every sample is seen once per epoch across processes, and the
+    global batches are those one process would see with the global batch size. Evaluation
+    splits are cut into contiguous shards, one per process, with nothing padded or repeated.
+    """
+
+    def __init__(self, split: TensorSplit, plan: BatchPlan, transform: BatchTransform) -> None:
+        if not plan.train:
+            split = shard(split, plan.rank, plan.world_size)
+        # Normalised once, up front: each batch is then a gather, as in a hand-written loop
+        # (4 bytes a pixel instead of 1; datasets on this path fit in memory by definition).
+        self.inputs = transform.normalize(split.inputs)
+        self.labels = split.labels.to(transform.device)
+        self.batch_size = plan.batch_size
+        self.transform = transform
+        self.train = plan.train  # shuffle, augment, drop the last partial batch
+        self.seed = plan.seed
+        self.rank, self.world_size = plan.rank, plan.world_size
+        self.plan = plan
+
+    def __len__(self) -> int:
+        return self.plan.batch_count(len(self.labels))
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = None
+        if self.train:
+            order = permutation(len(self.labels), self.seed, epoch).to(self.transform.device)
+        for index in range(start, len(self)):
+            lo, hi = batch_bounds(
+                index,
+                self.batch_size,
+                self.rank if self.train else 0,
+                self.world_size if self.train else 1,
+            )
+            if order is None:
+                images, labels = self.inputs[lo:hi], self.labels[lo:hi]
+            else:
+                rows = order[lo:hi]
+                images, labels = self.inputs[rows], self.labels[rows]
+            if self.train:
+                batch_seed = mix_seed(self.seed, epoch, index * self.world_size + self.rank)
+                images = self.transform.augment(images, batch_seed)
+            yield images, labels
+
+
+class MappedBatches:
+    """Batches read from a split memory-mapped on disk, in exactly the order and with exactly
+    the values :class:`TensorBatches` and :class:`LoaderBatches` give: each batch's rows are
+    gathered from the file, then normalised and augmented on the device."""
+
+    def __init__(self, split: MappedSplit, plan: BatchPlan, transform: BatchTransform) -> None:
+        lo, hi = (
+            (0, len(split)) if plan.train else shard_bounds(len(split), plan.rank, plan.world_size)
+        )
+        self.images, self.labels = split.images[lo:hi], split.labels[lo:hi]
+        self.plan, self.transform = plan, transform
+
+    def __len__(self) -> int:
+        return self.plan.batch_count(len(self.labels))
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        plan, device = self.plan, self.transform.device
+        order = permutation(len(self.labels), plan.seed, epoch) if plan.train else None
+        rank, world = (plan.rank, plan.world_size) if plan.train else (0, 1)
+        for index in range(start, len(self)):
+            lo, hi = batch_bounds(index, plan.batch_size, rank, world)
+            rows = (
+                order[lo:hi] if order is not None else torch.arange(lo, min(hi, len(self.labels)))
+            )
+            pixels = torch.from_numpy(self.images[rows.numpy()])  # one gather from the file
+            images = self.transform.normalize(pixels.to(device, non_blocking=True))
+            labels = self.labels[rows].to(device, non_blocking=True)
+            if plan.train:
+                batch_seed = mix_seed(plan.seed, epoch, index * plan.world_size + plan.rank)
+                images = self.transform.augment(images, batch_seed)
+            yield images, labels
+
+
+def batch_bounds(index: int, batch_size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Rows of this process's part of global batch ``index``."""
+    lo = (index * world_size + rank) * batch_size
+    return lo, lo + batch_size

@@ -1,0 +1,302 @@
+"""Batches for training and evaluation, on the training device.
+
+Two paths, one interface (``len(batches)`` and ``batches.epoch(epoch, start)``):
+
+- In memory (digits, MNIST, CIFAR-10, synthetic): each split is normalised once into one float
+  tensor on the training device. An epoch draws a seeded permutation and each batch is a slice
+  of it, so there is no per-sample Python work at all.
+- Lazy (imagefolder): a ``DataLoader`` decodes files in worker processes and yields uint8
+  batches in pinned memory, copied to the device without blocking.
+
+Either way, normalisation and augmentation (random crop with padding, horizontal flip) run as
+batched tensor ops on the device. What a batch holds is a pure function of
+(seed, epoch, batch index): the permutation is seeded by (seed, epoch) and the augmentation by
+(seed, epoch, batch). A run can therefore start at any batch of any epoch without replaying
+the batches before it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from data.batching.batches import (
+    SPATIAL,
+    BatchPlan,
+    BatchTransform,
+    MappedBatches,
+    Placement,
+    TensorBatches,
+)
+from data.batching.loader import LoaderBatches
+from data.batching.mixing import MixedBatches, Mixing
+from data.batching.splits import MappedSplit, TensorSplit
+from data.batching.targets import Targets
+from utils.config.arguments import POSITIVE_INT, check_values, one_of
+from utils.errors import UserError
+
+log = logging.getLogger("torchloom")
+
+
+@dataclass(frozen=True)
+class Splits:
+    """A dataset's splits: :class:`TensorSplit` (held in memory) or a map-style ``Dataset`` of
+    (uint8 image [C, H, W], label) pairs with an ``input_shape`` (read lazily)."""
+
+    train: TensorSplit | MappedSplit | Dataset
+    val: TensorSplit | MappedSplit | Dataset
+    test: TensorSplit | MappedSplit | Dataset | None = None
+
+
+@dataclass(frozen=True)
+class Batching:
+    """The keys every ``conf/data/*.yaml`` shares: batch sizes (per process), normalisation
+    (``mean`` and ``std`` per channel, in units of the [0, 1] pixel range, or one value for
+    all), augmentation, and decoding workers for data read lazily."""
+
+    batch_size: int
+    eval_batch_size: int
+    mean: Sequence[float]
+    std: Sequence[float]
+    augment: Mapping
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        sizes = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
+        check_values("data", sizes, dict.fromkeys(sizes, POSITIVE_INT))
+
+
+class Data:
+    """A dataset's splits plus how to batch them; what every ``conf/data/*.yaml`` builds."""
+
+    def __init__(
+        self,
+        name: str,
+        splits: Splits,
+        num_classes: int,
+        batching: Batching,
+        classes: Sequence[str] | Targets | None = None,
+    ) -> None:
+        """``num_classes``: the width of the model's output (classes, labels or values);
+        ``classes``: the class names, or the :class:`Targets` of label sets or values."""
+        self.name = name
+        self.targets = (
+            classes
+            if isinstance(classes, Targets)
+            else Targets("classes", num_classes, tuple(classes) if classes is not None else None)
+        )
+        self.classes = self.targets.class_names  # what a checkpoint's inputs record calls them
+        self.table: dict | None = None  # a table's column encoding (data/tabular.py)
+        self.splits = {"train": splits.train, "val": splits.val, "test": splits.test}
+        self.num_classes = self.targets.count
+        self.fold_ids = (
+            None  # data/batching/folds.py FoldIds: data.split.folds's val samples, named
+        )
+        self.input_shape = splits.train.input_shape  # (C, H, W)
+        channels = self.input_shape[0]
+        mean, std = list(batching.mean), list(batching.std)
+        mean, std = (
+            mean * channels if len(mean) == 1 else mean,
+            std * channels if len(std) == 1 else std,
+        )
+        if len(mean) != channels or len(std) != channels:
+            wanted = "one value each" if channels == 1 else f"1 value each, or {channels}"
+            raise UserError(
+                f"data.mean has {len(mean)} values and data.std {len(std)}, but {name} has "
+                f"{channels} channel(s): give {wanted} (data.mean=[...] data.std=[...])"
+            )
+        self.mean, self.std = mean, std
+        self.batch_size = batching.batch_size
+        self.eval_batch_size = batching.eval_batch_size
+        self.crop_padding = int(batching.augment["crop_padding"])
+        self.horizontal_flip = bool(batching.augment["horizontal_flip"])
+        # Configs stored before data.augment.spatial existed crop and flip as they asked.
+        self.spatial = batching.augment.get("spatial", "on")
+        check_values("data.augment", {"spatial": self.spatial}, {"spatial": one_of(*SPATIAL)})
+        if self.spatial == "off":
+            self.crop_padding, self.horizontal_flip = 0, False
+        if (self.crop_padding or self.horizontal_flip) and len(self.input_shape) != 3:
+            raise UserError(
+                f"data.augment.crop_padding and horizontal_flip crop and flip images, and "
+                f"{name}'s inputs are {tuple(self.input_shape)}, not (C, H, W); turn them off"
+            )
+        self.mixing = Mixing.from_augment(batching.augment)  # MixUp/CutMix; None when off
+        if self.mixing and self.mixing.cutmix_alpha > 0 and len(self.input_shape) != 3:
+            raise UserError(
+                f"data.augment.cutmix_alpha={self.mixing.cutmix_alpha}: CutMix pastes image "
+                f"boxes, and {name}'s inputs are {tuple(self.input_shape)}, not (C, H, W); "
+                "set it to 0 (MixUp works on any input)"
+            )
+        self.num_workers = batching.num_workers
+        if len(splits.train) < self.batch_size:
+            raise UserError(
+                f"{name}: the training split has {len(splits.train)} samples, fewer than "
+                f"data.batch_size={self.batch_size}; lower data.batch_size"
+            )
+        for split_name, split in self.splits.items():
+            if isinstance(split, TensorSplit):
+                self.targets.check(split.labels, f"{name} {split_name} split")
+
+    def fit_augmentation(self, flattens_input: bool) -> None:
+        """``data.augment.spatial`` for a model whose first layer flattens each sample (an
+        MLP; utils/model/checks.py) or not: ``auto`` turns random crops and flips off for the
+        first, which has no translation invariance for them to teach and loses accuracy to
+        them, and keeps them for the second; ``on`` keeps them for both, with a warning for
+        the first; ``off`` has none (set in ``__init__``)."""
+        crops = (
+            f"data.augment.crop_padding={self.crop_padding}" if self.crop_padding else "",
+            "data.augment.horizontal_flip=true" if self.horizontal_flip else "",
+        )
+        asked = " and ".join(part for part in crops if part)
+        if not asked or not flattens_input:
+            return
+        if self.spatial == "auto":
+            self.crop_padding, self.horizontal_flip = 0, False
+            log.info(
+                "data.augment.spatial=auto: the model's first layer flattens each image, "
+                "so %s are off (random crops and flips only cost such a model accuracy; "
+                "data.augment.spatial=on keeps them)",
+                asked,
+            )
+        else:
+            log.warning(
+                "warning: %s train a model whose first layer flattens each image: it "
+                "has no spatial structure for them to help, and they usually cost it "
+                "accuracy; set data.augment.spatial=auto (or off), or use model=cnn",
+                asked,
+            )
+
+    @property
+    def in_memory(self) -> bool:
+        return isinstance(self.splits["train"], TensorSplit)
+
+    @property
+    def on_disk(self) -> bool:
+        """The training split is an image cache read from disk (``data.cache=disk``)."""
+        return isinstance(self.splits["train"], MappedSplit)
+
+    @property
+    def test_split(self) -> str:
+        """The split a run is finally tested on: test, or val when the dataset has none."""
+        return "test" if self.splits["test"] is not None else "val"
+
+    def follow_record(self, record: Any, source: Any, use: str = "evaluate it") -> None:
+        """Normalise as the checkpoint ``source`` recorded (``record``: its checked
+        :class:`utils.checkpoint.record.InputRecord`), not with statistics refitted to this data,
+        once :meth:`check_encoded_as` passes."""
+        self.check_encoded_as(record, source, use)
+        if (list(record.mean), list(record.std)) != (list(self.mean), list(self.std)):
+            log.info(
+                "normalising with the statistics %s recorded, not those of %s as it is now",
+                source,
+                self.name,
+            )
+        self.mean, self.std = list(record.mean), list(record.std)
+
+    def check_encoded_as(self, record: Any, source: Any, use: str) -> None:
+        """Refuse data whose inputs, classes or table encoding differ from those the checkpoint
+        ``source`` recorded: evaluating moved or new files, or distilling from a teacher, then
+        feeds the trained model what it was trained on, never a silently re-mapped input."""
+        kinds = (
+            (record.targets.kind, record.targets.count),
+            (self.targets.kind, self.targets.count),
+        )
+        for what, theirs, ours in (
+            ("shape", list(record.input_shape), list(self.input_shape)),
+            ("targets (kind, count)", *kinds),
+            ("classes", record.classes, self.classes),
+            ("table", _encoding(record.table), _encoding(self.table)),
+        ):
+            if theirs is not None and ours is not None and theirs != ours:
+                shown = theirs if what != "table" else "its columns, categories and classes"
+                raise UserError(
+                    f"{source} was trained on {what} {shown}, and {self.name} holds "
+                    f"other ones; {use} on data encoded as it was trained"
+                )
+        tables = (record.table, self.table)
+        if None not in tables and _gap_fills(tables[0]) != _gap_fills(tables[1]):
+            raise UserError(
+                f"{source} filled a table's gaps with statistics of its own train "
+                f"split, and {self.name}'s train split gives others; {use} with the "
+                "train file it was trained on (data.split.test_path=... for new "
+                "rows; predict.py fills rows' gaps as training did)"
+            )
+
+    def train_targets(self) -> torch.Tensor:
+        """The train split's targets (for class weights, positive weights and the scale of
+        regression targets)."""
+        split = self.splits["train"]
+        return split.labels if isinstance(split, TensorSplit | MappedSplit) else split.targets
+
+    def sizes(self) -> dict[str, int]:
+        return {name: len(split) for name, split in self.splits.items() if split is not None}
+
+    def batches(
+        self, split: str, placement: Placement, seed: int, train: bool | None = None
+    ) -> TensorBatches | LoaderBatches:
+        """Batches of ``split``, placed as ``placement`` says. Training batches (by default
+        those of the train split) are shuffled and augmented, and the last partial one is
+        dropped; evaluation batches hold every sample once, in order. Training batches are
+        mixed when ``data.augment`` asks for MixUp/CutMix (data/batching/mixing.py)."""
+        if self.splits[split] is None:
+            raise UserError(f"{self.name} has no {split} split; choose another split")
+        train = split == "train" if train is None else train
+        transform = BatchTransform(
+            self.mean,
+            self.std,
+            placement.device,
+            crop_padding=self.crop_padding if train else 0,
+            horizontal_flip=self.horizontal_flip and train,
+            channels_last=placement.channels_last,
+        )
+        batch_size = self.batch_size if train else self.eval_batch_size
+        plan = BatchPlan(batch_size, train, seed, placement.rank, placement.world_size)
+        if isinstance(self.splits[split], TensorSplit):
+            batches = TensorBatches(self.splits[split], plan, transform)
+        elif isinstance(self.splits[split], MappedSplit):
+            batches = MappedBatches(self.splits[split], plan, transform)
+        else:
+            batches = LoaderBatches(self.splits[split], plan, transform, self.num_workers)
+        if train and self.mixing:
+            return MixedBatches(batches, self.mixing, self.num_classes, plan)
+        return batches
+
+    def batches_for(self, placement: Placement, seed: int) -> RunBatches:
+        """A training run's batches for this process: train and val now, the test split's
+        (:attr:`test_split`) when training is over."""
+        return RunBatches(
+            train=self.batches("train", placement, seed),
+            val=self.batches("val", placement, seed),
+            test=lambda: self.batches(self.test_split, placement, seed, train=False),
+            train_in_order=lambda: self.batches("train", placement, seed, train=False),
+        )
+
+
+@dataclass(frozen=True)
+class RunBatches:
+    """A run's batches: ``train`` and ``val``, and ``test()`` and ``train_in_order()`` built
+    once they are needed (so their tensors are not held on the device meanwhile)."""
+
+    train: TensorBatches | LoaderBatches
+    val: TensorBatches | LoaderBatches
+    test: Callable[[], TensorBatches | LoaderBatches]
+    # every train sample once, in order, unaugmented: trainer.swa's BatchNorm statistics
+    train_in_order: Callable[[], TensorBatches | LoaderBatches]
+
+
+def _encoding(table: dict | None) -> dict | None:
+    """A table record's encoding (columns, categories, classes), without what was fitted to
+    fill its gaps."""
+    return None if table is None else {k: v for k, v in table.items() if k != "na"}
+
+
+def _gap_fills(table: dict) -> tuple[dict, list]:
+    """What a table record says its gaps were filled with (none for a record written before
+    data.na existed, or with data.na=error)."""
+    gaps = table.get("na") or {}
+    return gaps.get("fills") or {}, gaps.get("indicators") or []

@@ -1,0 +1,136 @@
+"""Batches decoded by DataLoader workers, for data that does not fit in memory: the same plan
+and transform as in memory, workers that leave stopping to the main process, and bad input found
+by a worker as one line.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import multiprocessing
+import signal
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from data.batching.batches import BatchPlan, BatchTransform, batch_bounds, permutation
+from data.batching.splits import shard_bounds
+from utils.errors import UserError
+from utils.system.seeding import mix_seed
+from utils.system.signals import STOP_SIGNALS
+
+
+class EpochBatchSampler(Sampler[list[int]]):
+    """Index batches for one epoch from a given batch on: the DataLoader twin of
+    :meth:`TensorBatches.epoch`, sharded across processes the same way (unlike
+    ``DistributedSampler``, it can start mid-epoch, which exact resume needs)."""
+
+    def __init__(self, size: int, plan: BatchPlan) -> None:
+        self.size, self.batch_size, self.train, self.seed = (
+            size,
+            plan.batch_size,
+            plan.train,
+            plan.seed,
+        )
+        self.rank, self.world_size = plan.rank, plan.world_size
+        self.plan = plan
+        self.epoch, self.start = 0, 0
+
+    def __len__(self) -> int:
+        if self.train:
+            return self.plan.batch_count(self.size)
+        lo, hi = shard_bounds(self.size, self.rank, self.world_size)
+        return self.plan.batch_count(hi - lo)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.train:
+            order = permutation(self.size, self.seed, self.epoch)
+            rank, world_size = self.rank, self.world_size
+        else:
+            order = torch.arange(*shard_bounds(self.size, self.rank, self.world_size))
+            rank, world_size = 0, 1
+        for index in range(self.start, len(self)):
+            lo, hi = batch_bounds(index, self.batch_size, rank, world_size)
+            yield order[lo:hi].tolist()
+
+
+def _worker_ignores_signals(worker_id: int) -> None:
+    # The main process decides what an interrupt means; workers just stop when it exits.
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _kill_workers() -> None:
+    """At exit, end decoding workers that are still alive. They ignore SIGTERM (above), which
+    is what multiprocessing's own exit handler sends before it waits for them: without this, a
+    run that ends on an error while a worker still lives would wait for ever."""
+    workers = [child for child in multiprocessing.active_children() if child.daemon]
+    if workers:  # torch's SIGCHLD handler would report each killed worker as a failure
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for worker in workers:
+        worker.kill()
+        worker.join(timeout=5)
+
+
+@functools.cache
+def _kill_workers_at_exit() -> None:
+    """Once a loader with workers exists: registered after multiprocessing's exit handler, so
+    it runs before it."""
+    atexit.register(_kill_workers)
+
+
+def worker_error(error: Exception) -> UserError:
+    """A :class:`UserError` raised in a DataLoader worker reaches the main process as a new
+    exception whose message is the worker's whole traceback: keep its last line's message."""
+    last = str(error).strip().splitlines()[-1] if str(error).strip() else ""
+    return UserError(last.split(": ", 1)[1] if "Error: " in last else last or str(error))
+
+
+class LoaderBatches:
+    """Batches decoded lazily by DataLoader workers, for data that does not fit in memory."""
+
+    def __init__(
+        self, dataset: Dataset, plan: BatchPlan, transform: BatchTransform, num_workers: int
+    ) -> None:
+        if num_workers > 0:
+            _kill_workers_at_exit()
+        self.sampler = EpochBatchSampler(len(dataset), plan)
+        self.loader = DataLoader(
+            dataset,
+            batch_sampler=self.sampler,
+            num_workers=num_workers,
+            pin_memory=transform.device.type == "cuda",
+            persistent_workers=num_workers > 0,
+            worker_init_fn=_worker_ignores_signals,
+            # Worker seeds come from this generator, not from the global torch RNG.
+            generator=torch.Generator().manual_seed(plan.seed),
+        )
+        self.transform = transform
+        self.train = plan.train
+        self.seed = plan.seed
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.sampler.epoch, self.sampler.start = epoch, start
+        device = self.transform.device
+        for index, (images, labels) in enumerate(_reraised(self.loader), start):
+            images = self.transform.normalize(images.to(device, non_blocking=True))
+            labels = labels.to(device, non_blocking=True)
+            if self.train:
+                sampler = self.sampler
+                batch_seed = mix_seed(self.seed, epoch, index * sampler.world_size + sampler.rank)
+                images = self.transform.augment(images, batch_seed)
+            yield images, labels
+
+
+def _reraised(loader: DataLoader) -> Iterator:
+    """The loader's batches; bad input found by a worker is one line, as with no workers."""
+    try:
+        yield from loader
+    except UserError as error:
+        if "DataLoader worker" not in str(error):
+            raise
+        raise worker_error(error) from None

@@ -1,0 +1,103 @@
+"""The samples of one split, in memory (:class:`TensorSplit`) or read lazily
+(:class:`MappedSplit`); a split held out of another, shards for torchrun's processes, and the
+channel statistics normalisation uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from utils.errors import UserError
+
+
+@dataclass
+class TensorSplit:
+    """A whole split in memory: uint8 images [N, C, H, W] (or float inputs [N, ...]) and their
+    targets, as data/batching/targets.py describes: int64 class labels [N], or float [N, K]."""
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) != len(self.labels):  # the extra images would be dropped unseen
+            raise UserError(
+                f"the data holds {len(self.inputs)} inputs and {len(self.labels)} "
+                "labels; its files disagree (truncated or mixed?): give one label "
+                "per input"
+            )
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.inputs.shape[1:])
+
+
+@dataclass(frozen=True)
+class MappedSplit:
+    """A split cached on disk (data/readers/image_cache.py): uint8 images [N, C, H, W] memory-mapped,
+    targets (data/batching/targets.py) in memory."""
+
+    images: np.ndarray  # an np.memmap: pages are read as batches need them
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.images.shape[1:])
+
+
+def shard_bounds(size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """This process's contiguous share of ``size`` samples (sizes differ by at most one)."""
+    return rank * size // world_size, (rank + 1) * size // world_size
+
+
+def shard(split: TensorSplit, rank: int, world_size: int) -> TensorSplit:
+    lo, hi = shard_bounds(len(split), rank, world_size)
+    return split if world_size == 1 else TensorSplit(split.inputs[lo:hi], split.labels[lo:hi])
+
+
+def holdout(split: TensorSplit, sizes: Sequence[int], seed: int) -> list[TensorSplit]:
+    """Cut ``split`` into parts of the given sizes (the remainder goes first) by a seeded
+    permutation, so the parts are the same on every run and every machine."""
+    order = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))
+    rest = len(split) - sum(sizes)
+    if rest <= 0 or min(sizes) <= 0:
+        raise UserError(f"cannot hold out {list(sizes)} samples from a split of {len(split)}")
+    parts, lo = [], 0
+    for size in [rest, *sizes]:
+        rows = order[lo : lo + size]
+        parts.append(TensorSplit(split.inputs[rows], split.labels[rows]))
+        lo += size
+    return parts
+
+
+def fill_splits(
+    samples: TensorSplit, given: Mapping[str, TensorSplit], split: Mapping[str, Any]
+) -> tuple[TensorSplit, TensorSplit, TensorSplit]:
+    """(train, val, test): the ``given`` val and test splits (separate files), and those not
+    given held out of ``samples`` as the shares ``split["val"]``, ``split["test"]`` by the
+    seeded :func:`holdout` (``split["seed"]``)."""
+    missing = [name for name in ("val", "test") if name not in given]
+    sizes = [max(1, round(split[name] * len(samples))) for name in missing]
+    train, *parts = holdout(samples, sizes, split["seed"]) if missing else (samples,)
+    splits = {**given, **dict(zip(missing, parts, strict=True))}
+    return train, splits["val"], splits["test"]
+
+
+def channel_statistics(inputs: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Mean and std of each channel (dim 1; each feature of [N, F]), in the units
+    normalisation uses: [0, 1] pixel units for uint8 images, the values' own otherwise."""
+    values = inputs.float() / 255 if inputs.dtype == torch.uint8 else inputs.float()
+    values = values.transpose(0, 1).reshape(values.shape[1], -1)
+    std = values.std(dim=1).nan_to_num(1.0)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return values.mean(dim=1).tolist(), std.tolist()

@@ -1,0 +1,6 @@
+"""Files read into tensors, shared by the builders that read them.
+
+table        a CSV's rows as columns encoded into one float tensor, read alike later
+missing      gaps in a table: refused, filled, or flagged (data.na_*)
+image_cache  decoded images kept as one uint8 tensor on disk, checked before reuse
+"""
