@@ -27,16 +27,16 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from data.readers.table import unseen_line
-from utils.checkpoint.load import checkpoint_to_evaluate
 from utils.checkpoint.rebuild import rebuild
 from utils.checkpoint.record import read_inputs
 from utils.errors import UserError
 from utils.files import atomic_file
+from utils.preflight.predict import check_predict
 from utils.run.cli import one_line_errors, run_cli
-from utils.run.outputs import Outputs, check_output
+from utils.run.outputs import Outputs
 from utils.run.start import RunContext
 from utils.system.distributed import Processes
 from utils.text import cell, shown
@@ -49,31 +49,8 @@ def main(cfg: DictConfig) -> None:
     one_line_errors(predict, cfg)
 
 
-def checkpoint_file(ckpt: str) -> Path:
-    """A file as given; a run's folder → its best.pt (else last.pt, else its newest)."""
-    path = Path(ckpt)
-    if not path.is_dir():
-        return path
-    found = checkpoint_to_evaluate(path)
-    if found is None:
-        raise UserError(f"ckpt={ckpt}: no checkpoint in that folder")
-    return found
-
-
 def predict(cfg: DictConfig) -> None:
-    for key in ("ckpt", "input"):
-        if OmegaConf.is_missing(cfg, key):
-            raise UserError(
-                f"{key} is required: python predict.py ckpt=<checkpoint> input=<images "
-                "or CSV> out=predictions.csv"
-            )
-    for key in ("topk", "batch_size"):
-        if not (isinstance(cfg[key], int) and cfg[key] >= 1):
-            raise UserError(f"{key}={cfg[key]} must be a whole number, 1 or more")
-    path = checkpoint_file(str(cfg.ckpt))
-    check_output(
-        Path(str(cfg.out)), "out", inputs=[path, Path(str(cfg.input))], suffixes=(".csv", ".tsv")
-    )
+    path = check_predict(cfg)  # the checkpoint ckpt= names
     context = RunContext.open(Processes(), cfg.device)
     out = Outputs(Path(HydraConfig.get().runtime.output_dir), True)
     rebuilt = rebuild(path, cfg.weights, context.device)  # as evaluate.py reads: untrusted
@@ -103,8 +80,6 @@ def unseen_categories(path: Path, unseen: list[str] | None, mode: str) -> list[s
     """``unseen=warn``: one warning naming the categorical values training never saw (a flag
     column in the output then says which rows hold them); ``unseen=error``: refused, naming
     the first. None: no such value (or no table)."""
-    if mode not in ("warn", "error"):
-        raise UserError(f"unseen={mode!r} must be warn or error")
     said = None if unseen is None else unseen_line(path, unseen)
     if said is None:
         return None

@@ -1,7 +1,8 @@
 """A model rebuilt from a checkpoint alone, the checkpoint read as untrusted data: its config
 checked against torchloom's exact builders (utils/config/trust.py), its inputs record checked
 (utils/checkpoint/record.py), the model built on the meta device first to check its weights fit
-(utils/checkpoint/stored.py). What predict.py predicts with, and what ``distill.teacher`` teaches with."""
+(utils/checkpoint/stored.py). What predict.py predicts with, what ``distill.teacher`` teaches with,
+and, rebuilt on the data it is evaluated on, what evaluate.py scores."""
 
 from __future__ import annotations
 
@@ -34,9 +35,16 @@ def rebuild(path: Path, weights: str, device: torch.device) -> Rebuilt:
     config, state, inputs, which = read_checkpoint(path, None, weights)
     record = InputRecord.read(inputs, path)
     task = build(task_config(config)).fitted(record, torch.device("cpu"), record)  # as trained
-    model_node = OmegaConf.create(model_config(config["model"]))
-    shapes = model_shapes(record.input_shape, record.num_classes)
-    check_stored_model(model_node, shapes, state)  # before anything it asks is allocated
-    modules = Modules.build(model_node, record, device, None, task)
-    load_weights(modules.model, state)
+    modules = rebuild_model(config, state, record, device, task)
     return Rebuilt(modules.model.eval(), record, task, which)
+
+
+def rebuild_model(config: dict, weights: dict, shapes: Any, device: Any, task: Any) -> Modules:
+    """The stored ``config``'s model for inputs and outputs of ``shapes`` (an inputs record,
+    or the data it is evaluated on), checked on the meta device that ``weights`` fit before
+    anything it asks is allocated, then built on ``device`` with them loaded."""
+    model_node = OmegaConf.create(model_config(config["model"]))
+    check_stored_model(model_node, model_shapes(shapes.input_shape, shapes.num_classes), weights)
+    modules = Modules.build(model_node, shapes, device, None, task)
+    load_weights(modules.model, weights)
+    return modules

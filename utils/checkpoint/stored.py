@@ -15,12 +15,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from utils.checkpoint.format import FORMAT_VERSION
 from utils.checkpoint.load import load_checkpoint
 from utils.config.arguments import POSITIVE_INT
 from utils.config.build import build
 from utils.config.trust import check_stored_config, require_keys, with_current_targets
 from utils.errors import UserError
-from utils.files import atomic_file
+from utils.files import save_atomic
 from utils.model.modules import accepted_by
 from utils.model.weights import weights_that_fit
 
@@ -213,29 +214,6 @@ def read_yaml_config(path: Path) -> Any:
         raise UserError(f"config={path}: not a readable YAML config") from None
 
 
-def export_safetensors(
-    model: torch.nn.Module, config: dict, inputs: dict | None, path: Path
-) -> None:
-    """The weights without pickle, the config and the inputs record (a regression run's
-    target scale) as JSON metadata beside them."""
-    try:
-        from safetensors.torch import save
-    except ImportError:
-        raise UserError('export needs the extra: pip install -e ".[export]"') from None
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    metadata = {"torchloom_config": json.dumps(config)}
-    if inputs is not None:
-        metadata["torchloom_inputs"] = json.dumps(inputs)
-    try:
-        with atomic_file(path) as f:  # complete or not at all, its folder made if missing
-            f.write(save(weights, metadata=metadata))
-    except OSError as error:
-        raise UserError(
-            f"cannot write {path}: {error.strerror or error}; nothing was written "
-            "there (choose another export=...)"
-        ) from None
-
-
 def data_config(stored: dict, overrides: DictConfig, record: Any = None) -> DictConfig:
     """The checkpoint's data config with the non-null ``data.*`` overrides applied; ``auto``
     channels and statistics are those its inputs ``record`` (a checked
@@ -282,3 +260,31 @@ def reading_stored_data(node: DictConfig, overrides: DictConfig) -> Iterator[Non
             "trained on (what it holds is not shown: the path came from the "
             f"checkpoint); pass data.{key}=... to name the data here"
         ) from None
+
+
+def keep_average(
+    model: Any,
+    stored: tuple[dict, dict | None],
+    copies: list[Path],
+    path: Path,
+    refitted: str,
+    out: Any,
+) -> None:
+    """The averaged weights (with their refitted statistics) as a checkpoint evaluate.py,
+    predict.py and init_from read: the ``stored`` config and inputs record beside them."""
+    config, inputs = stored
+    save_atomic(
+        {
+            "format_version": FORMAT_VERSION,
+            "model": model.state_dict(),
+            "config": config,
+            "inputs": inputs,
+            "classes": (inputs or {}).get("classes"),
+            "averaged_from": [str(p) for p in copies],
+        },
+        path,
+    )
+    out.print(
+        f"averaged {len(copies)} top-k copies ({', '.join(p.name for p in copies)}) into "
+        f"{path}{refitted}"
+    )

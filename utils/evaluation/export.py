@@ -23,10 +23,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import json
 import logging
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -250,3 +252,56 @@ def _difference(expected: torch.Tensor, got: torch.Tensor, batch: int) -> torch.
                 "Nothing was exported"
             )
     return (got - expected).abs()
+
+
+def export_safetensors(
+    model: torch.nn.Module, config: dict, inputs: dict | None, path: Path
+) -> None:
+    """The weights without pickle, the config and the inputs record (a regression run's
+    target scale) as JSON metadata beside them."""
+    try:
+        from safetensors.torch import save
+    except ImportError:
+        raise UserError('export needs the extra: pip install -e ".[export]"') from None
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    metadata = {"torchloom_config": json.dumps(config)}
+    if inputs is not None:
+        metadata["torchloom_inputs"] = json.dumps(inputs)
+    try:
+        with atomic_file(path) as f:  # complete or not at all, its folder made if missing
+            f.write(save(weights, metadata=metadata))
+    except OSError as error:
+        raise UserError(
+            f"cannot write {path}: {error.strerror or error}; nothing was written "
+            "there (choose another export=...)"
+        ) from None
+
+
+def export_evaluated(
+    modules: Any,
+    task: Any,
+    stored: tuple[dict, Any],
+    path: Path,
+    out: Any,
+    exporter: str,
+) -> None:
+    """The evaluated weights to ``path``: a verified program (.pt2 with torch.export, .onnx
+    with ``exporter``) holding what the record says (a regression model's outputs in the
+    targets' units, a temperature and thresholds), or .safetensors with the ``stored`` config
+    and the inputs record of the evaluated data and task (with the target scale) beside them."""
+    suffix = path.suffix.lower()
+    if suffix in SUFFIXES:
+        model, outputs, unit = task.exportable(modules.model)
+        difference = export_model(model, modules.input_shape, path, outputs, unit, exporter)
+        units = "" if unit is None else ", in the model's scaled units"
+        calibrated = f"; {task.calibrated.described()}" if task.calibrated else ""
+        runner = "onnxruntime" if suffix == ".onnx" else "torch.export.load"
+        out.print(
+            f"exported the model to {path} (outputs: {', '.join(outputs)}{calibrated}); "
+            f"{runner} on batches of 1, 2 and 8 differs from PyTorch by at most "
+            f"{difference:.1e} (fp32{units}, bar 1e-5)"
+        )
+    else:  # .safetensors (checked before anything was evaluated)
+        config, record = stored
+        export_safetensors(modules.model, config, record.to_dict(), path)
+        out.print(f"exported weights to {path}")

@@ -347,3 +347,24 @@ def fetched(client: Any, run_id: str) -> Any:
         return client.get_run(run_id)
     except Exception:
         return None
+
+
+def add_to_training_run(
+    node: Any, checkpoint: dict, path: Path, config: dict, metrics: dict, split: str
+) -> None:
+    """The metrics of ``checkpoint`` (read from ``path``; an export's is empty) into the MLflow
+    run that trained it, as ``evaluate/<split>/<metric>`` at the checkpoint's step."""
+    tracking = checkpoint.get("tracking") if isinstance(checkpoint.get("tracking"), dict) else {}
+    backends = tracking.get("backends") if isinstance(tracking.get("backends"), dict) else {}
+    run_id = (backends.get("mlflow") or {}).get("run_id")
+    token = tracking.get("token")
+    if "mlflow" not in backends:
+        raise UserError(
+            f"logger=mlflow: {path} was not trained with logger=mlflow, so there is "
+            "no MLflow run to add its metrics to"
+        )
+    runs = Path(str((config.get("paths") or {}).get("runs", "runs")))
+    step = checkpoint.get("global_step", 0)
+    where = (runs, step if isinstance(step, int) else 0)
+    run_id, uri = log_evaluation(node, (run_id, token), where, metrics, "evaluate")
+    print(f"added the {split} metrics of {path} to MLflow run {run_id} ({uri})")
