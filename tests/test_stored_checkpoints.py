@@ -20,6 +20,8 @@ import torch
 from conftest import ROOT, checkpoint, error_line, run_evaluate, run_python, run_train
 from PIL import Image
 
+from utils.checkpoint.format import KEYS
+
 FIXTURES = ROOT / "tests" / "fixtures" / "checkpoints"
 DEFAULT, CALIBRATED = "digits_default", "digits_csv_ema_calibrated"
 # The test accuracy each fixture scored when it was written (evaluate.py, the weights auto picks).
@@ -102,3 +104,16 @@ def test_an_earlier_checkpoint_with_a_target_nobody_wrote_is_still_refused(tmp_p
     result = run_evaluate(tmp_path, f"ckpt={folder / 'last.pt'}", ok=False)
     assert result.returncode == 2
     assert "utils.trackers.Shell" in error_line(result)
+
+
+def test_the_readme_lists_every_key_a_checkpoint_holds_and_no_other():
+    readme = (ROOT / "README.md").read_text()
+    paragraph = readme[readme.index("- **Checkpoints**") : readme.index("## Resume, evaluate")]
+    named = set(re.findall(r"`([a-z_]+)`", paragraph)) - {"state_dict"}
+    assert named == set(KEYS)
+
+
+def test_a_checkpoint_holds_exactly_the_declared_keys_and_older_ones_still_fit():
+    # The fixtures were written before the key set had one home: the same keys.
+    for name in (DEFAULT, CALIBRATED):
+        assert set(torch.load(FIXTURES / name / "last.pt", weights_only=True)) == set(KEYS)

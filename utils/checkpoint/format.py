@@ -18,29 +18,66 @@ from utils.errors import UserError
 FORMAT_VERSION = 2  # 2: loss sums under "losses", with the losses not yet summed
 # What resuming needs besides the weights (format 1 kept its loss sums under other names).
 NUMBER = (int, float, type(None))
-TRAINING_KEYS = {
-    "optimizer": dict,
-    "scheduler": dict,
-    "scaler": dict,
-    "epoch": int,
-    "batch_in_epoch": int,
-    "global_step": int,
-    "best_metric": NUMBER,
-    "best_epoch": (int, type(None)),
-    "top_k": list,
-    "metrics": dict,
-    "config": dict,
-    "rng": dict,
+# Every key a training checkpoint (last.pt, best.pt, the top-k copies) holds, written once:
+# (its type, whether a resume needs it, what it is). "required": a resume refuses a file without
+# it; "optional": written by later versions, so an older file resumes with the fresh value;
+# None: not read by a resume. The README's list is checked against this (tests/).
+KEYS: dict[str, tuple[Any, str | None, str]] = {
+    "format_version": (int, None, "the layout's version"),
+    "model": (dict, None, "the unwrapped module's state_dict"),
+    "optimizer": (dict, "required", "the optimizer's state_dict"),
+    "scheduler": (dict, "required", "the LR schedule's state"),
+    "scaler": (dict, "required", "the loss scaler's state"),
+    "epoch": (int, "required", "epochs finished"),
+    "batch_in_epoch": (int, "required", "batches of the next epoch already trained"),
+    "global_step": (int, "required", "optimizer steps taken"),
+    "skipped_steps": (int, "optional", "steps skipped on a NaN/Inf loss"),
+    "best_metric": (NUMBER, "required", "the best monitored value so far"),
+    "best_epoch": ((int, type(None)), "required", "the epoch of best.pt"),
+    "top_k": (list, "required", "the kept copies and their values"),
+    "early_stopping": (dict, "optional", "validations without improvement"),
+    "metrics": (dict, "required", "the latest metrics, by tag"),
+    "elapsed_seconds": (NUMBER, "optional", "the run's wall time up to this save"),
+    "losses": (dict, None, "the loss sums, and the losses not yet summed"),
+    "ema": ((dict, type(None)), "optional", "trainer.ema's averaged weights"),
+    "swa": ((dict, type(None)), "optional", "trainer.swa's averaged weights"),
+    "distill": ((dict, type(None)), None, "the teacher's path and sha256, never its weights"),
+    "monitor": (str, None, "the monitored metric's tag"),
+    "config": (dict, "required", "the resolved config as plain containers"),
+    "overrides": (list, None, "the command line's overrides"),
+    "classes": ((list, type(None)), None, "the class names"),
+    "inputs": ((dict, type(None)), None, "how inputs reach the model (checkpoint/record.py)"),
+    "rng": (dict, "required", "Python, NumPy, torch CPU and CUDA RNG states of rank 0"),
+    "rng_per_rank": (list, None, "every process's RNG states"),
+    "world_size": (int, "optional", "the processes that wrote it"),
+    "tracking": ((dict, type(None)), None, "the tracked runs it continues, the points held"),
 }
-# Written by later versions; an older checkpoint without them resumes with their fresh value.
+TRAINING_KEYS = {key: kind for key, (kind, resume, _) in KEYS.items() if resume == "required"}
 OPTIONAL_TRAINING_KEYS = {
-    "skipped_steps": int,
-    "early_stopping": dict,
-    "ema": (dict, type(None)),
-    "swa": (dict, type(None)),
-    "world_size": int,
-    "elapsed_seconds": NUMBER,
+    key: kind for key, (kind, resume, _) in KEYS.items() if resume == "optional"
 }
+# What averaged.pt holds (evaluate.py average=top_k): weights to evaluate, predict or start from.
+AVERAGED_KEYS = ("format_version", "model", "config", "inputs", "classes", "averaged_from")
+
+
+def training_checkpoint(**pieces: Any) -> dict[str, Any]:
+    """A training checkpoint of exactly :data:`KEYS` (``format_version`` added here)."""
+    return _exactly(KEYS, {"format_version": FORMAT_VERSION, **pieces})
+
+
+def averaged_checkpoint(**pieces: Any) -> dict[str, Any]:
+    """averaged.pt: exactly :data:`AVERAGED_KEYS` (``format_version`` added here)."""
+    return _exactly(AVERAGED_KEYS, {"format_version": FORMAT_VERSION, **pieces})
+
+
+def _exactly(keys: Any, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    if set(checkpoint) != set(keys):  # a writer out of step with the key set: our bug
+        raise RuntimeError(
+            f"checkpoint keys {sorted(set(checkpoint) ^ set(keys))} differ from format.py's"
+        )
+    return checkpoint
+
+
 MAX_COUNT = 2**53  # epochs, steps and batch positions: a stored count beyond this was edited
 COUNTERS = ("epoch", "batch_in_epoch", "global_step", "skipped_steps", "world_size")
 

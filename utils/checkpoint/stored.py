@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from utils.checkpoint.format import FORMAT_VERSION
+from utils.checkpoint.format import averaged_checkpoint
 from utils.checkpoint.load import load_checkpoint
 from utils.config.arguments import POSITIVE_INT
 from utils.config.build import build
@@ -274,14 +274,13 @@ def keep_average(
     predict.py and init_from read: the ``stored`` config and inputs record beside them."""
     config, inputs = stored
     save_atomic(
-        {
-            "format_version": FORMAT_VERSION,
-            "model": model.state_dict(),
-            "config": config,
-            "inputs": inputs,
-            "classes": (inputs or {}).get("classes"),
-            "averaged_from": [str(p) for p in copies],
-        },
+        averaged_checkpoint(
+            model=model.state_dict(),
+            config=config,
+            inputs=inputs,
+            classes=(inputs or {}).get("classes"),
+            averaged_from=[str(p) for p in copies],
+        ),
         path,
     )
     out.print(

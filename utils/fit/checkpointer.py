@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from utils.checkpoint.format import FORMAT_VERSION, legacy_loss_sums
+from utils.checkpoint.format import legacy_loss_sums, training_checkpoint
 from utils.checkpoint.load import load_checkpoint, restoring
 from utils.config.monitor import Monitor
 from utils.config.resolvers import in_sweep
@@ -173,27 +173,26 @@ class Checkpointer:
         weights, optimizer, schedule, loss scaler, the state and loss sums, the config, and the
         RNG of every process (``rng``, one per rank)."""
         parts, record = self.parts, self.run.record
-        return {
-            "format_version": FORMAT_VERSION,
-            "model": unwrap(parts.model).state_dict(),
-            "optimizer": parts.optimizer.state_dict(),
-            "scheduler": parts.schedule.state_dict(),
-            "scaler": parts.precision.scaler.state_dict(),
+        return training_checkpoint(
+            model=unwrap(parts.model).state_dict(),
+            optimizer=parts.optimizer.state_dict(),
+            scheduler=parts.schedule.state_dict(),
+            scaler=parts.precision.scaler.state_dict(),
             **self.state.state_dict(),
-            "losses": parts.losses.state_dict(),
-            "ema": parts.ema.state_dict() if parts.ema else None,
-            "swa": parts.swa.state_dict() if parts.swa else None,
-            "distill": parts.teacher.record() if parts.teacher else None,  # its path, sha256
-            "monitor": self.monitor.name,
-            "config": record.resolved,
-            "overrides": record.overrides,
-            "classes": (record.inputs or {}).get("classes"),
-            "inputs": record.inputs,
-            "rng": rng[0],
-            "rng_per_rank": rng,
-            "world_size": len(rng),
-            "tracking": self.history.checkpoint_record() if self.history else None,
-        }
+            losses=parts.losses.state_dict(),
+            ema=parts.ema.state_dict() if parts.ema else None,
+            swa=parts.swa.state_dict() if parts.swa else None,
+            distill=parts.teacher.record() if parts.teacher else None,  # its path, sha256
+            monitor=self.monitor.name,
+            config=record.resolved,
+            overrides=record.overrides,
+            classes=(record.inputs or {}).get("classes"),
+            inputs=record.inputs,
+            rng=rng[0],
+            rng_per_rank=rng,
+            world_size=len(rng),
+            tracking=self.history.checkpoint_record() if self.history else None,
+        )
 
     def save(self) -> None:
         """Write ``last.pt`` (collective: every process's RNG stream goes in). Never from
