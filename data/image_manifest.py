@@ -33,9 +33,8 @@ from data.batching.targets import (
     reads_targets,
     sorted_names,
 )
-from data.imagefolder import ImageList, choose_channels, held_data
+from data.imagefolder import ImageList, check_image_keys, choose_channels, held_data
 from data.readers.table import read_table
-from utils.config.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
 from utils.errors import UserError
 
 
@@ -146,21 +145,7 @@ def load_image_csv(
     ``cache_dir``), those of :class:`data.batching.dataset.Batching`, and ``targets``, the kind of
     target the task learns (data/batching/targets.py; train.py passes it)."""
     kind = options.pop("targets", "classes")
-    check_values(
-        "data",
-        {
-            "image_size": image_size,
-            "channels": channels,
-            "cache": options["cache"],
-            "cache_max_gb": options["cache_max_gb"],
-        },
-        {
-            "image_size": pair_of_positive_ints(),
-            "channels": one_of(1, 3, "auto"),
-            "cache": one_of("auto", "memory", "disk", "off"),
-            "cache_max_gb": POSITIVE_OR_NULL,
-        },
-    )
+    check_image_keys(image_size, channels, options["cache"], options["cache_max_gb"])
     base = Path(root)
     if not base.is_dir():
         raise UserError(
@@ -178,35 +163,49 @@ def load_image_csv(
         entries, fold_ids = _fold_entries(entries, split, plan, Path(manifest))
         cut = []
     if cut:  # held out of the train manifest by a seeded shuffle of its rows
-        rows = entries["train"][:]
-        random.Random(split["seed"]).shuffle(rows)
-        sizes = [max(1, round(split[name] * len(rows))) for name in cut]
-        if sum(sizes) >= len(rows):
-            raise UserError(
-                f"{manifest} has {len(rows)} rows: too few to hold out "
-                f"{' and '.join(cut)} ({sizes})"
-            )
-        for name, size in zip(cut, sizes, strict=True):
-            entries[name], rows = sorted(rows[:size], key=lambda e: e[2]), rows[size:]
-        entries["train"] = sorted(rows, key=lambda e: e[2])
+        entries = _held_out(entries, cut, split, manifest)
     pool = ("train", "val") if plan.folds is not None else ("train",)  # every fold's classes
     samples, targets = manifest_targets(entries, kind, manifest, split, pool)
     channels = choose_channels(channels, samples["train"], f"image_csv {Path(manifest).name}")
     files = {name: ImageList(rows, base, image_size, channels) for name, rows in samples.items()}
     classes = targets if kind != "classes" else list(targets.names)
-    cache_dir = options.pop("cache_dir")
-    folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
-    cache = {
-        "mode": options.pop("cache"),
-        "max_gb": options.pop("cache_max_gb"),
-        "folder": folder,
-        "prefix": "manifest-",
-        "source": Path(manifest),
-    }
+    cache = _cache(options, base, manifest)
     data = held_data(f"image_csv {Path(manifest).name}", files, classes, cache, options)
     if plan.folds is not None:  # cv=K's oof.csv names each val image by its manifest path
         data.fold_ids = FoldIds(plan.fold, [os.path.relpath(file, base) for file in fold_ids])
     return data
+
+
+def _held_out(
+    entries: dict[str, list], cut: list[str], split: Mapping[str, Any], manifest: str
+) -> dict[str, list]:
+    """``entries`` with the ``cut`` splits (val, test) held out of the train manifest's rows
+    by a seeded shuffle, at the shares ``split`` gives."""
+    rows = entries["train"][:]
+    random.Random(split["seed"]).shuffle(rows)
+    sizes = [max(1, round(split[name] * len(rows))) for name in cut]
+    if sum(sizes) >= len(rows):
+        raise UserError(
+            f"{manifest} has {len(rows)} rows: too few to hold out {' and '.join(cut)} ({sizes})"
+        )
+    entries = dict(entries)
+    for name, size in zip(cut, sizes, strict=True):
+        entries[name], rows = sorted(rows[:size], key=lambda e: e[2]), rows[size:]
+    entries["train"] = sorted(rows, key=lambda e: e[2])
+    return entries
+
+
+def _cache(options: dict, base: Path, manifest: str) -> dict:
+    """The image cache's settings (``data.cache``, ``cache_max_gb``, ``cache_dir``), taken out
+    of ``options``: by default beside the images, named after the manifest."""
+    cache_dir = options.pop("cache_dir")
+    return {
+        "mode": options.pop("cache"),
+        "max_gb": options.pop("cache_max_gb"),
+        "folder": Path(cache_dir) if cache_dir else base / ".torchloom-cache",
+        "prefix": "manifest-",
+        "source": Path(manifest),
+    }
 
 
 def _fold_entries(

@@ -163,6 +163,25 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> torch.Tensor:
     return pixels.view(height, width, -1).permute(2, 0, 1).contiguous()
 
 
+def check_image_keys(image_size: Any, channels: Any, cache: Any, cache_max_gb: Any) -> None:
+    """The keys every image dataset shares (data=imagefolder, data=image_csv), in one line each."""
+    check_values(
+        "data",
+        {
+            "image_size": image_size,
+            "channels": channels,
+            "cache": cache,
+            "cache_max_gb": cache_max_gb,
+        },
+        {
+            "image_size": pair_of_positive_ints(),
+            "channels": one_of(1, 3, "auto"),
+            "cache": one_of(*MODES),
+            "cache_max_gb": POSITIVE_OR_NULL,
+        },
+    )
+
+
 def load_imagefolder(
     root: str,
     image_size: Sequence[int],
@@ -183,21 +202,7 @@ def load_imagefolder(
     (data/batching/folds.py): with ``folds``, train/ and val/ (when there is one) are pooled and val is a
     fold of them; the test is test/, or without one the ``split.test`` share held out first.
     Configs stored before the cache or folds existed get their defaults."""
-    check_values(
-        "data",
-        {
-            "image_size": image_size,
-            "channels": channels,
-            "cache": cache,
-            "cache_max_gb": cache_max_gb,
-        },
-        {
-            "image_size": pair_of_positive_ints(),
-            "channels": one_of(1, 3, "auto"),
-            "cache": one_of(*MODES),
-            "cache_max_gb": POSITIVE_OR_NULL,
-        },
-    )
+    check_image_keys(image_size, channels, cache, cache_max_gb)
     base = Path(root)
     if not base.is_dir():
         raise UserError(

@@ -71,14 +71,7 @@ def load_csv(
         train_path,
     )
     samples = columns.encode(header, rows, train_path)
-    paths = {name: Path(split[f"{name}_path"]) for name in ("val", "test") if split[f"{name}_path"]}
-    given = {}
-    for name, other in paths.items():
-        other_header, other_rows = read_table(other)
-        given[name] = columns.encode(other_header, other_rows, other)
-        said = unseen_line(other, columns.unseen(other_header, other_rows))
-        if said:
-            log.warning("warning: %s; they are encoded as all zeros", said)
+    given = _given_splits(columns, split)  # data.split.val_path, test_path: read alike
     plan = FoldPlan.of(
         split, kind == "classes", split["seed"], groups_allowed=True
     )  # data/batching/folds.py
@@ -90,15 +83,7 @@ def load_csv(
         for part, name in zip(parts, ("train", "val", "test"), strict=True)
     )
     mean, std = channel_statistics(train.inputs)  # a constant feature keeps std 1
-    shown = ", ".join(columns.feature_names[:8]) + ("..." if len(columns.feature_names) > 8 else "")
-    log.info(
-        "csv %s: %d features (%s), %d %s; standardised with the train split's statistics",
-        train_path.name,
-        len(columns.feature_names),
-        shown,
-        len(columns.classes),
-        kind.replace("_", " ").replace("label sets", "labels"),
-    )
+    _describe(train_path, columns, kind)
     batching = Batching(mean=mean, std=std, **options)
     targets = Targets(kind, len(columns.classes), tuple(columns.classes))
     data = Data(
@@ -109,3 +94,32 @@ def load_csv(
         kept = val_rows[columns.kept["val"]].tolist()
         data.fold_ids = FoldIds(plan.fold, [f"line {i + 2}" for i in kept])
     return data
+
+
+def _given_splits(columns: Columns, split: Mapping[str, Any]) -> dict[str, Any]:
+    """The val and test files ``split`` names (``val_path``, ``test_path``), encoded exactly
+    as the train file was; a category the train file never held is said once per file."""
+    given = {}
+    for name in ("val", "test"):
+        if not split[f"{name}_path"]:
+            continue
+        other = Path(split[f"{name}_path"])
+        other_header, other_rows = read_table(other)
+        given[name] = columns.encode(other_header, other_rows, other)
+        said = unseen_line(other, columns.unseen(other_header, other_rows))
+        if said:
+            log.warning("warning: %s; they are encoded as all zeros", said)
+    return given
+
+
+def _describe(path: Path, columns: Columns, kind: str) -> None:
+    names = columns.feature_names
+    shown = ", ".join(names[:8]) + ("..." if len(names) > 8 else "")
+    log.info(
+        "csv %s: %d features (%s), %d %s; standardised with the train split's statistics",
+        path.name,
+        len(names),
+        shown,
+        len(columns.classes),
+        kind.replace("_", " ").replace("label sets", "labels"),
+    )

@@ -98,40 +98,10 @@ class Data:
             None  # data/batching/folds.py FoldIds: data.split.folds's val samples, named
         )
         self.input_shape = splits.train.input_shape  # (C, H, W)
-        channels = self.input_shape[0]
-        mean, std = list(batching.mean), list(batching.std)
-        mean, std = (
-            mean * channels if len(mean) == 1 else mean,
-            std * channels if len(std) == 1 else std,
-        )
-        if len(mean) != channels or len(std) != channels:
-            wanted = "one value each" if channels == 1 else f"1 value each, or {channels}"
-            raise UserError(
-                f"data.mean has {len(mean)} values and data.std {len(std)}, but {name} has "
-                f"{channels} channel(s): give {wanted} (data.mean=[...] data.std=[...])"
-            )
-        self.mean, self.std = mean, std
+        self.mean, self.std = _per_channel(batching, self.input_shape[0], name)
         self.batch_size = batching.batch_size
         self.eval_batch_size = batching.eval_batch_size
-        self.crop_padding = int(batching.augment["crop_padding"])
-        self.horizontal_flip = bool(batching.augment["horizontal_flip"])
-        # Configs stored before data.augment.spatial existed crop and flip as they asked.
-        self.spatial = batching.augment.get("spatial", "on")
-        check_values("data.augment", {"spatial": self.spatial}, {"spatial": one_of(*SPATIAL)})
-        if self.spatial == "off":
-            self.crop_padding, self.horizontal_flip = 0, False
-        if (self.crop_padding or self.horizontal_flip) and len(self.input_shape) != 3:
-            raise UserError(
-                f"data.augment.crop_padding and horizontal_flip crop and flip images, and "
-                f"{name}'s inputs are {tuple(self.input_shape)}, not (C, H, W); turn them off"
-            )
-        self.mixing = Mixing.from_augment(batching.augment)  # MixUp/CutMix; None when off
-        if self.mixing and self.mixing.cutmix_alpha > 0 and len(self.input_shape) != 3:
-            raise UserError(
-                f"data.augment.cutmix_alpha={self.mixing.cutmix_alpha}: CutMix pastes image "
-                f"boxes, and {name}'s inputs are {tuple(self.input_shape)}, not (C, H, W); "
-                "set it to 0 (MixUp works on any input)"
-            )
+        self._set_augmentation(batching.augment, name)
         self.num_workers = batching.num_workers
         if len(splits.train) < self.batch_size:
             raise UserError(
@@ -141,6 +111,29 @@ class Data:
         for split_name, split in self.splits.items():
             if isinstance(split, TensorSplit):
                 self.targets.check(split.labels, f"{name} {split_name} split")
+
+    def _set_augmentation(self, augment: Mapping, name: str) -> None:
+        """``data.augment``: crops and flips (images only; ``spatial``), MixUp and CutMix
+        (CutMix on images only), checked against the inputs' shape."""
+        self.crop_padding = int(augment["crop_padding"])
+        self.horizontal_flip = bool(augment["horizontal_flip"])
+        # Configs stored before data.augment.spatial existed crop and flip as they asked.
+        self.spatial = augment.get("spatial", "on")
+        check_values("data.augment", {"spatial": self.spatial}, {"spatial": one_of(*SPATIAL)})
+        if self.spatial == "off":
+            self.crop_padding, self.horizontal_flip = 0, False
+        if (self.crop_padding or self.horizontal_flip) and len(self.input_shape) != 3:
+            raise UserError(
+                f"data.augment.crop_padding and horizontal_flip crop and flip images, and "
+                f"{name}'s inputs are {tuple(self.input_shape)}, not (C, H, W); turn them off"
+            )
+        self.mixing = Mixing.from_augment(augment)  # MixUp/CutMix; None when off
+        if self.mixing and self.mixing.cutmix_alpha > 0 and len(self.input_shape) != 3:
+            raise UserError(
+                f"data.augment.cutmix_alpha={self.mixing.cutmix_alpha}: CutMix pastes image "
+                f"boxes, and {name}'s inputs are {tuple(self.input_shape)}, not (C, H, W); "
+                "set it to 0 (MixUp works on any input)"
+            )
 
     def fit_augmentation(self, flattens_input: bool) -> None:
         """``data.augment.spatial`` for a model whose first layer flattens each sample (an
@@ -300,3 +293,17 @@ def _gap_fills(table: dict) -> tuple[dict, list]:
     data.na existed, or with data.na=error)."""
     gaps = table.get("na") or {}
     return gaps.get("fills") or {}, gaps.get("indicators") or []
+
+
+def _per_channel(batching: Batching, channels: int, name: str) -> tuple[list, list]:
+    """``data.mean`` and ``data.std``, one value each or one per channel: one per channel."""
+    mean, std = list(batching.mean), list(batching.std)
+    mean = mean * channels if len(mean) == 1 else mean
+    std = std * channels if len(std) == 1 else std
+    if len(mean) != channels or len(std) != channels:
+        wanted = "one value each" if channels == 1 else f"1 value each, or {channels}"
+        raise UserError(
+            f"data.mean has {len(mean)} values and data.std {len(std)}, but {name} has "
+            f"{channels} channel(s): give {wanted} (data.mean=[...] data.std=[...])"
+        )
+    return mean, std
