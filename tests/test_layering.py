@@ -257,11 +257,17 @@ def test_the_formatter_lays_out_the_code():
 # --- The task owns what outputs mean ----------------------------------------------------------
 
 # The task owns what the model's outputs mean (utils/tasks/). data/batching/targets.py defines
-# the kinds of target, and asks the task class named by each kind how to read a column of
-# targets. Nothing else asks which kind of task it is: a new task is a module in utils/tasks/
-# and its YAML.
+# the kinds of target; the readers of tables, tensors and manifests parse a file's target column
+# by the kind they were asked for. Nothing else asks which kind of task it is: a new task is a
+# module in utils/tasks/ and its YAML.
 KINDS = {"classes", "label_sets", "values"}
-KIND_OWNERS = {"data/batching/targets.py"}
+KIND_OWNERS = {
+    "data/batching/targets.py",
+    "data/readers/table.py",
+    "data/tabular.py",
+    "data/tensors.py",
+    "data/image_manifest.py",
+}
 TASK_CLASSES = {"Classification", "MultiLabel", "Regression"}
 
 
@@ -315,3 +321,16 @@ def test_the_kind_check_finds_a_branch_on_the_kind(tmp_path):
     )
     found = sorted(line.split(" ", 1)[0] for line in kind_branches(probe))
     assert found == ["probe.py:1", "probe.py:3", "probe.py:5", "probe.py:6"]  # not line 8
+
+
+def test_the_import_reader_sees_imports_inside_functions_and_their_layers(tmp_path):
+    # The checks above would pass on a reader that finds nothing: it finds these.
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from utils.errors import UserError\n"
+        "def f():\n    from utils.fit.loop import Loop\n    import data.tabular\n"
+    )
+    found = [(module, inside) for module, _, inside in imports(probe)]
+    assert found == [("utils.errors", False), ("utils.fit.loop", True), ("data.tabular", True)]
+    assert LEVEL[package("utils.run.start")] == LEVEL[package("utils.fit.loop")]  # sideways
+    assert LEVEL[package("data.tabular")] < LEVEL[package("utils.fit.loop")]
