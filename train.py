@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import sys
 
-from utils.config.resolvers import in_sweep
 from utils.system.signals import catch_early_signals
 from utils.tracking.process import start_early
 
@@ -40,6 +39,7 @@ from omegaconf import DictConfig
 from utils.checkpoint.record import InputRecord
 from utils.config.build import build
 from utils.config.monitor import Monitor
+from utils.config.resolvers import in_sweep
 from utils.diagnose import debug
 from utils.diagnose.tune import tune
 from utils.errors import EXIT_USER_ERROR, UserError, print_error, user_error_in

@@ -8,8 +8,12 @@ from __future__ import annotations
 import atexit
 import functools
 import multiprocessing
+
+# Imported here so that its exit handler is registered before _kill_workers is.
+import multiprocessing.util
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -75,9 +79,17 @@ def _kill_workers() -> None:
 
 @functools.cache
 def _kill_workers_at_exit() -> None:
-    """Once a loader with workers exists: registered after multiprocessing's exit handler, so
-    it runs before it."""
+    """Once a loader with workers exists: registered after multiprocessing's exit handler
+    (``multiprocessing.util`` registers it when imported, above), so it runs before it."""
     atexit.register(_kill_workers)
+
+
+def decoding_loader(dataset: Dataset, **options: Any) -> DataLoader:
+    """A DataLoader whose workers leave stopping to the main process (they ignore SIGINT and
+    SIGTERM) and are killed at exit if still alive; ``options``: DataLoader's."""
+    if options.get("num_workers", 0) > 0:
+        _kill_workers_at_exit()
+    return DataLoader(dataset, worker_init_fn=_worker_ignores_signals, **options)
 
 
 def worker_error(error: Exception) -> UserError:
@@ -93,16 +105,13 @@ class LoaderBatches:
     def __init__(
         self, dataset: Dataset, plan: BatchPlan, transform: BatchTransform, num_workers: int
     ) -> None:
-        if num_workers > 0:
-            _kill_workers_at_exit()
         self.sampler = EpochBatchSampler(len(dataset), plan)
-        self.loader = DataLoader(
+        self.loader = decoding_loader(
             dataset,
             batch_sampler=self.sampler,
             num_workers=num_workers,
             pin_memory=transform.device.type == "cuda",
             persistent_workers=num_workers > 0,
-            worker_init_fn=_worker_ignores_signals,
             # Worker seeds come from this generator, not from the global torch RNG.
             generator=torch.Generator().manual_seed(plan.seed),
         )
@@ -116,7 +125,7 @@ class LoaderBatches:
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.sampler.epoch, self.sampler.start = epoch, start
         device = self.transform.device
-        for index, (images, labels) in enumerate(_reraised(self.loader), start):
+        for index, (images, labels) in enumerate(reraised(self.loader), start):
             images = self.transform.normalize(images.to(device, non_blocking=True))
             labels = labels.to(device, non_blocking=True)
             if self.train:
@@ -126,7 +135,7 @@ class LoaderBatches:
             yield images, labels
 
 
-def _reraised(loader: DataLoader) -> Iterator:
+def reraised(loader: DataLoader) -> Iterator:
     """The loader's batches; bad input found by a worker is one line, as with no workers."""
     try:
         yield from loader

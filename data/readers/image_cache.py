@@ -50,9 +50,9 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from data.batching.loader import _reraised, _worker_ignores_signals
+from data.batching.loader import decoding_loader, reraised
 from data.batching.splits import MappedSplit, TensorSplit
 from utils.errors import UserError
 from utils.files import atomic_file, remove_stale_temporary_files
@@ -303,12 +303,8 @@ def decoded_batches(
     decoded is one line naming it."""
     # Its own generator: iterating a DataLoader draws a seed, and the global RNG, seeded for
     # the model's initial weights, must not move when a cache is built.
-    loader = DataLoader(
-        files,
-        batch_size=256,
-        num_workers=workers,
-        worker_init_fn=_worker_ignores_signals,
-        generator=torch.Generator(),
+    loader = decoding_loader(
+        files, batch_size=256, num_workers=workers, generator=torch.Generator()
     )
     console = Console(quiet=os.environ.get("RANK", "0") != "0")
     bar = Progress(
@@ -324,7 +320,7 @@ def decoded_batches(
     done = 0
     log.info("%s: decoding %d images %s (%d processes)", name, len(files), purpose, max(workers, 1))
     with bar if console.is_terminal else contextlib.nullcontext():
-        for images, _ in _reraised(loader):
+        for images, _ in reraised(loader):
             if stop_requested():  # the partial file goes with atomic_file; nothing is kept
                 building = purpose == CACHE_BUILD
                 log.info(
