@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 from omegaconf import OmegaConf
-from test_hardening import HOSTILE_CONFIGS
+from test_run_folders_and_resume import HOSTILE_CONFIGS
 from torch import nn
 
 from utils.config.build import build

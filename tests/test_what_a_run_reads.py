@@ -1,8 +1,8 @@
-"""The third adversarial review, on what a run reads (tests/test_hostile_checkpoints.py has
-what it stores): values that would hang a step, outputs that would replace inputs, runs of one
-name at once, caches that evict each other or lie about their pixels, tables that leak the
-answer or drop a column, arrays that lie about their size, names that are markup or formulas,
-messages that name the cause, and costs out of proportion."""
+"""What a run reads, as an attacker or a careless user would give it (what it stores is in
+tests/test_what_a_run_stores.py): values that would hang a step, outputs that would replace
+inputs, runs of one name at once, caches that evict each other or lie about their pixels, tables
+that leak the answer or drop a column, arrays that lie about their size, names that are markup
+or formulas, messages that name the cause, and costs out of proportion."""
 
 from __future__ import annotations
 

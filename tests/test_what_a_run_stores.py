@@ -1,8 +1,8 @@
-"""The third adversarial review, on what a run stores and reads back (tests/test_hostile_inputs.py
-has what it reads): exports that would replace their checkpoint or hide NaN outputs, stored
-scales that are 0 in float32, stored paths whose content would be echoed, hand-edited
-checkpoints and configs, paths and sizes a system cannot take, a checkpoint write that fails,
-and the continue command of a stopped sweep."""
+"""What a run stores and reads back (tests/test_what_a_run_reads.py has what it reads): exports
+that would replace their checkpoint or hide NaN outputs, stored scales that are 0 in float32,
+stored paths whose content would be echoed, hand-edited checkpoints and configs, paths and sizes
+a system cannot take, a checkpoint write that fails, and the continue command of a stopped
+sweep."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The adversarial review's findings, each as the attacker or the careless user tried it and a
+"""Run folders, stored runs and resume, each as an attacker or a careless user tried it and a
 variant of it: hostile stored configs and top-k lists, run names that escape, what a resume
 does with a changed config, the monitor's direction, overwritten runs, file modes, quoting,
 seeds and the fp16 scaler after a skipped step."""
