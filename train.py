@@ -44,21 +44,28 @@ from utils.diagnose import debug
 from utils.diagnose.tune import tune
 from utils.errors import EXIT_USER_ERROR, UserError, print_error, user_error_in
 from utils.evaluation.judge import Judge
-from utils.fit.checkpointer import Checkpointer
-from utils.fit.early_stopping import EarlyStopping
-from utils.fit.loop import Loop, Objective, Parts
-from utils.fit.progress import TrainingProgress
-from utils.fit.state import TrainState
-from utils.fit.teacher import Teacher
-from utils.model.guards import check_start_up
-from utils.model.modules import Modules
-from utils.model.optim import build_optimizer, lr_table
+from utils.fit import (
+    Checkpointer,
+    EarlyStopping,
+    Loop,
+    Objective,
+    Parts,
+    Teacher,
+    TrainingProgress,
+    TrainState,
+)
+from utils.model import Modules, build_optimizer, check_start_up, lr_table
 from utils.preflight.train import check_config
-from utils.run import report, sweep
-from utils.run.cli import run_cli
-from utils.run.cross_validation import cross_validate, save_fold_predictions
-from utils.run.outputs import Outputs
-from utils.run.start import RunContext, start_run
+from utils.run import (
+    Outputs,
+    RunContext,
+    cross_validate,
+    report,
+    run_cli,
+    save_fold_predictions,
+    start_run,
+    sweep,
+)
 from utils.system.signals import EXIT_INTERRUPTED, Interrupted, StopRequest
 from utils.tracking.tracker import Tracker
 

@@ -35,10 +35,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import utils.fit.checkpointer  # noqa: E402
-import utils.model.guards  # noqa: E402
+import utils.model  # noqa: E402
 import utils.model.modules  # noqa: E402
 import utils.preflight.train  # noqa: E402
-import utils.run.start  # noqa: E402
+import utils.run  # noqa: E402
 import utils.tracking.tracker  # noqa: E402
 
 
@@ -79,9 +79,9 @@ def main() -> None:
     cross_entropy, save = F.cross_entropy, torch.save
     build = utils.model.modules.Modules.build.__func__
     utils.preflight.train.check_config = milestone(1, utils.preflight.train.check_config)
-    utils.run.start.start_run = milestone(2, utils.run.start.start_run)
+    utils.run.start_run = milestone(2, utils.run.start_run)  # as train.py imports it
     utils.model.modules.Modules.build = classmethod(milestone(3, build))
-    utils.model.guards.check_start_up = milestone(4, utils.model.guards.check_start_up)
+    utils.model.check_start_up = milestone(4, utils.model.check_start_up)
 
     def counted_cross_entropy(*args, **kwargs):
         kind = "train_step" if torch.is_grad_enabled() else "eval_batch"

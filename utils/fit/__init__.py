@@ -11,3 +11,22 @@ early_stopping  when the monitored metric stopped improving (trainer.early_stopp
 progress        the progress bar and plain progress lines
 checkpointer    what is saved, when and where; resume, stop, best, which top-k copies stay
 """
+
+# What the entry points use, importable from the package.
+from utils.fit.checkpointer import Checkpointer
+from utils.fit.early_stopping import EarlyStopping
+from utils.fit.loop import Loop, Objective, Parts
+from utils.fit.progress import TrainingProgress
+from utils.fit.state import TrainState
+from utils.fit.teacher import Teacher
+
+__all__ = [
+    "Checkpointer",
+    "EarlyStopping",
+    "Loop",
+    "Objective",
+    "Parts",
+    "Teacher",
+    "TrainState",
+    "TrainingProgress",
+]

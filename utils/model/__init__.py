@@ -6,3 +6,15 @@ weights  the unwrapped module; loading weights that must fit exactly
 optim    the optimizer's parameter groups (no decay on biases and norms, each layer's LR)
 guards   start-up checks against classic pitfalls; step counts
 """
+
+# What the entry points use, importable from the package.
+from utils.model.guards import check_start_up
+from utils.model.modules import Modules
+from utils.model.optim import build_optimizer, lr_table
+
+__all__ = [
+    "Modules",
+    "build_optimizer",
+    "check_start_up",
+    "lr_table",
+]

@@ -9,3 +9,20 @@ report            what the config tree, model summary, final table and metrics.j
 sweep             sweep jobs: skip finished, record failures, the summary table
 cross_validation  cv=K: every fold a run of its own, resumable; oof.csv, pooled metrics
 """
+
+# What the entry points use, importable from the package.
+from utils.run.cli import one_line_errors, run_cli
+from utils.run.cross_validation import cross_validate, save_fold_predictions
+from utils.run.outputs import Outputs, check_output
+from utils.run.start import RunContext, start_run
+
+__all__ = [
+    "Outputs",
+    "RunContext",
+    "check_output",
+    "cross_validate",
+    "one_line_errors",
+    "run_cli",
+    "save_fold_predictions",
+    "start_run",
+]
