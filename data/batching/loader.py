@@ -5,12 +5,6 @@ by a worker as one line.
 
 from __future__ import annotations
 
-import atexit
-import functools
-import multiprocessing
-
-# Imported here so that its exit handler is registered before _kill_workers is.
-import multiprocessing.util
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +16,7 @@ from data.batching.batches import BatchPlan, BatchTransform, batch_bounds, permu
 from data.batching.splits import shard_bounds
 from utils.errors import UserError
 from utils.system.seeding import mix_seed
-from utils.system.signals import STOP_SIGNALS
+from utils.system.signals import STOP_SIGNALS, kill_children_at_exit
 
 
 class EpochBatchSampler(Sampler[list[int]]):
@@ -65,30 +59,11 @@ def _worker_ignores_signals(worker_id: int) -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
-def _kill_workers() -> None:
-    """At exit, end decoding workers that are still alive. They ignore SIGTERM (above), which
-    is what multiprocessing's own exit handler sends before it waits for them: without this, a
-    run that ends on an error while a worker still lives would wait for ever."""
-    workers = [child for child in multiprocessing.active_children() if child.daemon]
-    if workers:  # torch's SIGCHLD handler would report each killed worker as a failure
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for worker in workers:
-        worker.kill()
-        worker.join(timeout=5)
-
-
-@functools.cache
-def _kill_workers_at_exit() -> None:
-    """Once a loader with workers exists: registered after multiprocessing's exit handler
-    (``multiprocessing.util`` registers it when imported, above), so it runs before it."""
-    atexit.register(_kill_workers)
-
-
 def decoding_loader(dataset: Dataset, **options: Any) -> DataLoader:
     """A DataLoader whose workers leave stopping to the main process (they ignore SIGINT and
     SIGTERM) and are killed at exit if still alive; ``options``: DataLoader's."""
     if options.get("num_workers", 0) > 0:
-        _kill_workers_at_exit()
+        kill_children_at_exit()
     return DataLoader(dataset, worker_init_fn=_worker_ignores_signals, **options)
 
 

@@ -9,7 +9,14 @@ Under SLURM's submitit launcher, whose handler for the time-limit signal
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
+import multiprocessing
+
+# Imported now, so that multiprocessing's exit handler is registered before
+# kill_children_at_exit's, which must run first.
+import multiprocessing.util
 import shlex
 import signal
 import sys
@@ -185,3 +192,21 @@ def continue_sweep_command(run_name: str) -> str:
     given = [a for a in sys.argv[1:] if not a.startswith(("run_name=", "resume="))]
     multirun = [] if {"-m", "--multirun"} & set(given) else ["-m"]
     return shlex.join(["python", "train.py", *multirun, *given, f"run_name={run_name}"])
+
+
+@functools.cache
+def kill_children_at_exit() -> None:
+    """Once a process has daemon children that ignore stop signals (decoding workers, a
+    tracker's own process): at exit, kill those still alive. multiprocessing's own exit
+    handler sends them SIGTERM, which they ignore, and then waits for them: without this, a
+    command that ends on an error while one lives would wait for ever."""
+    atexit.register(_kill_daemon_children)
+
+
+def _kill_daemon_children() -> None:
+    children = [child for child in multiprocessing.active_children() if child.daemon]
+    if children:  # torch's SIGCHLD handler would report each killed worker as a failure
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in children:
+        child.kill()
+        child.join(timeout=5)

@@ -4,6 +4,7 @@ the model wrapped with its calibration for an export."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
@@ -122,6 +123,16 @@ class Task:
         a task adds)."""
         return {"calibration": self.calibrated.record()} if self.calibrated else {}
 
+    def fitted(self, data: Any, device: torch.device, stored: Any = None) -> Task:
+        """This task's settings fitted to ``data`` on ``device`` (its targets checked to be of
+        the task's kind), with the calibration a checkpoint's record ``stored`` holds. A task
+        with more to fit (a regression's target scale) extends it."""
+        fitted = copy.copy(self)
+        fitted.fitted_to = self.check(data)
+        fitted.data, fitted.device, fitted.calibrated = data, device, None
+        fitted.read_calibration(stored)
+        return fitted
+
     # --- Calibration (utils/evaluation/calibration.py): fitted on val by evaluate.py, kept in the record
 
     decisions = 0  # thresholds a calibration may choose: a binary classifier's 1, a label each
@@ -135,8 +146,6 @@ class Task:
 
     def with_calibration(self, calibrated: Calibration | None) -> Task:
         """This fitted task with ``calibrated`` applied to its scores, rows and exports."""
-        import copy
-
         task = copy.copy(self)
         task.calibrated = calibrated
         return task

@@ -21,13 +21,6 @@ class Classification(Task):
         self.label_smoothing, self.class_weights = label_smoothing, class_weights
         self.data, self.device = None, torch.device("cpu")
 
-    def fitted(self, data: Any, device: torch.device, stored: dict | None = None) -> Classification:
-        fitted = Classification(self.label_smoothing, self.class_weights)
-        fitted.fitted_to = self.check(data)
-        fitted.data, fitted.device = data, device
-        fitted.read_calibration(stored)
-        return fitted
-
     @property
     def decisions(self) -> int:  # a binary classifier's one threshold, on its second class
         return 1 if self.count == 2 else 0

@@ -43,13 +43,6 @@ class MultiLabel(Task):
         self.pos_weight, self.threshold = pos_weight, threshold
         self.data, self.device = None, torch.device("cpu")
 
-    def fitted(self, data: Any, device: torch.device, stored: dict | None = None) -> MultiLabel:
-        fitted = MultiLabel(self.pos_weight, self.threshold)
-        fitted.fitted_to = self.check(data)
-        fitted.data, fitted.device = data, device
-        fitted.read_calibration(stored)
-        return fitted
-
     @property
     def decisions(self) -> int:  # a threshold a label
         return self.count

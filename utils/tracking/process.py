@@ -38,7 +38,7 @@ from typing import Any
 
 from utils.errors import UserError
 from utils.system.claim import forget_claims
-from utils.system.signals import STOP_SIGNALS, Interrupted, StopGrace
+from utils.system.signals import STOP_SIGNALS, Interrupted, StopGrace, kill_children_at_exit
 from utils.tracking.local import Backend
 
 log = logging.getLogger("torchloom")
@@ -66,6 +66,7 @@ def start_early(argv: Sequence[str]) -> None:
     process = context.Process(
         target=serve_early, args=(theirs,), daemon=True, name="torchloom tracker"
     )
+    kill_children_at_exit()  # it ignores stop signals: ended at exit if still alive
     process.start()
     theirs.close()
     _early.append((process, pipe))
@@ -98,6 +99,7 @@ def in_own_process(backend: Backend, runs_root: Path) -> Backend:
         daemon=True,
         name=f"torchloom {backend.name}",
     )
+    kill_children_at_exit()  # it ignores stop signals: ended at exit if still alive
     process.start()
     theirs.close()
     return InChildProcess(backend, process, pipe)
