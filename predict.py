@@ -33,7 +33,7 @@ from data.readers.table import unseen_line
 from utils.checkpoint.rebuild import rebuild
 from utils.checkpoint.record import read_inputs
 from utils.errors import UserError
-from utils.files import atomic_file
+from utils.files import write_file
 from utils.preflight.predict import check_predict
 from utils.run.cli import one_line_errors, run_cli
 from utils.run.outputs import Outputs
@@ -104,11 +104,7 @@ def write_predictions(out: Path, header: list[str], rows: list[list[str]]) -> No
     writer = csv.writer(text)
     writer.writerow(["input", *header])
     writer.writerows([cell(name), *values] for name, *values in rows)
-    try:
-        with atomic_file(out) as f:  # complete or not at all
-            f.write(text.getvalue().encode())
-    except OSError as error:
-        raise UserError(f"cannot write {out}: {error.strerror}; choose another out=...") from None
+    write_file(out, text.getvalue().encode(), "choose another out=...")
 
 
 if __name__ == "__main__":

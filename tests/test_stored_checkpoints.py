@@ -117,3 +117,27 @@ def test_a_checkpoint_holds_exactly_the_declared_keys_and_older_ones_still_fit()
     # The fixtures were written before the key set had one home: the same keys.
     for name in (DEFAULT, CALIBRATED):
         assert set(torch.load(FIXTURES / name / "last.pt", weights_only=True)) == set(KEYS)
+
+
+def test_an_output_the_system_cannot_write_is_one_line_naming_it_and_the_fix(tmp_path):
+    folder = copied(tmp_path, CALIBRATED)
+    (tmp_path / "a_file").write_text("not a folder")
+    Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(tmp_path / "zero.png")
+    result = run_python(
+        tmp_path,
+        str(ROOT / "predict.py"),
+        f"ckpt={folder / 'last.pt'}",
+        "input=zero.png",
+        "out=a_file/p.csv",
+        "runs=predict-runs",
+        ok=False,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "cannot write a_file/p.csv" in error_line(result)
+    assert "choose another out=" in error_line(result)
+    result = run_evaluate(
+        tmp_path, f"ckpt={folder / 'last.pt'}", "export=a_file/model.pt2", ok=False
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "cannot write a_file/model.pt2" in error_line(result)
+    assert "choose another export=" in error_line(result)

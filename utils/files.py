@@ -144,3 +144,15 @@ def write_json(data: Mapping, path: Path) -> None:
     sees the previous file or the new one, never half of either."""
     with atomic_file(path) as f:
         f.write((json.dumps(data, indent=2, allow_nan=True) + "\n").encode())
+
+
+def write_file(path: Path, data: bytes, fix: str) -> None:
+    """``data`` at ``path``, complete or not at all (:func:`atomic_file`, its folder made if
+    missing); a write the system refuses is one line naming the path, the reason and ``fix``."""
+    try:
+        with atomic_file(path) as f:
+            f.write(data)
+    except OSError as error:
+        raise UserError(
+            f"cannot write {path}: {error.strerror or error}; nothing was written there ({fix})"
+        ) from None

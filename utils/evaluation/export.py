@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from utils.errors import UserError
-from utils.files import atomic_file
+from utils.files import write_file
 
 log = logging.getLogger("torchloom")
 TOLERANCE = 1e-5  # fp32: the largest absolute difference in an output that is accepted
@@ -71,11 +71,7 @@ def export_model(
             f"{difference:.2e} (more than {TOLERANCE:g}); nothing was written to "
             f"{path}"
         )
-    try:
-        with atomic_file(path) as f:  # only a verified program is written
-            f.write(data)
-    except OSError as error:
-        raise UserError(f"cannot write {path}: {error.strerror or error}") from None
+    write_file(path, data, "choose another export=...")  # only a verified program
     return difference
 
 
@@ -267,14 +263,7 @@ def export_safetensors(
     metadata = {"torchloom_config": json.dumps(config)}
     if inputs is not None:
         metadata["torchloom_inputs"] = json.dumps(inputs)
-    try:
-        with atomic_file(path) as f:  # complete or not at all, its folder made if missing
-            f.write(save(weights, metadata=metadata))
-    except OSError as error:
-        raise UserError(
-            f"cannot write {path}: {error.strerror or error}; nothing was written "
-            "there (choose another export=...)"
-        ) from None
+    write_file(path, save(weights, metadata=metadata), "choose another export=...")
 
 
 def export_evaluated(
