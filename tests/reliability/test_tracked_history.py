@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from harness import ROOT, report, run
@@ -73,3 +75,29 @@ def test_sigkill_around_checkpoints_leaves_every_history_as_an_uninterrupted_run
     assert len(rows) == len(set(rows))
     for backend in ("tensorboard", "csv", "mlflow", "wandb"):
         assert resumed[backend] == reference[backend], backend
+
+
+def alive_with(marker: str) -> list[int]:
+    """The processes whose command line holds ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:  # it ended meanwhile
+                pass
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tracker forks on Linux")
+def test_the_trackers_process_ends_with_a_training_process_killed_by_sigkill(tmp_path):
+    # The tracker's process is a fork of the training process (same command line). Its pipe
+    # must end when the training process does, or it waits for ever, orphaned.
+    marker = f"run_name=orphan-{tmp_path.name}"
+    code, _, err = run(tmp_path, marker, "logger=mlflow", env={"KILL_AT": "train_step:3"})
+    assert code == -signal.SIGKILL, err[-3000:]
+    deadline = time.monotonic() + 60  # the fork sees the pipe's end at once; a bound, not a rate
+    while alive_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive_with(marker) == []

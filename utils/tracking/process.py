@@ -32,7 +32,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ def start_early(argv: Sequence[str]) -> None:
     context = multiprocessing.get_context("fork")
     pipe, theirs = context.Pipe()
     process = context.Process(
-        target=serve_early, args=(theirs,), daemon=True, name="torchloom tracker"
+        target=in_child, args=(pipe, serve_early, theirs), daemon=True, name="torchloom tracker"
     )
     kill_children_at_exit()  # it ignores stop signals: ended at exit if still alive
     process.start()
@@ -94,8 +94,8 @@ def in_own_process(backend: Backend, runs_root: Path) -> Backend:
     context = multiprocessing.get_context("fork")
     pipe, theirs = context.Pipe()
     process = context.Process(
-        target=serve,
-        args=(backend, runs_root, theirs),
+        target=in_child,
+        args=(pipe, serve, backend, runs_root, theirs),
         daemon=True,
         name=f"torchloom {backend.name}",
     )
@@ -180,6 +180,14 @@ class _Kept(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append((record.levelno, record.getMessage()))
+
+
+def in_child(ours: Any, function: Callable, *args: Any) -> None:
+    """In the forked process: first close the training process's end of the pipe (the fork
+    copied it), so that the pipe ends when the training process does, even by SIGKILL, and
+    this process with it; then ``function(*args)``."""
+    ours.close()
+    function(*args)
 
 
 def serve_early(pipe: Any) -> None:
