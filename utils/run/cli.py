@@ -135,16 +135,14 @@ def command_line_error(error: Exception, config_name: str) -> str:
             f"(conf/{group}/)"
         )
     if isinstance(error, ValueError) and "Config group override" in str(error):
-        conf = CONF
         for override in sys.argv[1:]:
             key, _, value = override.lstrip("+~").partition("=")
-            if (conf / key).is_dir():
-                options = sorted(p.stem for p in (conf / key).glob("*.yaml"))
+            if (CONF / key).is_dir():
+                options = sorted(p.stem for p in (CONF / key).glob("*.yaml"))
                 if value not in options:
                     return f"{key}={value} is not an option; choose one of {', '.join(options)}"
     if isinstance(error, TypeError):  # a group given a number or a list of them (model=[8])
-        conf = CONF
-        given = [o for o in sys.argv[1:] if (conf / o.lstrip("+~").partition("=")[0]).is_dir()]
+        given = [o for o in sys.argv[1:] if (CONF / o.lstrip("+~").partition("=")[0]).is_dir()]
         named = f" ({', '.join(given)})" if given else ""
         return (
             f"a config group's option is a name or a list of names (model=mlp, "
@@ -174,9 +172,8 @@ def _closest_key(key: str, config_name: str) -> str | None:
 
     from hydra import compose, initialize_config_dir
 
-    conf = CONF
     try:
-        with initialize_config_dir(str(conf), version_base="1.3"):
+        with initialize_config_dir(str(CONF), version_base="1.3"):
             known = list(flatten(OmegaConf.to_container(compose(config_name), resolve=False)))
     except Exception:
         return None
