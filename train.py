@@ -42,9 +42,11 @@ from utils.config.monitor import Monitor
 from utils.config.resolvers import in_sweep
 from utils.diagnose import debug
 from utils.diagnose.tune import tune
-from utils.errors import EXIT_USER_ERROR, UserError, print_error, user_error_in
+from utils.errors import EXIT_FAILED, EXIT_USER_ERROR, UserError, print_error, user_error_in
 from utils.evaluation.judge import Judge
 from utils.fit import (
+    CallbackFailed,
+    Callbacks,
     Checkpointer,
     EarlyStopping,
     Loop,
@@ -91,6 +93,9 @@ def main(cfg: DictConfig) -> float:
             print_error(failure)
             if not in_sweep() or isinstance(failure, sweep.ForeignJob):
                 sys.exit(EXIT_USER_ERROR)
+        elif isinstance(failure, CallbackFailed) and not in_sweep():
+            failure.report()  # one line; its traceback in the run's train.log
+            sys.exit(EXIT_FAILED)
         elif not in_sweep():
             raise
         else:
@@ -110,6 +115,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     if run.finished is not None:
         return run.finished
     context = RunContext.for_training(run.processes, trainer, cfg.seed)  # seed, device, writes
+    callbacks = Callbacks.build(cfg.callbacks, run.processes)  # yours, by name (conf/callbacks/)
     tracker = Tracker.of(cfg.logger, context.writes, Path(cfg.paths.runs))  # connects meanwhile
     out = Outputs(run.run_dir, context.is_main, tracker)
     out.print(report.config_tree(run.record.resolved))
@@ -136,6 +142,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     schedule = build(cfg.scheduler)(optimizer, start.steps)
     objective = Objective(task.training_loss(), teacher)  # a teacher's outputs blended in
     parts = Parts.assemble(modules, optimizer, schedule, precision, objective, trainer)  # EMA, SWA
+    parts.callbacks = callbacks  # called by the loop and the checkpointer; saved under their names
     if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were
         return tune(cfg.tune, parts, batches.train, data, out)
     state = TrainState.since(started)  # every counter that resumes: position, best, patience, skips
@@ -148,9 +155,11 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     judge = Judge(parts.judged(modules.eval_model, trainer.ema), precision, task, state, out)
 
     # --- Train, tracked (conf/logger/): never ahead of last.pt; failed or killed if it raises
-    with out.track(run.tracked, state, run.stored_tracking).tracking() as tracker:
+    tracked = out.track(run.tracked, state, run.stored_tracking)
+    with tracked.tracking() as tracker, callbacks.watching():  # on_exception if it fails
         if not run.resumed:
             report.log_sample_grid(tracker, start.first_batches[0], data, task)  # what it sees
+        callbacks.fit_start(run, data.sizes(), context.processes)
         progress = TrainingProgress(out.console, start.steps.total, trainer.max_epochs)
         loop = Loop(checkpointer, trainer, stop, tracker, progress)
         for _ in loop.epochs(debugging.batches(batches.train), data.batch_size, done=early.done):
@@ -161,10 +170,9 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
                 schedule.after_validation(judge.validate(batches.val))  # scheduler=plateau
                 value = state.metrics[monitor.name]
                 early.update(value, state.epoch)  # counted in the state: saved with the epoch
+                callbacks.validation_end(state)  # a stop asked is saved with the epoch
             checkpointer.save_epoch(value)  # last.pt, then the history it covers is sent
-            log.info(state.epoch_line(trainer.max_epochs))
-        if loop.stopped:  # a signal: save the exact position, say how to continue
-            checkpointer.stop_here(stop)
+            log.info(state.epoch_line(trainer.max_epochs))  # (a signal's stop raised Interrupted)
         debugging.report(out)
 
         # --- Test the best checkpoint (val when the dataset has no test split) ------------
@@ -175,6 +183,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
         summary = loop.summary(data)  # throughput and data wait, with advice when it waited
         metrics = report.final_metrics(state, summary, data.test_split, checkpointer)
         out.finish({**metrics, **early.summary()}, run.record.resolved, state.metrics)
+        callbacks.fit_end(loop.status, metrics)
     context.close()
     log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)
     debug.after_fit(trainer, state, batches.train)  # debug=overfit: did the loss fall?

@@ -95,6 +95,25 @@ def test_sigterm_to_torchrun_stops_every_rank_at_one_step_and_resume_is_exact(ru
         assert torch.equal(resumed[name], uninterrupted[name]), name
 
 
+@pytest.mark.slow
+def test_a_rank_zero_callback_runs_once_per_event_and_its_stop_ends_both_ranks(tmp_path):
+    stop = ("+callbacks.stop._target_=probe_callbacks.StopAtStep", "+callbacks.stop.step=7")
+    result = torchrun(tmp_path, *JOB, "data.batch_size=16", "run_name=cb", *stop)
+    out = result.stdout
+    assert out.count("fit start on rank 0 of 2") == 1 and "on rank 1" not in out
+    assert out.count("logged step 5 on rank 0") == 1  # logged step 5 on rank 0 alone
+    saved = load_checkpoint(tmp_path / "checkpoints" / "cb" / "last.pt")
+    assert saved["global_step"] == 10  # the first logged step past 7, on both ranks
+    assert saved["stopped_by"] == {
+        "callback": "stop",
+        "reason": "reached step 10",
+        "epoch": 1,
+        "step": 10,
+    }
+    metrics = json.loads((tmp_path / "runs" / "cb" / "metrics.json").read_text())
+    assert metrics["global_step"] == 10 and "test/acc" in metrics
+
+
 @pytest.mark.slow  # continues the checkpoint the SIGTERM test above leaves
 def test_one_process_continues_what_two_began(runs):
     cwd, _ = runs

@@ -22,7 +22,7 @@ from utils.config.monitor import monitor_mode
 from utils.config.trust import allowed_builders, check_stored_config
 from utils.errors import UserError
 from utils.files import remove_stale_temporary_files, save_atomic
-from utils.fit.checkpointer import checked_top_k, own_top_k_file, top_k_name
+from utils.fit.top_k import checked_top_k, own_top_k_file, top_k_name
 from utils.system.seeding import mix_seed
 
 TINY = ("model.hidden_sizes=[16]", "data.batch_size=128")

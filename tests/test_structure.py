@@ -54,7 +54,8 @@ def test_train_state_round_trips_and_reads_older_checkpoints():
         skipped_steps=1,
     )
     saved = state.state_dict()
-    assert set(saved) == STATE_KEYS | {"skipped_steps", "early_stopping", "elapsed_seconds"}
+    later = {"skipped_steps", "early_stopping", "elapsed_seconds", "stopped_by"}
+    assert set(saved) == STATE_KEYS | later
     assert saved["elapsed_seconds"] > 0  # this segment's time so far
     again = TrainState()
     again.load_state_dict({**saved, "model": {}, "optimizer": {}})

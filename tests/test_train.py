@@ -13,6 +13,8 @@ from omegaconf import OmegaConf
 
 CHECKPOINT_KEYS = {
     "format_version",
+    "stopped_by",
+    "callbacks",
     "rng_per_rank",
     "skipped_steps",
     "early_stopping",

@@ -13,6 +13,7 @@ class UserError(Exception):
 
 
 EXIT_USER_ERROR = 2
+EXIT_FAILED = 1  # a run that failed: as Python exits on an uncaught error (a callback that raised)
 
 
 # What the system says of a path a user can change (too long, through a file, full, read-only):

@@ -38,6 +38,8 @@ KEYS: dict[str, tuple[Any, str | None, str]] = {
     "early_stopping": (dict, "optional", "validations without improvement"),
     "metrics": (dict, "required", "the latest metrics, by tag"),
     "elapsed_seconds": (NUMBER, "optional", "the run's wall time up to this save"),
+    "stopped_by": ((dict, type(None)), "optional", "the callback that stopped the run, and why"),
+    "callbacks": (dict, "optional", "each callback's state, under its name"),
     "losses": (dict, None, "the loss sums, and the losses not yet summed"),
     "ema": ((dict, type(None)), "optional", "trainer.ema's averaged weights"),
     "swa": ((dict, type(None)), "optional", "trainer.swa's averaged weights"),
@@ -115,11 +117,31 @@ def check_training_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:
             f"cannot resume from {path}: its metrics are not named numbers (was it "
             f"edited?); use init_from={path} for its weights"
         )
+    check_stopped_by(path, checkpoint.get("stopped_by"))
     elapsed = checkpoint.get("elapsed_seconds", 0.0)
     if not (elapsed is None or (math.isfinite(elapsed) and 0 <= elapsed <= MAX_COUNT)):
         raise UserError(
             f"cannot resume from {path}: its elapsed_seconds={elapsed} is out of "
             f"range (was it edited?); use init_from={path} for its weights"
+        )
+
+
+MAX_REASON = 1000  # characters of a callback's stop reason a checkpoint may hold
+
+
+def check_stopped_by(path: Path, stopped_by: Any) -> None:
+    """A stored ``stopped_by`` is None or what a callback's stop writes (hooks.py)."""
+    kinds = {"callback": str, "reason": str, "epoch": int, "step": int}
+    if stopped_by is None:
+        return
+    fits = set(stopped_by) == set(kinds) and all(
+        isinstance(stopped_by[key], kind) and not isinstance(stopped_by[key], bool)
+        for key, kind in kinds.items()
+    )
+    if not fits or len(stopped_by["callback"]) > 64 or len(stopped_by["reason"]) > MAX_REASON:
+        raise UserError(
+            f"cannot resume from {path}: its stopped_by is not what torchloom writes (was it "
+            f"edited?); use init_from={path} for its weights"
         )
 
 

@@ -19,7 +19,12 @@ from utils.checkpoint.format import averaged_checkpoint
 from utils.checkpoint.load import load_checkpoint
 from utils.config.arguments import POSITIVE_INT
 from utils.config.build import build
-from utils.config.trust import check_stored_config, require_keys, with_current_targets
+from utils.config.trust import (
+    check_stored_config,
+    require_keys,
+    with_current_targets,
+    without_callbacks,
+)
 from utils.errors import UserError
 from utils.files import save_atomic
 from utils.model.modules import accepted_by
@@ -56,7 +61,7 @@ def read_checkpoint(
             raise UserError(f"{path} carries no config; pass config=<run dir>/.hydra/config.yaml")
         else:
             config, source = stored, path
-    config = with_current_targets(config)
+    config = without_callbacks(with_current_targets(config))
     require_keys(config, source, {"model": dict, "data": dict, "seed": int})
     check_stored_config(config, source)
     if inputs is not None and not isinstance(inputs, dict):

@@ -98,6 +98,7 @@ class TrainConfig:
     precision: Any = MISSING
     task: Any = MISSING
     logger: Any = None  # one node per chosen backend (conf/logger/)
+    callbacks: Any = field(default_factory=dict)  # name → a callback entry (utils/fit/callbacks/)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)

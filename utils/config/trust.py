@@ -12,7 +12,9 @@ A config stored in a checkpoint (or a ``.safetensors`` export, or a YAML file gi
   plus ``torch.optim``'s optimizer classes. No package prefix is trusted, and nothing is
   imported to decide.
 
-The check runs before anything in the config is resolved, imported or built.
+The check runs before anything in the config is resolved, imported or built. A stored
+config's ``callbacks`` (the user's code that train.py ran) are dropped unread first: only
+train.py builds callbacks, from its own command line.
 """
 
 from __future__ import annotations
@@ -84,6 +86,13 @@ def with_current_targets(config: Any) -> Any:
     if isinstance(config, list):
         return [with_current_targets(value) for value in config]
     return config
+
+
+def without_callbacks(config: Any) -> Any:
+    """``config`` without its ``callbacks`` node: never built from a file, never checked."""
+    if not isinstance(config, dict):
+        return config
+    return {key: value for key, value in config.items() if key != "callbacks"}
 
 
 @cache

@@ -9,10 +9,13 @@ swa             stochastic weight averaging (trainer.swa), BatchNorm statistics 
 teacher         distill.*: the teacher from its checkpoint, the blended loss, its file's sha256
 early_stopping  when the monitored metric stopped improving (trainer.early_stopping)
 progress        the progress bar and plain progress lines
-checkpointer    what is saved, when and where; resume, stop, best, which top-k copies stay
+checkpointer    what is saved, when and where; resume, stop, best
+top_k           the top-k copies: their names, ranking, which stay and which go
+callbacks/      yours, named in the config: their hooks, their state, the ready-made ones
 """
 
 # What the entry points use, importable from the package.
+from utils.fit.callbacks.hooks import CallbackFailed, Callbacks
 from utils.fit.checkpointer import Checkpointer
 from utils.fit.early_stopping import EarlyStopping
 from utils.fit.loop import Loop, Objective, Parts
@@ -21,6 +24,8 @@ from utils.fit.state import TrainState
 from utils.fit.teacher import Teacher
 
 __all__ = [
+    "CallbackFailed",
+    "Callbacks",
     "Checkpointer",
     "EarlyStopping",
     "Loop",

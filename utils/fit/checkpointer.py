@@ -1,17 +1,14 @@
 """What a run saves, when and where, and how it continues from a checkpoint: one owner,
 registered once with the parts it saves (timm's ``CheckpointSaver``, torchtitan's
 ``CheckpointManager``); train.py then calls ``start``, ``save_epoch``, ``stop_here`` and
-``load_best``. Which top-k copies are kept is decided here too (its only caller); the file
-mechanisms (atomic writes, safe loading) are in :mod:`utils.checkpoint`.
-
-Every file a resume or a new best would delete is checked first: only top-k names torchloom
-writes (``epoch=NNN-<monitor>=<value>.pt``), inside the run's own checkpoint folder.
+``load_best``. Which top-k copies stay is :mod:`utils.fit.top_k`'s; the file mechanisms (atomic
+writes, safe loading) are in :mod:`utils.checkpoint`. The callbacks hear of each file written
+(``on_checkpoint``), and their state goes into each.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,16 @@ from utils.config.resolvers import in_sweep
 from utils.errors import UserError
 from utils.files import copy_atomic, save_atomic
 from utils.fit.state import TrainState
+from utils.fit.top_k import (
+    TOP_K_NAME,
+    checked_top_k,
+    copy_of_epoch,
+    keep_copies,
+    own_top_k_file,
+    prune_top_k,
+    rank_top_k,
+    top_k_name,
+)
 from utils.model.optim import hyperparameters
 from utils.model.weights import load_weights, unwrap
 from utils.system import distributed
@@ -29,7 +36,6 @@ from utils.system.seeding import all_rng_states, restore_rng
 from utils.system.signals import Interrupted, continue_command, continue_sweep_command
 
 log = logging.getLogger("torchloom")
-TOP_K_NAME = re.compile(r"epoch=(\d{3,})-[A-Za-z0-9_.+-]+=-?(\d+\.\d{4}|inf|nan)\.pt")
 
 
 class Checkpointer:
@@ -90,6 +96,7 @@ class Checkpointer:
         if self.writes:
             prune_top_k(self.folder, state.top_k, self.trainer.keep_top_k, state.epoch)
             self._finish_copies(path)
+            self._announce(*self._copies_of_the_save())  # what the callbacks' state had not seen
         state.batch_in_epoch = distributed.rescale_position(
             state.batch_in_epoch,
             checkpoint.get("world_size", 1),
@@ -120,6 +127,24 @@ class Checkpointer:
             if copy and not copy.exists() and match and int(match.group(1)) == state.epoch:
                 copy_atomic(self.last, copy)
 
+    def _copies_of_the_save(self) -> tuple[bool, str]:
+        """(whether best.pt, which top-k file) the save of the resumed last.pt made of it."""
+        state = self.state
+        if state.batch_in_epoch:
+            return False, ""
+        best = state.best_epoch == state.epoch and state.best_metric is not None
+        return best, copy_of_epoch(state.top_k, state.epoch)
+
+    def _announce(self, best: bool, top_k_file: str) -> None:
+        """The callbacks' ``on_checkpoint`` for last.pt and the copies just made of it. Their
+        state in last.pt was taken before these calls, so a resume makes them again."""
+        callbacks = self.parts.callbacks
+        callbacks.checkpoint(self.last, "last")
+        if best:
+            callbacks.checkpoint(self.folder / "best.pt", "best")
+        if top_k_file:
+            callbacks.checkpoint(self.folder / top_k_file, "top_k")
+
     def _restore(self, path: Path, checkpoint: dict[str, Any], reschedule: bool) -> None:
         """Put every piece of a training checkpoint back: weights, optimizer, schedule (unless
         the caller continues a changed one), loss scaler, the state, the loss sums, and — last,
@@ -145,6 +170,9 @@ class Checkpointer:
             with restoring("loss scaler settings", path):
                 scaler.load_state_dict(checkpoint["scaler"])
         self.state.load_state_dict(checkpoint)
+        parts.callbacks.load_state_dict(checkpoint.get("callbacks"), path)  # before on_fit_start
+        if self.state.stopped_by and not parts.callbacks.honours(self.state.stopped_by):
+            self.state.stopped_by = None
         self._restore_averages(checkpoint)
         with restoring("loss sums", path):
             parts.losses.load_state_dict(checkpoint.get("losses") or legacy_loss_sums(checkpoint))
@@ -192,6 +220,7 @@ class Checkpointer:
             rng_per_rank=rng,
             world_size=len(rng),
             tracking=self.history.checkpoint_record() if self.history else None,
+            callbacks=parts.callbacks.state_dict(),
         )
 
     def save(self) -> None:
@@ -222,6 +251,7 @@ class Checkpointer:
         self.intact = (self.last, state.epoch)
         if self.writes:  # best.pt, top-k: copies of last.pt
             keep_copies(self.folder, best=improved, top_k_file=top_k_file, dropped=dropped)
+            self._announce(improved, top_k_file)
         self.sent_on()
 
     def sent_on(self) -> None:
@@ -237,6 +267,8 @@ class Checkpointer:
             bool(unsaved), self.context.device
         ):  # saving is collective: all or none
             self.save()
+            if self.writes:
+                self._announce(best=False, top_k_file="")
             self.sent_on()
 
     def stop_here(self, stop: Any) -> None:
@@ -259,6 +291,7 @@ class Checkpointer:
                 state.batch_in_epoch,
                 command,
             )
+        self.parts.callbacks.fit_end("interrupted", self.state.metrics)
         distributed.barrier()  # no process leaves before last.pt is written: torchrun would kill the rest
         context.close()
         raise Interrupted
@@ -281,92 +314,3 @@ class Checkpointer:
                     if name.startswith("val/")
                 },
             )
-
-
-# --- Top-k copies ---------------------------------------------------------------------------
-
-
-def top_k_name(epoch: int, monitor: str, value: float) -> str:
-    return f"epoch={epoch:03d}-{monitor.replace('/', '_')}={value:.4f}.pt"
-
-
-def own_top_k_file(folder: Path, name: Any) -> Path | None:
-    """``folder / name`` when ``name`` is a top-k file name torchloom writes and the path lies
-    directly inside ``folder``; None for anything else (a stored list is untrusted input)."""
-    if not isinstance(name, str) or not TOP_K_NAME.fullmatch(name):
-        return None
-    path = folder / name
-    if path.resolve().parent != folder.resolve():
-        return None
-    return path
-
-
-def top_k_files(folder: Path) -> list[Path]:
-    """The top-k copies torchloom wrote in a run's checkpoint ``folder``, oldest epoch first."""
-    return sorted(p for p in folder.glob("epoch=*.pt") if own_top_k_file(folder, p.name))
-
-
-def checked_top_k(ranked: Any, folder: Path) -> list:
-    """The ``top_k`` list of a checkpoint, without entries that are not torchloom's own top-k
-    files in ``folder`` (each dropped with a warning)."""
-    kept = []
-    for entry in ranked if isinstance(ranked, list) else []:
-        ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int | float)
-        if ok and own_top_k_file(folder, entry[1]) is not None:
-            kept.append(entry)
-        else:
-            log.warning(
-                "warning: ignoring top-k entry %r of the checkpoint: not a top-k file "
-                "torchloom writes in %s",
-                entry,
-                folder,
-            )
-    return kept
-
-
-def prune_top_k(folder: Path, ranked: list, k: int, epoch: int) -> None:
-    """After a resume: trim ``ranked`` to ``k`` (``keep_top_k`` may have been lowered), and
-    delete the top-k files the run no longer tracks: the trimmed ones, those of epochs after
-    the resume point (left by the run's own later epochs, which it now trains again), and
-    those a kill kept from being deleted once they fell out."""
-    del ranked[k:]
-    tracked = {name for _, name in ranked}
-    for path in sorted(folder.glob("epoch=*.pt")):
-        if TOP_K_NAME.fullmatch(path.name) and path.name not in tracked:
-            log.info(
-                "removing %s: not among the top %d from this resume point (epoch %d)",
-                path,
-                k,
-                epoch,
-            )
-            path.unlink(missing_ok=True)
-
-
-def rank_top_k(ranked: list, k: int, name: str, value: float, monitor) -> tuple[bool, list[str]]:
-    """Enter ``name`` (scored ``value``) into ``ranked``, the ``[[value, file name], ...]`` list
-    kept in the training state, best first. Returns whether the file should be written and
-    which files fell out; the caller writes the new file before deleting those, so a crash
-    never leaves fewer than before."""
-    if k == 0 or (len(ranked) >= k and not monitor.better(value, ranked[-1][0])):
-        return False, []
-    ranked.append([value, name])
-    ranked.sort(key=lambda entry: -monitor.sign * entry[0])
-    dropped = [dropped_name for _, dropped_name in ranked[k:]]
-    del ranked[k:]
-    return True, dropped
-
-
-def keep_copies(folder: Path, best: bool, top_k_file: str | bool, dropped: list[str]) -> None:
-    """Copy the just-written ``last.pt`` to ``best.pt`` and to its top-k name, then delete the
-    top-k files that fell out: new files are complete before old ones go. Only torchloom's own
-    top-k files in ``folder`` are ever deleted."""
-    if best:
-        copy_atomic(folder / "last.pt", folder / "best.pt")
-    if top_k_file:
-        copy_atomic(folder / "last.pt", folder / top_k_file)
-        for name in dropped:
-            path = own_top_k_file(folder, name)
-            if path is None:
-                log.warning("warning: not deleting %r: not a top-k file of %s", name, folder)
-            else:
-                path.unlink(missing_ok=True)

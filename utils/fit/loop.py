@@ -12,7 +12,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from torch import nn
 
 from utils.diagnose import debug
 from utils.errors import UserError
+from utils.fit.callbacks.hooks import Callbacks, StepView
 from utils.fit.ema import WeightAverage
 from utils.fit.loss_sums import LossSums
 from utils.fit.nonfinite import NonFiniteWatch
@@ -59,6 +60,7 @@ class Parts:
     ema: WeightAverage | None = None  # trainer.ema: updated after each step, saved beside it
     swa: StochasticAverage | None = None  # trainer.swa: updated after each epoch, saved too
     teacher: Teacher | None = None  # distill.teacher: blended into the loss, never saved
+    callbacks: Callbacks = field(default_factory=lambda: Callbacks([]))  # conf/callbacks/
 
     @classmethod
     def assemble(
@@ -123,11 +125,12 @@ class Loop:
         """Steps the parts ``checkpointer`` saves (utils/fit/checkpointer.py), from and into its
         state; a failure's message says what its last good checkpoint holds. Its points go
         to ``tracker`` (utils/tracking/tracker.py)."""
-        self.parts, self.state, self.saved = (
+        self.checkpointer, self.parts, self.state = (
+            checkpointer,
             checkpointer.parts,
             checkpointer.state,
-            checkpointer.describe,
         )
+        self.saved = checkpointer.describe
         self.trainer, self.stop, self.tracker, self.progress = trainer, stop, tracker, progress
         self.train_seconds = 0.0  # inside epochs, evaluation excluded
         self.trained_steps = 0  # by this invocation (a resumed run counts from its resume)
@@ -135,10 +138,11 @@ class Loop:
 
     def epochs(self, batches: Any, batch_size: int, done: Any) -> Iterator[int]:
         """Train epoch after epoch up to ``trainer.max_epochs`` or until ``done()`` (early
-        stopping), with the progress bar shown and cycle collection by the loop; yields after
-        each finished epoch (the caller then validates and saves). Ends early when every
-        process agrees on a stop, which sets :attr:`stopped`: the state then holds the
-        position to resume from."""
+        stopping) or a callback's stop, with the progress bar shown and cycle collection by
+        the loop; yields after each finished epoch (the caller then validates and saves). A
+        callback's stop within an epoch saves last.pt there, and the run goes on to its test.
+        When every process agrees on a signal's stop, last.pt holds the exact position and
+        :class:`Interrupted` is raised (utils/fit/checkpointer.py ``stop_here``)."""
         state, device = self.state, self.parts.losses.device
         if state.batch_in_epoch > len(batches):
             raise UserError(
@@ -149,14 +153,29 @@ class Loop:
             )
         self.stopped = distributed.agree(self.stop.requested, device)  # a signal at start-up
         with self.progress, cycle_collection_by_the_loop():
-            while state.epoch < self.trainer.max_epochs and not self.stopped and not done():
+            while self.going_on(done):
                 if not self.epoch(batches, batch_size):
-                    self.stopped = True
+                    self.stopped = not state.stopped_by
                     break
                 state.next_epoch()
                 yield state.epoch
                 collect_cycles()  # also once an epoch, however long the logging window
                 self.stopped = distributed.agree(self.stop.requested, device)
+        if state.stopped_by:  # a callback's stop: its position saved, then the run's test
+            self.checkpointer.save_on_stop()
+        elif self.stopped:
+            self.checkpointer.stop_here(self.stop)
+
+    def going_on(self, done: Any) -> bool:
+        state = self.state
+        stop = self.stopped or done() or state.stopped_by
+        return state.epoch < self.trainer.max_epochs and not stop
+
+    @property
+    def status(self) -> str:
+        """How training ended: finished (all of trainer.max_epochs) or stopped (early
+        stopping, a callback); an interrupted run raised Interrupted instead."""
+        return "finished" if self.state.epoch >= self.trainer.max_epochs else "stopped"
 
     def epoch(self, batches: Any, batch_size: int) -> bool:
         """Train from the state's data position to the end of its epoch, then log its loss,
@@ -166,6 +185,8 @@ class Loop:
         accumulate = self.trainer.accumulate_grad_batches
         epoch_start, step_before = time.perf_counter(), state.global_step
         wait_before = progress.data_wait.seconds
+        if state.batch_in_epoch == 0:  # a resumed epoch started before: not again
+            self.parts.callbacks.epoch_start(state.epoch + 1)
         set_epoch = getattr(unwrap(self.parts.model), "set_epoch", None)
         if set_epoch:  # a model that trains differently by epoch (model.freeze_backbone_epochs)
             set_epoch(state.epoch)
@@ -189,6 +210,8 @@ class Loop:
             tracker.scalar("train/samples_per_second", samples / seconds, state.global_step)
             waited = (progress.data_wait.seconds - wait_before) / seconds
             tracker.scalar("train/data_wait_fraction", waited, state.global_step)
+            speed = {"train/samples_per_second": samples / seconds}
+            self.parts.callbacks.log(state, {**speed, "train/data_wait_fraction": waited})
         return finished
 
     def summary(self, data: Any) -> dict[str, float]:
@@ -244,11 +267,8 @@ class Loop:
                 progress.update(state.epoch, state.global_step)
             # Several processes must stop at the same step: they agree when they sync anyway.
             stop_check_due = log_due or not several_processes
-            if (
-                stop_check_due
-                and distributed.agree(self.stop.requested, labels.device)
-                and index + 1 < micro_batches
-            ):
+            signal = stop_check_due and distributed.agree(self.stop.requested, labels.device)
+            if (signal or state.stopped_by) and index + 1 < micro_batches:
                 return False
         return True
 
@@ -258,21 +278,29 @@ class Loop:
         EMA moved on. Returns the gradients' total norm when it was measured."""
         model, optimizer, trainer = self.parts.model, self.parts.optimizer, self.trainer
         precision, state, grad_norm = self.parts.precision, self.state, None
-        if trainer.gradient_clip_val is not None or log_due:
+        callbacks, view = self.parts.callbacks, None
+        if callbacks.mutating:  # conf/callbacks/ entries with mutable: true
+            view = StepView(unwrap(model), optimizer, precision.scaler, *state.position())
+            callbacks.step("on_after_backward", view)  # gradients as backward left them
+        if trainer.gradient_clip_val is not None or log_due or callbacks.unscaled:
             precision.scaler.unscale_(optimizer)  # clip and measure true gradients
             if trainer.gradient_clip_val is not None:
                 max_norm = trainer.gradient_clip_val
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-            else:  # measured only: no pass over every gradient to scale it by 1
+            elif log_due:  # measured only: no pass over every gradient to scale it by 1
                 grads = [p.grad for p in model.parameters() if p.grad is not None]
                 grad_norm = torch.nn.utils.get_total_norm(grads)
             if log_due and trainer.log_grad_norms == "per_layer":
                 for name, norm in per_layer_grad_norms(model).items():
                     self.tracker.scalar(f"grad_norm/{name}", norm, state.global_step + 1)
+        if view:
+            callbacks.step("on_before_optimizer_step", view)  # unscaled, clipped
         if self.parts.watch.step_allowed(state.global_step + 1, optimizer):
             precision.scaler.step(optimizer)
             precision.scaler.update()
             self.parts.schedule.after_optimizer_step()  # the LR schedule counts the steps taken
+            if view:
+                callbacks.step("on_after_optimizer_step", view)  # before the EMA follows
             if self.parts.ema:
                 self.parts.ema.update()  # toward the weights just written (utils/fit/ema.py)
         else:
@@ -290,9 +318,11 @@ class Loop:
         mean_loss = distributed.all_mean(losses.window_mean(step), device)  # sync
         self.parts.watch.check(step, self.parts, self.saved())
         tracker.scalar("train/loss", mean_loss, step)
-        tracker.scalar("train/lr", self.parts.optimizer.param_groups[0]["lr"], step)
+        lr = self.parts.optimizer.param_groups[0]["lr"]
+        tracker.scalar("train/lr", lr, step)
         tracker.scalar("train/grad_norm", grad_norm.item(), step)
         tracker.scalar("train/skipped_steps", state.skipped_steps, step)
+        self.parts.callbacks.log(state, {"train/loss": mean_loss, "train/lr": lr})
         self.progress.update(state.epoch, step, mean_loss, samples_per_second)
         collect_cycles()  # here, not at a random step (utils/system/memory.py)
 

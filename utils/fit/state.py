@@ -24,6 +24,7 @@ class TrainState:
     skipped_steps: int = 0  # steps skipped for a non-finite loss (trainer.nonfinite=skip)
     early_stopping: dict = field(default_factory=dict)  # utils/fit/early_stopping.py's count
     elapsed_seconds: float = 0.0  # wall time of the run's earlier segments, to their last save
+    stopped_by: dict | None = None  # a callback's stop: {callback, reason, epoch, step}
 
     def __post_init__(self) -> None:
         self.segment_started = time.perf_counter()  # this segment (process) of the run
@@ -52,6 +53,10 @@ class TrainState:
             if name in checkpoint:
                 setattr(self, name, checkpoint[name])
         self.elapsed_seconds = float(self.elapsed_seconds or 0.0)
+
+    def position(self) -> tuple[int, int]:
+        """(the optimizer step being taken, its epoch), both 1-based as the history shows them."""
+        return self.global_step + 1, self.epoch + 1
 
     def next_epoch(self) -> None:
         self.epoch, self.batch_in_epoch = self.epoch + 1, 0

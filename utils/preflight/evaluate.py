@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from utils.checkpoint.load import checkpoint_to_evaluate
 from utils.errors import UserError
 from utils.evaluation.export import EXPORTERS, SUFFIXES
-from utils.fit.checkpointer import top_k_files
+from utils.fit.top_k import top_k_files
 from utils.run.outputs import check_output
 from utils.run.start import RunContext
 from utils.tracking.tracker import require

@@ -20,11 +20,13 @@ from utils.config.monitor import monitor_mode
 from utils.config.resolvers import check_run_name
 from utils.config.schema import CONF, TrainerConfig
 from utils.errors import UserError
+from utils.fit.callbacks.hooks import entries_of
 from utils.fit.swa import check_swa
 from utils.fit.teacher import check_settings
 from utils.model.optim import build_optimizer
 from utils.run.cross_validation import check_cv
 from utils.schedulers import StepCounts
+from utils.system.distributed import processes_from_env
 
 
 def _number(cfg: DictConfig, key: str) -> float:
@@ -96,6 +98,7 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
     check_groups(cfg)
 
     check_swa(cfg.trainer.swa, cfg.trainer.max_epochs)  # before any data is read
+    entries_of(cfg.callbacks, processes_from_env().world_size)  # conf/callbacks/, yours
     check_settings(cfg.distill)
 
     Mixing.from_augment(OmegaConf.to_container(cfg.data.get("augment") or {}, resolve=True))

@@ -142,6 +142,16 @@ def agree(flag: bool, device: torch.device) -> bool:
     return bool(all_sum(torch.tensor(float(flag), device=device)).item())
 
 
+def first_of(value: object) -> object:
+    """The first non-None of each process's ``value``, in rank order, on every process (a
+    callback's stop asked in one process, utils/fit/callbacks/hooks.py); ``value`` for one."""
+    if not dist.is_initialized():
+        return value
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return next((item for item in gathered if item is not None), None)
+
+
 def rescale_position(batch_in_epoch: int, saved_world: int, world: int, accumulate: int) -> int:
     """A mid-epoch data position saved by ``saved_world`` processes, for ``world`` processes:
     the same number of samples into the epoch, rounded down to a whole optimizer step. With
