@@ -5,6 +5,7 @@ model, optimizer, batch size and seed; and train.py's start-up time against ``im
     python benchmarks/loop_speed.py --cases mlp --rounds 5
     python benchmarks/loop_speed.py --cases mlp mlp_ema cnn cnn_mix   # the EMA's and mixing's cost
     python benchmarks/loop_speed.py --cases mlp mlp_logged            # three loggers' cost
+    python benchmarks/loop_speed.py --cases mlp mlp_callbacks         # a no-op callback's cost
     python benchmarks/loop_speed.py --cases digits_mlflow --rounds 5  # MLflow's wall-time cost
 
 For each case it times, in one process:
@@ -77,11 +78,15 @@ CASES = {
 }
 # The recipe's costs: a case with one feature on, against the same case without it, each
 # measured against the same hand-written floor in this process (cost = 1 - ratio / base ratio).
+NOOP_CALLBACK = ["+callbacks.noop._target_=noop_callback.NoOp", "+callbacks.noop.mutable=true"]
 FEATURE_CASES = {
     "mlp_ema": ("mlp", ["trainer.ema.decay=0.999"]),
     "cnn_mix": ("cnn", ["data.augment.mixup_alpha=0.2", "data.augment.cutmix_alpha=1.0"]),
     # Three loggers at once (pip install -e ".[mlflow]"): MLflow is sent points at checkpoints.
     "mlp_logged": ("mlp", ["logger=[tensorboard,csv,mlflow]"]),
+    # A callback doing nothing on every hook, the step hooks too (benchmarks/noop_callback.py).
+    "mlp_callbacks": ("mlp", NOOP_CALLBACK),
+    "digits_callbacks": ("digits", NOOP_CALLBACK),
 }
 for _case, (_base, _extra) in FEATURE_CASES.items():
     CASES[_case] = [*CASES[_base], *_extra]
@@ -89,6 +94,7 @@ COMMON = ["optim=adamw", "scheduler=none", "precision=fp32", "trainer.device=cpu
 # Epochs per run: each method trains for a few seconds or more (a cnn epoch takes about 1 s on
 # 2 cores, an MLP epoch 0.3 s, a digits epoch of 19 steps 35 ms).
 EPOCHS = {"mlp": 16, "cnn": 16, "digits": 40, "mlp_ema": 16, "cnn_mix": 16, "mlp_logged": 16}
+EPOCHS.update(mlp_callbacks=16, digits_callbacks=40)
 
 
 def compose(overrides: list[str]):
