@@ -241,3 +241,37 @@ def test_the_ready_made_callbacks(tmp_path):
     for bad in ("soon", "1:2:3:4:5", 0, "-1"):
         with pytest.raises(UserError):
             seconds_of(bad)
+
+
+def test_where_the_hooks_sit_among_the_built_in_pieces(tmp_path):
+    run_train(
+        tmp_path,
+        "run_name=order",
+        "trainer.max_epochs=2",
+        "trainer.gradient_clip_val=0.01",
+        *cb("order", "probe_callbacks.Order", mutable="true"),
+    )
+    events = json.loads((tmp_path / "order.json").read_text())
+    steps = [e for e in events if e[0] in ("after_backward", "before_step", "after_step")]
+    assert [e[0] for e in steps[:3]] == ["after_backward", "before_step", "after_step"]
+    # Before the optimizer step the gradients are clipped; after backward they are not yet.
+    backward = [e[2] for e in steps if e[0] == "after_backward"]
+    before = [e[2] for e in steps if e[0] == "before_step"]
+    assert max(before) <= 0.01 * 1.0001 and max(backward) > 0.01
+    # After the optimizer step the schedule has stepped: the LR is the next step's.
+    saved = checkpoint(tmp_path, "order")
+    assert (
+        steps[-1][0] == "after_step" and steps[-1][2] == saved["optimizer"]["param_groups"][0]["lr"]
+    )
+    # Per epoch: its start, its steps, the validation, then last.pt and best.pt are written.
+    coarse = [e[:2] for e in events if e[0] not in ("after_backward", "before_step", "after_step")]
+    assert coarse[:7] == [
+        ["epoch_start", 1],
+        ["validation_end", 1],
+        ["checkpoint", "last"],
+        ["checkpoint", "best"],  # the first validation is the best so far
+        ["epoch_start", 2],
+        ["validation_end", 2],
+        ["checkpoint", "last"],
+    ]
+    assert coarse[7:-1] in ([], [["checkpoint", "best"]]) and coarse[-1] == ["fit_end", "finished"]

@@ -132,3 +132,37 @@ class StepCounter:
 class NotPlain(Counter):
     def state_dict(self):
         return {"weights": torch.zeros(2)}
+
+
+class Order:
+    """Mutable: writes, at the end, each event in the order it came, with the gradient norm the
+    step hooks saw and the EMA's first value, so the tests can pin where the hooks sit."""
+
+    def __init__(self) -> None:
+        self.events = []
+
+    def on_epoch_start(self, epoch):
+        self.events.append(["epoch_start", epoch])
+
+    def on_validation_end(self, epoch, metrics):
+        self.events.append(["validation_end", epoch])
+
+    def on_checkpoint(self, path, kind):
+        self.events.append(["checkpoint", kind])
+
+    def _norm(self, step):
+        grads = [p.grad for p in step.model.parameters() if p.grad is not None]
+        return float(torch.nn.utils.get_total_norm(grads))
+
+    def on_after_backward(self, step):
+        self.events.append(["after_backward", step.global_step, self._norm(step)])
+
+    def on_before_optimizer_step(self, step):
+        self.events.append(["before_step", step.global_step, self._norm(step)])
+
+    def on_after_optimizer_step(self, step):
+        self.events.append(["after_step", step.global_step, step.optimizer.param_groups[0]["lr"]])
+
+    def on_fit_end(self, status, metrics):
+        self.events.append(["fit_end", status])
+        Path("order.json").write_text(json.dumps(self.events))
