@@ -59,6 +59,7 @@ from utils.evaluation.metrics import evaluate
 from utils.fit.swa import recompute_batchnorm
 from utils.precision import Precision
 from utils.preflight.evaluate import EvaluatePlan, check_evaluate
+from utils.run import provenance
 from utils.run.cli import one_line_errors, run_cli
 from utils.run.outputs import Outputs
 from utils.run.start import RunContext
@@ -115,12 +116,13 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         task, metrics, before = judged(run, evaluated, seen)
         where = (str(path), index if len(plan.files) > 1 else None)  # title; the files' number
         results[str(path)] = result = task.tables(out, where, metrics, cfg.split)
+        checkpoint = load_checkpoint(path) if path.suffix != ".safetensors" else {}
+        result.update(provenance.split_check(checkpoint, path, evaluated.data, cfg.split))
         if task.calibrated is not None:  # what every figure above applied
             result.update(calibration=task.calibrated.record())
         if before is not None:
             result.update(before=before)
         if plan.to_training_run is not None and context.is_main:  # logger=mlflow
-            checkpoint = load_checkpoint(path) if path.suffix != ".safetensors" else {}
             node, config = plan.to_training_run, evaluated.config
             add_to_training_run(node, checkpoint, path, config, result, cfg.split)
         if cfg.export and context.is_main:

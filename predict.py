@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import logging
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from utils.files import write_file
 from utils.preflight.predict import check_predict
 from utils.run.cli import one_line_errors, run_cli
 from utils.run.outputs import Outputs
+from utils.run.provenance import prediction_record
 from utils.run.start import RunContext
 from utils.system.distributed import Processes
 from utils.text import cell, shown
@@ -68,6 +70,10 @@ def predict(cfg: DictConfig) -> None:
     write_predictions(
         Path(str(cfg.out)), header, [[n, *r] for n, r in zip(names, rows, strict=True)]
     )
+    traced = prediction_record(path, Path(str(cfg.input)), inputs)  # what the file came from
+    write_file(
+        sidecar(Path(str(cfg.out))), json.dumps(traced, indent=2).encode(), "choose another out=..."
+    )
     out.print(shown(f"{len(names)} predictions from {path} ({cfg.weights} weights) -> {cfg.out}"))
     for name, line in list(zip(names, lines, strict=True))[:10]:
         out.print(f"  {shown(name)}: {shown(line)}")
@@ -96,6 +102,11 @@ def unseen_categories(path: Path, unseen: list[str] | None, mode: str) -> list[s
         said,
     )
     return unseen
+
+
+def sidecar(out: Path) -> Path:
+    """Where the record of what ``out`` was made from goes: ``<out>.provenance.json``."""
+    return out.with_name(f"{out.name}.provenance.json")
 
 
 def write_predictions(out: Path, header: list[str], rows: list[list[str]]) -> None:

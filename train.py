@@ -62,6 +62,7 @@ from utils.run import (
     Outputs,
     RunContext,
     cross_validate,
+    provenance,
     report,
     run_cli,
     save_fold_predictions,
@@ -148,6 +149,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     state = TrainState.since(started)  # every counter that resumes: position, best, patience, skips
     early = EarlyStopping.of(trainer.early_stopping, monitor, state)
     run.record = run.record.with_inputs(InputRecord.from_run(data, task).to_dict())  # predict
+    run.record = provenance.recorded(cfg, data, run, context.processes, out)  # guards resume
     checkpointer = Checkpointer(run, context, parts, state, monitor, trainer)
     checkpointer.start(cfg.init_from, out.tracker)  # the resumed position, or a fresh run
     run.remove_replaced()  # overwrite=true: the earlier run's files, now that this one is set up

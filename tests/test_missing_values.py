@@ -320,7 +320,8 @@ def test_a_resumed_run_normalises_and_fills_as_it_started(tmp_path):
     started = checkpoint(tmp_path, "cut")["inputs"]
     shifted = [[str(int(a) + 100), b, y] for a, b, y in rows]  # a (no gaps, no fill): its scale
     write_rows(tmp_path / "t.csv", ["a", "b", "y"], shifted)
-    resumed = run_train(tmp_path, *run, "resume=auto")
+    # Other data: allowed (docs/provenance.md), and normalised as the run started.
+    resumed = run_train(tmp_path, *run, "resume=auto", "resume_allow_changes=true")
     assert "normalising with the statistics the resumed checkpoint recorded" in resumed.stdout
     ended = checkpoint(tmp_path, "cut")["inputs"]
     assert (ended["mean"], ended["std"]) == (started["mean"], started["std"])

@@ -157,6 +157,7 @@ def test_a_resume_keeps_the_target_scale_it_started_with(regression_run):
         "trainer.max_epochs=2",
         "run_name=scale",
         "resume=auto",
+        "resume_allow_changes=true",  # other data: refused without (docs/provenance.md)
     )
     assert "data.path: houses.csv -> moved.csv" in result.stdout + result.stderr
     resumed = load_checkpoint(cwd / "checkpoints" / "scale" / "last.pt")

@@ -7,6 +7,7 @@ history equals an uninterrupted run's."""
 from __future__ import annotations
 
 import importlib.abc
+import json
 import signal
 import subprocess
 import sys
@@ -580,3 +581,23 @@ def test_an_edited_run_id_never_writes_into_another_tracked_run(tmp_path):
     assert mlflow_runs(store(tmp_path), "victim")[0].info.status == "FINISHED"
     ids = {a["id"] for a in wandb_attempts(tmp_path / "runs" / "edited_id")}
     assert victim_attempt["id"] not in ids and len(ids) == 1
+
+
+def test_the_trackers_carry_the_runs_provenance(straight):
+    # MLflow: the commit as MLflow names it, the dirty flag and the data fingerprint as tags,
+    # provenance.json as an artifact; W&B: the same in its summary. Never the diff.
+    cwd, _ = straight
+    from mlflow import MlflowClient
+
+    record = json.loads((cwd / "runs" / "straight" / "provenance.json").read_text())
+    (run,) = mlflow_runs(store(cwd), "straight")
+    tags = run.data.tags
+    if record["code"]["commit"] is not None:  # a checkout with git
+        assert tags["mlflow.source.git.commit"] == record["code"]["commit"]
+    assert tags["torchloom.git_dirty"] == str(record["code"]["dirty"]).lower()
+    assert len(tags["torchloom.data_fingerprint"]) == 64
+    artifacts = MlflowClient(store(cwd)).list_artifacts(run.info.run_id)
+    assert "provenance.json" in [a.path for a in artifacts]
+    (attempt,) = wandb_attempts(cwd / "runs" / "straight")
+    summary = attempt["summary"]
+    assert summary["provenance/torchloom.data_fingerprint"] == tags["torchloom.data_fingerprint"]

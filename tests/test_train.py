@@ -15,6 +15,7 @@ CHECKPOINT_KEYS = {
     "format_version",
     "stopped_by",
     "callbacks",
+    "provenance",
     "rng_per_rank",
     "skipped_steps",
     "early_stopping",

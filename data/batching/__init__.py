@@ -7,4 +7,5 @@ loader    batches decoded by DataLoader workers, for data that does not fit in m
 targets   the kinds of target (classes, label sets, values) and their checks
 folds     which samples are train, val and test; K folds and groups
 mixing    MixUp and CutMix, for every dataset
+fingerprint  what the data is by content: each sample's hash, each split's membership
 """

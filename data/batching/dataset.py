@@ -17,6 +17,7 @@ the batches before it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from data.batching.batches import (
     Placement,
     TensorBatches,
 )
+from data.batching.fingerprint import membership, sample_hashes
 from data.batching.loader import LoaderBatches
 from data.batching.mixing import MixedBatches, Mixing
 from data.batching.splits import MappedSplit, TensorSplit
@@ -225,6 +227,28 @@ class Data:
         regression targets)."""
         split = self.splits["train"]
         return split.labels if isinstance(split, TensorSplit | MappedSplit) else split.targets
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What this data is, by content (data/batching/fingerprint.py): ``splits`` (each
+        split's membership sha256 and count), ``sources`` (this dataset's content sha256) and
+        ``samples`` (each split's per-sample hashes, kept in checkpoints only). A split read
+        lazily (no image cache) is recorded as not fingerprinted, with why."""
+        samples, lazy = {}, []
+        for name, split in self.splits.items():
+            if isinstance(split, TensorSplit | MappedSplit) and split.hashes is not None:
+                samples[name] = split.hashes  # computed as the image cache was built
+            elif isinstance(split, TensorSplit):
+                samples[name] = sample_hashes(split.inputs, split.labels)
+            elif isinstance(split, MappedSplit):
+                samples[name] = sample_hashes(split.images, split.labels)
+            elif split is not None:
+                lazy.append(name)
+        splits = {n: {"sha256": membership(h), "count": len(h)} for n, h in samples.items()}
+        content = hashlib.sha256(" ".join(s["sha256"] for s in splits.values()).encode())
+        source = {"content_sha256": content.hexdigest(), "samples": sum(map(len, samples.values()))}
+        if lazy:
+            source = {"unavailable": f"the {', '.join(lazy)} split is read lazily (data.cache=off)"}
+        return {"sources": {self.name: source}, "splits": splits, "samples": samples}
 
     def sizes(self) -> dict[str, int]:
         return {name: len(split) for name, split in self.splits.items() if split is not None}

@@ -5,7 +5,7 @@ channel statistics normalisation uses.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ class TensorSplit:
 
     inputs: torch.Tensor
     labels: torch.Tensor
+    hashes: torch.Tensor | None = None  # per-sample content hashes, when stored with a cache
 
     def __post_init__(self) -> None:
         if len(self.inputs) != len(self.labels):  # the extra images would be dropped unseen
@@ -46,6 +47,7 @@ class MappedSplit:
 
     images: np.ndarray  # an np.memmap: pages are read as batches need them
     labels: torch.Tensor
+    hashes: torch.Tensor | None = None  # per-sample content hashes, stored with the cache
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -101,3 +103,19 @@ def channel_statistics(inputs: torch.Tensor) -> tuple[list[float], list[float]]:
     std = values.std(dim=1).nan_to_num(1.0)
     std = torch.where(std > 0, std, torch.ones_like(std))
     return values.mean(dim=1).tolist(), std.tolist()
+
+
+def pixel_statistics(chunks: Iterator[torch.Tensor]) -> tuple[list[float], list[float]]:
+    """Per-channel mean and (unbiased) std of uint8 image batches [n, C, H, W], / 255."""
+    total = squares = None
+    count = 0
+    for chunk in chunks:
+        values = chunk.to(torch.float64).transpose(0, 1).reshape(chunk.shape[1], -1) / 255
+        total = values.sum(dim=1) if total is None else total + values.sum(dim=1)
+        squares = (values * values).sum(dim=1) + (0 if squares is None else squares)
+        count += values.shape[1]
+    mean = total / count
+    variance = (squares - count * mean * mean).clamp_min(0) / max(count - 1, 1)
+    std = variance.sqrt()
+    std = torch.where(std > 0, std, torch.ones_like(std))  # one colour everywhere: keep scale 1
+    return mean.tolist(), std.tolist()

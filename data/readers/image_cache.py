@@ -16,14 +16,14 @@ folders sharing one ``cache_dir`` keep their own caches. Its key covers the sort
 with sizes and modification times, the labels, ``image_size``, channels and this module's
 format version, so a changed, added or removed file builds a new cache (and says so) and the
 stale one of the same source is removed. The key says which files a cache claims to hold, not
-what it holds: each start decodes a few images chosen at random and compares them with the
-cache's pixels, and a file that differs (planted, or written by other code) is rebuilt with a
-warning. A cache is built into a temporary file and renamed, so two jobs building at once end
-with one valid cache and never read a partial one; the temporary files of killed builds are
-removed by the next build, and a stop signal during a build ends it within a batch of images,
-keeping nothing. A short or corrupt cache file is rebuilt with a warning; a folder that
-cannot be written falls back to decoding into memory (or, when that does not fit, to the
-DataLoader path) with one warning; a full disk leaves no partial file and says so in one line.
+what it holds: each start decodes a few random images and compares them with the cache's, and
+a file that differs (planted, or written by other code) is rebuilt with a warning. A cache is
+built into a temporary file and renamed (two jobs building at once end with one valid cache);
+a killed build's temporary file is removed by the next, and a stop signal ends a build within
+a batch of images. A short or corrupt file is rebuilt with a warning; an unwritable folder
+falls back to decoding into memory (or the DataLoader path) with one warning; a full disk
+leaves no partial file and says so. Each sample's content hash is stored after the pixels,
+computed as the build decodes them, so a run's data fingerprint reads no pixels.
 
 A cached image is exactly what the DataLoader path decodes (:func:`data.imagefolder.decode`),
 so a cached and an uncached run see bitwise the same batches in the same order.
@@ -52,8 +52,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.utils.data import Dataset
 
+from data.batching.fingerprint import sample_hashes
 from data.batching.loader import decoding_loader, reraised
-from data.batching.splits import MappedSplit, TensorSplit
+from data.batching.splits import MappedSplit, TensorSplit, pixel_statistics
 from utils.errors import UserError
 from utils.files import atomic_file, remove_stale_temporary_files
 from utils.system.memory import available_memory
@@ -61,7 +62,7 @@ from utils.system.signals import Interrupted, stop_requested
 
 log = logging.getLogger("torchloom")
 
-FORMAT_VERSION = 3  # 3: named by source; 2: pixels only (targets from the file list)
+FORMAT_VERSION = 4  # 4: each sample's content hash after the pixels; 3: named by source
 MAGIC = b"TLCACHE1"
 HEADER_BYTES = 4096  # magic, then the JSON header, padded; the pixels follow
 MODES = ("auto", "memory", "disk", "off")
@@ -176,22 +177,6 @@ class ImageCache:
         return pixel_statistics(chunks)
 
 
-def pixel_statistics(chunks: Iterator[torch.Tensor]) -> tuple[list[float], list[float]]:
-    """Per-channel mean and (unbiased) std of uint8 image batches [n, C, H, W], / 255."""
-    total = squares = None
-    count = 0
-    for chunk in chunks:
-        values = chunk.to(torch.float64).transpose(0, 1).reshape(chunk.shape[1], -1) / 255
-        total = values.sum(dim=1) if total is None else total + values.sum(dim=1)
-        squares = (values * values).sum(dim=1) + (0 if squares is None else squares)
-        count += values.shape[1]
-    mean = total / count
-    variance = (squares - count * mean * mean).clamp_min(0) / max(count - 1, 1)
-    std = variance.sqrt()
-    std = torch.where(std > 0, std, torch.ones_like(std))  # one colour everywhere: keep scale 1
-    return mean.tolist(), std.tolist()
-
-
 class Unwritable(Exception):
     """The cache folder cannot be written (a read-only mount, a path through a file)."""
 
@@ -251,8 +236,15 @@ def cache_key(files: Dataset) -> str:
 
 
 def _layout(files: Dataset) -> tuple[int, int]:
-    """(images offset, file size) of the cache file of ``files``."""
-    return HEADER_BYTES, HEADER_BYTES + len(files) * math.prod(files.input_shape)
+    """(images offset, file size) of the cache file of ``files``: the header, the pixels, then
+    each sample's content hash (int64, data/batching/fingerprint.py)."""
+    pixels = len(files) * math.prod(files.input_shape)
+    return HEADER_BYTES, HEADER_BYTES + pixels + 8 * len(files)
+
+
+def _stored_hashes(path: Path, files: Dataset) -> torch.Tensor:
+    at = HEADER_BYTES + len(files) * math.prod(files.input_shape)
+    return torch.from_numpy(np.fromfile(path, dtype=np.int64, count=len(files), offset=at))
 
 
 def _header(files: Dataset) -> bytes:
@@ -286,9 +278,13 @@ def differing_sample(path: Path, files: Dataset) -> str | None:
     )
     chosen = random.SystemRandom().sample(range(len(files)), min(SAMPLES_CHECKED, len(files)))
     ends = {0, len(files) - 1}  # a copy cut short and padded to size is wrong at its end
+    stored = _stored_hashes(path, files)  # the hashes too: its last bytes are the last's
     for index in sorted(ends | set(chosen)):
-        if not np.array_equal(cached[index], files[index][0].numpy()):
+        image = files[index][0]
+        if not np.array_equal(cached[index], image.numpy()):
             return f"not these images (its image {index} differs from {files.samples[index][0]})"
+        if stored[index] != sample_hashes(image[None], files.targets[index : index + 1])[0]:
+            return f"not these images (the hash stored for image {index} is not its own)"
     return None
 
 
@@ -354,8 +350,13 @@ def build_file(path: Path, files: Dataset, workers: int, name: str) -> None:
     try:
         with atomic_file(path) as f:
             f.write(_header(files))
+            hashes, done = [], 0
             for images in decoded_batches(files, workers, name):
                 f.write(images.numpy().tobytes())
+                labels = files.targets[done : done + len(images)]
+                hashes.append(sample_hashes(images, labels))  # the pixels, as they are read
+                done += len(images)
+            f.write(torch.cat(hashes).numpy().tobytes() if hashes else b"")
     except OSError as error:
         if error.errno == errno.ENOSPC:
             raise UserError(
@@ -371,7 +372,7 @@ def read_whole(path: Path, files: Dataset) -> TensorSplit:
     count = len(files) * math.prod(files.input_shape)
     pixels = np.fromfile(path, dtype=np.uint8, count=count, offset=images_at)
     images = torch.from_numpy(pixels).view(len(files), *files.input_shape)
-    return TensorSplit(images, files.targets)
+    return TensorSplit(images, files.targets, _stored_hashes(path, files))
 
 
 def map_file(path: Path, files: Dataset) -> MappedSplit:
@@ -380,7 +381,7 @@ def map_file(path: Path, files: Dataset) -> MappedSplit:
     images = np.memmap(
         path, dtype=np.uint8, mode="r", offset=images_at, shape=(len(files), *files.input_shape)
     )
-    return MappedSplit(images, files.targets)
+    return MappedSplit(images, files.targets, _stored_hashes(path, files))
 
 
 def decode_all(files: Dataset, workers: int, name: str) -> TensorSplit:

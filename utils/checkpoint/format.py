@@ -40,6 +40,7 @@ KEYS: dict[str, tuple[Any, str | None, str]] = {
     "elapsed_seconds": (NUMBER, "optional", "the run's wall time up to this save"),
     "stopped_by": ((dict, type(None)), "optional", "the callback that stopped the run, and why"),
     "callbacks": (dict, "optional", "each callback's state, under its name"),
+    "provenance": ((dict, type(None)), None, "what produced the run: code, packages, data"),
     "losses": (dict, None, "the loss sums, and the losses not yet summed"),
     "ema": ((dict, type(None)), "optional", "trainer.ema's averaged weights"),
     "swa": ((dict, type(None)), "optional", "trainer.swa's averaged weights"),

@@ -82,6 +82,11 @@ class DistillConfig:
 
 
 @dataclass
+class ProvenanceConfig:
+    save_diff: bool = MISSING
+
+
+@dataclass
 class PathsConfig:
     runs: str = MISSING
     checkpoints: str = MISSING
@@ -102,6 +107,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    provenance: ProvenanceConfig = field(default_factory=ProvenanceConfig)
     seed: int = MISSING
     run_name: str = MISSING
     resume: str | None = MISSING

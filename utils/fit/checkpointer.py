@@ -221,6 +221,7 @@ class Checkpointer:
             world_size=len(rng),
             tracking=self.history.checkpoint_record() if self.history else None,
             callbacks=parts.callbacks.state_dict(),
+            provenance=record.provenance,
         )
 
     def save(self) -> None:

@@ -8,9 +8,12 @@ outputs           who prints and who writes (the history, metrics.json, tables),
 report            what the config tree, model summary, final table and metrics.json hold
 sweep             sweep jobs: skip finished, record failures, the summary table
 cross_validation  cv=K: every fold a run of its own, resumable; oof.csv, pooled metrics
+provenance        what produced a run: command, code, packages, machine, data; guards resume
+compare           why two runs differ (compare.py): config, code, packages, machine, data
 """
 
 # What the entry points use, importable from the package.
+from utils.run import provenance
 from utils.run.cli import one_line_errors, run_cli
 from utils.run.cross_validation import cross_validate, save_fold_predictions
 from utils.run.outputs import Outputs, check_output
@@ -22,6 +25,7 @@ __all__ = [
     "check_output",
     "cross_validate",
     "one_line_errors",
+    "provenance",
     "run_cli",
     "save_fold_predictions",
     "start_run",

@@ -51,9 +51,13 @@ class RunRecord:
     resolved: dict
     overrides: list[str]
     inputs: dict | None = None  # InputRecord.to_dict(): shape, normalisation, targets, task
+    provenance: dict | None = None  # what produced the run (utils/run/provenance.py)
 
     def with_inputs(self, inputs: dict) -> RunRecord:
-        return RunRecord(self.resolved, self.overrides, inputs)
+        return RunRecord(self.resolved, self.overrides, inputs, self.provenance)
+
+    def with_provenance(self, provenance: dict) -> RunRecord:
+        return RunRecord(self.resolved, self.overrides, self.inputs, provenance)
 
 
 @dataclass

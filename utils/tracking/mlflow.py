@@ -25,7 +25,7 @@ from utils.config.build import flatten
 from utils.errors import UserError
 from utils.system.signals import until_stopped
 from utils.tracking.local import Backend
-from utils.tracking.tracker import FAILED, TOKEN, TrackedRun
+from utils.tracking.tracker import FAILED, TOKEN, TrackedRun, provenance_tags
 
 log = logging.getLogger("torchloom")
 METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch call
@@ -93,10 +93,13 @@ class Mlflow(Backend):
 
         run = self.tracked
         tags = {"torchloom.run_name": run.name, "torchloom.token": run.token}
+        tags |= provenance_tags(run.run_dir)  # commit, dirty flag, data fingerprint
         if run.job is not None:
             tags |= {"torchloom.sweep": run.name, "torchloom.job": run.job}
         created = self.client.create_run(self.experiment_id, run_name=run.display_name, tags=tags)
         self.run_id = created.info.run_id
+        if (run.run_dir / "provenance.json").is_file():
+            self.client.log_artifact(self.run_id, str(run.run_dir / "provenance.json"))
         params = [Param(k, v) for k, v in shortened_params(run.config).items()]
         for start in range(0, len(params), PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=params[start : start + PARAMS_PER_BATCH])

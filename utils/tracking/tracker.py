@@ -24,6 +24,7 @@ killed, a finished one finished. Only the process that writes the run's files tr
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -75,6 +76,27 @@ class TrackedRun:
     def experiment(self) -> str:
         """The run name's first part (``cifar/resnet-lr0.1`` → ``cifar``), else torchloom."""
         return self.name.split("/", 1)[0] if "/" in self.name else "torchloom"
+
+
+def provenance_tags(run_dir: Path) -> dict[str, str]:
+    """What a tracked run is tagged with from the run's provenance.json (utils/run/
+    provenance.py, written before tracking starts): the git commit as MLflow names it, the
+    dirty flag and the data fingerprint. Never the diff; {} when the record is absent."""
+    try:
+        record = json.loads((run_dir / "provenance.json").read_text())
+        code, sources = record.get("code") or {}, record["data"].get("sources") or {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    contents = " ".join(
+        str(s.get("content_sha256")) for s in sources.values() if isinstance(s, dict)
+    )
+    tags = {
+        "torchloom.git_dirty": str(code.get("dirty")).lower(),
+        "torchloom.data_fingerprint": hashlib.sha256(contents.encode()).hexdigest(),
+    }
+    if isinstance(code.get("commit"), str):
+        tags["mlflow.source.git.commit"] = code["commit"]
+    return tags
 
 
 def require(module: str, extra: str, what: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from utils.errors import UserError
 from utils.system.signals import Interrupted, stop_requested
 from utils.tracking.local import Backend
-from utils.tracking.tracker import FAILED, FINAL, KILLED, TrackedRun
+from utils.tracking.tracker import FAILED, FINAL, KILLED, TrackedRun, provenance_tags
 
 log = logging.getLogger("torchloom")
 MODES = ("auto", "offline", "online")
@@ -107,7 +107,7 @@ class Wandb(Backend):
             resume="allow",
             dir=str(run.run_dir),
             mode=self.mode,
-            config=run.config,
+            config={**run.config, "provenance": provenance_tags(run.run_dir)},
             reinit="create_new",
             settings=wandb.Settings(
                 silent=True, console="off", x_disable_stats=True, init_timeout=60
@@ -142,6 +142,7 @@ class Wandb(Backend):
             self._start()
         self.run.summary.update(
             {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
+            | {f"provenance/{k}": v for k, v in provenance_tags(self.tracked.run_dir).items()}
         )
 
     def close(self, status: str) -> None:
