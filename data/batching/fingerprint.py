@@ -4,9 +4,9 @@ it holds, in any order) and each source's content, so a resume or an evaluation 
 whether the data changed and which samples a checkpoint was trained on.
 
 A file's metadata plays no part: ``touch`` changes nothing, an added image or an edited cell
-does. The hashes are computed in one vectorised pass over the split tensors (exact integer sums
-in float64 against fixed random weights, modulo three primes: about 60 bits per sample), or
-read from the image cache, which computes them as it decodes.
+does. The hashes are computed in one vectorised pass over the split tensors (each row's bytes
+as 64-bit words, weighted by fixed random odd numbers, summed modulo 2^64 and mixed by
+splitmix64's finaliser), or read from the image cache, which computes them as it decodes.
 """
 
 from __future__ import annotations
@@ -19,43 +19,70 @@ from typing import Any
 import numpy as np
 import torch
 
-PRIMES = (1048573, 1048571, 1048559)  # below 2^20: three weighted sums, exact in float64
-CHUNK_BYTES = 32 * 2**20  # rows hashed at a time: their bytes as float64 stay under 256 MiB
+CHUNK_BYTES = 64 * 2**20  # the bytes hashed at a time
 SEED = 20261203
+MASK = (1 << 64) - 1
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+# splitmix64's finaliser: every bit of a sum moves every bit of the hash
+MIX = (_signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB))
 
 
 @cache
-def _weights(width: int) -> torch.Tensor:
-    """[width, 3] fixed weights below 2^20: the same on every machine (torch's CPU generator)."""
-    generator = torch.Generator().manual_seed(SEED + width)
-    return torch.randint(0, PRIMES[-1], (width, len(PRIMES)), generator=generator).double()
+def _weights(words: int, salt: int) -> torch.Tensor:
+    """[words] fixed odd int64 weights: the same on every machine (torch's CPU generator)."""
+    generator = torch.Generator().manual_seed(SEED + 7919 * words + salt)
+    drawn = torch.randint(-(2**62), 2**62, (words,), generator=generator, dtype=torch.int64)
+    return drawn | 1
 
 
-def _row_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """[N, B] uint8: each row's bytes (of any dtype), contiguous, on the CPU."""
+def _shifted(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """``z >>> bits``: a logical shift of int64 values (torch's ``>>`` keeps the sign)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mixed(z: torch.Tensor) -> torch.Tensor:
+    z = (z ^ _shifted(z, 30)) * MIX[0]
+    z = (z ^ _shifted(z, 27)) * MIX[1]
+    return z ^ _shifted(z, 31)
+
+
+def _row_words(tensor: torch.Tensor) -> torch.Tensor:
+    """[N, W] int64: each row's bytes (of any dtype) as 8-byte words, zero-padded."""
     flat = tensor.detach().reshape(len(tensor), -1).cpu().contiguous()
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
-    return flat.view(torch.uint8).reshape(len(tensor), -1)
+    raw = flat.view(torch.uint8).reshape(len(tensor), -1)
+    if raw.shape[1] % 8:
+        raw = torch.cat([raw, raw.new_zeros(len(raw), 8 - raw.shape[1] % 8)], dim=1)
+    return raw.view(torch.int64)
+
+
+def _words_hash(words: torch.Tensor, salt: int) -> torch.Tensor:
+    """[N] int64: the rows' words weighted by fixed odd weights and summed (wrapping modulo
+    2^64: a difference in one word always changes the sum), then mixed."""
+    return _mixed((words * _weights(words.shape[1], salt)).sum(dim=1))
 
 
 def sample_hashes(inputs: Any, labels: torch.Tensor) -> torch.Tensor:
-    """[N] int64: a hash of each sample's input and target bytes. ``inputs`` is a tensor or
-    an array (an image cache's memory map: read in chunks)."""
+    """[N] int64: a hash of each sample's input bytes and target bytes. ``inputs`` is a tensor
+    or an array (an image cache's memory map: read in chunks)."""
     count = len(labels)
     out = torch.empty(count, dtype=torch.int64)
-    label_bytes = _row_bytes(labels)
     row = int(np.prod(inputs.shape[1:])) * inputs.dtype.itemsize if count else 1
-    step = max(1, CHUNK_BYTES // max(1, row + label_bytes.shape[1]))
+    step = max(1, CHUNK_BYTES // max(1, row))
+    targets = _words_hash(_row_words(labels), 1) if count else out
     for start in range(0, count, step):
         part = inputs[start : start + step]
         part = (
             torch.from_numpy(np.ascontiguousarray(part)) if isinstance(part, np.ndarray) else part
         )
-        rows = torch.cat([_row_bytes(part), label_bytes[start : start + step]], dim=1)
-        sums = rows.double() @ _weights(rows.shape[1])  # exact: below 2^53
-        parts = [sums[:, i].remainder(p).long() for i, p in enumerate(PRIMES)]
-        out[start : start + step] = parts[0] | (parts[1] << 20) | (parts[2] << 40)
+        sums = _words_hash(_row_words(part), 0)
+        out[start : start + step] = _mixed(sums ^ targets[start : start + step])
     return out
 
 

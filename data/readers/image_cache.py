@@ -22,8 +22,7 @@ built into a temporary file and renamed (two jobs building at once end with one 
 a killed build's temporary file is removed by the next, and a stop signal ends a build within
 a batch of images. A short or corrupt file is rebuilt with a warning; an unwritable folder
 falls back to decoding into memory (or the DataLoader path) with one warning; a full disk
-leaves no partial file and says so. Each sample's content hash is stored after the pixels,
-computed as the build decodes them, so a run's data fingerprint reads no pixels.
+leaves no partial file and says so. Each sample's hash follows the pixels (no pixel re-read).
 
 A cached image is exactly what the DataLoader path decodes (:func:`data.imagefolder.decode`),
 so a cached and an uncached run see bitwise the same batches in the same order.
@@ -70,6 +69,7 @@ MODES = ("auto", "memory", "disk", "off")
 CACHE_NAME = re.compile(r"(manifest-)?(train|val|test)-\d+x\d+x\d+-[0-9a-f]{8}-[0-9a-f]{20}\.u8")
 VALUES_PER_CHUNK = 2**24  # pixel values a statistics pass holds as float64 at once (128 MiB)
 SAMPLES_CHECKED = 8  # images decoded again each start and compared with the cache's pixels
+HASHED_AT_ONCE = 32 * 2**20  # pixel bytes of decoded batches hashed in one call
 # data.cache_max_gb=null: this share of the memory available now (and, on a machine with a
 # GPU, of its free memory), for what the memory path holds: the uint8 split and its float32
 # normalised copy, 5 bytes a pixel.
@@ -350,12 +350,13 @@ def build_file(path: Path, files: Dataset, workers: int, name: str) -> None:
     try:
         with atomic_file(path) as f:
             f.write(_header(files))
-            hashes, done = [], 0
+            hashes, held, start = [], [], 0
             for images in decoded_batches(files, workers, name):
                 f.write(images.numpy().tobytes())
-                labels = files.targets[done : done + len(images)]
-                hashes.append(sample_hashes(images, labels))  # the pixels, as they are read
-                done += len(images)
+                held.append(images)  # hashed some MiB at a time: few calls, bounded memory
+                if sum(map(len, held)) * images[0].numel() >= HASHED_AT_ONCE:
+                    start = _hash_held(held, files, start, hashes)
+            _hash_held(held, files, start, hashes)
             f.write(torch.cat(hashes).numpy().tobytes() if hashes else b"")
     except OSError as error:
         if error.errno == errno.ENOSPC:
@@ -364,6 +365,14 @@ def build_file(path: Path, files: Dataset, workers: int, name: str) -> None:
                 "space, point data.cache_dir=... elsewhere, or use data.cache=off"
             ) from None
         raise
+
+
+def _hash_held(held: list, files: Dataset, start: int, hashes: list) -> int:
+    """The decoded batches ``held`` (samples ``start`` on) hashed into ``hashes``, then let go."""
+    batch = torch.cat(held) if held else files.targets[:0]
+    held.clear()
+    hashes.append(sample_hashes(batch, files.targets[start : start + len(batch)]))
+    return start + len(batch)
 
 
 def read_whole(path: Path, files: Dataset) -> TensorSplit:

@@ -76,12 +76,20 @@ def _version(distribution: str) -> str | None:
 
 
 def packages() -> dict[str, str]:
-    """Every installed distribution's version, from this process's own metadata."""
-    found = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            found[name.lower()] = dist.version
+    """Every installed distribution's version, as this process would import it: read from the
+    names of the ``*.dist-info`` folders on ``sys.path`` (``name-version.dist-info``), the first
+    of a name winning as for an import; no subprocess and no metadata file parsed (that took
+    half a second)."""
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        try:
+            names = [e.name for e in os.scandir(entry or ".") if e.name.endswith(".dist-info")]
+        except OSError:
+            continue
+        for name in sorted(names):
+            project, _, version = name.removesuffix(".dist-info").rpartition("-")
+            if project and version:
+                found.setdefault(project.lower().replace("_", "-").replace(".", "-"), version)
     return dict(sorted(found.items()))
 
 
