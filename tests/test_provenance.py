@@ -254,3 +254,39 @@ def test_a_hostile_provenance_record_is_refused_in_one_line(tmp_path):
         again = ("trainer.max_epochs=2", "model.hidden_sizes=[16]", "run_name=h", "resume=auto")
         result = run_train(tmp_path, *again, ok=False)
         assert "its provenance record" in error_line(result)
+
+
+def test_training_images_moved_into_a_manifests_test_split_are_counted(tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    (tmp_path / "pics").mkdir()
+    rows = {"train": [], "val": [], "test": []}
+    for i in range(72):
+        label = ("cat", "dog")[i % 2]
+        pixels = torch.randint(0, 256, (10, 12, 3), dtype=torch.uint8, generator=generator)
+        Image.fromarray(pixels.numpy()).save(tmp_path / "pics" / f"{i}.png")
+        rows["train" if i < 48 else "val" if i < 60 else "test"].append(f"pics/{i}.png,{label}")
+
+    def write(split, lines):
+        (tmp_path / f"{split}.csv").write_text("path,label\n" + "\n".join(lines) + "\n")
+
+    for split, lines in rows.items():
+        write(split, lines)
+    manifest = (
+        "data=image_csv",
+        "data.root=.",
+        "data.manifest=train.csv",
+        "data.split.val_path=val.csv",
+        "data.split.test_path=test.csv",
+        "data.image_size=[10,12]",
+        "data.batch_size=8",
+        "model=mlp",
+    )
+    run_train(tmp_path, *manifest, *QUICK, "run_name=m")
+    best = tmp_path / "checkpoints" / "m" / "best.pt"
+    write("train", rows["train"][20:])  # 20 training images moved to the test manifest
+    write("test", rows["test"] + rows["train"][:20])
+    result = run_evaluate(tmp_path, f"ckpt={best}", "runs=eval")
+    found = read_metrics(next((tmp_path / "eval" / "eval").glob("*")))[str(best)]
+    assert found["split_matches_training"] is False, result.stdout[-3000:] + result.stderr[-2000:]
+    assert found["overlap_with_training"] == 20
+    assert "20 of its 32 samples were trained on" in result.stdout

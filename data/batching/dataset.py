@@ -34,7 +34,7 @@ from data.batching.batches import (
     Placement,
     TensorBatches,
 )
-from data.batching.fingerprint import membership, sample_hashes
+from data.batching.fingerprint import decoded_hashes, membership, sample_hashes
 from data.batching.loader import LoaderBatches
 from data.batching.mixing import MixedBatches, Mixing
 from data.batching.splits import MappedSplit, TensorSplit
@@ -233,22 +233,27 @@ class Data:
         split's membership sha256 and count), ``sources`` (this dataset's content sha256) and
         ``samples`` (each split's per-sample hashes, kept in checkpoints only). A split read
         lazily (no image cache) is recorded as not fingerprinted, with why."""
-        samples, lazy = {}, []
-        for name, split in self.splits.items():
-            if isinstance(split, TensorSplit | MappedSplit) and split.hashes is not None:
-                samples[name] = split.hashes  # computed as the image cache was built
-            elif isinstance(split, TensorSplit):
-                samples[name] = sample_hashes(split.inputs, split.labels)
-            elif isinstance(split, MappedSplit):
-                samples[name] = sample_hashes(split.images, split.labels)
-            elif split is not None:
-                lazy.append(name)
+        samples = {n: self.split_hashes(n) for n, split in self.splits.items() if split is not None}
+        lazy = [name for name, hashes in samples.items() if hashes is None]
+        samples = {name: hashes for name, hashes in samples.items() if hashes is not None}
         splits = {n: {"sha256": membership(h), "count": len(h)} for n, h in samples.items()}
         content = hashlib.sha256(" ".join(s["sha256"] for s in splits.values()).encode())
         source = {"content_sha256": content.hexdigest(), "samples": sum(map(len, samples.values()))}
         if lazy:
             source = {"unavailable": f"the {', '.join(lazy)} split is read lazily (data.cache=off)"}
         return {"sources": {self.name: source}, "splits": splits, "samples": samples}
+
+    def split_hashes(self, name: str, decode: bool = False) -> torch.Tensor | None:
+        """Each sample's content hash in split ``name``: stored with its image cache, or
+        computed from the tensors held; a split read lazily is decoded for it only when
+        ``decode`` (evaluate.py reads every image anyway), else None."""
+        split = self.splits.get(name)
+        if isinstance(split, TensorSplit | MappedSplit) and split.hashes is not None:
+            return split.hashes
+        if isinstance(split, TensorSplit | MappedSplit):
+            inputs = split.inputs if isinstance(split, TensorSplit) else split.images
+            return sample_hashes(inputs, split.labels)
+        return decoded_hashes(split) if split is not None and decode else None
 
     def sizes(self) -> dict[str, int]:
         return {name: len(split) for name, split in self.splits.items() if split is not None}

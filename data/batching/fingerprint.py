@@ -86,6 +86,17 @@ def sample_hashes(inputs: Any, labels: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def decoded_hashes(split: Any, chunk: int = 1024) -> torch.Tensor:
+    """The hashes of a split read lazily (a Dataset of (uint8 image, target) with ``targets``),
+    each image decoded once, ``chunk`` at a time."""
+    parts = []
+    for start in range(0, len(split), chunk):
+        stop = min(start + chunk, len(split))
+        images = torch.stack([split[index][0] for index in range(start, stop)])
+        parts.append(sample_hashes(images, split.targets[start:stop]))
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+
+
 def membership(hashes: torch.Tensor) -> str:
     """The sha256 of a split's samples as a set (sorted): the same whatever their order."""
     ordered = torch.sort(hashes.to(torch.int64)).values

@@ -300,12 +300,9 @@ def split_check(checkpoint: dict, path: Any, data: Any, split: str) -> dict[str,
     if stored is None or split not in data.splits or data.splits[split] is None:
         log.info("%s split: the checkpoint records no data fingerprint to compare it with", split)
         return {"split_matches_training": None, "overlap_with_training": None}
-    fingerprint = data.fingerprint()
-    hashes = fingerprint["samples"].get(split)
-    if hashes is None:
-        return {"split_matches_training": None, "overlap_with_training": None}
+    hashes = data.split_hashes(split, decode=True)
     held_out = stored["data"]["splits"].get(split, {}).get("sha256")
-    matches = held_out == fingerprint["splits"][split]["sha256"]
+    matches = held_out == membership(hashes)
     trained = stored["data"]["samples"].get("train")
     overlapping = None if trained is None else overlap(hashes, trained)
     same = "the same" if matches else "not the same"
