@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
+    HELPERS,
     PREDICT,
     checkpoint,
     error_line,
@@ -275,3 +276,21 @@ def test_where_the_hooks_sit_among_the_built_in_pieces(tmp_path):
         ["checkpoint", "last"],
     ]
     assert coarse[7:-1] in ([], [["checkpoint", "best"]]) and coarse[-1] == ["fit_end", "finished"]
+
+
+def test_entries_are_called_in_declaration_order_unless_an_order_is_given(monkeypatch):
+    monkeypatch.syspath_prepend(str(HELPERS))
+    import probe_callbacks
+
+    from utils.fit.callbacks.hooks import Callbacks, entries_of
+
+    def called(config: dict) -> list[str]:
+        probe_callbacks.CALLS.clear()
+        Callbacks(entries_of(config)).epoch_start(1)
+        return list(probe_callbacks.CALLS)
+
+    target = "probe_callbacks.Recorder"
+    declared = {name: {"_target_": target, "tag": name} for name in ("c", "a", "b")}
+    assert called(declared) == ["c", "a", "b"]
+    declared["b"]["order"] = -1  # first; the others keep their declared order
+    assert called(declared) == ["b", "c", "a"]

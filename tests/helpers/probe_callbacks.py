@@ -166,3 +166,14 @@ class Order:
     def on_fit_end(self, status, metrics):
         self.events.append(["fit_end", status])
         Path("order.json").write_text(json.dumps(self.events))
+
+
+CALLS: list = []  # the order Recorder instances were called in (a unit test reads it)
+
+
+class Recorder:
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def on_epoch_start(self, epoch):
+        CALLS.append(self.tag)
