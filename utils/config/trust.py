@@ -103,18 +103,19 @@ def allowed_builders() -> frozenset[str]:
     found: set[str] = {f"torch.optim.{name}" for name in OPTIMIZERS}
     for group in BUILDER_GROUPS:
         for path in sorted((CONF / group).glob("*.yaml")):
-            found |= _targets_in(yaml.safe_load(path.read_text()))
+            found |= targets_in(yaml.safe_load(path.read_text()))
     return frozenset(found)
 
 
-def _targets_in(node: Any) -> set[str]:
+def targets_in(node: Any) -> set[str]:
+    """Every ``_target_`` string in plain containers ``node``, nested ones included."""
     if isinstance(node, dict):
         found = {node["_target_"]} if isinstance(node.get("_target_"), str) else set()
         for value in node.values():
-            found |= _targets_in(value)
+            found |= targets_in(value)
         return found
     if isinstance(node, list):
-        return set().union(*(_targets_in(value) for value in node)) if node else set()
+        return set().union(*(targets_in(value) for value in node)) if node else set()
     return set()
 
 

@@ -29,6 +29,7 @@ import torch
 from data.batching.fingerprint import changes, file_sha256, membership, overlap, sample_hashes
 from utils.checkpoint.load import load_checkpoint
 from utils.config.schema import CONF
+from utils.config.trust import targets_in
 from utils.errors import UserError
 from utils.text import shown
 
@@ -99,7 +100,7 @@ def user_modules(config: dict) -> dict[str, Any]:
     folder, where ``git diff`` would not see it untracked), by module name."""
     found: dict[str, Any] = {}
     installed = {Path(p).resolve() for p in sys.path if "site-packages" in p}
-    for target in sorted(_targets(config)):
+    for target in sorted(targets_in(config)):
         module = target.rpartition(".")[0]
         try:
             spec = importlib.util.find_spec(module) if module else None
@@ -116,15 +117,6 @@ def user_modules(config: dict) -> dict[str, Any]:
             "sha256": hashlib.sha256(origin.read_bytes()).hexdigest(),
         }
     return found
-
-
-def _targets(node: Any) -> set[str]:
-    if isinstance(node, dict):
-        found = {node["_target_"]} if isinstance(node.get("_target_"), str) else set()
-        return found.union(*(_targets(v) for v in node.values()))
-    if isinstance(node, list):
-        return set().union(*(_targets(v) for v in node))
-    return set()
 
 
 def machine(processes: Any) -> dict[str, Any]:
