@@ -10,6 +10,7 @@ mode a plain ``open()`` would give (0644 under umask 022), so teammates can read
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -156,3 +157,12 @@ def write_file(path: Path, data: bytes, fix: str) -> None:
         raise UserError(
             f"cannot write {path}: {error.strerror or error}; nothing was written there ({fix})"
         ) from None
+
+
+def file_sha256(path: Path | str) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks (an OSError propagates)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -113,12 +113,3 @@ def changes(before: torch.Tensor, after: torch.Tensor) -> tuple[int, int]:
 def overlap(evaluated: torch.Tensor, trained: torch.Tensor) -> int:
     """How many of ``evaluated``'s samples are among ``trained``'s."""
     return int(torch.isin(evaluated, trained).sum())
-
-
-def file_sha256(path: Any) -> str:
-    """The sha256 of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -20,7 +20,6 @@ from utils.errors import UserError
 from utils.files import copy_atomic, save_atomic
 from utils.fit.state import TrainState
 from utils.fit.top_k import (
-    TOP_K_NAME,
     checked_top_k,
     copy_of_epoch,
     keep_copies,
@@ -116,16 +115,14 @@ class Checkpointer:
         """A kill after last.pt was written but before its copies: when the resumed last.pt
         is the run's best epoch (or one of its top-k), that copy is made now, since the
         resumed run never validates that epoch again."""
-        state = self.state
-        if path.resolve() != self.last.resolve() or state.batch_in_epoch:
+        if path.resolve() != self.last.resolve():
             return
-        if state.best_epoch == state.epoch and state.best_metric is not None:
+        best, top_k_file = self._copies_of_the_save()
+        if best:
             copy_atomic(self.last, self.folder / "best.pt")
-        for _, name in state.top_k:
-            copy = own_top_k_file(self.folder, name)
-            match = TOP_K_NAME.fullmatch(name)
-            if copy and not copy.exists() and match and int(match.group(1)) == state.epoch:
-                copy_atomic(self.last, copy)
+        copy = own_top_k_file(self.folder, top_k_file) if top_k_file else None
+        if copy and not copy.exists():
+            copy_atomic(self.last, copy)
 
     def _copies_of_the_save(self) -> tuple[bool, str]:
         """(whether best.pt, which top-k file) the save of the resumed last.pt made of it."""

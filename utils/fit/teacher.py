@@ -22,7 +22,6 @@ not a distribution over classes, and matching them would be another loss, not th
 
 from __future__ import annotations
 
-import hashlib
 import math
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from utils.checkpoint.load import checkpoint_to_evaluate
 from utils.checkpoint.rebuild import rebuild
 from utils.checkpoint.stored import WEIGHTS
 from utils.errors import UserError
+from utils.files import file_sha256
 
 
 class Teacher:
@@ -67,7 +67,10 @@ class Teacher:
                 f"distill.teacher={path} is a checkpoint of this run, which it "
                 "rewrites; name another run's checkpoint"
             )
-        sha256 = file_sha256(path)
+        try:
+            sha256 = file_sha256(path)
+        except OSError as error:
+            raise UserError(f"distill.teacher={path}: cannot read it ({error.strerror})") from None
         rebuilt = rebuild(path, config.weights, device)
         record = rebuilt.record
         if not rebuilt.task.distills:
@@ -154,17 +157,6 @@ def teacher_file(path: Path) -> Path:
     if not path.is_file():
         raise UserError(f"distill.teacher={path}: no such checkpoint file or folder")
     return path
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    except OSError as error:
-        raise UserError(f"distill.teacher={path}: cannot read it ({error.strerror})") from None
-    return digest.hexdigest()
 
 
 def _renormalization(data: Any, record: Any, device: torch.device) -> tuple | None:

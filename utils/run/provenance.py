@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 
-from data.batching.fingerprint import changes, file_sha256, membership, overlap, sample_hashes
+from data.batching.fingerprint import changes, membership, overlap, sample_hashes
 from utils.checkpoint.load import load_checkpoint
 from utils.config.schema import CONF
 from utils.config.trust import targets_in
 from utils.errors import UserError
+from utils.files import file_sha256
 from utils.text import shown
 
 log = logging.getLogger("torchloom")
@@ -114,7 +115,7 @@ def user_modules(config: dict) -> dict[str, Any]:
             continue
         found[module] = {
             "path": str(origin),
-            "sha256": hashlib.sha256(origin.read_bytes()).hexdigest(),
+            "sha256": file_sha256(origin),
         }
     return found
 
