@@ -290,3 +290,16 @@ def test_training_images_moved_into_a_manifests_test_split_are_counted(tmp_path)
     assert found["split_matches_training"] is False, result.stdout[-3000:] + result.stderr[-2000:]
     assert found["overlap_with_training"] == 20
     assert "20 of its 32 samples were trained on" in result.stdout
+
+
+def test_compare_refuses_a_record_nested_past_what_a_run_writes_in_one_line(tmp_path):
+    deep = nested = {}
+    for _ in range(500):  # walked recursively, this would end in a RecursionError
+        nested["a"] = {}
+        nested = nested["a"]
+    for name, text in (("deep", json.dumps({"machine": deep})), ("deeper", "[" * 10**5)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "provenance.json").write_text(text)
+        result = run_python(tmp_path, str(ROOT / "compare.py"), name, name, ok=False)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr.startswith(f"error: {name}")

@@ -15,11 +15,36 @@ from utils.run.provenance import checked
 from utils.run.resume_changes import INVOCATION_KEYS
 
 MAX_JSON_BYTES = 64 * 2**20  # a provenance.json larger than this was not written by a run
+MAX_DEPTH = 64  # nesting deeper than any record or config torchloom writes
 GROUPS = ("config", "code", "packages", "machine", "data")
 
 
 def read_run(path: Path) -> tuple[dict, dict]:
-    """(config, provenance) of a run folder, a checkpoint folder or a checkpoint file."""
+    """(config, provenance) of a run folder, a checkpoint folder or a checkpoint file, each
+    nested no deeper than :data:`MAX_DEPTH` (what is compared is walked recursively)."""
+    config, provenance = _read(path)
+    for part in (config, provenance):
+        if _too_deep(part):
+            raise UserError(
+                f"{path}: its record nests deeper than torchloom writes; was it edited?"
+            )
+    return config, provenance
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether ``value`` nests containers deeper than :data:`MAX_DEPTH` (walked without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list | tuple):
+            if depth >= MAX_DEPTH:
+                return True
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _read(path: Path) -> tuple[dict, dict]:
     if path.is_dir() and (path / "provenance.json").is_file():
         record = _json(path / "provenance.json")
         attempts = record.get("attempts")
@@ -45,8 +70,8 @@ def _json(path: Path) -> dict:
         raise UserError(f"{path} is larger than a provenance record is; was it replaced?")
     try:
         record = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError):
-        raise UserError(f"{path} is not JSON; was it edited?") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise UserError(f"{path} is not JSON torchloom writes; was it edited?") from None
     if not isinstance(record, dict):
         raise UserError(f"{path} is not a provenance record")
     return record
