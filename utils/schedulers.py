@@ -137,6 +137,23 @@ class StepCounts:
     total: int
 
 
+# trainer.max_epochs=auto: AUTO_EPOCHS epochs, more for a small training set, until the run takes
+# AUTO_STEPS optimizer steps (31 samples in one batch: 400 epochs), at most AUTO_MAX_EPOCHS.
+AUTO_EPOCHS = 20
+AUTO_STEPS = 400
+AUTO_MAX_EPOCHS = 1000
+FEW_STEPS = 100  # fewer optimizer steps than this rarely train a model from scratch
+
+
+def epochs_for(max_epochs: int | str, steps_per_epoch: int) -> int:
+    """``trainer.max_epochs``: a count, as given; ``auto``, fitted to the data's size (a
+    small set needs many epochs of few steps to converge, a large one few of many)."""
+    if max_epochs != "auto":
+        return int(max_epochs)
+    fitted = math.ceil(AUTO_STEPS / max(steps_per_epoch, 1))
+    return min(AUTO_MAX_EPOCHS, max(AUTO_EPOCHS, fitted))
+
+
 def _knowing_steps(start: Callable[[torch.optim.Optimizer, StepCounts], Schedule]) -> Callable:
     """``start``, whose schedule also keeps the run's step counts (trainer.swa's phase)."""
 

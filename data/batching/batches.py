@@ -15,6 +15,7 @@ from data.batching.splits import MappedSplit, TensorSplit, shard, shard_bounds
 from utils.system.seeding import mix_seed
 
 SPATIAL = ("auto", "on", "off")  # data.augment.spatial: crops and flips for which models
+MIN_PARTIAL_BATCH = 2  # a training epoch's last, partial batch is trained on from this size
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,8 @@ class Placement:
 @dataclass(frozen=True)
 class BatchPlan:
     """How one split is cut into batches: their size; for training (shuffled by ``seed``,
-    augmented, the last partial batch dropped) or evaluation (in order, every sample once);
-    and this process's share."""
+    augmented, the last partial batch kept when it can be trained on) or evaluation (in order,
+    every sample once); and this process's share."""
 
     batch_size: int
     train: bool
@@ -41,11 +42,14 @@ class BatchPlan:
     world_size: int = 1
 
     def batch_count(self, samples: int) -> int:
-        """Batches of ``samples``: for training, whole global batches of every process (the
-        last partial one dropped); for evaluation, ``samples`` is this process's share and its
-        last batch may be partial."""
+        """Batches of ``samples``: for training, the global batches of every process, the last
+        one partial when it holds at least :data:`MIN_PARTIAL_BATCH` samples (one sample
+        breaks BatchNorm) and there is one process (under torchrun it is dropped, so that
+        every process takes a step with samples of its own); for evaluation, ``samples`` is
+        this process's share and its last batch may be partial."""
         if self.train:
-            return samples // (self.batch_size * self.world_size)
+            whole, rest = divmod(samples, self.batch_size * self.world_size)
+            return whole + int(self.world_size == 1 and rest >= MIN_PARTIAL_BATCH)
         return math.ceil(samples / self.batch_size)
 
 
@@ -133,7 +137,7 @@ class TensorBatches:
         self.labels = split.labels.to(transform.device)
         self.batch_size = plan.batch_size
         self.transform = transform
-        self.train = plan.train  # shuffle, augment, drop the last partial batch
+        self.train = plan.train  # shuffle and augment
         self.seed = plan.seed
         self.rank, self.world_size = plan.rank, plan.world_size
         self.plan = plan

@@ -61,7 +61,7 @@ class Batching:
     (``mean`` and ``std`` per channel, in units of the [0, 1] pixel range, or one value for
     all), augmentation, and decoding workers for data read lazily."""
 
-    batch_size: int
+    batch_size: int | str  # or auto (fitted_batch_size)
     eval_batch_size: int
     mean: Sequence[float]
     std: Sequence[float]
@@ -70,7 +70,34 @@ class Batching:
 
     def __post_init__(self) -> None:
         sizes = {"batch_size": self.batch_size, "eval_batch_size": self.eval_batch_size}
+        if self.batch_size == "auto":
+            del sizes["batch_size"]
         check_values("data", sizes, dict.fromkeys(sizes, POSITIVE_INT))
+
+
+# data.batch_size=auto: a tenth of the training set as a power of two, within these bounds.
+# Small sets learn far better from many small batches (170 series: batch 16 reaches 0.95 test
+# accuracy where batch 64 stops at 0.87-0.89, even with three times the steps).
+AUTO_BATCH = (16, 64)
+
+
+def fitted_batch_size(asked: int | str, samples: int, name: str) -> int:
+    """``data.batch_size`` for a training split of ``samples``: ``auto`` chooses from its size
+    (:data:`AUTO_BATCH`); a number larger than the split is fitted to it with one line."""
+    if asked == "auto":
+        low, high = AUTO_BATCH
+        power = 2 ** (max(samples // 10, 1).bit_length() - 1)
+        return min(max(low, min(high, power)), samples)
+    if samples < asked:  # fitted, not refused: a small set is common
+        log.info(
+            "%s: data.batch_size=%d is more than the %d training samples: each batch is all of "
+            "them",
+            name,
+            asked,
+            samples,
+        )
+        return samples
+    return asked
 
 
 class Data:
@@ -101,15 +128,10 @@ class Data:
         )
         self.input_shape = splits.train.input_shape  # (C, H, W)
         self.mean, self.std = _per_channel(batching, self.input_shape[0], name)
-        self.batch_size = batching.batch_size
+        self.batch_size = fitted_batch_size(batching.batch_size, len(splits.train), name)
         self.eval_batch_size = batching.eval_batch_size
         self._set_augmentation(batching.augment, name)
         self.num_workers = batching.num_workers
-        if len(splits.train) < self.batch_size:
-            raise UserError(
-                f"{name}: the training split has {len(splits.train)} samples, fewer than "
-                f"data.batch_size={self.batch_size}; lower data.batch_size"
-            )
         for split_name, split in self.splits.items():
             if isinstance(split, TensorSplit):
                 self.targets.check(split.labels, f"{name} {split_name} split")
@@ -165,6 +187,13 @@ class Data:
                 "accuracy; set data.augment.spatial=auto (or off), or use model=cnn",
                 asked,
             )
+
+    @property
+    def pixels(self) -> bool:
+        """The inputs are uint8 images (an image cache or files read lazily), not numbers in
+        their own units (a table, arrays)."""
+        split = self.splits["train"]
+        return split.inputs.dtype == torch.uint8 if isinstance(split, TensorSplit) else True
 
     @property
     def in_memory(self) -> bool:
@@ -262,8 +291,8 @@ class Data:
         self, split: str, placement: Placement, seed: int, train: bool | None = None
     ) -> TensorBatches | LoaderBatches:
         """Batches of ``split``, placed as ``placement`` says. Training batches (by default
-        those of the train split) are shuffled and augmented, and the last partial one is
-        dropped; evaluation batches hold every sample once, in order. Training batches are
+        those of the train split) are shuffled and augmented, and the last partial one is kept
+        unless it holds one sample (or the run has several processes); evaluation batches hold every sample once, in order. Training batches are
         mixed when ``data.augment`` asks for MixUp/CutMix (data/batching/mixing.py)."""
         if self.splits[split] is None:
             raise UserError(f"{self.name} has no {split} split; choose another split")

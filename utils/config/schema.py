@@ -41,7 +41,7 @@ class SwaConfig:
 
 @dataclass
 class TrainerConfig:
-    max_epochs: int = MISSING
+    max_epochs: Any = MISSING  # a count, or auto (utils/schedulers.py epochs_for)
     accumulate_grad_batches: int = MISSING
     gradient_clip_val: float | None = MISSING
     device: str = MISSING

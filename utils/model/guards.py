@@ -10,6 +10,8 @@
 - ``non_finite_inputs``: NaN or Inf in the first training batches.
 - ``small_eval_splits``: a val or test split of fewer than 30 samples: a figure on it moves in
   steps of 1/N (accuracy in steps of 0.2 on 5 samples), so best.pt is chosen by noise.
+- ``few_steps``: a run of fewer than 100 optimizer steps (2 epochs of a small set), too few for
+  most models to learn from; ``trainer.max_epochs=auto`` fits the epochs to the data's size.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import torch
 from torch import nn
 
 from utils.errors import UserError
-from utils.schedulers import StepCounts
+from data.batching.batches import BatchPlan
+from utils.schedulers import FEW_STEPS, StepCounts, epochs_for
 
 GUARDS = (
     "unregistered_modules",
@@ -32,6 +35,7 @@ GUARDS = (
     "batchnorm_batch_of_one",
     "non_finite_inputs",
     "small_eval_splits",
+    "few_steps",
 )
 MIN_EVAL_SAMPLES = 30
 log = logging.getLogger("torchloom")
@@ -148,18 +152,21 @@ def small_eval_splits(sizes: dict[str, int], test_split: str) -> None:
 @dataclass(frozen=True)
 class StartUp:
     """What the start-up checks found: the first training batches (also shown in
-    TensorBoard) and how many optimizer steps an epoch and the run take."""
+    TensorBoard), how many optimizer steps an epoch and the run take, and in how many epochs
+    (``trainer.max_epochs``, fitted to the data's size when ``auto``)."""
 
     first_batches: list[tuple[torch.Tensor, torch.Tensor]]
     steps: StepCounts
+    epochs: int
 
 
 def check_start_up(
     model: nn.Module, data: Any, batches: Any, trainer: Any, task: Any, processes: Any
 ) -> StartUp:
     """The guards on the first two training batches (less those the ``task`` says do not
-    apply), then the step counts: an epoch must hold at least one optimizer step. Logs what
-    one step trains on, by all of ``processes`` (torchrun's world)."""
+    apply), then the run's length: an epoch must hold at least one optimizer step, and
+    ``trainer.max_epochs=auto`` is fitted to the training set's size. Logs what one step
+    trains on, by all of ``processes`` (torchrun's world), and how many steps the run takes."""
     world_size = processes.world_size
     first = list(itertools.islice(batches.epoch(0), 2))
     silenced = [*trainer.silence_guards, *task.quiet_guards]
@@ -183,4 +190,31 @@ def check_start_up(
         accumulate,
         world_size,
     )
-    return StartUp(first, StepCounts(steps_per_epoch, steps_per_epoch * trainer.max_epochs))
+    # Fitted to whole epochs of the data: a debug limit shortens each epoch, not their count.
+    samples = data.sizes()["train"]
+    whole_epoch = BatchPlan(data.batch_size, True, 0, 0, world_size).batch_count(samples)
+    epochs = epochs_for(trainer.max_epochs, max(whole_epoch // accumulate, 1))
+    steps = StepCounts(steps_per_epoch, steps_per_epoch * epochs)
+    log.info(
+        "%d samples, batch %d, %d epochs%s = %d optimizer steps",
+        samples,
+        data.batch_size * accumulate * world_size,
+        epochs,
+        " (trainer.max_epochs=auto, fitted to the training set's size)"
+        if trainer.max_epochs == "auto"
+        else "",
+        steps.total,
+    )
+    if "few_steps" not in silenced and not debugging(trainer) and 0 < steps.total < FEW_STEPS:
+        log.warning(
+            "warning: this run takes only %d optimizer steps, too few for most models to "
+            "learn from; raise trainer.max_epochs (or set it to auto) or lower data.batch_size",
+            steps.total,
+        )
+    return StartUp(first, steps, epochs)
+
+
+def debugging(trainer: Any) -> bool:
+    """A debug mode that shortens the run on purpose (conf/debug/)."""
+    limited = trainer.limit_train_batches is not None or trainer.overfit_batches
+    return bool(limited or trainer.profile_steps or trainer.shapes_only)

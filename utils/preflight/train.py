@@ -52,7 +52,6 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
     """Reject values that have the right type but make no sense, before any data is loaded.
     Returns ``cfg.trainer`` as a plain dataclass (the loop reads it every step)."""
     rules = [
-        ("trainer.max_epochs", lambda v: v >= 0, "0 or more"),
         ("trainer.accumulate_grad_batches", lambda v: v >= 1, "1 or more"),
         ("trainer.log_every_n_steps", lambda v: v >= 1, "1 or more"),
         ("trainer.val_every_n_epochs", lambda v: v >= 1, "1 or more"),
@@ -70,9 +69,12 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
         ("optim.weight_decay", lambda v: v >= 0, "0 or more"),
         ("optim.layer_decay", lambda v: 0 < v <= 1, "above 0 and at most 1, or null for off"),
     ]
+    epochs = checked_epochs(cfg.trainer.max_epochs)
     for key, ok, expected in rules:
         if OmegaConf.select(cfg, key) is None and key in NULL_ALLOWED:
             continue
+        if key == "data.batch_size" and cfg.data.get("batch_size") == "auto":
+            continue  # fitted to the training set's size (data/batching/dataset.py)
         if key in OPTIONAL_KEYS and OmegaConf.select(cfg, key, default=...) is ...:
             continue  # left out: its documented default (utils/model/optim.py)
         value = _number(cfg, key)
@@ -97,12 +99,23 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
     check_added_keys(cfg)
     check_groups(cfg)
 
-    check_swa(cfg.trainer.swa, cfg.trainer.max_epochs)  # before any data is read
+    if epochs != "auto":  # else once the data says how many epochs (utils/fit/swa.py)
+        check_swa(cfg.trainer.swa, epochs)  # before any data is read
     entries_of(cfg.callbacks, processes_from_env().world_size)  # conf/callbacks/, yours
     check_settings(cfg.distill)
 
     Mixing.from_augment(OmegaConf.to_container(cfg.data.get("augment") or {}, resolve=True))
     return OmegaConf.to_object(cfg.trainer)
+
+
+def checked_epochs(epochs: object) -> object:
+    """``trainer.max_epochs``: a whole number, 0 or more, or ``auto``."""
+    if epochs != "auto" and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0):
+        raise UserError(
+            f"trainer.max_epochs={epochs!r} must be a whole number, 0 or more, or auto (fitted "
+            "to the training set's size)"
+        )
+    return epochs
 
 
 # Keys of the plain dicts a builder reads whole (a builder's signature checks its own keys).
