@@ -58,6 +58,7 @@ from utils.fit import (
 )
 from utils.model import Modules, build_optimizer, check_start_up, lr_table
 from utils.preflight.train import check_config
+from utils.run.folders import remove_unused, run_folders
 from utils.run import (
     Outputs,
     RunContext,
@@ -93,6 +94,7 @@ def main(cfg: DictConfig) -> float:
         if isinstance(failure, UserError):
             print_error(failure)
             if not in_sweep() or isinstance(failure, sweep.ForeignJob):
+                remove_unused(run_folders(cfg))  # a start on bad data leaves no empty folders
                 sys.exit(EXIT_USER_ERROR)
         elif isinstance(failure, CallbackFailed) and not in_sweep():
             failure.report()  # one line; its traceback in the run's train.log
@@ -119,8 +121,6 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     callbacks = Callbacks.build(cfg.callbacks, run.processes)  # yours, by name (conf/callbacks/)
     tracker = Tracker.of(cfg.logger, context.writes, Path(cfg.paths.runs))  # connects meanwhile
     out = Outputs(run.run_dir, context.is_main, tracker)
-    out.print(report.config_tree(run.record.resolved))
-    log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)
     precision = build(cfg.precision, device=context.device)
 
     # --- Task, data and model: the task says what targets are; shapes flow to the model ----
@@ -129,6 +129,8 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     teacher = Teacher.of(cfg.distill, data, task, context.device, run.checkpoint_dir)  # or None
     modules = Modules.build(cfg.model, data, context.device, trainer.channels_last, task)
     data.fit_augmentation(modules.flattens_input)  # no random crops or flips for an MLP
+    out.print(report.config_tree(run.record.resolved))  # once data and model are built from it
+    log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)
     out.print(report.model_summary(modules.model, data.input_shape, task))
     if trainer.shapes_only:  # debug=shapes
         return debug.show_shapes(modules, out)
@@ -136,6 +138,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     placement = context.placement(modules.channels_last)
     batches = debug.wrap_batches(data.batches_for(placement, cfg.seed), trainer)
     start = check_start_up(modules.model, data, batches.train, trainer, task, context.processes)
+    trainer.max_epochs = start.epochs  # trainer.max_epochs=auto: fitted to the training set
 
     # --- Optimizer, schedule and what a step changes; then fresh or where a checkpoint left off
     optimizer = build_optimizer(modules.model, cfg.optim)  # param groups fixed here, once

@@ -16,6 +16,7 @@ import torch
 
 from data.batching.splits import TensorSplit
 from data.batching.targets import KINDS, label_set, multi_hot, sorted_names
+from data.readers.column_kinds import COUNTS_ROWS, column_kinds, say_kinds
 from data.readers.missing import FLOAT32_MAX, MissingValues, is_gap
 from utils.errors import UserError
 
@@ -70,7 +71,8 @@ class Columns:
     ) -> None:
         target, features, kind = choice["target"], choice["features"], choice["kind"]
         targets = [target] if isinstance(target, str) else list(target)
-        categorical = list(choice["categorical"] or [])
+        auto = choice["categorical"] == "auto"
+        categorical = [] if auto else list(choice["categorical"] or [])
         for name in [*targets, *(features or []), *categorical]:
             if name not in header:
                 raise UserError(
@@ -111,6 +113,13 @@ class Columns:
             if features is not None
             else [c for c in header if c not in targets and c != group]
         )
+        if auto:  # data.categorical=auto: from the values, said in one line
+            categorical, identifiers = column_kinds(header, rows, named)
+            if features is not None:  # listed by name: kept, whatever they look like
+                categorical += [n for n, why in identifiers.items() if why != COUNTS_ROWS]
+                identifiers = {}
+            named = [name for name in named if name not in identifiers]
+            say_kinds(path, header, rows, named, categorical, identifiers)
         self.numeric = [c for c in named if c not in categorical]
         self.categorical = categorical
         self.classes = targets  # what each output is called: classes, labels or values

@@ -1,5 +1,6 @@
 """Where a run writes: its run dir is checked and claimed before Hydra writes into it (a Hydra
-callback), and its checkpoint folder sits at the same place under ``paths.checkpoints``.
+callback), and its checkpoint folder sits at the same place under ``paths.checkpoints``. A run
+that fails at start-up on bad input leaves neither behind when it made them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,38 @@ from omegaconf import DictConfig, OmegaConf
 
 from utils.config.resolvers import check_run_name
 from utils.errors import EXIT_USER_ERROR, UserError, print_error, user_error_in
-from utils.system.claim import RunClaim, release_claims
+from utils.system.claim import CLAIM_FILE, RunClaim, release_claims
+
+# What a run's start writes before its data and model are built: Hydra's files, the log, claims.
+START_FILES = {CLAIM_FILE, "train.log", ".hydra/config.yaml", ".hydra/hydra.yaml"}
+START_FILES |= {".hydra/overrides.yaml"}
+_created: set[Path] = set()  # the folders this process made for its run
+
+
+def claim_new(folder: Path, what: str, made: bool | None = None) -> RunClaim:
+    """Claim ``folder``, noting whether this process made it (``made``; None: it is made now
+    when missing) for :func:`remove_unused`."""
+    if made or (made is None and not folder.exists()):
+        _created.add(folder.resolve())
+    return RunClaim.take(folder, what)
+
+
+def remove_unused(folders: list[Path]) -> None:
+    """A run that failed at start-up leaves no empty folder behind: each of ``folders`` that
+    this process made and that holds only :data:`START_FILES` is removed (anything else in it,
+    a checkpoint or a history, keeps it)."""
+    for folder in folders:
+        if folder.resolve() not in _created or not folder.is_dir():
+            continue
+        files = [path for path in folder.rglob("*") if not path.is_dir()]
+        if any(path.relative_to(folder).as_posix() not in START_FILES for path in files):
+            continue
+        for path in files:
+            path.unlink(missing_ok=True)
+        for path in sorted(folder.rglob("*"), reverse=True):  # the emptied .hydra/
+            path.rmdir()
+        folder.rmdir()
+        _created.discard(folder.resolve())
 
 
 def check_writable(path: Path, what: str) -> None:
@@ -50,13 +82,23 @@ class CheckOutputDir(Callback):
             directory = OmegaConf.select(config, key)  # resolving it checks run_name
             check_writable(Path(directory), "the run")
             if os.environ.get("RANK", "0") == "0":  # torchrun's other ranks are the same run
-                RunClaim.take(Path(directory), what)
+                claim_new(Path(directory), what)  # before Hydra makes it
         except Exception as error:
             cause = user_error_in(error)
             if cause is None:
                 raise
             print_error(cause)
             sys.exit(EXIT_USER_ERROR)
+
+
+def run_folders(cfg: DictConfig) -> list[Path]:
+    """This job's run dir and checkpoint folder, as Hydra and :func:`output_dirs` place them."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return list(output_dirs(cfg, Path(HydraConfig.get().runtime.output_dir)))
+    except Exception:  # noqa: BLE001 - a run name too bad to place: nothing was made for it
+        return []
 
 
 def output_dirs(cfg: DictConfig, run_dir: Path) -> tuple[Path, Path]:

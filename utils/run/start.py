@@ -29,10 +29,9 @@ from utils.config.resolvers import in_sweep
 from utils.errors import UserError
 from utils.files import prepare_dir, remove_stale_temporary_files
 from utils.run import sweep
-from utils.run.folders import output_dirs
+from utils.run.folders import claim_new, output_dirs
 from utils.run.resume_changes import ResumeChanges, config_changes
 from utils.system import distributed
-from utils.system.claim import RunClaim
 from utils.system.device import configure_device, configure_threads, resolve_device
 from utils.system.seeding import configure_determinism, seed_everything, seed_rank_stream
 from utils.tracking.tracker import TrackedRun
@@ -113,9 +112,10 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
     run_dir, checkpoint_dir = output_dirs(cfg, given)
     prepare_dir(run_dir, "the run")
     if trainer.write_outputs:  # debug=fast_dev_run writes no checkpoints or TensorBoard
+        made = not checkpoint_dir.exists()
         prepare_dir(checkpoint_dir, "checkpoints")
         if processes.is_main:  # another paths.runs with these checkpoints: one run at a time
-            RunClaim.take(checkpoint_dir, "run")
+            claim_new(checkpoint_dir, "run", made)
             remove_stale_temporary_files(checkpoint_dir)
     run = RunStart(
         processes, run_dir, checkpoint_dir, RunRecord(to_plain(cfg), sweep.job_overrides())
