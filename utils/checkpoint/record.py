@@ -44,6 +44,7 @@ class InputRecord:
     table: dict | None
     targets: Any = None  # data/batching/targets.py Targets
     task: dict | None = None  # the task's own record (Task.record): threshold, target_scale
+    pixels: bool = False  # uint8 images (the exports take them so); never stored, read from data
     mixing = None  # a record is never augmented: Task.check reads it like a dataset's
     name = "the checkpoint's inputs record"
 
@@ -60,6 +61,7 @@ class InputRecord:
             data.table,
             data.targets,
             task.record(),
+            data.pixels,
         )
 
     def to_dict(self) -> dict:

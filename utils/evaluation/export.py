@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from utils.errors import UserError
+from utils.evaluation.raw_inputs import raw_inputs
 from utils.files import write_file
 
 log = logging.getLogger("torchloom")
@@ -42,29 +43,34 @@ OPSET = 18  # the dynamo exporter's default; the TorchScript one is asked for th
 BATCHES = (1, 2, 8)
 EXAMPLE_BATCH = 2  # traced on: 0 and 1 are sizes torch.export specialises
 SUFFIXES = (".pt2", ".onnx")
+METADATA_KEY = "torchloom"  # ONNX metadata_props: the export's record, as JSON
+METADATA_FILE = "torchloom.json"  # the .pt2's extra file: the same record
 EXPORTERS = ("dynamo", "torchscript")
 
 
 def export_model(
     model: nn.Module,
-    input_shape: Sequence[int],
     path: Path,
     outputs: Sequence[str] = ("logits",),
     unit: torch.Tensor | None = None,
     exporter: str = "dynamo",
+    metadata: dict | None = None,
 ) -> float:
-    """Write ``model`` to ``path`` (.pt2 or .onnx), its outputs named ``outputs``, and return
-    the largest absolute difference between the written program's outputs and the eager
-    model's on batches of 1, 2 and 8, in ``unit`` per column of the first output (None: the
-    outputs' own units). ``exporter``: the ONNX exporter (dynamo, or the deprecated
-    torchscript; evaluate.py checks it where it enters)."""
-    cpu = copy.deepcopy(model).float().cpu().eval()
+    """Write ``model`` (a wrapper of utils/evaluation/raw_inputs.py: it draws its own example
+    inputs) to ``path`` (.pt2 or .onnx), its outputs named ``outputs``, with ``metadata`` as
+    JSON under the key ``torchloom`` (ONNX ``metadata_props``; the .pt2's extra file
+    ``torchloom.json``), and return the largest absolute difference between the written
+    program's outputs and the eager model's on batches of 1, 2 and 8, in ``unit`` per column
+    of the first output (None: the outputs' own units). ``exporter``: the ONNX exporter
+    (dynamo, or the deprecated torchscript; evaluate.py checks it where it enters)."""
+    cpu = copy.deepcopy(model).cpu().eval()
+    extra = json.dumps(metadata or {}, sort_keys=True)
     if path.suffix.lower() == ".onnx":
         with kept_in_the_log(CHATTY_EXPORTERS):  # its optimiser's notes: not the console's
-            run, data = _onnx(cpu, input_shape, outputs, exporter)
+            run, data = _onnx(cpu, outputs, exporter, extra)
     else:
-        run, data = _pt2(_traced(cpu, input_shape))
-    difference = parity(cpu, run, input_shape, unit)
+        run, data = _pt2(_traced(cpu), extra)
+    difference = parity(cpu, run, unit)
     if difference > TOLERANCE:
         raise UserError(
             f"the {path.suffix} export differs from PyTorch by up to "
@@ -110,10 +116,14 @@ def kept_in_the_log(names: Sequence[str]) -> Iterator[None]:
             handler.removeFilter(quiet)
 
 
-def _traced(model: nn.Module, input_shape: Sequence[int]) -> torch.export.ExportedProgram:
+def _example(model: nn.Module, batch: int, generator: torch.Generator) -> torch.Tensor:
+    return model.example(batch, generator)
+
+
+def _traced(model: nn.Module) -> torch.export.ExportedProgram:
     """``model`` as an ExportedProgram whose batch dimension stays symbolic."""
     batch = torch.export.Dim("batch", min=1)
-    example = torch.zeros(EXAMPLE_BATCH, *input_shape)
+    example = _example(model, EXAMPLE_BATCH, torch.Generator().manual_seed(1))
     try:
         with torch.inference_mode(False), torch.no_grad():
             program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
@@ -136,19 +146,19 @@ def _cannot(exporter: str, error: Exception) -> UserError:
     )
 
 
-def _pt2(program: torch.export.ExportedProgram) -> tuple[Callable, bytes]:
-    """(the saved program as loaded back, the bytes of the .pt2 file)."""
+def _pt2(program: torch.export.ExportedProgram, metadata: str) -> tuple[Callable, bytes]:
+    """(the saved program as loaded back, the bytes of the .pt2 file with ``metadata``)."""
     buffer = io.BytesIO()
-    torch.export.save(program, buffer)
+    torch.export.save(program, buffer, extra_files={METADATA_FILE: metadata})
     data = buffer.getvalue()
     loaded = torch.export.load(io.BytesIO(data)).module()
     return lambda inputs: loaded(inputs), data
 
 
 def _onnx(
-    model: nn.Module, input_shape: Sequence[int], outputs: Sequence[str], exporter: str
+    model: nn.Module, outputs: Sequence[str], exporter: str, metadata: str
 ) -> tuple[Callable, bytes]:
-    """(an onnxruntime session of the graph, the bytes of the .onnx file)."""
+    """(an onnxruntime session of the graph, the bytes of the .onnx file with ``metadata``)."""
     try:
         import onnxruntime
     except ImportError:
@@ -162,7 +172,7 @@ def _onnx(
             raise UserError(
                 'export=*.onnx needs the extra: pip install -e ".[export]" (onnxscript is missing)'
             ) from None
-        program = _traced(model, input_shape)
+        program = _traced(model)
         try:
             onnx_program = torch.onnx.export(
                 program,
@@ -172,19 +182,20 @@ def _onnx(
                 dynamo=True,
                 verbose=False,
             )
-            data = onnx_program.model_proto.SerializeToString()
+            proto = onnx_program.model_proto
         except Exception as error:
             raise _cannot("torch.onnx (dynamo)", error) from None
     else:
-        data = _torchscript_onnx(model, input_shape, outputs)
+        proto = _torchscript_onnx(model, outputs)
+    del proto.metadata_props[:]
+    proto.metadata_props.add(key=METADATA_KEY, value=metadata)
+    data = proto.SerializeToString()
     session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     return lambda inputs: session.run(None, {name: inputs.numpy()}), data
 
 
-def _torchscript_onnx(
-    model: nn.Module, input_shape: Sequence[int], outputs: Sequence[str]
-) -> bytes:
+def _torchscript_onnx(model: nn.Module, outputs: Sequence[str]) -> Any:
     """The graph of torch's deprecated TorchScript-based exporter, on request only."""
     log.warning(
         "warning: onnx_exporter=torchscript is the exporter torch deprecated in 2.9 "
@@ -197,7 +208,7 @@ def _torchscript_onnx(
         try:
             torch.onnx.export(
                 model,
-                (torch.zeros(EXAMPLE_BATCH, *input_shape),),
+                (_example(model, EXAMPLE_BATCH, torch.Generator().manual_seed(1)),),
                 graph,
                 input_names=["input"],
                 output_names=list(outputs),
@@ -207,19 +218,20 @@ def _torchscript_onnx(
             )
         except Exception as error:
             raise _cannot("torch.onnx (torchscript)", error) from None
-    return graph.getvalue()
+    import onnx
+
+    return onnx.load_from_string(graph.getvalue())
 
 
-def parity(
-    model: nn.Module, run: Callable, input_shape: Sequence[int], unit: torch.Tensor | None = None
-) -> float:
+def parity(model: nn.Module, run: Callable, unit: torch.Tensor | None = None) -> float:
     """The largest absolute difference between ``run``'s outputs and ``model``'s on seeded
-    batches of each size, divided by ``unit`` per column of the first output when given."""
+    batches of each size of the inputs it takes, divided by ``unit`` per column of the first
+    output when given."""
     generator = torch.Generator().manual_seed(0)
     largest = 0.0
     with torch.inference_mode():
         for batch in BATCHES:
-            inputs = torch.randn(batch, *input_shape, generator=generator)
+            inputs = _example(model, batch, generator)
             expected = model(inputs)
             expected = expected if isinstance(expected, tuple) else (expected,)
             answers = run(inputs.clone())
@@ -266,6 +278,26 @@ def export_safetensors(
     write_file(path, save(weights, metadata=metadata), "choose another export=...")
 
 
+def export_record(raw: nn.Module, outputs: Sequence[str], record: Any, task: Any) -> dict:
+    """What an exported program carries as metadata: what it takes (raw_inputs.py), what its
+    outputs are (their names, the classes or target columns, in the targets' own units) and
+    the calibration it holds."""
+    targets = record.targets
+    return {
+        "format": 1,
+        "input": raw.describe(),
+        "outputs": list(outputs),
+        "targets": {
+            "kind": targets.kind,
+            "names": list(targets.names) if targets.names is not None else None,
+            "units": "the targets' own (outputs are unscaled inside)",
+        },
+        "calibration": task.calibrated.record() if task.calibrated else None,
+        "mean": list(record.mean),
+        "std": list(record.std),
+    }
+
+
 def export_evaluated(
     modules: Any,
     task: Any,
@@ -281,14 +313,18 @@ def export_evaluated(
     suffix = path.suffix.lower()
     if suffix in SUFFIXES:
         model, outputs, unit = task.exportable(modules.model)
-        difference = export_model(model, modules.input_shape, path, outputs, unit, exporter)
+        config, record = stored
+        raw = raw_inputs(model.float(), record, record.pixels)  # the inputs a user has
+        metadata = export_record(raw, outputs, record, task)
+        difference = export_model(raw, path, outputs, unit, exporter, metadata)
         units = "" if unit is None else ", in the model's scaled units"
         calibrated = f"; {task.calibrated.described()}" if task.calibrated else ""
         runner = "onnxruntime" if suffix == ".onnx" else "torch.export.load"
         out.print(
-            f"exported the model to {path} (outputs: {', '.join(outputs)}{calibrated}); "
-            f"{runner} on batches of 1, 2 and 8 differs from PyTorch by at most "
-            f"{difference:.1e} (fp32{units}, bar 1e-5)"
+            f"exported the model to {path}, taking {metadata['input']['kind']} "
+            f"({metadata['input']['dtype']} {metadata['input']['shape']}; outputs: "
+            f"{', '.join(outputs)}{calibrated}); {runner} on batches of 1, 2 and 8 differs "
+            f"from PyTorch by at most {difference:.1e} (fp32{units}, bar 1e-5)"
         )
     else:  # .safetensors (checked before anything was evaluated)
         config, record = stored

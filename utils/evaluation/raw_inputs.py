@@ -1,0 +1,160 @@
+"""What an export takes: the inputs a user has, not the tensors training made of them.
+
+An exported program (.pt2, .onnx) holds its data's preparation in front of the model, so code
+that knows nothing of torchloom can feed it:
+
+- images: ``uint8`` pixels ``[N, C, H, W]`` at the trained size (grey: C = 1; colour: RGB),
+  scaled by 1/255 and normalised with the recorded per-channel mean and std inside;
+- a table: ``float32`` ``[N, K]``, the raw columns in :meth:`RawColumns.describe`'s order: each
+  number column as it is in the file, a gap as NaN (filled as training filled it, with its
+  0/1 indicator where training added one), then each categorical column as the integer code
+  of its value in the recorded vocabulary (any other code: a value training never saw, all
+  zeros, as predict.py encodes it); standardised inside;
+- anything else (sequences, arrays): ``float32`` in the data's own units, normalised inside.
+
+Each wrapper says what it takes (:meth:`describe`, the export's metadata) and draws example
+inputs of that kind for the export's parity check (:meth:`example`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+PIXELS_DTYPE = torch.uint8
+
+
+class _Normalised(nn.Module):
+    """``model`` behind an affine map per channel (per feature for rows): x·scale + shift."""
+
+    def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float], unit: float):
+        super().__init__()
+        self.model = model
+        std_t = torch.tensor(list(std), dtype=torch.float32)
+        self.register_buffer("scale", 1.0 / (unit * std_t))
+        self.register_buffer("shift", -torch.tensor(list(mean), dtype=torch.float32) / std_t)
+
+    def normalised(self, x: torch.Tensor) -> torch.Tensor:
+        per_channel = (1, -1) + (1,) * (x.dim() - 2)
+        return x * self.scale.view(per_channel) + self.shift.view(per_channel)
+
+
+class RawPixels(_Normalised):
+    """uint8 pixels [N, C, H, W] → the model's outputs."""
+
+    def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float], shape: Any):
+        super().__init__(model, mean, std, 255.0)
+        self.shape = tuple(shape)
+
+    def forward(self, pixels: torch.Tensor) -> Any:
+        return self.model(self.normalised(pixels.to(torch.float32)))
+
+    def example(self, batch: int, generator: torch.Generator) -> torch.Tensor:
+        return torch.randint(0, 256, (batch, *self.shape), generator=generator).to(PIXELS_DTYPE)
+
+    def describe(self) -> dict:
+        channels = {1: "grey", 3: "RGB"}.get(self.shape[0], f"{self.shape[0]} channels")
+        return {
+            "kind": "pixels",
+            "dtype": "uint8",
+            "shape": ["batch", *self.shape],
+            "layout": f"NCHW, {channels}, {self.shape[1]}x{self.shape[2]} (the trained size)",
+            "normalised_inside": "x / 255, then (x - mean) / std per channel",
+        }
+
+
+class RawValues(_Normalised):
+    """float32 values in the data's own units (sequences [N, C, L], arrays) → outputs."""
+
+    def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float], shape: Any):
+        super().__init__(model, mean, std, 1.0)
+        self.shape = tuple(shape)
+
+    def forward(self, values: torch.Tensor) -> Any:
+        return self.model(self.normalised(values))
+
+    def example(self, batch: int, generator: torch.Generator) -> torch.Tensor:
+        mean = -self.shift / self.scale  # the data's own units, so the check is realistic
+        per_channel = (1, -1) + (1,) * (len(self.shape) - 1)
+        noise = torch.randn(batch, *self.shape, generator=generator)
+        return noise / self.scale.view(per_channel) + mean.view(per_channel)
+
+    def describe(self) -> dict:
+        return {
+            "kind": "values",
+            "dtype": "float32",
+            "shape": ["batch", *self.shape],
+            "normalised_inside": "(x - mean) / std per channel",
+        }
+
+
+class RawColumns(_Normalised):
+    """A table's raw columns, float32 [N, K] (number columns with NaN gaps, then categorical
+    codes) → the encoding training used (filled, indicators, one-hot, standardised) → outputs."""
+
+    def __init__(self, model: nn.Module, mean: Any, std: Any, table: dict) -> None:
+        super().__init__(model, mean, std, 1.0)
+        self.numeric = list(table["numeric"])
+        self.categories = {name: list(values) for name, values in table["categories"].items()}
+        gaps = table.get("na") or {}
+        fills = gaps.get("fills") or {}
+        self.indicators = list(gaps.get("indicators") or [])
+        self.fills_asked = {name: fills[name] for name in self.numeric if name in fills}
+        fill = [fills.get(name, float("nan")) for name in self.numeric]
+        self.register_buffer("fill", torch.tensor(fill, dtype=torch.float32))
+        self.register_buffer("filled", torch.tensor([n in fills for n in self.numeric]))
+        at = [self.numeric.index(name) for name in self.indicators]
+        self.register_buffer("indicator_at", torch.tensor(at, dtype=torch.long))
+        for index, values in enumerate(self.categories.values()):
+            self.register_buffer(f"codes_{index}", torch.arange(len(values), dtype=torch.float32))
+
+    def forward(self, columns: torch.Tensor) -> Any:
+        count = len(self.numeric)
+        numbers = columns[:, :count]
+        gaps = torch.isnan(numbers)
+        parts = [torch.where(gaps & self.filled, self.fill, numbers)]
+        for index in range(len(self.categories)):
+            code = columns[:, count + index : count + index + 1]
+            parts.append((code == getattr(self, f"codes_{index}")).to(torch.float32))
+        if self.indicators:
+            parts.append(gaps.index_select(1, self.indicator_at).to(torch.float32))
+        return self.model(self.normalised(torch.cat(parts, dim=1)))
+
+    def example(self, batch: int, generator: torch.Generator) -> torch.Tensor:
+        mean = -self.shift / self.scale
+        numbers = torch.randn(batch, len(self.numeric), generator=generator)
+        numbers = numbers / self.scale[: len(self.numeric)] + mean[: len(self.numeric)]
+        holes = torch.rand(batch, len(self.numeric), generator=generator) < 0.2
+        numbers = torch.where(holes & self.filled, torch.nan, numbers)  # gaps it can fill
+        codes = [
+            torch.randint(-1, len(values) + 1, (batch, 1), generator=generator)
+            for values in self.categories.values()
+        ]
+        return torch.cat([numbers, *codes], dim=1).to(torch.float32) if codes else numbers
+
+    def describe(self) -> dict:
+        return {
+            "kind": "columns",
+            "dtype": "float32",
+            "shape": ["batch", len(self.numeric) + len(self.categories)],
+            "columns": [*self.numeric, *self.categories],
+            "numeric": self.numeric,
+            "gaps": f"NaN; filled inside with {self.fills_asked}" if self.fills_asked else "NaN",
+            "categorical_codes": self.categories,
+            "unknown_category": "any other code (e.g. -1): all zeros, as in training",
+            "normalised_inside": "filled, indicators added, one-hot, then (x - mean) / std",
+        }
+
+
+def raw_inputs(model: nn.Module, record: Any, pixels: bool) -> nn.Module:
+    """``model`` behind the preparation of what its inputs ``record`` says it was trained on
+    (utils/checkpoint/record.py InputRecord): pixels when ``pixels`` (uint8 data), a table's
+    columns when it has a table record, else values in their own units."""
+    if record.table is not None:
+        return RawColumns(model, record.mean, record.std, record.table)
+    if pixels:
+        return RawPixels(model, record.mean, record.std, record.input_shape)
+    return RawValues(model, record.mean, record.std, record.input_shape)
