@@ -212,6 +212,7 @@ def test_an_interrupted_csv_run_resumes_bit_identically(tmp_path):
     write_table(tmp_path / "table.csv")
     run = [
         *CSV_RUN,
+        "model=mlp",
         "model._target_=signalling_model.mlp",
         "model.dropout=0.3",
         "trainer.max_epochs=3",

@@ -194,8 +194,11 @@ def test_a_typo_in_an_override_fails_at_composition_naming_the_key():
 
 
 def test_a_wrong_type_fails_at_composition():
-    with pytest.raises((ConfigCompositionException, ValidationError), match="max_epochs"):
-        make_config("trainer.max_epochs=ten")
+    with pytest.raises((ConfigCompositionException, ValidationError), match="accumulate_grad"):
+        make_config("trainer.accumulate_grad_batches=ten")
+    # max_epochs also takes auto, so a word is refused by the pre-flight, in one line.
+    with pytest.raises(UserError, match="trainer.max_epochs='ten' must be a whole number"):
+        check_config(make_config("trainer.max_epochs=ten"))
 
 
 @pytest.mark.parametrize(
@@ -218,6 +221,6 @@ def test_values_out_of_range_are_refused_before_any_data_is_loaded(override, key
 def test_the_default_config_is_valid_and_resolves():
     cfg = make_config()
     check_config(cfg)
-    assert cfg.data._target_ == "data.digits.load_digits" and cfg.model._target_ == "models.mlp.mlp"
+    assert cfg.data._target_ == "data.digits.load_digits" and cfg.model._target_ == "models.auto.auto"
     assert cfg.trainer.monitor == "val/acc" and cfg.trainer.monitor_mode == "auto"
     assert not math.isnan(cfg.optim.lr)

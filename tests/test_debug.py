@@ -16,7 +16,7 @@ from utils.diagnose.tune import RangeTest, find_batch_size, lr_range_test
 from utils.errors import UserError
 from utils.precision import Precision
 
-FAULTY = "model._target_=signalling_model.faulty_mlp"
+FAULTY = ("model=mlp", "model._target_=signalling_model.faulty_mlp")
 
 
 def test_fast_dev_run_runs_one_batch_of_each_split_and_saves_nothing(tmp_path):
@@ -43,7 +43,7 @@ def test_overfit_passes_on_a_working_model_and_fails_on_a_broken_one(tmp_path):
     assert read_metrics(tmp_path / "runs" / "fits")["train/loss"] < 0.05
     # A model whose output ignores its input cannot fit even four batches.
     broken = run_train(
-        tmp_path, "debug=overfit", "model._target_=signalling_model.constant", ok=False
+        tmp_path, "debug=overfit", "model=mlp", "model._target_=signalling_model.constant", ok=False
     )
     assert broken.returncode == 2
     assert "overfit check failed" in broken.stderr and "Traceback" not in broken.stderr
@@ -51,7 +51,7 @@ def test_overfit_passes_on_a_working_model_and_fails_on_a_broken_one(tmp_path):
 
 def test_anomaly_mode_names_the_op_that_made_a_nan(tmp_path):
     result = run_train(
-        tmp_path, "debug=anomaly", FAULTY, ok=False, env={"FAULT": "nan", "FAULT_AT": "3"}
+        tmp_path, "debug=anomaly", *FAULTY, ok=False, env={"FAULT": "nan", "FAULT_AT": "3"}
     )
     assert result.returncode == 2
     error = result.stderr.strip().splitlines()[-1]
@@ -117,7 +117,7 @@ def test_lr_range_test_restores_weights_and_optimizer():
 def test_the_batch_size_finder_doubles_then_bisects_under_a_memory_limit(tmp_path):
     # The model raises CUDA's out-of-memory error for batches above 300 samples.
     result = run_train(
-        tmp_path, "tune=batch_size", FAULTY, env={"FAULT": "oom_above", "FAULT_AT": "300"}
+        tmp_path, "tune=batch_size", *FAULTY, env={"FAULT": "oom_above", "FAULT_AT": "300"}
     )
     assert "data.batch_size=300" in result.stdout.replace("\n", "")
     tried = [
@@ -135,7 +135,9 @@ def test_find_batch_size_caps_at_the_limit_and_reports_nothing_fits():
 
 
 def test_a_forgotten_super_init_is_translated_into_its_fix(tmp_path):
-    result = run_train(tmp_path, "model._target_=signalling_model.forgot_super_init", ok=False)
+    result = run_train(
+        tmp_path, "model=mlp", "model._target_=signalling_model.forgot_super_init", ok=False
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "make super().__init__() the first line" in result.stderr
 

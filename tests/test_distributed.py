@@ -26,6 +26,7 @@ pytestmark = pytest.mark.skipif(
 # No augmentation, no dropout: the only difference between 1 and 2 processes is who computes
 # which half of each global batch. The signalling model passes through unless told to signal.
 JOB = (
+    "model=mlp",
     "model._target_=signalling_model.mlp",
     "model.hidden_sizes=[32]",
     "model.dropout=0",
@@ -228,6 +229,7 @@ def test_sharded_multilabel_and_regression_scores_match_one_process(tmp_path):
 @pytest.mark.slow
 def test_ranks_draw_their_own_dropout_masks_and_save_each_stream(tmp_path):
     probe = (
+        "model=mlp",
         "model._target_=signalling_model.dropout_probe",
         "model.hidden_sizes=[16]",
         "trainer.max_epochs=1",

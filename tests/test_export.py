@@ -58,7 +58,9 @@ def test_pt2_and_onnx_give_evaluate_py_outputs_on_the_test_split(cnn_run):
     data = build(OmegaConf.create(checkpoint["config"]["data"]))  # the test split, as evaluated
     batches = data.batches("test", Placement(torch.device("cpu")), seed=0, train=False)
     inputs, labels = (torch.cat(parts) for parts in zip(*batches.epoch(0), strict=True))
-    torch.save(inputs, cwd / "test_inputs.pt")
+    pixels = data.splits["test"].inputs  # what a user has: uint8 pixels, normalised inside
+    assert pixels.dtype == torch.uint8
+    torch.save(pixels, cwd / "test_inputs.pt")
     (cwd / "consumer.py").write_text(CONSUMER)
     consumer = run_python(cwd, "consumer.py", process=True)
     assert consumer.stdout.strip() == "[]"  # nothing of torchloom was imported to run them
@@ -108,11 +110,12 @@ def test_a_missing_onnxscript_is_one_line_naming_the_extra(cnn_run, monkeypatch)
 def test_an_export_that_differs_from_the_model_is_not_written(tmp_path):
     from utils.errors import UserError
     from utils.evaluation.export import export_model
+    from utils.evaluation.raw_inputs import RawValues
 
     class Drifts(torch.nn.Module):  # traced on one path, run eagerly on another
         def forward(self, x):
             return x.flatten(1) + (1e-3 if torch.compiler.is_compiling() else 0.0)
 
     with pytest.raises(UserError, match="differs from PyTorch by up to"):
-        export_model(Drifts(), (4,), tmp_path / "d.pt2")
+        export_model(RawValues(Drifts(), [0.0] * 4, [1.0] * 4, (4,)), tmp_path / "d.pt2")
     assert not (tmp_path / "d.pt2").exists()

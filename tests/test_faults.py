@@ -14,7 +14,7 @@ from utils.checkpoint.load import load_checkpoint
 from utils.fit.loss_sums import LossSums
 from utils.fit.nonfinite import MIN_LOSS_SCALE, NonFinite, NonFiniteWatch
 
-FAULTY = ("model._target_=signalling_model.faulty_mlp", "trainer.max_epochs=3")
+FAULTY = ("model=mlp", "model._target_=signalling_model.faulty_mlp", "trainer.max_epochs=3")
 # 19 optimizer steps per epoch on digits: forward 30 is in epoch 2.
 
 

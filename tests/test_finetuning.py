@@ -585,6 +585,7 @@ def test_a_stop_mid_epoch_inside_swa_with_a_teacher_and_layer_decay_resumes_exac
 
     best = teacher_run / "checkpoints" / "t" / "best.pt"
     run = [
+        "model=mlp",
         "model._target_=signalling_model.mlp",
         "model.hidden_sizes=[32]",
         "trainer.max_epochs=3",

@@ -312,6 +312,7 @@ def test_a_resumed_run_normalises_and_fills_as_it_started(tmp_path):
         "data.na_columns={b: mean}",
         "data.batch_size=8",
         "trainer.max_epochs=3",
+        "model=mlp",
         "model._target_=signalling_model.mlp",
         "run_name=cut",
     ]

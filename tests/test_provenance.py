@@ -161,7 +161,12 @@ def test_evaluate_says_whether_the_split_is_the_one_training_held_out(tmp_path):
 
 
 def test_a_model_of_ones_own_is_hashed_by_its_file(tmp_path):
-    own = ("model._target_=examples_net.linear", "~model.hidden_sizes", "~model.dropout")
+    own = (
+        "model=mlp",
+        "model._target_=examples_net.linear",
+        "~model.hidden_sizes",
+        "~model.dropout",
+    )
     run_train(tmp_path, "trainer.max_epochs=1", "run_name=own", *own, "~model.init")
     (module,) = provenance(tmp_path, "own")["code"]["modules"].values()
     assert module["path"].endswith("examples_net.py")

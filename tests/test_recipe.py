@@ -35,6 +35,7 @@ from utils.tasks import ClassificationLoss
 # MixUp and CutMix in the first 2 epochs. Early stopping: the val loss never falls by 10, so
 # validations 2 and 3 do not improve and patience=2 ends the run after epoch 3 of 5.
 RECIPE = [
+    "model=mlp",
     "model._target_=signalling_model.mlp",
     "model.hidden_sizes=[32]",
     "model.dropout=0.3",

@@ -30,6 +30,7 @@ from utils.system.signals import EXIT_INTERRUPTED
 # Whole-tensor path: 160 samples, batches of 8, 2 micro-batches per step → 20 micro-batches and
 # 10 optimizer steps per epoch; dropout, random crops and flips on.
 TENSOR_RUN = [
+    "model=mlp",
     "model._target_=signalling_model.mlp",
     "model.hidden_sizes=[32]",
     "model.dropout=0.3",
@@ -139,6 +140,7 @@ def test_resuming_from_an_older_checkpoint_replaces_the_later_tensorboard_points
 def test_image_folders_resume_bit_identically_cached_or_not(tmp_path, cache, workers):
     root = write_imagefolder(tmp_path / "images", per_class=16, size=(8, 8), test=False)
     run = [
+        "model=mlp",
         "model._target_=signalling_model.mlp",
         "model.hidden_sizes=[32]",
         "model.dropout=0.3",

@@ -279,6 +279,7 @@ def test_cleanup_keeps_a_live_writers_temporary_file_and_removes_dead_ones(tmp_p
 
 def test_the_continue_command_gives_back_the_overrides_through_a_shell(tmp_path):
     overrides = [
+        "model=mlp",
         "model._target_=signalling_model.mlp",
         "model.hidden_sizes=[16, 8]",
         "run_name='a;touch pwned'",
@@ -437,6 +438,7 @@ def test_seeds_minus_one_and_minus_two_train_differently(tmp_path):
 def test_fp16_skip_and_clipping_survive_a_skipped_step(tmp_path):
     result = run_train(
         tmp_path,
+        "model=mlp",
         "model._target_=signalling_model.faulty_mlp",
         *TINY,
         "precision=fp16",

@@ -52,6 +52,7 @@ def test_an_interrupted_cnn1d_run_resumes_bit_identically(tmp_path):
         "data=tensors",
         "data.path=waves.npz",
         *SMALL,
+        "model=mlp",
         "model._target_=signalling_model.cnn1d",
         "trainer.log_every_n_steps=2",
     ]

@@ -89,6 +89,7 @@ def test_a_crashing_job_is_recorded_with_its_exception(tmp_path):
         tmp_path,
         "-m",
         "run_name=crash",
+        "model=mlp",
         "model._target_=models.mlp.mlp,signalling_model.crashing_mlp",
         *TINY,
         ok=False,
@@ -113,7 +114,13 @@ def test_a_seed_sweep_shows_mean_and_std(tmp_path):
 
 
 def test_an_interrupted_sweep_job_resumes_when_the_sweep_is_run_again(tmp_path):
-    sweep = ("-m", "run_name=requeue", "model._target_=signalling_model.mlp", "seed=0,1")
+    sweep = (
+        "-m",
+        "run_name=requeue",
+        "model=mlp",
+        "model._target_=signalling_model.mlp",
+        "seed=0,1",
+    )
     stopped = run_train(
         tmp_path, *sweep, "trainer.max_epochs=2", ok=False, env={"SIGNAL_AT_FORWARD": "5"}
     )

@@ -133,6 +133,7 @@ def straight_and_resumed(cwd: Path, run: list[str], at: int, tags: tuple[str, ..
 def test_an_interrupted_regression_run_resumes_bit_identically(regression_run):
     run = [
         *REGRESSION,
+        "model=mlp",
         "model._target_=signalling_model.mlp",
         "task.loss=huber",
         "model.dropout=0.2",
@@ -384,6 +385,7 @@ def test_an_interrupted_multilabel_run_resumes_bit_identically(tmp_path):
         "data.path=houses.csv",
         "data.target=tags",
         FEATURES,
+        "model=mlp",
         "model._target_=signalling_model.mlp",
         "model.hidden_sizes=[16]",
         "model.dropout=0.2",

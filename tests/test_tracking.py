@@ -125,6 +125,7 @@ def test_a_stopped_run_is_killed_then_the_same_run_finishes_with_the_same_histor
     stopped = run_train(
         tmp_path,
         *JOB,
+        "model=mlp",
         "model._target_=signalling_model.mlp",
         "run_name=stopped",
         ok=False,
@@ -138,6 +139,7 @@ def test_a_stopped_run_is_killed_then_the_same_run_finishes_with_the_same_histor
     run_train(
         tmp_path,
         *JOB,
+        "model=mlp",
         "model._target_=signalling_model.mlp",
         "run_name=stopped",
         "resume=auto",
@@ -154,6 +156,7 @@ def test_a_stopped_run_is_killed_then_the_same_run_finishes_with_the_same_histor
 def test_a_failed_run_is_marked_failed(tmp_path):
     failed = run_train(
         tmp_path,
+        "model=mlp",
         "model._target_=signalling_model.crashing_mlp",
         "trainer.max_epochs=1",
         "logger=[mlflow,wandb]",

@@ -243,6 +243,7 @@ def test_the_continue_command_of_a_stopped_sweep_job_reruns_its_sweep(tmp_path):
         "-m",
         *TINY,
         "trainer.max_epochs=2",
+        "model=mlp",
         "model._target_=signalling_model.mlp",
         "seed=0,1",
         "run_name=sw",

@@ -169,7 +169,7 @@ ROWS = [
                                       "data.cache_max_gb=-1"], "data.cache_max_gb=-1"),
     ("label out of range", TRAIN, ["data.path=labels.csv.gz", "data.val_size=20",
                                    "data.test_size=20"], "label 12"),
-    ("input shape the model cannot take", TRAIN, ["model._target_=signalling_model.fixed_input"],
+    ("input shape the model cannot take", TRAIN, ["model=mlp", "model._target_=signalling_model.fixed_input"],
      "cannot take inputs of shape [1, 8, 8]: layer '1' (Linear)"),
     ("resume: missing file", TRAIN, ["resume=nowhere.pt"], "no checkpoint file at nowhere.pt"),
     ("resume: folder without checkpoints", TRAIN, ["resume=empty_dir"], "resume=empty_dir"),

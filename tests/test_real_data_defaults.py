@@ -1,0 +1,151 @@
+"""The first command on a small or unusual data set: epochs and batch size fitted to its size
+and said at start-up, the last partial batch trained on, the model chosen by the data's kind,
+a table's text columns found (its identifiers left out), and a start that fails on its data
+leaving no folder behind."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import checkpoint, error_line, run_train, write_rows
+
+from data.batching.batches import BatchPlan
+from data.batching.dataset import fitted_batch_size
+from utils.schedulers import epochs_for
+
+
+def series(path, count: int = 31, length: int = 40, seed: int = 0):
+    """Three classes of noisy sine waves, [N, 1, L]: a small UCR-like set."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(count) % 3
+    steps = np.linspace(0, 6.28, length)
+    x = np.sin(steps[None] * (labels[:, None] + 1)) + 0.3 * rng.standard_normal((count, length))
+    np.savez(path, x=x[:, None].astype(np.float32), y=labels)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("samples", "batch", "world", "batches"),
+    [(31, 16, 1, 2), (33, 16, 1, 2), (34, 16, 1, 3), (31, 31, 1, 1), (40, 8, 2, 2)],
+)
+def test_the_last_partial_batch_is_kept_unless_one_sample_or_several_processes(
+    samples, batch, world, batches
+):
+    assert BatchPlan(batch, True, 0, 0, world).batch_count(samples) == batches
+
+
+def test_auto_sizes_follow_the_training_set():
+    assert [fitted_batch_size("auto", n, "t") for n in (5, 31, 170, 398, 900, 60000)] == [
+        5,
+        16,
+        16,
+        32,
+        64,
+        64,
+    ]
+    assert fitted_batch_size(512, 100, "t") == 100  # fitted, not refused
+    assert epochs_for("auto", 20) == 20  # the bundled digits: 20 steps an epoch
+    assert epochs_for("auto", 2) == 200 and epochs_for("auto", 1) == 400
+    assert epochs_for(7, 1) == 7  # an explicit count wins
+
+
+def test_a_small_set_of_series_gets_enough_steps_the_1d_cnn_and_says_so(tmp_path):
+    series(tmp_path / "s.npz")
+    result = run_train(
+        tmp_path, "data=tensors", "data.path=s.npz", "model.channels=[8]", "run_name=s"
+    )
+    said = " ".join(result.stdout.split() + result.stderr.split())
+    # 31 series hold 5 out for val and 5 for test: 21 train, in batches of 16 and 5.
+    assert (
+        "21 samples, batch 16, 200 epochs (trainer.max_epochs=auto, fitted to the training "
+        "set's size) = 400 optimizer steps" in said
+    )
+    assert "model=auto: the 1-D CNN for sequences [1, 40]" in said
+    assert "too few" not in said
+    saved = checkpoint(tmp_path, "s")
+    assert saved["global_step"] == 400 and saved["epoch"] == 200
+
+    short = run_train(
+        tmp_path,
+        "data=tensors",
+        "data.path=s.npz",
+        "model.channels=[8]",
+        "trainer.max_epochs=3",
+        "run_name=t",
+    )
+    said = " ".join(short.stdout.split() + short.stderr.split())
+    assert "21 samples, batch 16, 3 epochs = 6 optimizer steps" in said
+    assert "warning: this run takes only 6 optimizer steps" in said
+    assert "trainer.max_epochs" in said.split("only 6 optimizer steps")[1]
+
+
+def test_a_tables_text_columns_are_found_and_its_identifiers_left_out(tmp_path):
+    rows = [
+        [
+            str(i + 1),
+            f"person {i}",
+            ["red", "green", "blue"][i % 3],
+            f"{i % 11}",
+            "a" if i % 3 else "b",
+        ]
+        for i in range(90)
+    ]
+    rows[4][3] = ""  # a gap: filled with the median, said in the start-up line
+    write_rows(tmp_path / "t.csv", ["row", "name", "colour", "size", "y"], rows)
+    result = run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "run_name=t")
+    said = " ".join(result.stdout.split() + result.stderr.split())
+    assert (
+        "t.csv: data.categorical=auto: categorical (not all numbers): colour; left out as "
+        "identifiers: row (counts the rows); name (90 distinct values in 90 rows)" in said
+    )
+    assert "gaps in size (1)" in said
+    assert "model=auto: the MLP for table rows" in said
+    table = checkpoint(tmp_path, "t")["inputs"]["table"]
+    assert table["numeric"] == ["size"] and table["categories"] == {
+        "colour": ["blue", "green", "red"]
+    }
+
+    listed = run_train(
+        tmp_path,
+        "data=csv",
+        "data.path=t.csv",
+        "data.target=y",
+        "data.features=[row,size]",
+        "run_name=u",
+    )  # a column named in data.features is kept, even one that counts the rows
+    assert checkpoint(tmp_path, "u")["inputs"]["table"]["numeric"] == ["row", "size"]
+    assert "left out" not in listed.stdout + listed.stderr
+
+
+def test_a_start_that_fails_on_its_data_leaves_no_folder_and_no_config_tree(tmp_path):
+    write_rows(
+        tmp_path / "t.csv", ["size", "colour", "y"], [["1", "red", "a"], ["2", "blue", "b"]] * 20
+    )
+    result = run_train(
+        tmp_path,
+        "data=csv",
+        "data.path=t.csv",
+        "data.target=y",
+        "data.categorical=[]",
+        "run_name=bad",
+        ok=False,
+    )
+    assert "column 'colour': 'red' is not a number" in error_line(result)
+    assert "_target_" not in result.stdout  # the config tree is printed once data is built
+    assert not (tmp_path / "runs" / "bad").exists()
+    assert not (tmp_path / "checkpoints" / "bad").exists()
+
+    (tmp_path / "runs" / "kept").mkdir(parents=True)  # a folder the run did not make stays
+    (tmp_path / "runs" / "kept" / "notes.txt").write_text("mine")
+    again = run_train(
+        tmp_path,
+        "data=csv",
+        "data.path=t.csv",
+        "data.target=y",
+        "data.categorical=[]",
+        "run_name=kept",
+        "overwrite=true",
+        ok=False,
+    )
+    assert again.returncode == 2
+    assert (tmp_path / "runs" / "kept" / "notes.txt").read_text() == "mine"
