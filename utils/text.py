@@ -8,10 +8,12 @@ a spreadsheet, ``=1+1`` or ``@cmd`` would be a live formula.
     shown(name)        # for the console: markup escaped, control characters as \\x1b
     cell(name)         # for a CSV cell: a leading = + - @ tab or CR made text (OWASP's rule)
     console()          # the console they are shown on: a pipe or a log file is not cut at 80
+    LogLines           # every log line, console and file: control characters as escapes
 """
 
 from __future__ import annotations
 
+import logging
 import unicodedata
 
 from rich.console import Console
@@ -33,13 +35,26 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 def shown(name: object) -> str:
     """``name`` as the console should print it: control and format characters written as
     escapes, and rich markup escaped, so what is printed is exactly the text."""
-    text = "".join(
+    return escape(escaped(str(name)))
+
+
+def escaped(text: str, keep: str = "") -> str:
+    """``text`` with its control and format characters (but those in ``keep``) as escapes."""
+    return "".join(
         char.encode("unicode_escape").decode("ascii")
-        if unicodedata.category(char) in ("Cc", "Cf")
+        if unicodedata.category(char) in ("Cc", "Cf") and char not in keep
         else char
-        for char in str(name)
+        for char in text
     )
-    return escape(text)
+
+
+class LogLines(logging.Formatter):
+    """The log's formatter (conf/hydra/job_logging/torchloom.yaml): a line naming a column, a
+    class or a file from the data never sends a control sequence to the terminal; the line
+    breaks a message holds stay."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return escaped(super().format(record), keep="\n")
 
 
 def cell(name: object) -> str:
