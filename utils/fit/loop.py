@@ -134,6 +134,7 @@ class Loop:
         self.trainer, self.stop, self.tracker, self.progress = trainer, stop, tracker, progress
         self.train_seconds = 0.0  # inside epochs, evaluation excluded
         self.trained_steps = 0  # by this invocation (a resumed run counts from its resume)
+        self.trained_samples = 0  # by this process, in this invocation (a partial batch too)
         self.stopped = False  # every process agreed to stop before the last epoch ended
 
     def epochs(self, batches: Any, batch_size: int, done: Any) -> Iterator[int]:
@@ -184,6 +185,7 @@ class Loop:
         state, progress, tracker = self.state, self.progress, self.tracker
         accumulate = self.trainer.accumulate_grad_batches
         epoch_start, step_before = time.perf_counter(), state.global_step
+        samples_before = self.trained_samples
         wait_before = progress.data_wait.seconds
         if state.batch_in_epoch == 0:  # a resumed epoch started before: not again
             self.parts.callbacks.epoch_start(state.epoch + 1)
@@ -206,7 +208,7 @@ class Loop:
         self.train_seconds += seconds
         self.trained_steps += state.global_step - step_before
         if finished:
-            samples = (state.global_step - step_before) * accumulate * batch_size
+            samples = self.trained_samples - samples_before
             tracker.scalar("train/samples_per_second", samples / seconds, state.global_step)
             waited = (progress.data_wait.seconds - wait_before) / seconds
             tracker.scalar("train/data_wait_fraction", waited, state.global_step)
@@ -218,7 +220,7 @@ class Loop:
         """Throughput, data wait and skipped steps over this invocation's training epochs;
         warns, saying what to change, when the loop waited for batches much of the time."""
         seconds = self.train_seconds
-        samples = self.trained_steps * self.trainer.accumulate_grad_batches * data.batch_size
+        samples = self.trained_samples
         waited = self.progress.data_wait.seconds / seconds if seconds else 0.0
         if waited > DATA_WAIT_WARNING:
             log.warning("warning: %s", data_wait_advice(waited, data))
@@ -253,6 +255,7 @@ class Loop:
                 precision.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
             losses.add(watch.observe(loss))  # summed, and checked for NaN/Inf, at the next sync
             timed_batches += 1
+            self.trained_samples += len(labels)  # a shape: no wait for the device
             state.batch_in_epoch = index + 1
             if (index + 1) % accumulate:
                 continue
