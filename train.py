@@ -58,7 +58,6 @@ from utils.fit import (
 )
 from utils.model import Modules, build_optimizer, check_start_up, lr_table
 from utils.preflight.train import check_config
-from utils.run.folders import remove_unused, run_folders
 from utils.run import (
     Outputs,
     RunContext,
@@ -70,6 +69,7 @@ from utils.run import (
     start_run,
     sweep,
 )
+from utils.run.folders import remove_unused, run_folders
 from utils.system.signals import EXIT_INTERRUPTED, Interrupted, StopRequest
 from utils.tracking.tracker import Tracker
 
@@ -135,8 +135,9 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     if trainer.shapes_only:  # debug=shapes
         return debug.show_shapes(modules, out)
     modules.wrap_for_steps(context.processes, trainer)  # DDP, torch.compile
-    placement = context.placement(modules.channels_last)
-    batches = debug.wrap_batches(data.batches_for(placement, cfg.seed), trainer)
+    placement = context.placement(modules.channels_last)  # and whole steps under accumulation
+    own = data.batches_for(placement, cfg.seed, trainer.accumulate_grad_batches)
+    batches = debug.wrap_batches(own, trainer)
     start = check_start_up(modules.model, data, batches.train, trainer, task, context.processes)
     trainer.max_epochs = start.epochs  # trainer.max_epochs=auto: fitted to the training set
 
@@ -203,7 +204,8 @@ def task_and_data(cfg: DictConfig, stored: InputRecord | None, device: Any) -> t
     task = build(cfg.task)
     data = build(cfg.data, **task.data_arguments(cfg.data))
     if stored is not None:
-        data.follow_record(stored, "the resumed checkpoint", use="resume it")
+        # Its train split's gap fills differ only if the data changed: provenance's to judge.
+        data.follow_record(stored, "the resumed checkpoint", use="resume it", fills=False)
     return task.fitted(data, device, stored), data
 
 

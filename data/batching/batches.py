@@ -32,24 +32,28 @@ class Placement:
 @dataclass(frozen=True)
 class BatchPlan:
     """How one split is cut into batches: their size; for training (shuffled by ``seed``,
-    augmented, the last partial batch kept when it can be trained on) or evaluation (in order,
-    every sample once); and this process's share."""
+    augmented, the last partial batch kept when it can be trained on and ``keep_partial``) or
+    evaluation (in order, every sample once); and this process's share."""
 
     batch_size: int
     train: bool
     seed: int
     rank: int = 0
     world_size: int = 1
+    # False under gradient accumulation: a partial micro-batch would weigh its samples more
+    # than a step of whole ones, and accumulation would no longer equal one larger batch.
+    keep_partial: bool = True
 
     def batch_count(self, samples: int) -> int:
         """Batches of ``samples``: for training, the global batches of every process, the last
         one partial when it holds at least :data:`MIN_PARTIAL_BATCH` samples (one sample
-        breaks BatchNorm) and there is one process (under torchrun it is dropped, so that
-        every process takes a step with samples of its own); for evaluation, ``samples`` is
-        this process's share and its last batch may be partial."""
+        breaks BatchNorm), there is one process (under torchrun it is dropped, so that every
+        process takes a step with samples of its own) and ``keep_partial``; for evaluation,
+        ``samples`` is this process's share and its last batch may be partial."""
         if self.train:
             whole, rest = divmod(samples, self.batch_size * self.world_size)
-            return whole + int(self.world_size == 1 and rest >= MIN_PARTIAL_BATCH)
+            kept = self.keep_partial and self.world_size == 1 and rest >= MIN_PARTIAL_BATCH
+            return whole + int(kept)
         return math.ceil(samples / self.batch_size)
 
 

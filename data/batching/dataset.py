@@ -121,6 +121,7 @@ class Data:
         )
         self.classes = self.targets.class_names  # what a checkpoint's inputs record calls them
         self.table: dict | None = None  # a table's column encoding (data/tabular.py)
+        self.gapped: set[str] = set()  # a table's columns with gaps this data filled
         self.splits = {"train": splits.train, "val": splits.val, "test": splits.test}
         self.num_classes = self.targets.count
         self.fold_ids = (
@@ -209,11 +210,13 @@ class Data:
         """The split a run is finally tested on: test, or val when the dataset has none."""
         return "test" if self.splits["test"] is not None else "val"
 
-    def follow_record(self, record: Any, source: Any, use: str = "evaluate it") -> None:
+    def follow_record(
+        self, record: Any, source: Any, use: str = "evaluate it", fills: bool = True
+    ) -> None:
         """Normalise as the checkpoint ``source`` recorded (``record``: its checked
         :class:`utils.checkpoint.record.InputRecord`), not with statistics refitted to this data,
-        once :meth:`check_encoded_as` passes."""
-        self.check_encoded_as(record, source, use)
+        once :meth:`check_encoded_as` passes (its gap fills compared unless not ``fills``)."""
+        self.check_encoded_as(record, source, use, fills)
         if (list(record.mean), list(record.std)) != (list(self.mean), list(self.std)):
             log.info(
                 "normalising with the statistics %s recorded, not those of %s as it is now",
@@ -222,10 +225,11 @@ class Data:
             )
         self.mean, self.std = list(record.mean), list(record.std)
 
-    def check_encoded_as(self, record: Any, source: Any, use: str) -> None:
-        """Refuse data whose inputs, classes or table encoding differ from those the checkpoint
-        ``source`` recorded: evaluating moved or new files, or distilling from a teacher, then
-        feeds the trained model what it was trained on, never a silently re-mapped input."""
+    def check_encoded_as(self, record: Any, source: Any, use: str, fills: bool = True) -> None:
+        """Refuse data whose inputs, classes or table encoding (and gap ``fills``) differ from
+        those the checkpoint ``source`` recorded: evaluating moved or new files, or distilling
+        from a teacher, then feeds the trained model what it was trained on, never a silently
+        re-mapped input."""
         kinds = (
             (record.targets.kind, record.targets.count),
             (self.targets.kind, self.targets.count),
@@ -243,7 +247,8 @@ class Data:
                     f"other ones; {use} on data encoded as it was trained"
                 )
         tables = (record.table, self.table)
-        if None not in tables and _gap_fills(tables[0]) != _gap_fills(tables[1]):
+        gaps = [_gap_fills(table, self.gapped) for table in tables if table is not None]
+        if fills and len(gaps) == 2 and gaps[0] != gaps[1]:
             raise UserError(
                 f"{source} filled a table's gaps with statistics of its own train "
                 f"split, and {self.name}'s train split gives others; {use} with the "
@@ -288,7 +293,12 @@ class Data:
         return {name: len(split) for name, split in self.splits.items() if split is not None}
 
     def batches(
-        self, split: str, placement: Placement, seed: int, train: bool | None = None
+        self,
+        split: str,
+        placement: Placement,
+        seed: int,
+        train: bool | None = None,
+        keep_partial: bool = True,
     ) -> TensorBatches | LoaderBatches:
         """Batches of ``split``, placed as ``placement`` says. Training batches (by default
         those of the train split) are shuffled and augmented, and the last partial one is kept
@@ -306,7 +316,9 @@ class Data:
             channels_last=placement.channels_last,
         )
         batch_size = self.batch_size if train else self.eval_batch_size
-        plan = BatchPlan(batch_size, train, seed, placement.rank, placement.world_size)
+        plan = BatchPlan(
+            batch_size, train, seed, placement.rank, placement.world_size, keep_partial
+        )
         if isinstance(self.splits[split], TensorSplit):
             batches = TensorBatches(self.splits[split], plan, transform)
         elif isinstance(self.splits[split], MappedSplit):
@@ -317,11 +329,12 @@ class Data:
             return MixedBatches(batches, self.mixing, self.num_classes, plan)
         return batches
 
-    def batches_for(self, placement: Placement, seed: int) -> RunBatches:
+    def batches_for(self, placement: Placement, seed: int, accumulate: int = 1) -> RunBatches:
         """A training run's batches for this process: train and val now, the test split's
-        (:attr:`test_split`) when training is over."""
+        (:attr:`test_split`) when training is over. Under gradient ``accumulate``-ion, the
+        train split's last partial batch is dropped (data/batching/batches.py BatchPlan)."""
         return RunBatches(
-            train=self.batches("train", placement, seed),
+            train=self.batches("train", placement, seed, keep_partial=accumulate == 1),
             val=self.batches("val", placement, seed),
             test=lambda: self.batches(self.test_split, placement, seed, train=False),
             train_in_order=lambda: self.batches("train", placement, seed, train=False),
@@ -346,11 +359,13 @@ def _encoding(table: dict | None) -> dict | None:
     return None if table is None else {k: v for k, v in table.items() if k != "na"}
 
 
-def _gap_fills(table: dict) -> tuple[dict, list]:
-    """What a table record says its gaps were filled with (none for a record written before
-    data.na existed, or with data.na=error)."""
+def _gap_fills(table: dict, gapped: set[str]) -> tuple[dict, list]:
+    """What a table record says the ``gapped`` columns' gaps were filled with (none for a
+    record written before data.na existed, or with data.na=error), and its indicators: a fill
+    for a column without gaps changed nothing."""
     gaps = table.get("na") or {}
-    return gaps.get("fills") or {}, gaps.get("indicators") or []
+    fills = {name: v for name, v in (gaps.get("fills") or {}).items() if name in gapped}
+    return fills, gaps.get("indicators") or []
 
 
 def _per_channel(batching: Batching, channels: int, name: str) -> tuple[list, list]:

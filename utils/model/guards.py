@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from utils.errors import UserError
 from data.batching.batches import BatchPlan
+from utils.errors import UserError
 from utils.schedulers import FEW_STEPS, StepCounts, epochs_for
 
 GUARDS = (
@@ -192,7 +192,8 @@ def check_start_up(
     )
     # Fitted to whole epochs of the data: a debug limit shortens each epoch, not their count.
     samples = data.sizes()["train"]
-    whole_epoch = BatchPlan(data.batch_size, True, 0, 0, world_size).batch_count(samples)
+    plan = BatchPlan(data.batch_size, True, 0, 0, world_size, keep_partial=accumulate == 1)
+    whole_epoch = plan.batch_count(samples)
     epochs = epochs_for(trainer.max_epochs, max(whole_epoch // accumulate, 1))
     steps = StepCounts(steps_per_epoch, steps_per_epoch * epochs)
     log.info(
