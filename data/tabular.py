@@ -89,7 +89,7 @@ def load_csv(
     data = Data(
         f"csv {train_path.name}", Splits(train, val, test), targets.count, batching, targets
     )
-    data.table = columns.record()
+    data.table, data.gapped = columns.record(), columns.gapped
     if plan.folds is not None:  # cv=K's oof.csv names each val row by its line in the file
         kept = val_rows[columns.kept["val"]].tolist()
         data.fold_ids = FoldIds(plan.fold, [f"line {i + 2}" for i in kept])

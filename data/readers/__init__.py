@@ -2,6 +2,6 @@
 
 table        a CSV's rows as columns encoded into one float tensor, read alike later
 missing      gaps in a table: refused, filled, or flagged (data.na_*)
-column_kinds data.categorical=auto: which columns are categories, which identifiers
+column_kinds  data.categorical=auto: which columns are categories, which identifiers
 image_cache  decoded images kept as one uint8 tensor on disk, checked before reuse
 """

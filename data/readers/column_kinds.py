@@ -19,14 +19,27 @@ MIN_IDENTIFIER_VALUES = 20
 COUNTS_ROWS = "counts the rows"
 
 
+def auto_columns(
+    header: list[str], rows: list[list[str]], named: list[str], listed: bool, path: Path
+) -> tuple[list[str], list[str]]:
+    """(the feature columns kept, the categorical ones) of ``named``, said in one line; columns
+    ``listed`` by name in data.features are all kept (a text one is categorical)."""
+    categorical, identifiers, gaps = column_kinds(header, rows, named)
+    if listed:
+        categorical += [name for name, why in identifiers.items() if why != COUNTS_ROWS]
+        identifiers = {}
+    say_kinds(path, categorical, identifiers, gaps)
+    return [name for name in named if name not in identifiers], categorical
+
+
 def column_kinds(
     header: list[str], rows: list[list[str]], named: list[str]
-) -> tuple[list[str], dict[str, str]]:
+) -> tuple[list[str], dict[str, str], dict[str, int]]:
     """``data.categorical=auto`` on the ``named`` feature columns: the categorical ones (a
-    value that is not a number, gaps aside), and the identifiers left out, each with why: a
-    text column of nearly one value a row, or a number column counting the rows (1, 2, 3...),
-    which would teach the model the file's order."""
-    categorical, identifiers = [], {}
+    value that is not a number, gaps aside); the identifiers left out, each with why: a text
+    column of nearly one value a row, or a number column counting the rows (1, 2, 3...), which
+    would teach the model the file's order; and the number columns' gap counts."""
+    categorical, identifiers, gaps = [], {}, {}
     for name in named:
         at = header.index(name)
         present = [row[at].strip() for row in rows if not is_gap(row[at])]
@@ -36,29 +49,20 @@ def column_kinds(
             steps = {b - a for a, b in itertools.pairwise(numbers)}
             if len(present) == len(rows) >= MIN_IDENTIFIER_VALUES and steps == {1.0}:
                 identifiers[name] = COUNTS_ROWS
+            elif len(present) < len(rows):
+                gaps[name] = len(rows) - len(present)
             continue
         if distinct >= max(MIN_IDENTIFIER_VALUES, IDENTIFIER_SHARE * len(rows)):
             identifiers[name] = f"{distinct:,} distinct values in {len(rows):,} rows"
         else:
             categorical.append(name)
-    return categorical, identifiers
+    return categorical, identifiers, gaps
 
 
 def say_kinds(
-    path: Path,
-    header: list[str],
-    rows: list[list[str]],
-    named: list[str],
-    categorical: list[str],
-    identifiers: dict[str, str],
+    path: Path, categorical: list[str], identifiers: dict[str, str], gaps: dict[str, int]
 ) -> None:
     """The start-up line of ``data.categorical=auto``: what it chose, left out and found gaps in."""
-    gaps = {}
-    for name in named:
-        at = header.index(name)
-        count = sum(is_gap(row[at]) for row in rows)
-        if count and name not in categorical:
-            gaps[name] = count
     shown = ", ".join(categorical) if categorical else "none"
     left = "; ".join(f"{name} ({why})" for name, why in identifiers.items())
     log.info(

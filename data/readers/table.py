@@ -16,7 +16,7 @@ import torch
 
 from data.batching.splits import TensorSplit
 from data.batching.targets import KINDS, label_set, multi_hot, sorted_names
-from data.readers.column_kinds import COUNTS_ROWS, column_kinds, say_kinds
+from data.readers.column_kinds import auto_columns
 from data.readers.missing import FLOAT32_MAX, MissingValues, is_gap
 from utils.errors import UserError
 
@@ -97,29 +97,14 @@ class Columns:
             )
         self.kind, self.target = kind, target if isinstance(target, str) else targets
         group = choice.get("group")  # data.split.group: never a feature unless listed
-        if group is not None and group in targets:
-            raise UserError(
-                f"data.split.group={group} is the target column; name the column "
-                "that ties samples together (a patient, a session)"
-            )
-        if group is not None and group in categorical and group not in (features or []):
-            raise UserError(
-                f"data.categorical lists {group!r}, the data.split.group column, "
-                "which is not a feature unless data.features lists it; drop it "
-                "from data.categorical (or list it in data.features too)"
-            )
+        _check_group(group, targets, categorical, features or [])
         named = (
             features
             if features is not None
             else [c for c in header if c not in targets and c != group]
         )
         if auto:  # data.categorical=auto: from the values, said in one line
-            categorical, identifiers = column_kinds(header, rows, named)
-            if features is not None:  # listed by name: kept, whatever they look like
-                categorical += [n for n, why in identifiers.items() if why != COUNTS_ROWS]
-                identifiers = {}
-            named = [name for name in named if name not in identifiers]
-            say_kinds(path, header, rows, named, categorical, identifiers)
+            named, categorical = auto_columns(header, rows, named, features is not None, path)
         self.numeric = [c for c in named if c not in categorical]
         self.categorical = categorical
         self.classes = targets  # what each output is called: classes, labels or values
@@ -133,6 +118,7 @@ class Columns:
         }
         self.missing = MissingValues.of(choice["na"], self.numeric, path)  # data.na: gaps
         self.kept: dict[str, torch.Tensor] = {}  # of each split, the rows :meth:`filled` kept
+        self.gapped: set[str] = set()  # the number columns with a gap :meth:`filled` filled
 
     def record(self) -> dict:
         """What rebuilds this encoding without the train file (checkpoints keep it)."""
@@ -169,6 +155,7 @@ class Columns:
         columns = cls.__new__(cls)
         columns.target, columns.numeric = target, record["numeric"]
         columns.categorical, columns.categories = list(categories), categories
+        columns.gapped, columns.kept = set(), {}
         columns.classes, columns.kind = record["classes"], record.get("kind", "classes")
         columns.missing = MissingValues.from_record(record.get("na"), columns.numeric)
         return columns
@@ -245,6 +232,8 @@ class Columns:
         """``split`` (of :meth:`encode`) with its gaps filled, its indicator columns added and
         the rows a ``drop`` column has a gap in left out."""
         inputs, keep = self.missing.apply(split.inputs, self.numeric)
+        gaps = torch.isnan(split.inputs[:, : len(self.numeric)]).any(dim=0).tolist()
+        self.gapped |= {name for name, gap in zip(self.numeric, gaps, strict=True) if gap}
         self.kept[name] = keep  # which rows stay: cv=K's oof.csv names the val rows kept
         if len(keep) and not bool(keep.any()):
             raise UserError(
@@ -306,6 +295,20 @@ class Columns:
                     features[n, offset + values.index(value)] = 1.0
                 offset += len(values)
         return features
+
+
+def _check_group(group: str | None, targets: list, categorical: list, features: list) -> None:
+    if group is not None and group in targets:
+        raise UserError(
+            f"data.split.group={group} is the target column; name the column "
+            "that ties samples together (a patient, a session)"
+        )
+    if group is not None and group in categorical and group not in features:
+        raise UserError(
+            f"data.categorical lists {group!r}, the data.split.group column, "
+            "which is not a feature unless data.features lists it; drop it "
+            "from data.categorical (or list it in data.features too)"
+        )
 
 
 def unseen_line(path: Path, flags: list[str]) -> str | None:

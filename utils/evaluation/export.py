@@ -116,14 +116,10 @@ def kept_in_the_log(names: Sequence[str]) -> Iterator[None]:
             handler.removeFilter(quiet)
 
 
-def _example(model: nn.Module, batch: int, generator: torch.Generator) -> torch.Tensor:
-    return model.example(batch, generator)
-
-
 def _traced(model: nn.Module) -> torch.export.ExportedProgram:
     """``model`` as an ExportedProgram whose batch dimension stays symbolic."""
     batch = torch.export.Dim("batch", min=1)
-    example = _example(model, EXAMPLE_BATCH, torch.Generator().manual_seed(1))
+    example = model.example(EXAMPLE_BATCH, torch.Generator().manual_seed(1))
     try:
         with torch.inference_mode(False), torch.no_grad():
             program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
@@ -208,7 +204,7 @@ def _torchscript_onnx(model: nn.Module, outputs: Sequence[str]) -> Any:
         try:
             torch.onnx.export(
                 model,
-                (_example(model, EXAMPLE_BATCH, torch.Generator().manual_seed(1)),),
+                (model.example(EXAMPLE_BATCH, torch.Generator().manual_seed(1)),),
                 graph,
                 input_names=["input"],
                 output_names=list(outputs),
@@ -231,7 +227,7 @@ def parity(model: nn.Module, run: Callable, unit: torch.Tensor | None = None) ->
     largest = 0.0
     with torch.inference_mode():
         for batch in BATCHES:
-            inputs = _example(model, batch, generator)
+            inputs = model.example(batch, generator)
             expected = model(inputs)
             expected = expected if isinstance(expected, tuple) else (expected,)
             answers = run(inputs.clone())

@@ -28,18 +28,20 @@ PIXELS_DTYPE = torch.uint8
 
 
 class _Normalised(nn.Module):
-    """``model`` behind an affine map per channel (per feature for rows): x·scale + shift."""
+    """``model`` behind the normalisation per channel (per feature for rows), (x − offset)·scale:
+    the offset (the mean, in the inputs' units) is taken first, so raw values far from 0 (a
+    price, a weight) keep their precision in float32."""
 
     def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float], unit: float):
         super().__init__()
         self.model = model
         std_t = torch.tensor(list(std), dtype=torch.float32)
         self.register_buffer("scale", 1.0 / (unit * std_t))
-        self.register_buffer("shift", -torch.tensor(list(mean), dtype=torch.float32) / std_t)
+        self.register_buffer("offset", unit * torch.tensor(list(mean), dtype=torch.float32))
 
     def normalised(self, x: torch.Tensor) -> torch.Tensor:
         per_channel = (1, -1) + (1,) * (x.dim() - 2)
-        return x * self.scale.view(per_channel) + self.shift.view(per_channel)
+        return (x - self.offset.view(per_channel)) * self.scale.view(per_channel)
 
 
 class RawPixels(_Normalised):
@@ -77,10 +79,9 @@ class RawValues(_Normalised):
         return self.model(self.normalised(values))
 
     def example(self, batch: int, generator: torch.Generator) -> torch.Tensor:
-        mean = -self.shift / self.scale  # the data's own units, so the check is realistic
-        per_channel = (1, -1) + (1,) * (len(self.shape) - 1)
+        per_channel = (1, -1) + (1,) * (len(self.shape) - 1)  # the data's own units and spread
         noise = torch.randn(batch, *self.shape, generator=generator)
-        return noise / self.scale.view(per_channel) + mean.view(per_channel)
+        return noise / self.scale.view(per_channel) + self.offset.view(per_channel)
 
     def describe(self) -> dict:
         return {
@@ -124,9 +125,9 @@ class RawColumns(_Normalised):
         return self.model(self.normalised(torch.cat(parts, dim=1)))
 
     def example(self, batch: int, generator: torch.Generator) -> torch.Tensor:
-        mean = -self.shift / self.scale
-        numbers = torch.randn(batch, len(self.numeric), generator=generator)
-        numbers = numbers / self.scale[: len(self.numeric)] + mean[: len(self.numeric)]
+        count = len(self.numeric)  # the columns' own units and spread
+        numbers = torch.randn(batch, count, generator=generator)
+        numbers = numbers / self.scale[:count] + self.offset[:count]
         holes = torch.rand(batch, len(self.numeric), generator=generator) < 0.2
         numbers = torch.where(holes & self.filled, torch.nan, numbers)  # gaps it can fill
         codes = [

@@ -97,7 +97,7 @@ def run_folders(cfg: DictConfig) -> list[Path]:
 
     try:
         return list(output_dirs(cfg, Path(HydraConfig.get().runtime.output_dir)))
-    except Exception:  # noqa: BLE001 - a run name too bad to place: nothing was made for it
+    except (UserError, ValueError):  # a run name too bad to place, or no Hydra: nothing made
         return []
 
 
