@@ -416,3 +416,24 @@ def write_table(path: Path, rows: int = 240, seed: int = 0, delimiter: str = ","
         lines.append(delimiter.join([f"{size:.4f}", f"{weight:.2f}", colour, kind]))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def raw_columns(path: Path, table: dict) -> torch.Tensor:
+    """A CSV's rows as a table model's export takes them (utils/evaluation/raw_inputs.py): the
+    number columns as written, NaN at a gap, then each categorical column's code in the
+    recorded vocabulary (-1 for a value training never saw)."""
+    from data.readers.missing import is_gap
+
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+    numbers = [
+        [float("nan") if is_gap(r[c]) else float(r[c]) for c in table["numeric"]] for r in rows
+    ]
+    codes = [
+        [
+            float(v.index(r[c].strip())) if r[c].strip() in v else -1.0
+            for c, v in table["categories"].items()
+        ]
+        for r in rows
+    ]
+    return torch.tensor([n + c for n, c in zip(numbers, codes, strict=True)], dtype=torch.float32)

@@ -81,7 +81,7 @@ CSV_RUN = [
 
 def test_a_csv_table_trains_evaluates_and_keeps_its_class_names(tmp_path):
     write_table(tmp_path / "table.csv")
-    result = run_train(tmp_path, *CSV_RUN, "trainer.max_epochs=4", "run_name=csv")
+    result = run_train(tmp_path, *CSV_RUN, "trainer.max_epochs=8", "run_name=csv")
     assert "4 features (size, weight, colour=b, colour=g, colour=r)" not in result.stdout
     assert "5 features (size, weight, colour=b, colour=g, colour=r), 2 classes" in result.stdout
     metrics = read_metrics(tmp_path / "runs" / "csv")
@@ -129,13 +129,14 @@ def test_csv_features_are_standardised_with_the_train_split_alone(tmp_path):
 def test_a_value_that_is_not_a_number_names_its_column_and_line(tmp_path, edit, message):
     table = write_table(tmp_path / "table.csv")
     table.write_text(edit(table.read_text()))
-    overrides = CSV_RUN if message else [o for o in CSV_RUN if "categorical" not in o]
+    listed = [o if "categorical" not in o else "data.categorical=[]" for o in CSV_RUN]
+    overrides = CSV_RUN if message else listed
     result = run_train(tmp_path, *overrides, "trainer.max_epochs=1", ok=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     line = result.stderr.strip().splitlines()[-1]
     if message:
         assert message in line and "is not a number" in line
-    else:  # colour holds letters: not a number unless listed in data.categorical
+    else:  # colour holds letters: not a number when data.categorical lists none
         assert "column 'colour'" in line and "data.categorical" in line
 
 
@@ -219,8 +220,8 @@ def test_an_interrupted_csv_run_resumes_bit_identically(tmp_path):
         "trainer.log_every_n_steps=2",
     ]
     run_train(tmp_path, *run, "run_name=straight")
-    position = interrupt_and_resume(tmp_path, run, "cut", at=13)  # 10 batches an epoch
-    assert (position["epoch"], position["batch_in_epoch"]) == (1, 3)
+    position = interrupt_and_resume(tmp_path, run, "cut", at=13)  # 11 batches an epoch
+    assert (position["epoch"], position["batch_in_epoch"]) == (1, 2)
     assert_same_run(tmp_path, "straight", "cut")
 
 

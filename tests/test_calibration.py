@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import (
     PREDICT,
+    raw_columns,
     run_evaluate,
     run_python,
     run_train,
@@ -238,12 +239,7 @@ def test_calibrate_fits_on_val_stores_the_record_and_predict_reproduces_every_fi
     run_evaluate(tmp_path, "ckpt=checkpoints/b", "export=b.onnx", "runs=export")
     session = ort.InferenceSession(str(tmp_path / "b.onnx"), providers=["CPUExecutionProvider"])
     assert [o.name for o in session.get_outputs()] == ["logits", "predicted"]
-    from data.readers.table import Columns, read_table
-
-    inputs = stored["inputs"]
-    header, table = read_table(tmp_path / "test.csv")
-    features = Columns.from_record(inputs["table"]).features(header, table, tmp_path / "test.csv")
-    features = (features - torch.tensor(inputs["mean"])) / torch.tensor(inputs["std"])
+    features = raw_columns(tmp_path / "test.csv", stored["inputs"]["table"])  # the raw rows
     logits, decided = session.run(None, {"input": features.numpy()})
     assert decided.tolist() == [int(r["class"] == "small") for r in rows]  # predict's classes
     exported = torch.softmax(torch.from_numpy(logits).double(), dim=1)[:, 1]  # divided by T
@@ -318,12 +314,8 @@ def test_threshold_auto_beats_one_half_on_a_skewed_multilabel_set(tmp_path):
         assert set(filter(None, row["labels"].split(";"))) == chosen
     ort = pytest.importorskip("onnxruntime")  # and the ONNX export decides the same
     run_evaluate(tmp_path, "ckpt=checkpoints/m", "export=m.onnx", "runs=export")
-    from data.readers.table import Columns, read_table
-
     inputs = torch.load(tmp_path / "checkpoints/m/best.pt", weights_only=True)["inputs"]
-    header, table = read_table(tmp_path / "val.csv")
-    features = Columns.from_record(inputs["table"]).features(header, table, tmp_path / "val.csv")
-    features = (features - torch.tensor(inputs["mean"])) / torch.tensor(inputs["std"])
+    features = raw_columns(tmp_path / "val.csv", inputs["table"])  # the raw rows
     session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     _, decided = session.run(None, {"input": features.numpy()})
     assert decided.tolist() == [[int(n in r["labels"].split(";")) for n in "abc"] for r in rows]

@@ -34,7 +34,7 @@ def make_config(*overrides: str):
 
 
 def test_each_group_has_the_options_the_readme_promises():
-    assert options("model") == ["cnn", "cnn1d", "mlp", "resnet18", "torchvision"]
+    assert options("model") == ["auto", "cnn", "cnn1d", "mlp", "resnet18", "torchvision"]
     assert options("data") == [
         "cifar10",
         "csv",
@@ -197,7 +197,7 @@ def test_a_wrong_type_fails_at_composition():
     with pytest.raises((ConfigCompositionException, ValidationError), match="accumulate_grad"):
         make_config("trainer.accumulate_grad_batches=ten")
     # max_epochs also takes auto, so a word is refused by the pre-flight, in one line.
-    with pytest.raises(UserError, match="trainer.max_epochs='ten' must be a whole number"):
+    with pytest.raises(UserError, match=r"trainer\.max_epochs='ten' must be a whole number"):
         check_config(make_config("trainer.max_epochs=ten"))
 
 
@@ -221,6 +221,8 @@ def test_values_out_of_range_are_refused_before_any_data_is_loaded(override, key
 def test_the_default_config_is_valid_and_resolves():
     cfg = make_config()
     check_config(cfg)
-    assert cfg.data._target_ == "data.digits.load_digits" and cfg.model._target_ == "models.auto.auto"
+    assert (
+        cfg.data._target_ == "data.digits.load_digits" and cfg.model._target_ == "models.auto.auto"
+    )
     assert cfg.trainer.monitor == "val/acc" and cfg.trainer.monitor_mode == "auto"
     assert not math.isnan(cfg.optim.lr)

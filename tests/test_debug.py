@@ -31,7 +31,9 @@ def test_fast_dev_run_runs_one_batch_of_each_split_and_saves_nothing(tmp_path):
 
 def test_limit_takes_a_fraction_or_a_count_of_the_batches(tmp_path):
     run_train(tmp_path, "debug=limit", "trainer.max_epochs=2", "run_name=quarter")
-    assert read_metrics(tmp_path / "runs" / "quarter")["global_step"] == 2 * (19 // 4)
+    assert read_metrics(tmp_path / "runs" / "quarter")["global_step"] == 2 * (
+        20 // 4
+    )  # a quarter of 20
     run_train(tmp_path, "trainer.limit_train_batches=3", "trainer.max_epochs=2", "run_name=three")
     assert read_metrics(tmp_path / "runs" / "three")["global_step"] == 6
     bad = run_train(tmp_path, "trainer.limit_train_batches=1.5", ok=False)
@@ -170,7 +172,7 @@ def test_a_grid_of_training_samples_and_per_layer_grad_norms_reach_tensorboard(t
     assert "train/samples" in events.Tags()["images"]
     logged = scalars(tmp_path / "runs" / "seen")
     assert {"grad_norm/1.weight", "grad_norm/4.bias"} <= set(logged)
-    assert len(logged["grad_norm/1.weight"]) == 19 // 5
+    assert len(logged["grad_norm/1.weight"]) == 20 // 5
 
 
 def test_the_sample_grid_is_torchvisions_make_grid_without_torchvision():

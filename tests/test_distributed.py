@@ -25,7 +25,10 @@ pytestmark = pytest.mark.skipif(
 
 # No augmentation, no dropout: the only difference between 1 and 2 processes is who computes
 # which half of each global batch. The signalling model passes through unless told to signal.
+# 1,248 training digits are whole global batches of 32: one process would also train on a last,
+# partial batch, which torchrun drops (data/batching/batches.py).
 JOB = (
+    "data.val_size=189",
     "model=mlp",
     "model._target_=signalling_model.mlp",
     "model.hidden_sizes=[32]",

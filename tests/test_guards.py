@@ -145,7 +145,15 @@ def test_the_softmax_guard_applies_to_classification_only(caplog, task, kind, wa
         sizes=lambda: {"train": 16},
         test_split="test",
     )
-    trainer = SimpleNamespace(silence_guards=[], accumulate_grad_batches=1, max_epochs=1)
+    trainer = SimpleNamespace(
+        silence_guards=[],
+        accumulate_grad_batches=1,
+        max_epochs=1,
+        limit_train_batches=None,
+        overfit_batches=0,
+        profile_steps=0,
+        shapes_only=False,
+    )
     with caplog.at_level(logging.WARNING, logger="torchloom"):
         check_start_up(
             SoftmaxAtTheEnd(),

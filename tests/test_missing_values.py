@@ -148,6 +148,7 @@ def test_predict_fills_a_rows_gaps_as_training_did(tmp_path):
         "data.path=gaps.csv",
         "data.target=y",
         "data.na=median",
+        "data.na_indicator=false",  # filled by hand below: the same rows without flags
         "trainer.max_epochs=2",
         "run_name=gaps",
         "model.hidden_sizes=[8]",
@@ -299,8 +300,9 @@ def test_evaluate_follows_the_stored_fills_or_says_why_it_cannot(tmp_path):
 
 def test_a_resumed_run_normalises_and_fills_as_it_started(tmp_path):
     """The table is edited between the stop and the resume (its numbers shifted, so its
-    statistics change): the resumed run keeps the mean and std it started with, and a change
-    to what its gaps are filled with is refused in one line."""
+    statistics change): allowed, the resumed run keeps the mean and std it started with; not
+    allowed, a change to what its gaps are filled with is refused in one line, as changed data
+    (docs/provenance.md)."""
     from conftest import EXIT_INTERRUPTED, checkpoint
 
     rows = [[str(i % 7), "" if i % 9 == 0 else str(i), "xy"[i % 2]] for i in range(200)]
@@ -329,5 +331,5 @@ def test_a_resumed_run_normalises_and_fills_as_it_started(tmp_path):
     refilled = [[a, "" if i % 9 == 0 else str(5 * i), y] for i, (a, _, y) in enumerate(rows)]
     write_rows(tmp_path / "t.csv", ["a", "b", "y"], refilled)  # b's mean, its fill, changes
     refused = run_train(tmp_path, *run, "trainer.max_epochs=4", "resume=auto", ok=False)
-    assert "filled a table's gaps with statistics of its own train split" in error_line(refused)
-    assert "resume it with the train file" in error_line(refused)
+    assert "the data changed since" in error_line(refused)
+    assert "resume_allow_changes=true" in error_line(refused)

@@ -222,8 +222,11 @@ def test_the_onnx_export_runs_in_onnxruntime_with_any_batch_size(image_run):
     model = cnn((3, 12, 10), 3, list(node.channels), node.dropout, node.init).eval()
     model.load_state_dict(checkpoint["model"])  # weights=raw: the trained weights
     session = onnxruntime.InferenceSession(str(cwd / "model.onnx"))
-    inputs = torch.randn(5, 3, 12, 10, generator=torch.Generator().manual_seed(1))
-    (got,) = session.run(None, {"input": inputs.numpy()})
+    generator = torch.Generator().manual_seed(1)
+    pixels = torch.randint(0, 256, (5, 3, 12, 10), generator=generator, dtype=torch.uint8)
+    mean, std = (torch.tensor(checkpoint["inputs"][k]).view(1, 3, 1, 1) for k in ("mean", "std"))
+    inputs = (pixels / 255 - mean) / std  # the export takes the pixels and does this inside
+    (got,) = session.run(None, {"input": pixels.numpy()})
     assert got.shape == (5, 3)
     assert np.abs(got - model(inputs).detach().numpy()).max() <= 1e-4
     bad = run_python(

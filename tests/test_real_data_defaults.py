@@ -149,3 +149,20 @@ def test_a_start_that_fails_on_its_data_leaves_no_folder_and_no_config_tree(tmp_
     )
     assert again.returncode == 2
     assert (tmp_path / "runs" / "kept" / "notes.txt").read_text() == "mine"
+
+
+def test_a_column_name_sends_no_control_sequence_to_the_terminal_or_the_log(tmp_path):
+    rows = [[str(i % 5), ["x", "y", "z"][i % 3], str(i % 2)] for i in range(40)]
+    write_rows(tmp_path / "t.csv", ["a", "\x1b[31mred\x07", "y"], rows)
+    result = run_train(
+        tmp_path,
+        "data=csv",
+        "data.path=t.csv",
+        "data.target=y",
+        "trainer.max_epochs=1",
+        "run_name=c",
+    )
+    log = (tmp_path / "runs" / "c" / "train.log").read_text()
+    for text in (result.stdout, log):
+        assert "categorical (not all numbers): \\x1b[31mred\\x07" in text
+        assert "\x1b" not in text and "\x07" not in text

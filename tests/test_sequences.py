@@ -52,13 +52,13 @@ def test_an_interrupted_cnn1d_run_resumes_bit_identically(tmp_path):
         "data=tensors",
         "data.path=waves.npz",
         *SMALL,
-        "model=mlp",
+        "model=cnn1d",
         "model._target_=signalling_model.cnn1d",
         "trainer.log_every_n_steps=2",
     ]
     run_train(tmp_path, *run, "run_name=straight")
-    position = interrupt_and_resume(tmp_path, run, "cut", at=13)  # 10 batches an epoch
-    assert (position["epoch"], position["batch_in_epoch"]) == (1, 3)
+    position = interrupt_and_resume(tmp_path, run, "cut", at=13)  # 11 batches an epoch
+    assert (position["epoch"], position["batch_in_epoch"]) == (1, 2)
     assert_same_run(tmp_path, "straight", "cut")
 
 

@@ -51,6 +51,7 @@ def test_an_earlier_checkpoint_resumes(tmp_path):
             tmp_path,
             f"run_name={name}",
             "resume=auto",
+            "model=mlp",  # the default model when these were written (model=auto since)
             f"trainer.max_epochs={epochs + 1}",
             *logger,
             *(["trainer.ema.decay=0.9", "model.hidden_sizes=[32]"] if name == CALIBRATED else []),

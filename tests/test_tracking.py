@@ -41,7 +41,8 @@ from histories import (
 pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
 
-# 19 optimizer steps an epoch on the digits, a point every 5 steps, 3 epochs.
+# 20 optimizer steps an epoch on the digits (19 of 64, the last of 41), a point every 5 steps,
+# 3 epochs.
 JOB = (
     "model.hidden_sizes=[32]",
     "trainer.max_epochs=3",
@@ -78,7 +79,7 @@ def straight(tmp_path_factory):
 def test_every_logger_holds_the_same_history_and_marks_the_run_finished(straight):
     cwd, logged = straight
     train_loss = logged["tensorboard"]["train/loss"]
-    assert [step for step, _ in train_loss] == [5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55]
+    assert [step for step, _ in train_loss] == list(range(5, 61, 5))
     for backend in ("csv", "mlflow"):  # every tag at the same steps with the same values
         assert logged[backend] == logged["tensorboard"], backend
     wandb = logged["wandb"]  # the test's figures are the W&B run's summary, not its history
@@ -114,7 +115,8 @@ def test_the_csv_is_long_form_and_stays_valid_when_a_tag_appears_mid_run(tmp_pat
     assert rows[first_val]["epoch"] == "2" and first_val > 10
     tags = {row["tag"] for row in rows}
     assert "train/loss" in tags and any(tag.startswith("grad_norm/") for tag in tags)
-    assert [int(r["epoch"]) for r in rows if r["tag"] == "train/loss"] == [1, 1, 1, 2, 2, 2, 2]
+    # 20 steps an epoch, a point every 5: steps 5-20 in epoch 1, 25-40 in epoch 2
+    assert [int(r["epoch"]) for r in rows if r["tag"] == "train/loss"] == [1, 1, 1, 1, 2, 2, 2, 2]
 
 
 @pytest.mark.slow  # a stop needs its own process: 20 s
@@ -437,7 +439,7 @@ def test_an_edited_tracking_record_is_ignored_with_one_warning(tmp_path, record)
     )
     assert (result.stdout + result.stderr).count("tracking record is not what torchloom") == 1
     val = [step for step, _ in csv_history(tmp_path / "runs" / "edited")["val/acc"]]
-    assert val == [19, 38]
+    assert val == [20, 40]
 
 
 @pytest.mark.slow
@@ -511,7 +513,7 @@ def test_a_real_mlflow_server_on_localhost_holds_the_run_and_its_evaluation(tmp_
         assert run.info.status == "FINISHED"
         assert run.data.metrics["evaluate/test/acc"] == pytest.approx(run.data.metrics["test/acc"])
         history = mlflow_history(uri, run.info.run_id)
-        assert [step for step, _ in history["val/acc"]] == [19, 38]
+        assert [step for step, _ in history["val/acc"]] == [20, 40]
         assert not (tmp_path / "runs" / "mlflow.db").exists()  # nothing local with a server
     finally:
         server.terminate()
@@ -536,7 +538,7 @@ def test_a_checkpoint_from_before_tracking_resumes_into_a_new_tracked_run_quietl
     )
     assert "tracking record" not in result.stdout + result.stderr
     val = [step for step, _ in csv_history(tmp_path / "runs" / "older")["val/acc"]]
-    assert val == [19, 38]  # the CSV continues; nothing was cut or doubled
+    assert val == [20, 40]  # the CSV continues; nothing was cut or doubled
 
 
 def test_resuming_an_older_checkpoint_starts_new_tracked_runs_and_cuts_the_csv(tmp_path):
@@ -554,9 +556,9 @@ def test_resuming_an_older_checkpoint_starts_new_tracked_runs_and_cuts_the_csv(t
     runs = mlflow_runs(store(tmp_path), "older_point")
     assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
     newer = max(runs, key=lambda r: r.info.start_time)
-    assert [s for s, _ in mlflow_history(store(tmp_path), newer.info.run_id)["val/acc"]] == [38, 57]
+    assert [s for s, _ in mlflow_history(store(tmp_path), newer.info.run_id)["val/acc"]] == [40, 60]
     val = [step for step, _ in csv_history(tmp_path / "runs" / "older_point")["val/acc"]]
-    assert val == [19, 38, 57]  # the later rows were cut, then logged once by the resumed run
+    assert val == [20, 40, 60]  # the later rows were cut, then logged once by the resumed run
 
 
 def test_an_edited_run_id_never_writes_into_another_tracked_run(tmp_path):
