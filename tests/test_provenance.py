@@ -308,3 +308,37 @@ def test_compare_refuses_a_record_nested_past_what_a_run_writes_in_one_line(tmp_
         result = run_python(tmp_path, str(ROOT / "compare.py"), name, name, ok=False)
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert result.stderr.startswith(f"error: {name}")
+
+
+def test_no_credential_reaches_a_file_the_run_writes(tmp_path):
+    """A value read from the environment (``${oc.env:SLACK_TOKEN}``) is recorded as that
+    interpolation, and a secret-named key's value given on the command line as <redacted>,
+    in every file the run writes: provenance (command and attempts), metrics.json, .hydra/,
+    the log, the CSV history and the checkpoints. The callback itself gets the real values."""
+    from_env, typed = "xoxb-FROM-THE-ENVIRONMENT-31337", "typed-on-the-COMMAND-LINE-4242"
+    env = {"SLACK_TOKEN": from_env, "EXPECTED_TOKENS": f"{from_env},{typed}"}
+    run_train(
+        tmp_path,
+        *QUICK,
+        "run_name=secret",
+        "logger=[csv]",
+        "+callbacks.chat._target_=probe_callbacks.Notifier",
+        "+callbacks.chat.channel=${oc.env:SLACK_TOKEN}",
+        f"+callbacks.chat.api_token={typed}",
+        env=env,
+    )
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(written) > 8
+    for path in written:
+        data = path.read_bytes()
+        assert from_env.encode() not in data and typed.encode() not in data, path
+    record = provenance(tmp_path, "secret")
+    assert "+callbacks.chat.api_token=<redacted>" in record["command"]["argv"]
+    config = record["attempts"][0]["config"]["callbacks"]["chat"]
+    assert config == {
+        "_target_": "probe_callbacks.Notifier",
+        "channel": "${oc.env:SLACK_TOKEN}",
+        "api_token": "<redacted>",
+    }
+    stored = checkpoint(tmp_path, "secret")["config"]["callbacks"]["chat"]
+    assert stored["channel"] == "${oc.env:SLACK_TOKEN}" and stored["api_token"] == "<redacted>"

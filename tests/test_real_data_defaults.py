@@ -96,7 +96,7 @@ def test_a_tables_text_columns_are_found_and_its_identifiers_left_out(tmp_path):
     said = " ".join(result.stdout.split() + result.stderr.split())
     assert (
         "t.csv: data.categorical=auto: categorical (not all numbers): colour; left out as "
-        "identifiers: row (counts the rows); name (90 distinct values in 90 rows)" in said
+        "identifiers: row (numbers the rows); name (90 distinct values in 90 rows)" in said
     )
     assert "gaps in size (1)" in said
     assert "model=auto: the MLP for table rows" in said
@@ -166,3 +166,47 @@ def test_a_column_name_sends_no_control_sequence_to_the_terminal_or_the_log(tmp_
     for text in (result.stdout, log):
         assert "categorical (not all numbers): \\x1b[31mred\\x07" in text
         assert "\x1b" not in text and "\x07" not in text
+
+
+@pytest.mark.parametrize("skipped", [[], [17], [5, 60, 61]])
+def test_an_id_column_is_left_out_even_when_its_count_skips_numbers(tmp_path, skipped):
+    """On a class-sorted file an ID column is the class: one with a number missing (or a few,
+    or counting down) was kept and reached 0.98 on pure-noise features. It is left out."""
+    ids = [i for i in range(1, 130) if i not in skipped][:120]
+    rng = np.random.default_rng(0)
+    rows = [[ids[i], *rng.normal(size=3).round(4), "ab"[i >= 60]] for i in range(120)]
+    if skipped == [5, 60, 61]:
+        rows = [[1000 - row[0], *row[1:]] for row in rows]  # falling IDs
+    write_rows(tmp_path / "t.csv", ["id", "a", "b", "c", "y"], rows)
+    result = run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "run_name=t")
+    assert "left out as identifiers: id (numbers the rows)" in " ".join(result.stdout.split())
+    assert checkpoint(tmp_path, "t")["inputs"]["table"]["numeric"] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("marker", ["", "NA", "?"])
+def test_a_missing_class_label_is_refused_not_learnt_as_a_class(tmp_path, marker):
+    rows = [[i % 7, ["n", "y"][i % 2]] for i in range(60)]
+    rows[23][1] = marker
+    rows[40][1] = marker
+    write_rows(tmp_path / "t.csv", ["x", "vote"], rows)
+    line = error_line(
+        run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=vote", ok=False)
+    )
+    shown = repr(marker) if marker else "empty"
+    assert f"t.csv line 25: data.target column 'vote' is {shown}, a missing label (2 of 60" in line
+    assert "give those rows their class or remove them" in line
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.parametrize(("stray", "line"), [("oops", 30), ("12 kg", 3)])
+def test_a_stray_text_cell_in_a_number_column_is_named_not_left_out(tmp_path, stray, line):
+    rows = [[f"{i * 0.5 % 7}", i % 5, "ab"[i % 2]] for i in range(52)]
+    rows[line - 2][0] = stray
+    write_rows(tmp_path / "t.csv", ["weight", "x", "y"], rows)
+    said = error_line(run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", ok=False))
+    assert f"t.csv line {line}, column 'weight': {stray!r} is not a number, where 51 of" in said
+    assert "make it a gap (empty or NA), or list weight in data.categorical=[...]" in said
+    listed = run_train(
+        tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "data.categorical=[weight]"
+    )
+    assert listed.returncode == 0

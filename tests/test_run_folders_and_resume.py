@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import error_line, read_metrics, run_evaluate, run_train, scalars
+from conftest import (
+    PREDICT,
+    error_line,
+    read_metrics,
+    run_evaluate,
+    run_python,
+    run_train,
+    scalars,
+    write_rows,
+)
 
 from utils.checkpoint.load import load_checkpoint
 from utils.config.monitor import monitor_mode
@@ -144,6 +153,40 @@ def test_evaluate_runs_nothing_from_an_interpolation_or_a_chained_target(base, t
         run_evaluate(tmp_path, "ckpt=chain.pt", ok=False)
     )
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("group", "target", "extra"),
+    [
+        ("model", "data.tabular.load_csv", {"path": "SECRET", "target": "x"}),
+        ("task", "utils.tracking.local.CsvLog", {}),
+        ("precision", "data.tabular.load_csv", {"path": "SECRET"}),
+        ("optim", "models.mlp.mlp", {"_partial_": True}),
+    ],
+)
+def test_a_stored_group_may_name_only_its_own_builders(base, tmp_path, group, target, extra):
+    """A checkpoint whose model names the CSV loader made evaluate.py, predict.py and a
+    distillation teacher read any file and print its first line; each group's _target_ must
+    be one of that group's own builders, refused before anything is built."""
+    secret = tmp_path / "credentials.env"
+    secret.write_text("AWS_SECRET_ACCESS_KEY=hunter2\n1\n")
+    state = load_checkpoint(base / "checkpoints/base/best.pt")
+    node = {
+        "_target_": target,
+        **{k: str(secret) if v == "SECRET" else v for k, v in extra.items()},
+    }
+    state["config"][group] = node
+    torch.save(state, tmp_path / "crafted.pt")
+    table = write_rows(tmp_path / "rows.csv", [f"p{i}" for i in range(64)], [[0] * 64])
+    results = [
+        run_evaluate(tmp_path, "ckpt=crafted.pt", ok=False),
+        run_python(tmp_path, str(PREDICT), "ckpt=crafted.pt", f"input={table}", ok=False),
+        run_train(tmp_path, *TINY, "trainer.max_epochs=1", "distill.teacher=crafted.pt", ok=False),
+    ]
+    for result in results:
+        line = error_line(result)
+        assert f"{group}._target_='{target}'" in line and "not one of torchloom's builders" in line
+        assert "hunter2" not in result.stdout + result.stderr
 
 
 def test_evaluate_never_downloads_because_a_stored_config_says_so(base, tmp_path):

@@ -2,6 +2,8 @@
 
 import errno
 
+from utils.text import escaped
+
 
 class UserError(Exception):
     """Bad input from the user: a config value, a missing file, a label out of range.
@@ -54,8 +56,10 @@ def user_error_in(error: BaseException | None) -> UserError | None:
 def print_error(cause: object) -> None:
     """Write ``error: <cause>`` to stderr as one line in one write, so that torchrun's ranks,
     which share one stderr, never interleave their lines (``print`` writes the newline apart,
-    and an unbuffered stderr sends the two writes separately)."""
+    and an unbuffered stderr sends the two writes separately). Control characters (an
+    exception's ANSI sequence, a line break in a message from elsewhere) are written as
+    escapes: the line stays one line and never drives the terminal."""
     import sys
 
-    sys.stderr.write(f"error: {cause}\n")
+    sys.stderr.write(f"error: {escaped(str(cause))}\n")
     sys.stderr.flush()

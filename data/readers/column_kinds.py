@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 from data.readers.missing import is_gap
+from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
 
@@ -16,7 +17,11 @@ log = logging.getLogger("torchloom")
 # (and MIN_IDENTIFIER_VALUES of them) names rows rather than describing them: a name, an ID.
 IDENTIFIER_SHARE = 0.5
 MIN_IDENTIFIER_VALUES = 20
-COUNTS_ROWS = "counts the rows"
+COUNTS_ROWS = "numbers the rows"
+# A number column where at most this share of the cells (and STRAY_MOST of them) is text holds
+# stray cells (a typo, a unit), not categories: they are named, never silently read.
+STRAY_SHARE = 0.05
+STRAY_MOST = 5
 
 
 def auto_columns(
@@ -24,7 +29,7 @@ def auto_columns(
 ) -> tuple[list[str], list[str]]:
     """(the feature columns kept, the categorical ones) of ``named``, said in one line; columns
     ``listed`` by name in data.features are all kept (a text one is categorical)."""
-    categorical, identifiers, gaps = column_kinds(header, rows, named)
+    categorical, identifiers, gaps = column_kinds(header, rows, named, path)
     if listed:
         categorical += [name for name, why in identifiers.items() if why != COUNTS_ROWS]
         identifiers = {}
@@ -33,21 +38,23 @@ def auto_columns(
 
 
 def column_kinds(
-    header: list[str], rows: list[list[str]], named: list[str]
+    header: list[str], rows: list[list[str]], named: list[str], path: Path
 ) -> tuple[list[str], dict[str, str], dict[str, int]]:
     """``data.categorical=auto`` on the ``named`` feature columns: the categorical ones (a
     value that is not a number, gaps aside); the identifiers left out, each with why: a text
-    column of nearly one value a row, or a number column counting the rows (1, 2, 3...), which
-    would teach the model the file's order; and the number columns' gap counts."""
+    column of nearly one value a row, or a number column numbering the rows (whole numbers
+    rising, or falling, on every row: 1, 2, 4, 5..., gaps in the count included), which would
+    teach the model the file's order; and the number columns' gap counts. A number column
+    with a few stray text cells is refused, naming the first (:func:`check_strays`)."""
     categorical, identifiers, gaps = [], {}, {}
     for name in named:
         at = header.index(name)
         present = [row[at].strip() for row in rows if not is_gap(row[at])]
         numbers = [_float_or_none(text) for text in present]
         distinct = len(set(present))
+        check_strays(name, [row[at] for row in rows], numbers, path)
         if None not in numbers:
-            steps = {b - a for a, b in itertools.pairwise(numbers)}
-            if len(present) == len(rows) >= MIN_IDENTIFIER_VALUES and steps == {1.0}:
+            if len(present) == len(rows) >= MIN_IDENTIFIER_VALUES and numbers_rows(numbers):
                 identifiers[name] = COUNTS_ROWS
             elif len(present) < len(rows):
                 gaps[name] = len(rows) - len(present)
@@ -57,6 +64,34 @@ def column_kinds(
         else:
             categorical.append(name)
     return categorical, identifiers, gaps
+
+
+def numbers_rows(numbers: list[float]) -> bool:
+    """Whether ``numbers`` (a column, in file order) are whole numbers that rise (or fall) on
+    every row: a row number or an ID given in order, whatever steps it skips."""
+    steps = [b - a for a, b in itertools.pairwise(numbers)]
+    whole = all(n == int(n) for n in numbers)
+    return whole and (all(s > 0 for s in steps) or all(s < 0 for s in steps))
+
+
+def check_strays(name: str, cells: list[str], numbers: list[float | None], path: Path) -> None:
+    """A column of numbers but for a few text cells (``oops`` among 51 numbers) is refused,
+    naming the first cell's line and value and the ways to read the column."""
+    strays = numbers.count(None)
+    one_allowed = 1 if len(numbers) >= MIN_IDENTIFIER_VALUES else 0  # 1 in 3 may be a category
+    if not strays or strays > min(STRAY_MOST, max(one_allowed, STRAY_SHARE * len(numbers))):
+        return
+    line, value = next(
+        (n + 2, cell.strip())
+        for n, cell in enumerate(cells)
+        if not is_gap(cell) and _float_or_none(cell.strip()) is None
+    )
+    raise UserError(
+        f"{path} line {line}, column {name!r}: {value!r} is not a number, where "
+        f"{len(numbers) - strays} of the column's cells are ({strays} are not); fix the "
+        f"cell, make it a gap (empty or NA), or list {name} in data.categorical=[...] to "
+        "read the column as categories"
+    )
 
 
 def say_kinds(

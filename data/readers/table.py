@@ -109,6 +109,7 @@ class Columns:
         self.categorical = categorical
         self.classes = targets  # what each output is called: classes, labels or values
         if kind == "classes":
+            _check_labelled(header, rows, target, path)
             self.classes = sorted_names({row[header.index(target)].strip() for row in rows})
         elif kind == "label_sets" and isinstance(target, str):  # one column of a;b sets
             at = header.index(targets[0])
@@ -325,6 +326,21 @@ def unseen_line(path: Path, flags: list[str]) -> str | None:
     more = f" and {len(counts) - 5} more" if len(counts) > 5 else ""
     verb = "holds" if rows == 1 else "hold"
     return f"{path}: {rows} row{'s' * (rows > 1)} {verb} a category the train file never held ({shown}{more})"
+
+
+def _check_labelled(header: list[str], rows: list[list[str]], target: str, path: Path) -> None:
+    """Every row of a class column names a class: an empty cell, ``NA`` or ``?`` is a missing
+    label, never a class of its own that the model would learn."""
+    at = header.index(target)
+    unlabelled = [n for n, row in enumerate(rows) if is_gap(row[at])]
+    if unlabelled:
+        first = rows[unlabelled[0]][at].strip()
+        shown = repr(first) if first else "empty"
+        raise UserError(
+            f"{path} line {unlabelled[0] + 2}: data.target column {target!r} is {shown}, a "
+            f"missing label ({len(unlabelled)} of {len(rows)} rows); a class is not learnt "
+            "from a gap: give those rows their class or remove them"
+        )
 
 
 def _value(text: str, column: str, path: Path, line: int) -> float:

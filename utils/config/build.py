@@ -1,8 +1,8 @@
 """Building objects from config nodes, and the config as plain data.
 
 :func:`build` is Hydra's ``instantiate`` with a constructor's refusal of its values reaching the
-user as one line; :func:`flatten` and :func:`to_plain` give the config as the flat keys and plain
-containers that checkpoints, trackers and tables hold.
+user as one line; :func:`flatten` gives the config as the flat keys that trackers and tables hold (the plain
+containers a run records are utils/config/secrets.py's :func:`recorded`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,6 @@ from omegaconf.errors import MissingMandatoryValue
 
 from utils.errors import UserError
 from utils.system.signals import Interrupted
-
-
-def to_plain(cfg: DictConfig) -> dict:
-    """The resolved config as plain dicts, lists, strings and numbers (safe in a checkpoint)."""
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def build(node: Any, **kwargs: Any) -> Any:

@@ -8,17 +8,21 @@ A config stored in a checkpoint (or a ``.safetensors`` export, or a YAML file gi
 - no Hydra instantiation key but ``_target_`` (and the optimizer's ``_partial_: true``):
   ``_recursive_``, ``_convert_``, ``_args_`` or a ``_partial_`` elsewhere change what building does;
 - every ``_target_`` anywhere in the tree, nested ones and those inside ``_args_`` included, is
-  one of an exact list: the ``_target_`` values torchloom's own YAML files under ``conf/`` hold,
-  plus ``torch.optim``'s optimizer classes. No package prefix is trusted, and nothing is
-  imported to decide.
+  one of its own group's exact list: the ``_target_`` values of ``conf/<group>/*.yaml`` (and of
+  that group's node in the presets under ``conf/experiment/``), plus ``torch.optim``'s
+  optimizer classes for ``optim``. A model's node may name no data loader, nor a task a logger:
+  each group builds only what that group builds. No package prefix is trusted, and nothing is
+  imported to decide. A model of one's own (``conf/model/<name>.yaml``) is in the model group's
+  list as soon as its YAML file is there, as docs/extending.md says.
 
 The check runs before anything in the config is resolved, imported or built. A stored
-config's ``callbacks`` (the user's code that train.py ran) are dropped unread first: only
-train.py builds callbacks, from its own command line.
+config's ``callbacks`` (the user's code that train.py ran) and ``logger`` are dropped unread
+first: only train.py builds them, from its own command line.
 """
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -88,23 +92,39 @@ def with_current_targets(config: Any) -> Any:
     return config
 
 
-def without_callbacks(config: Any) -> Any:
-    """``config`` without its ``callbacks`` node: never built from a file, never checked."""
+NEVER_BUILT = ("callbacks", "logger")
+
+
+def without_unbuilt(config: Any) -> Any:
+    """``config`` without its ``callbacks`` and ``logger`` nodes: only train.py builds them,
+    from its own command line, so a stored one is never built and never checked (a logger's
+    setting read from the environment is stored as its ``${oc.env:...}``)."""
     if not isinstance(config, dict):
         return config
-    return {key: value for key, value in config.items() if key != "callbacks"}
+    return {key: value for key, value in config.items() if key not in NEVER_BUILT}
 
 
 @cache
-def allowed_builders() -> frozenset[str]:
-    """The exact ``_target_`` strings a stored config may name."""
+def group_builders(group: str) -> frozenset[str]:
+    """The exact ``_target_`` strings a stored config's ``group`` node may name: those of
+    ``conf/<group>/*.yaml``, of that group's node in the presets (``conf/experiment/``), and
+    for ``optim`` the optimizer classes of ``torch.optim``."""
     import yaml
 
-    found: set[str] = {f"torch.optim.{name}" for name in OPTIMIZERS}
-    for group in BUILDER_GROUPS:
-        for path in sorted((CONF / group).glob("*.yaml")):
-            found |= targets_in(yaml.safe_load(path.read_text()))
+    found: set[str] = {f"torch.optim.{name}" for name in OPTIMIZERS} if group == "optim" else set()
+    if group not in BUILDER_GROUPS:
+        return frozenset()
+    for path in sorted((CONF / group).glob("*.yaml")):
+        found |= targets_in(yaml.safe_load(path.read_text()))
+    for path in sorted((CONF / "experiment").glob("*.yaml")):
+        preset = yaml.safe_load(path.read_text())
+        found |= targets_in(preset.get(group) if isinstance(preset, dict) else None)
     return frozenset(found)
+
+
+def allowed_builders() -> frozenset[str]:
+    """Every ``_target_`` string some group of a stored config may name."""
+    return frozenset().union(*(group_builders(group) for group in BUILDER_GROUPS))
 
 
 def targets_in(node: Any) -> set[str]:
@@ -129,11 +149,17 @@ def check_stored_config(config: Any, source: Path | str) -> None:
                 "and a stored config is data; the file may be hostile, so nothing was built"
             )
         is_target = key.rsplit(".", 1)[-1] == "_target_"
-        if is_target and not (isinstance(value, str) and value in allowed_builders()):
+        group = re.split(r"[.\[]", key, maxsplit=1)[0]
+        if is_target and not (isinstance(value, str) and value in group_builders(group)):
+            which = (
+                f"for {group} (the _target_s in conf/{group}/)"
+                if group in BUILDER_GROUPS
+                else f"(a stored {group} builds nothing)"
+            )
             raise UserError(
                 f"refusing the config stored in {source}: {key}={value!r} is not one of "
-                "torchloom's builders (the _target_s in conf/); the file may be hostile, so "
-                "nothing was built or imported"
+                f"torchloom's builders {which}; the file may be hostile, so nothing was "
+                "built or imported"
             )
     for key, value in _walk(config, ""):
         name = key.rsplit(".", 1)[-1]

@@ -38,7 +38,8 @@ from rich.table import Table
 
 from utils.checkpoint.load import load_checkpoint
 from utils.checkpoint.record import InputRecord
-from utils.config.build import build, to_plain
+from utils.config.build import build
+from utils.config.secrets import recorded
 from utils.errors import UserError
 from utils.evaluation.metrics import outputs_of
 from utils.files import atomic_file, write_json
@@ -148,7 +149,7 @@ def check_same_split(job: DictConfig, fold_dir: Path) -> None:
     stored = load_checkpoint(best).get("config")
     if not isinstance(stored, dict):
         raise UserError(f"{best} holds no config (was it edited?); choose a new run_name=...")
-    changes = config_changes(stored, to_plain(job))
+    changes = config_changes(stored, recorded(job))
     differ = changes.never + changes.need_allow
     if differ:
         raise UserError(

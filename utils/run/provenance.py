@@ -29,6 +29,7 @@ import torch
 from data.batching.fingerprint import changes, membership, overlap, sample_hashes
 from utils.checkpoint.load import load_checkpoint
 from utils.config.schema import CONF
+from utils.config.secrets import redacted_argv, secret_values
 from utils.config.trust import targets_in
 from utils.errors import UserError
 from utils.files import file_sha256
@@ -150,13 +151,13 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def attempt(resumed_from: Any, data_changes: Any = None) -> dict[str, Any]:
+def attempt(resumed_from: Any, secrets: list[str], data_changes: Any = None) -> dict[str, Any]:
     """One attempt at the run: when, where, from which checkpoint, and any data change it
     was allowed to go on with."""
     return {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": platform.node(),
-        "argv": list(sys.argv),
+        "argv": redacted_argv(sys.argv, secrets),
         "resumed_from": str(resumed_from) if resumed_from else None,
         "data_changes": data_changes,
     }
@@ -185,12 +186,14 @@ def record_at_start(cfg: Any, data: Any, run: Any, processes: Any) -> dict[str, 
             "train on other data as one run. Start a new run, or resume anyway with "
             "resume_allow_changes=true (recorded in provenance.json)"
         )
-    this = {**attempt(run.resumed[0] if run.resumed else None, changed), "code": _short(code)}
+    secrets = secret_values(cfg)
+    resumed_from = run.resumed[0] if run.resumed else None
+    this = {**attempt(resumed_from, secrets, changed), "code": _short(code)}
     this["config"] = run.record.resolved  # as this attempt ran it (compare.py reads the last)
     if stored:
         return {**stored, "data": now, "attempts": [*stored["attempts"], this]}
     command = {
-        "argv": list(sys.argv),
+        "argv": redacted_argv(sys.argv, secrets),
         "overrides": list(run.record.overrides),
         "seed": cfg.seed,
         "deterministic": bool(cfg.trainer.deterministic),

@@ -24,8 +24,8 @@ from data.batching.batches import Placement
 from utils.checkpoint.format import check_training_checkpoint
 from utils.checkpoint.load import find_checkpoints, load_checkpoint, load_latest
 from utils.checkpoint.record import InputRecord
-from utils.config.build import to_plain
 from utils.config.resolvers import in_sweep
+from utils.config.secrets import recorded, redacted_argv, scrub_yaml_files, secret_values
 from utils.errors import UserError
 from utils.files import prepare_dir, remove_stale_temporary_files
 from utils.run import sweep
@@ -103,6 +103,9 @@ class RunStart:
             remove_files(self.replaced)
 
 
+HYDRA_FILES = ("config", "overrides", "hydra")
+
+
 def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> RunStart:
     """``run_dir``: where the run lives (a cross-validation's fold); None: Hydra's run dir."""
     processes = distributed.processes_from_env()
@@ -117,9 +120,12 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
         if processes.is_main:  # another paths.runs with these checkpoints: one run at a time
             claim_new(checkpoint_dir, "run", made)
             remove_stale_temporary_files(checkpoint_dir)
-    run = RunStart(
-        processes, run_dir, checkpoint_dir, RunRecord(to_plain(cfg), sweep.job_overrides())
-    )
+    secrets = secret_values(cfg)
+    overrides = redacted_argv(sweep.job_overrides(), secrets)
+    run = RunStart(processes, run_dir, checkpoint_dir, RunRecord(recorded(cfg), overrides))
+    if processes.is_main:  # what Hydra wrote of the command line holds no credential either
+        hydra_files = [run_dir / ".hydra" / f"{name}.yaml" for name in HYDRA_FILES]
+        scrub_yaml_files([*hydra_files, run_dir.parent / "multirun.yaml"], secrets)
     run.finished, resume = sweep.job_start(run_dir, cfg.resume, run.record.overrides)
     if run.finished is not None:
         return run

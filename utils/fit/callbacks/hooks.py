@@ -227,7 +227,9 @@ class Callbacks:
                 return method(*args, **kwargs)
             except UserError:  # a ready-made callback's one line about its own arguments
                 raise
-            except Exception as error:
+            # sys.exit() in a hook is a failing callback too, not the run's own end: it would
+            # end the run with exit 0, no checkpoint and no metrics.json.
+            except (Exception, SystemExit) as error:
                 message = f"callback {name}.{hook} raised {type(error).__name__}: {error}"
                 entry = self.settings.get(name)
                 if entry is None or entry.on_error == "raise" or hook == "__init__":

@@ -1,0 +1,141 @@
+"""What of a config and a command line may be written down: never a credential.
+
+A run writes its config and command line into checkpoints, ``provenance.json``,
+``metrics.json``, ``.hydra/``, the log and every tracker (MLflow params and artifacts, W&B).
+A value the config reads from the environment (``${oc.env:SLACK_TOKEN}``) is recorded as that
+interpolation, unresolved, and the value of any key that names a secret (``*token*``,
+``*secret*``, ``*password*``, ``*api_key*``, ``*credential*``, ...) as :data:`REDACTED`, in the
+config and on the command line alike (``logger.mlflow.token=abc`` is recorded
+``logger.mlflow.token=<redacted>``). The process itself still builds from the real values.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from utils.files import write_file
+
+REDACTED = "<redacted>"
+SECRET_KEY = re.compile(
+    r"token|secret|passw(or)?d|api[_-]?key|credential|private[_-]?key|access[_-]?key",
+    re.IGNORECASE,
+)
+ENVIRONMENT = re.compile(r"\$\{\s*oc\.env\s*:")
+SHORTEST_SECRET = 4  # characters: a shorter value is not searched for inside other strings
+
+
+def names_a_secret(key: Any) -> bool:
+    """Whether the last part of a dotted ``key`` names a credential."""
+    return isinstance(key, str) and bool(SECRET_KEY.search(re.split(r"[./]", key)[-1]))
+
+
+def recorded(cfg: DictConfig) -> dict:
+    """The config as plain containers, resolved, but with every value that reads the
+    environment left as its interpolation and every secret-named key's value redacted: what a
+    checkpoint, a record or a tracker may hold."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    return _recorded(resolved, raw)
+
+
+def _recorded(resolved: Any, raw: Any, key: Any = None) -> Any:
+    if isinstance(raw, str) and ENVIRONMENT.search(raw):
+        return raw
+    if names_a_secret(key) and resolved not in (None, "", REDACTED) and _is_leaf(resolved):
+        return REDACTED
+    if isinstance(resolved, dict) and isinstance(raw, dict):
+        return {k: _recorded(v, raw.get(k), k) for k, v in resolved.items()}
+    if isinstance(resolved, list) and isinstance(raw, list) and len(raw) == len(resolved):
+        return [_recorded(v, r) for v, r in zip(resolved, raw, strict=True)]
+    return resolved
+
+
+def _is_leaf(value: Any) -> bool:
+    return not isinstance(value, dict | list)
+
+
+def secret_values(cfg: DictConfig) -> list[str]:
+    """The resolved values the record leaves out (secret-named keys', and those read from the
+    environment), longest first, to be taken out of any other text a run writes."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    found: set[str] = set()
+    _collect(resolved, raw, None, found)
+    return sorted((v for v in found if len(v) >= SHORTEST_SECRET), key=len, reverse=True)
+
+
+def _collect(resolved: Any, raw: Any, key: Any, found: set[str]) -> None:
+    if isinstance(resolved, dict) and isinstance(raw, dict):
+        for k, v in resolved.items():
+            _collect(v, raw.get(k), k, found)
+    elif isinstance(resolved, list) and isinstance(raw, list) and len(raw) == len(resolved):
+        for v, r in zip(resolved, raw, strict=True):
+            _collect(v, r, key, found)
+    elif isinstance(resolved, str | int | float) and not isinstance(resolved, bool):
+        from_environment = isinstance(raw, str) and ENVIRONMENT.search(raw)
+        if from_environment or names_a_secret(key):
+            found.add(str(resolved))
+
+
+def scrubbed(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each of ``secrets`` replaced by :data:`REDACTED`."""
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def redacted_argv(argv: Iterable[str], secrets: Iterable[str] = ()) -> list[str]:
+    """A command line as it may be recorded: ``key=value`` with a secret-named key, and
+    ``--token value`` / ``--token=value`` flags, keep the key and lose the value; any of
+    ``secrets`` inside another argument is redacted too."""
+    secrets = list(secrets)
+    shown: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            shown.append(REDACTED)
+            hide_next = False
+            continue
+        key, equals, _ = arg.partition("=")
+        if equals and names_a_secret(key.lstrip("+~-")):
+            shown.append(f"{key}={REDACTED}")
+            continue
+        hide_next = arg.startswith("-") and not equals and names_a_secret(arg.lstrip("-"))
+        shown.append(scrubbed(arg, secrets))
+    return shown
+
+
+def redacted(node: Any, secrets: Iterable[str] = (), key: Any = None) -> Any:
+    """Plain containers ``node`` with secret-named keys' values and ``secrets`` redacted."""
+    secrets = list(secrets)
+    if isinstance(node, dict):
+        return {k: redacted(v, secrets, k) for k, v in node.items()}
+    if isinstance(node, list):
+        return [redacted(v, secrets, key) for v in node]
+    if names_a_secret(key) and node not in (None, "", REDACTED):
+        return REDACTED
+    if isinstance(node, str):
+        if "=" in node and names_a_secret(node.partition("=")[0].lstrip("+~-")):
+            return f"{node.partition('=')[0]}={REDACTED}"
+        return scrubbed(node, secrets)
+    return node
+
+
+def scrub_yaml_files(paths: Iterable[Path], secrets: Iterable[str]) -> None:
+    """Rewrite the YAML files Hydra wrote (``.hydra/config.yaml``, ``overrides.yaml``,
+    ``hydra.yaml``, a sweep's ``multirun.yaml``) without the secrets the command line or the
+    environment put there; a file that needs no change is left as it is."""
+    secrets = list(secrets)
+    for path in paths:
+        if not path.is_file():
+            continue
+        loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        clean = redacted(loaded, secrets)
+        if clean != loaded:
+            text = OmegaConf.to_yaml(OmegaConf.create(clean)).encode()
+            write_file(path, text, "check that the run folder is writable")
