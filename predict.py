@@ -67,10 +67,11 @@ def predict(cfg: DictConfig) -> None:
     header, rows, lines = task.decode(torch.cat(outputs), cfg)  # by task: topk, threshold
     if unseen is not None:  # a flag per row: the categories it was predicted without
         header, rows = [*header, "unseen"], [[*r, u] for r, u in zip(rows, unseen, strict=True)]
+    # What the file came from, read (and checked) first: a refusal leaves no CSV without it.
+    traced = prediction_record(path, Path(str(cfg.input)), inputs)
     write_predictions(
         Path(str(cfg.out)), header, [[n, *r] for n, r in zip(names, rows, strict=True)]
     )
-    traced = prediction_record(path, Path(str(cfg.input)), inputs)  # what the file came from
     write_file(
         sidecar(Path(str(cfg.out))), json.dumps(traced, indent=2).encode(), "choose another out=..."
     )
@@ -114,7 +115,9 @@ def write_predictions(out: Path, header: list[str], rows: list[list[str]]) -> No
     text = io.StringIO()
     writer = csv.writer(text)
     writer.writerow(["input", *header])
-    writer.writerows([cell(name), *values] for name, *values in rows)
+    # Every cell, not only the names: a flag or label built from a CSV's column names or
+    # categories is data from elsewhere too.
+    writer.writerows([cell(value) for value in row] for row in rows)
     write_file(out, text.getvalue().encode(), "choose another out=...")
 
 

@@ -96,9 +96,10 @@ def main(cfg: DictConfig) -> float:
             if not in_sweep() or isinstance(failure, sweep.ForeignJob):
                 remove_unused(run_folders(cfg))  # a start on bad data leaves no empty folders
                 sys.exit(EXIT_USER_ERROR)
-        elif isinstance(failure, CallbackFailed) and not in_sweep():
+        elif isinstance(failure, CallbackFailed):
             failure.report()  # one line; its traceback in the run's train.log
-            sys.exit(EXIT_FAILED)
+            if not in_sweep():
+                sys.exit(EXIT_FAILED)
         elif not in_sweep():
             raise
         else:

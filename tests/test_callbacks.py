@@ -156,6 +156,47 @@ def test_a_raising_hook_ends_the_run_in_one_line_and_leaves_last_pt_as_it_was(tm
     assert read_metrics(tmp_path / "runs" / "warned")["epochs"] == 3
 
 
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("exit", "raised SystemExit: 0"),
+        ("ansi", "raised RuntimeError: \\x1b[2J\\x1b[31mthe probe broke"),
+    ],
+)
+def test_a_hook_that_exits_or_writes_escapes_fails_the_run_in_one_plain_line(tmp_path, how, said):
+    """sys.exit(0) in a hook ended the run with exit 0, no checkpoint, no metrics.json and no
+    word; an exception's ANSI sequence reached the terminal raw."""
+    result = run_train(
+        tmp_path,
+        *FAST,
+        "run_name=r",
+        *cb("probe", "probe_callbacks.Raising", epoch=1, how=how),
+        ok=False,
+    )
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip().splitlines()[-1] == f"error: callback probe.on_validation_end {said}"
+    )
+    assert "\x1b" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_sweep_job_whose_callback_raises_is_one_line_too(tmp_path):
+    result = run_train(
+        tmp_path,
+        "-m",
+        *FAST,
+        "run_name=s",
+        "seed=0,1",
+        *cb("probe", "probe_callbacks.Raising", epoch=1),
+        ok=False,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "error: callback probe.on_validation_end raised RuntimeError: the probe broke" in (
+        result.stderr
+    )
+
+
 def test_state_that_is_not_plain_or_does_not_load_is_one_line_naming_the_callback(tmp_path):
     result = run_train(
         tmp_path, *FAST, "run_name=np", *cb("probe", "probe_callbacks.NotPlain"), ok=False
@@ -193,7 +234,12 @@ def test_a_hostile_callbacks_record_in_a_checkpoint_is_refused_in_one_line(tmp_p
     run_train(tmp_path, *FAST, "run_name=h", "trainer.max_epochs=1")
     last = tmp_path / "checkpoints" / "h" / "last.pt"
     stored = torch.load(last, weights_only=True)
-    for key, value in (("callbacks", {"probe": torch.zeros(3)}), ("stopped_by", {"x": 1})):
+    hostile = (
+        ("callbacks", {"probe": torch.zeros(3)}),
+        ("callbacks", {"probe": {"log": "x" * (17 * 2**20)}}),  # over the bound docs promise
+        ("stopped_by", {"x": 1}),
+    )
+    for key, value in hostile:
         torch.save({**stored, key: value}, last)
         result = run_train(tmp_path, *FAST, "run_name=h", "resume=auto", ok=False)
         assert "was it edited?" in error_line(result) and key.rstrip("s") in error_line(result)

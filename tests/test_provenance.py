@@ -254,11 +254,29 @@ def test_a_hostile_provenance_record_is_refused_in_one_line(tmp_path):
             "data": {**stored["provenance"]["data"], "samples": {"train": torch.zeros(2)}},
         },
     )
-    for record in bad_records:
+    first = stored["provenance"]["attempts"][0]
+    sources = stored["provenance"]["data"]["sources"]
+    tensors = (  # a tensor where a run writes plain data: resume and predict crashed on it
+        {**stored["provenance"], "attempts": [{**first, "argv": torch.zeros(2)}]},
+        {
+            **stored["provenance"],
+            "data": {**stored["provenance"]["data"], "sources": [sources, torch.ones(1)]},
+        },
+        {**stored["provenance"], "machine": {"host": "x" * (17 * 2**20)}},
+    )
+    for record in (*bad_records, *tensors):
         torch.save({**stored, "provenance": record}, last)
         again = ("trainer.max_epochs=2", "model.hidden_sizes=[16]", "run_name=h", "resume=auto")
         result = run_train(tmp_path, *again, ok=False)
         assert "its provenance record" in error_line(result)
+    Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(tmp_path / "zero.png")
+    for record in tensors[:2]:
+        torch.save({**stored, "provenance": record}, last)
+        result = run_python(
+            tmp_path, str(PREDICT), f"ckpt={last}", "input=zero.png", "out=p.csv", ok=False
+        )
+        assert "its provenance record" in error_line(result)
+        assert not (tmp_path / "p.csv").exists()  # no CSV without its record
 
 
 def test_training_images_moved_into_a_manifests_test_split_are_counted(tmp_path):

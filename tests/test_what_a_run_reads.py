@@ -569,6 +569,22 @@ def test_class_names_are_shown_escaped_and_written_as_spreadsheet_text(tmp_path)
     assert not any(cell.startswith(("=", "+", "-", "@")) for cell in cells)
 
 
+def test_predicts_unseen_flags_are_spreadsheet_text_too(tmp_path):
+    """The 'unseen' column names a category column and the value training never saw: both
+    come from CSV files, so a column named like a formula is written as text there too."""
+    header = ['=HYPERLINK("http://x")', "@size", "y"]
+    rows = [[["red", "blue"][i % 2], str(i % 5), "ab"[i % 2]] for i in range(60)]
+    write_rows(tmp_path / "t.csv", header, rows)
+    run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", *TINY, "run_name=u")
+    write_rows(tmp_path / "new.csv", header, [["green", "-3", "a"], ["red", "1", "b"]])
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/u", "input=new.csv", "out=p.csv")
+    with open(tmp_path / "p.csv") as f:
+        written = list(csv.reader(f))
+    assert written[0][-1] == "unseen"
+    assert written[1][-1] == '\'=HYPERLINK("http://x")=green' and written[2][-1] == ""
+    assert not any(cell.startswith(("=", "+", "@")) for row in written for cell in row)
+
+
 # --- 7. Messages that name the cause -------------------------------------------------------
 
 

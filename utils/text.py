@@ -59,6 +59,14 @@ class LogLines(logging.Formatter):
 
 def cell(name: object) -> str:
     """``name`` as a CSV cell a spreadsheet shows as text: one that would start a formula gets
-    a leading apostrophe."""
+    a leading apostrophe; a number (``-0.5``, ``+3``) stays a number."""
     text = str(name)
-    return f"'{text}" if text.startswith(FORMULA_STARTS) else text
+    return f"'{text}" if text.startswith(FORMULA_STARTS) and not _is_number(text) else text
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return text.strip() == text

@@ -65,14 +65,21 @@ class StopAtStep:
 
 
 class Raising:
-    """Raises after validating ``epoch``; ``on_exception`` writes what it got to ``seen``."""
+    """Raises after validating ``epoch``; ``on_exception`` writes what it got to ``seen``.
+    ``how``: ``raise`` (a RuntimeError), ``exit`` (``sys.exit(0)``, as a script would) or
+    ``ansi`` (an error whose message clears the terminal)."""
 
-    def __init__(self, epoch: int = 2, seen: str = "") -> None:
-        self.epoch, self.seen = epoch, seen
+    def __init__(self, epoch: int = 2, seen: str = "", how: str = "raise") -> None:
+        self.epoch, self.seen, self.how = epoch, seen, how
 
     def on_validation_end(self, epoch, metrics):
         if epoch >= self.epoch:
-            raise RuntimeError("the probe broke")
+            if self.how == "exit":
+                import sys
+
+                sys.exit(0)
+            message = "\x1b[2J\x1b[31mthe probe broke" if self.how == "ansi" else "the probe broke"
+            raise RuntimeError(message)
 
     def on_exception(self, error):
         if self.seen:

@@ -203,6 +203,34 @@ def require_keys(config: Any, source: Path | str, keys: dict[str, type]) -> None
             )
 
 
+PLAIN_LEAVES = (str, int, float, bool, type(None))
+MAX_PLAIN_DEPTH = 16
+MAX_PLAIN_SIZE = 16 * 2**20  # characters and items of a stored record's plain part, together
+
+
+def plain_data(value: Any, max_size: int = MAX_PLAIN_SIZE) -> bool:
+    """Whether ``value`` (read from a file) is plain data within bounds: strings, numbers,
+    booleans, None, lists and dicts with string keys, at most :data:`MAX_PLAIN_DEPTH` deep and
+    ``max_size`` characters and items in all. Walked without recursion, so a record nested
+    deeper than Python's stack, or one holding a tensor or a vast string, is a plain ``False``."""
+    stack, size = [(value, 0)], 0
+    while stack:
+        node, depth = stack.pop()
+        size += len(node) + 1 if isinstance(node, str | list | tuple | dict) else 1
+        if depth > MAX_PLAIN_DEPTH or size > max_size:
+            return False
+        if isinstance(node, dict):
+            if not all(isinstance(key, str) for key in node):
+                return False
+            size += sum(len(key) for key in node)
+            stack.extend((item, depth + 1) for item in node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend((item, depth + 1) for item in node)
+        elif not isinstance(node, PLAIN_LEAVES):
+            return False
+    return True
+
+
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32: a divisor below it is 0 or inf
 FLOAT32_MAX = 3.4028234663852886e38
 

@@ -146,8 +146,14 @@ def data_wait_advice(fraction: float, data) -> str:
             "(data.image_size), or cache the decoded images (data.cache=auto), which "
             "torchloom then holds as whole tensors on the device"
         )
+    if getattr(data, "crop_padding", 0) or getattr(data, "horizontal_flip", False):
+        return (
+            f"{share}: batches come from memory, so the time goes to augmentation; lower "
+            "data.augment.crop_padding or turn off data.augment.horizontal_flip, or train on a "
+            "GPU, where the whole dataset and its augmentation live on the device"
+        )
     return (
-        f"{share}: batches come from memory, so the time goes to augmentation; lower "
-        "data.augment.crop_padding or turn off data.augment.horizontal_flip, or train on a GPU, "
-        "where the whole dataset and its augmentation live on the device"
+        f"{share}: batches come from memory with no augmentation, so the time goes to "
+        "slicing and copying them; raise data.batch_size (fewer, larger copies), or train on "
+        "a GPU, where the whole dataset lives on the device"
     )

@@ -30,7 +30,7 @@ from data.batching.fingerprint import changes, membership, overlap, sample_hashe
 from utils.checkpoint.load import load_checkpoint
 from utils.config.schema import CONF
 from utils.config.secrets import redacted_argv, secret_values
-from utils.config.trust import targets_in
+from utils.config.trust import plain_data, targets_in
 from utils.errors import UserError
 from utils.files import file_sha256
 from utils.text import shown
@@ -254,6 +254,10 @@ def checked(stored: Any, source: Any) -> dict | None:
 
     if not isinstance(stored, dict) or not isinstance(stored.get("data"), dict):
         raise bad("is not what torchloom writes")
+    if not plain_data(json_part(stored)):  # all but the sample hashes: JSON's kinds, bounded
+        raise bad("holds something other than plain data (or is over its size bound)")
+    if not all(isinstance(entry, dict) for entry in stored.get("attempts") or []):
+        raise bad("has an attempt that is not a mapping")
     if not isinstance(stored.get("attempts"), list) or len(stored["attempts"]) > 100_000:
         raise bad("has no list of attempts")
     for key in ("command", "code", "packages", "machine"):

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from utils.checkpoint.format import MAX_REASON
 from utils.config.arguments import check_node
+from utils.config.trust import MAX_PLAIN_SIZE, plain_data
 from utils.errors import UserError, print_error
 from utils.system import distributed
 from utils.system.signals import Interrupted
@@ -50,8 +51,6 @@ RESERVED = {
     "on_error": (str, "raise"),  # raise: a hook that raises ends the run | warn: go on
 }
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
-PLAIN = (str, int, float, bool, type(None))
-MAX_STATE_DEPTH = 16
 
 
 class CallbackFailed(Exception):
@@ -336,10 +335,11 @@ class Callbacks:
         for name, callback in self.built.items():
             if hasattr(callback, "state_dict"):
                 state = self._guarded(name, "state_dict", callback.state_dict)()
-                if not plain(state):
+                if not plain_data(state):
                     raise CallbackFailed(
                         f"callback {name}.state_dict returned {type(state).__name__} data that "
-                        "is not plain (numbers, strings, lists and dicts with string keys)"
+                        "is not plain (numbers, strings, lists and dicts with string keys) or "
+                        f"is over {MAX_PLAIN_SIZE // 2**20} M characters"
                     )
                 states[name] = state
         return states
@@ -349,10 +349,11 @@ class Callbacks:
         data only). A state nobody takes is one warning; a callback without one starts fresh."""
         if stored is None:
             stored = {}
-        if not isinstance(stored, dict) or not plain(stored):
+        if not isinstance(stored, dict) or not plain_data(stored):
             raise UserError(
-                f"cannot resume from {source}: its callbacks state is not plain data (was it "
-                "edited?); use init_from=... to start from its weights"
+                f"cannot resume from {source}: its callbacks state is not plain data within "
+                f"{MAX_PLAIN_SIZE // 2**20} M characters (was it edited?); use init_from=... "
+                "to start from its weights"
             )
         for name, state in stored.items():
             callback = self.built.get(name)
@@ -375,16 +376,3 @@ class Callbacks:
             "callback %r stopped the run, and this command does not declare it: it goes on", name
         )
         return False
-
-
-def plain(value: Any, depth: int = 0) -> bool:
-    """Whether ``value`` is plain data: numbers, strings, None, lists and dicts of string keys."""
-    if depth > MAX_STATE_DEPTH:
-        return False
-    if isinstance(value, PLAIN):
-        return True
-    if isinstance(value, list | tuple):
-        return all(plain(item, depth + 1) for item in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and plain(v, depth + 1) for k, v in value.items())
-    return False
