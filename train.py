@@ -69,7 +69,7 @@ from utils.run import (
     start_run,
     sweep,
 )
-from utils.run.folders import remove_unused, run_folders
+from utils.run.folders import DRY_RUN_FILES, remove_unused, run_folders
 from utils.system.signals import EXIT_INTERRUPTED, Interrupted, StopRequest
 from utils.tracking.tracker import Tracker
 
@@ -85,7 +85,11 @@ def main(cfg: DictConfig) -> float:
             try:
                 if cfg.cv:  # cv=K: every fold, each a run of train() in runs/<run>/fold-<k>/
                     return cross_validate(cfg, stop, train)
-                return train(cfg, stop)
+                value = train(cfg, stop)
+                if not cfg.trainer.write_outputs and not in_sweep():  # debug=fast_dev_run
+                    for folder in remove_unused(run_folders(cfg), DRY_RUN_FILES):
+                        log.info("a dry run keeps nothing: %s removed", folder)
+                return value
             except Interrupted:  # last.pt holds the exact position
                 stop.hand_on()  # a job scheduler's requeue, now that the checkpoint is safe
                 sys.exit(EXIT_INTERRUPTED)

@@ -114,6 +114,13 @@ def test_an_error_line_is_written_whole_so_torchrun_ranks_never_interleave(monke
         ),
         ("+data.split.fols=3", "nothing reads data.split.fols; did you mean data.split.folds?"),
         ("+sead=3", "nothing reads sead; did you mean seed?"),
+        # a new top-level section nothing reads was accepted silently
+        ("+foo.bar=1", "nothing reads foo.bar; correct or remove it"),
+        ("+traner.limit=3", "nothing reads traner.limit; did you mean trainer.limit?"),
+        (
+            "+trainr.max_epochs=3",
+            "nothing reads trainr.max_epochs; torchloom's is trainer.max_epochs",
+        ),
     ],
 )
 def test_an_added_key_nothing_reads_is_refused(tmp_path, override, message):
@@ -123,6 +130,42 @@ def test_an_added_key_nothing_reads_is_refused(tmp_path, override, message):
     assert not (tmp_path / "checkpoints").exists() or not any(
         (tmp_path / "checkpoints").rglob("*.pt")
     )
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "trainer.fast_dev_run=true",
+            "unknown key trainer.fast_dev_run; torchloom's is debug=fast_dev_run",
+        ),
+        (
+            "+trainer.fast_dev_run=1",
+            "nothing reads trainer.fast_dev_run; torchloom's is debug=fast_dev_run",
+        ),
+        ("seed_everything=1", "unknown key seed_everything; torchloom's is seed"),
+        ("max_epochs=3", "unknown key max_epochs; torchloom's is trainer.max_epochs"),
+        (
+            "--lr=0.1",
+            "--lr=0.1: torchloom takes key=value overrides, not --flags; torchloom's is optim.lr=0.1",
+        ),
+        (
+            "--batch-size",
+            "--batch-size: torchloom takes key=value overrides, not --flags; torchloom's is data.batch_size=64",
+        ),
+        (
+            "trainer.max_epoch=3",
+            "unknown key trainer.max_epoch; did you mean trainer.max_epochs? conf/",
+        ),
+    ],
+)
+def test_lightning_and_timm_names_are_answered_with_ours(tmp_path, override, message):
+    """A name from Lightning or timm got a misleading hint (fast_dev_run → trainer.swa.start)
+    or none, and each offered +key, a key nothing reads."""
+    extra = ["64"] if override == "--batch-size" else []
+    line = error_line(run_train(tmp_path, override, *extra, ok=False))
+    assert message in line and "+" not in line.replace(override, "")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 @pytest.mark.parametrize("override", ["model=[8]", "logger=[1]", "data=[1.5,2]"])

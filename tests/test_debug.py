@@ -21,12 +21,16 @@ FAULTY = ("model=mlp", "model._target_=signalling_model.faulty_mlp")
 
 def test_fast_dev_run_runs_one_batch_of_each_split_and_saves_nothing(tmp_path):
     result = run_train(tmp_path, "debug=fast_dev_run", "run_name=dev")
-    metrics = read_metrics(tmp_path / "runs" / "dev")
-    assert metrics["global_step"] == 1 and metrics["epochs"] == 1
-    assert "test/acc" in metrics
+    said = " ".join(result.stdout.split())
+    assert "│ global_step │ 1 │" in said and "│ epochs │ 1 │" in said and "test/acc" in said
     assert not (tmp_path / "checkpoints").exists()
-    assert not list((tmp_path / "runs" / "dev").glob("events.out.tfevents.*"))
+    assert not (tmp_path / "runs" / "dev").exists()  # a dry run keeps no folder either
+    assert "a dry run keeps nothing:" in said and "runs/dev removed" in said
     assert "Traceback" not in result.stderr
+    (tmp_path / "runs" / "kept").mkdir(parents=True)
+    (tmp_path / "runs" / "kept" / "notes.txt").write_text("mine")
+    run_train(tmp_path, "debug=fast_dev_run", "run_name=kept", "overwrite=true")
+    assert (tmp_path / "runs" / "kept" / "notes.txt").read_text() == "mine"  # not its folder
 
 
 def test_limit_takes_a_fraction_or_a_count_of_the_batches(tmp_path):

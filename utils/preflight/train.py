@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from data.batching.mixing import Mixing
 from utils.config.arguments import check_node
 from utils.config.build import build
+from utils.config.familiar import ours
 from utils.config.monitor import monitor_mode
 from utils.config.resolvers import check_run_name
 from utils.config.schema import CONF, TrainerConfig
@@ -152,12 +153,19 @@ def check_added_keys(cfg: DictConfig) -> None:
 
     if not HydraConfig.initialized():
         return
+    root = OmegaConf.get_type(cfg)  # the train schema: every top-level key that is read
+    top_level = (
+        [f.name for f in dataclasses.fields(root)] if dataclasses.is_dataclass(root) else None
+    )
     for override in HydraConfig.get().overrides.task:
         if not override.startswith("+"):
             continue
         key = override.lstrip("+").partition("=")[0]
         if (CONF / key.replace(".", "/")).is_dir():
             continue  # a config group (+experiment=...), which Hydra checks
+        top = key.split(".")[0]
+        if top_level is not None and top not in top_level and not (CONF / top).is_dir():
+            raise UserError(unread(override, key, top, top_level))
         parent, _, name = key.rpartition(".")
         node = OmegaConf.select(cfg, parent) if parent else cfg
         schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
@@ -168,13 +176,19 @@ def check_added_keys(cfg: DictConfig) -> None:
         else:
             continue
         if name not in known:
-            guess = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean {parent + '.' if parent else ''}{guess[0]}? " if guess else ""
-            shown = override if len(override) <= 80 else f"{override[:77]}..."
-            raise UserError(
-                f"{shown}: nothing reads {key}; {hint}correct or remove it "
-                "(conf/ shows every key that is read)"
-            )
+            raise UserError(unread(override, key, name, known, parent))
+
+
+def unread(override: str, key: str, name: str, known: list[str], parent: str = "") -> str:
+    """The line for ``+key=...`` that nothing reads: torchloom's name for a familiar one
+    (Lightning's, timm's), else the closest key that is read."""
+    shown = override if len(override) <= 80 else f"{override[:77]}..."
+    if ours(key):
+        return f"{shown}: nothing reads {key}; torchloom's is {ours(key)}"
+    guess = difflib.get_close_matches(name, known, n=1)
+    where = f"{parent}." if parent else ""
+    hint = f"did you mean {where}{guess[0]}{key[len(where) + len(name) :]}? " if guess else ""
+    return f"{shown}: nothing reads {key}; {hint}correct or remove it (conf/ shows every key that is read)"
 
 
 # Arguments train.py passes to each group's builder itself (the rest come from the YAML).

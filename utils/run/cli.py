@@ -12,6 +12,7 @@ from hydra.errors import InstantiationException
 from omegaconf import OmegaConf
 
 from utils.config.build import flatten
+from utils.config.familiar import flag_error, ours
 from utils.config.resolvers import forget_fresh_folders
 from utils.config.schema import CONF
 from utils.errors import EXIT_USER_ERROR, print_error, user_error_in
@@ -77,6 +78,10 @@ def run_cli(main: Any, config_name: str) -> None:
     streams = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = ClosedPipeSafe(sys.stdout), ClosedPipeSafe(sys.stderr)
     try:
+        flag = flag_error(sys.argv[1:])  # --lr 0.01: argparse's habit, not an override
+        if flag:
+            print_error(flag)
+            sys.exit(1)
         _run(main, config_name)
     except Exception as error:
         cause = user_error_in(error)  # an OS error on a path: Hydra making the run dir
@@ -155,8 +160,13 @@ def command_line_error(error: Exception, config_name: str) -> str:
         guess = _closest_key(key, config_name)
         if guess == key:  # it exists, but not under the group option chosen on this line
             return f"{key} is not a key of the {key.split('.')[0]} option chosen; see its YAML"
+        if ours(key):  # Lightning's or timm's name for one of ours
+            return f"unknown key {key}; torchloom's is {ours(key)}"
         hint = f"did you mean {guess}? " if guess else ""
-        return f"unknown key {key}; {hint}(+{key}=... adds a new key)"
+        group = key.split(".")[0]
+        if (CONF / group).is_dir() and "." in key:  # a builder's key: its own argument
+            return f"unknown key {key}; {hint}(+{key}=... adds an argument for its builder)"
+        return f"unknown key {key}; {hint}conf/ shows every key that is read"
     full_key = getattr(cause, "full_key", None)
     if full_key:  # a value of the wrong type: OmegaConf's first line says which and why
         reason = str(cause).strip().splitlines()[0]

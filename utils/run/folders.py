@@ -20,6 +20,9 @@ from utils.system.claim import CLAIM_FILE, RunClaim, release_claims
 # What a run's start writes before its data and model are built: Hydra's files, the log, claims.
 START_FILES = {CLAIM_FILE, "train.log", ".hydra/config.yaml", ".hydra/hydra.yaml"}
 START_FILES |= {".hydra/overrides.yaml"}
+# What a dry run (trainer.write_outputs=false, debug=fast_dev_run) writes besides: its figures
+# were printed, and nothing of it is kept.
+DRY_RUN_FILES = START_FILES | {"metrics.json", "provenance.json"}
 _created: set[Path] = set()  # the folders this process made for its run
 
 
@@ -31,15 +34,17 @@ def claim_new(folder: Path, what: str, made: bool | None = None) -> RunClaim:
     return RunClaim.take(folder, what)
 
 
-def remove_unused(folders: list[Path]) -> None:
+def remove_unused(folders: list[Path], expected: set[str] = START_FILES) -> list[Path]:
     """A run that failed at start-up leaves no empty folder behind: each of ``folders`` that
-    this process made and that holds only :data:`START_FILES` is removed (anything else in it,
-    a checkpoint or a history, keeps it)."""
+    this process made and that holds only the ``expected`` files (:data:`START_FILES`; a dry
+    run's :data:`DRY_RUN_FILES`) is removed (anything else in it, a checkpoint or a history,
+    keeps it). Returns the folders removed."""
+    removed = []
     for folder in folders:
         if folder.resolve() not in _created or not folder.is_dir():
             continue
         files = [path for path in folder.rglob("*") if not path.is_dir()]
-        if any(path.relative_to(folder).as_posix() not in START_FILES for path in files):
+        if any(path.relative_to(folder).as_posix() not in expected for path in files):
             continue
         for path in files:
             path.unlink(missing_ok=True)
@@ -47,6 +52,8 @@ def remove_unused(folders: list[Path]) -> None:
             path.rmdir()
         folder.rmdir()
         _created.discard(folder.resolve())
+        removed.append(folder)
+    return removed
 
 
 def check_writable(path: Path, what: str) -> None:
