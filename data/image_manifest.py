@@ -170,7 +170,8 @@ def load_image_csv(
     files = {name: ImageList(rows, base, image_size, channels) for name, rows in samples.items()}
     classes = targets if kind != "classes" else list(targets.names)
     cache = _cache(options, base, manifest)
-    data = held_data(f"image_csv {Path(manifest).name}", files, classes, cache, options)
+    folds = plan.folds is not None
+    data = held_data(f"image_csv {Path(manifest).name}", files, classes, cache, options, folds)
     if plan.folds is not None:  # cv=K's oof.csv names each val image by its manifest path
         data.fold_ids = FoldIds(plan.fold, [os.path.relpath(file, base) for file in fold_ids])
     return data

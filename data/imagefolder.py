@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.folds import FoldIds, FoldPlan
+from data.batching.splits import rows_of
 from data.batching.targets import Targets
 from data.readers.image_cache import MODES, ImageCache
 from utils.config.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
@@ -229,7 +230,8 @@ def load_imagefolder(
         "prefix": "",
         "source": base,
     }
-    data = held_data(f"imagefolder {base}", files, classes, cache_settings, batching)
+    folds = plan.folds is not None
+    data = held_data(f"imagefolder {base}", files, classes, cache_settings, batching, folds)
     if plan.folds is not None:  # cv=K's oof.csv names each val image by its file under root
         data.fold_ids = FoldIds(plan.fold, [os.path.relpath(f, base) for f in fold_files])
     return data
@@ -250,21 +252,49 @@ def _fold_samples(
     return cut, [file for file, _ in cut["val"]]
 
 
+def pooled(files: dict[str, ImageList]) -> tuple[ImageList, dict[str, torch.Tensor]]:
+    """Every image of the splits ``files``, in one order that does not depend on how they are
+    split (by file, then label), and each split's rows in it. Each fold of ``cv=K`` cuts the
+    same images differently, so one cache of them all serves every fold: the folder is decoded
+    once, not once a fold (and a fold's cache never evicts another's)."""
+    every = sorted({(path, label) for images in files.values() for path, label in images.samples})
+    row = {sample: at for at, sample in enumerate(every)}
+    lists = list(files.values())
+    root = Path(os.path.commonpath([str(images.root) for images in lists]))
+    pool = ImageList(every, root, lists[0].image_size, lists[0].channels)
+    parts = {
+        name: torch.tensor([row[sample] for sample in images.samples], dtype=torch.long)
+        for name, images in files.items()
+    }
+    return pool, parts
+
+
 def held_data(
-    name: str, files: dict, classes: list[str] | Targets, cache: dict, batching: dict
+    name: str,
+    files: dict,
+    classes: list[str] | Targets,
+    cache: dict,
+    batching: dict,
+    folds: bool = False,
 ) -> Data:
     """Image ``files`` by split (train, val, optional test), held as ``cache`` says (data.cache
     as ``mode``, ``max_gb``, the cache ``folder``, a ``prefix`` for its file names and the
     ``source`` the images are listed by, an image folder or a manifest): decoded
     once into a cache, or read lazily. ``mean`` or ``std`` ``auto`` in ``batching`` is the train
     split's own, computed from the pixels it holds. ``classes``: the class names, or the :class:`Targets`
-    of label sets or values. ``num_workers`` null is one per core, at most 8."""
+    of label sets or values. ``num_workers`` null is one per core, at most 8. ``folds``: the
+    splits are one fold's cut of the same images (``cv=K``), cached together (:func:`pooled`)."""
     if batching.get("num_workers") is None:
         batching["num_workers"] = min(8, os.cpu_count() or 1)
     held = ImageCache(
         cache["mode"], cache["max_gb"], cache["folder"], batching["num_workers"], cache["source"]
     )
-    splits = {split: held.hold(cache["prefix"] + split, images) for split, images in files.items()}
+    if folds and cache["mode"] != "off":  # cv=K: one cache for every fold (:func:`pooled`)
+        pool, rows = pooled(files)
+        whole = held.hold(cache["prefix"] + "pool", pool)
+        splits = {split: rows_of(whole, part) for split, part in rows.items()}
+    else:
+        splits = {name: held.hold(cache["prefix"] + name, images) for name, images in files.items()}
     splits = Splits(splits["train"], splits["val"], splits.get("test"))
     if "auto" in (batching["mean"], batching["std"]):  # the train split's own, per channel
         mean, std = held.statistics(splits.train, cache["prefix"] + "train")

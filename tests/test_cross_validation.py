@@ -287,3 +287,51 @@ def test_a_kill_inside_a_fold_resumes_that_fold_and_keeps_the_others(tmp_path):
             checkpoint(tmp_path, f"killed/fold-{fold}"),
         )
         assert all(torch.equal(x["model"][k], y["model"][k]) for k in x["model"])
+
+
+@pytest.mark.parametrize("cache", ["memory", "disk"])
+def test_cv_on_an_image_folder_decodes_it_once_and_a_moved_folder_keeps_its_cache(
+    tmp_path, monkeypatch, cache
+):
+    """cv=K decoded the folder again for every fold, said "the image folder changed" when
+    nothing did and evicted the previous fold's cache; a moved folder rebuilt its cache and
+    kept the old one beside it for ever. One cache of the folder's images serves every fold
+    (each fold's splits are rows of it), and the cache moves with the folder."""
+    import shutil
+
+    from conftest import write_imagefolder
+
+    from data.readers import image_cache
+
+    built, build_file = [], image_cache.build_file
+
+    def counted(path, files, workers, name):
+        built.append(path.name)
+        return build_file(path, files, workers, name)
+
+    monkeypatch.setattr(image_cache, "build_file", counted)  # in-process runs below
+    write_imagefolder(tmp_path / "images", per_class=8, test=False)
+    run = ["data=imagefolder", "data.image_size=[12,10]", f"data.cache={cache}", "model=mlp"]
+    run += ["model.hidden_sizes=[8]", "trainer.max_epochs=1", "data.num_workers=0", "cv=3"]
+    first = run_train(tmp_path, *run, "data.root=images", "run_name=a")
+    assert len(built) == 1 and built[0].startswith("pool-3x12x10-")  # not once a fold
+    assert "changed" not in first.stdout + first.stderr
+    assert [p.name for p in (tmp_path / "images" / ".torchloom-cache").glob("*.u8")] == built
+    folds = [
+        json.loads((tmp_path / "runs" / "a" / f"fold-{k}" / "metrics.json").read_text())
+        for k in range(3)
+    ]
+    assert all(m["epochs"] == 1 for m in folds)
+
+    shutil.move(tmp_path / "images", tmp_path / "moved")
+    run_train(tmp_path, *run, "data.root=moved", "run_name=b")
+    assert len(built) == 1  # the moved folder's cache was found and used
+    assert len(list((tmp_path / "moved" / ".torchloom-cache").glob("*.u8"))) == 1
+    oof = [(tmp_path / "runs" / name / "oof.csv").read_text() for name in ("a", "b")]
+    assert oof[0] == oof[1]
+
+    (pool,) = (tmp_path / "moved" / ".torchloom-cache").glob("*.u8")
+    pool.write_bytes(pool.read_bytes()[:5000])  # truncated in the moved folder
+    again = run_train(tmp_path, *run, "data.root=moved", "run_name=c")
+    assert "short or overlong" in again.stdout + again.stderr and len(built) == 2
+    assert len(list((tmp_path / "moved" / ".torchloom-cache").glob("*.u8"))) == 1

@@ -57,6 +57,38 @@ class MappedSplit:
         return tuple(self.images.shape[1:])
 
 
+class Rows:
+    """Rows ``rows`` of a memory-mapped array, indexed as that array is: a slice gives the rows
+    it covers, an index array gathers them from the file (a fold's split of a folder's cache)."""
+
+    def __init__(self, array: np.ndarray, rows: np.ndarray) -> None:
+        self.array, self.rows = array, rows
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.rows), *self.array.shape[1:])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            return Rows(self.array, self.rows[key])
+        return self.array[self.rows[key]]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.asarray(self.array[self.rows], dtype=dtype)
+
+
+def rows_of(split: TensorSplit | MappedSplit, rows: torch.Tensor) -> TensorSplit | MappedSplit:
+    """The samples ``rows`` of a held ``split``, held the same way (in memory, or read from
+    the same file)."""
+    hashes = None if split.hashes is None else split.hashes[rows]
+    if isinstance(split, TensorSplit):
+        return TensorSplit(split.inputs[rows], split.labels[rows], hashes)
+    return MappedSplit(Rows(split.images, rows.numpy()), split.labels[rows], hashes)
+
+
 def shard_bounds(size: int, rank: int, world_size: int) -> tuple[int, int]:
     """This process's contiguous share of ``size`` samples (sizes differ by at most one)."""
     return rank * size // world_size, (rank + 1) * size // world_size

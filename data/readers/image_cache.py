@@ -65,8 +65,9 @@ FORMAT_VERSION = 4  # 4: each sample's content hash after the pixels; 3: named b
 MAGIC = b"TLCACHE1"
 HEADER_BYTES = 4096  # magic, then the JSON header, padded; the pixels follow
 MODES = ("auto", "memory", "disk", "off")
-# <split>-<C>x<H>x<W>-<source>-<key>.u8; the manifest- prefix for data=image_csv
-CACHE_NAME = re.compile(r"(manifest-)?(train|val|test)-\d+x\d+x\d+-[0-9a-f]{8}-[0-9a-f]{20}\.u8")
+# <split>-<C>x<H>x<W>-<source>-<key>.u8 (pool: every split's images, for cv=K's folds); the
+# manifest- prefix for data=image_csv
+CACHE_NAME = re.compile(r"(manifest-)?(train|val|test|pool)-\d+x\d+x\d+-[0-9a-f]{8}-[0-9a-f]{20}\.u8")
 VALUES_PER_CHUNK = 2**24  # pixel values a statistics pass holds as float64 at once (128 MiB)
 SAMPLES_CHECKED = 8  # images decoded again each start and compared with the cache's pixels
 HASHED_AT_ONCE = 32 * 2**20  # pixel bytes of decoded batches hashed in one call
@@ -87,9 +88,7 @@ class ImageCache:
     ) -> None:
         self.mode, self.folder, self.workers = mode, folder, workers
         self.free = memory_budget(max_gb) if mode == "auto" else math.inf
-        # Which image folder (or manifest) the caches are of: folders sharing one cache_dir
-        # keep their own files and never evict each other's.
-        self.source = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:8]
+        self.source = source_id(source, folder)
 
     def hold(self, name: str, files: Dataset) -> Dataset | TensorSplit | MappedSplit:
         """Split ``name`` as the mode says."""
@@ -179,6 +178,17 @@ class ImageCache:
 
 class Unwritable(Exception):
     """The cache folder cannot be written (a read-only mount, a path through a file)."""
+
+
+def source_id(source: Path, folder: Path) -> str:
+    """Which image folder (or manifest) the caches are of, so folders sharing one cache_dir
+    keep their own files and never evict each other's: its path from the folder that holds
+    the cache folder when it lies there (the default ``<root>/.torchloom-cache``, which moves
+    and is copied with the images: the same name then, and the cache is reused), else its
+    absolute path."""
+    home, where = folder.resolve().parent, source.resolve()
+    named = where.relative_to(home).as_posix() if where.is_relative_to(home) else str(where)
+    return hashlib.sha256(named.encode()).hexdigest()[:8]
 
 
 def once_per_machine(make: Any) -> None:
