@@ -23,6 +23,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from data.batching.dataset import Batching, Data, Splits
+from data.batching.fingerprint import listing_sha256
 from data.batching.folds import FoldIds, FoldPlan
 from data.batching.splits import rows_of
 from data.batching.targets import Targets
@@ -308,4 +309,8 @@ def held_data(
             len(splits.train),
         )
     count = classes.count if isinstance(classes, Targets) else len(classes)
-    return Data(name, splits, count, Batching(**batching), classes)
+    data = Data(name, splits, count, Batching(**batching), classes)
+    data.listings = {
+        split: listing_sha256(images.samples, str(images.root)) for split, images in files.items()
+    }
+    return data

@@ -140,6 +140,29 @@ def test_a_resume_on_an_image_folder_with_one_image_more_is_refused(tmp_path):
     assert "train: 1 sample(s) added, 0 removed" in error_line(result)
 
 
+def test_a_resume_with_data_cache_off_compares_the_images_too(tmp_path):
+    """data.cache=off (read lazily, not hashed) on changed images went on without a word, and
+    memory to off on unchanged images was refused as "the data changed"."""
+    root = write_imagefolder(tmp_path / "pics")
+    folder = ("data=imagefolder", f"data.root={root}", "data.image_size=[8,8]", "model=mlp")
+    folder += ("data.batch_size=8", "data.num_workers=0")
+    again = ("trainer.max_epochs=2", "model.hidden_sizes=[16]", "resume=auto")
+    run_train(tmp_path, *folder, *QUICK, "run_name=m", "data.cache=memory")
+    run_train(tmp_path, *folder, *again, "run_name=m", "data.cache=off")  # unchanged: goes on
+    assert checkpoint(tmp_path, "m")["epoch"] == 2
+    run_train(tmp_path, *folder, *QUICK, "run_name=o", "data.cache=off")
+    edited = root / "train" / "dog" / "2.png"
+    Image.fromarray(np.full((10, 12, 3), 9, dtype=np.uint8)).save(edited)
+    lazy = error_line(
+        run_train(tmp_path, *folder, *again, "run_name=o", "data.cache=off", ok=False)
+    )
+    assert "the data changed since" in lazy and "train: its image files differ" in lazy
+    cached = error_line(
+        run_train(tmp_path, *folder, *again, "run_name=m", "data.cache=memory", ok=False)
+    )
+    assert "train: 1 sample(s) added, 1 removed" in cached  # content against content
+
+
 def test_evaluate_says_whether_the_split_is_the_one_training_held_out(tmp_path):
     table = write_table(tmp_path / "table.csv", rows=200)
     test = write_table(tmp_path / "test.csv", rows=60, seed=1)

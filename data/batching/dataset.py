@@ -122,6 +122,9 @@ class Data:
         self.classes = self.targets.class_names  # what a checkpoint's inputs record calls them
         self.table: dict | None = None  # a table's column encoding (data/tabular.py)
         self.gapped: set[str] = set()  # a table's columns with gaps this data filled
+        # Image files by split: the sha256 of their listing (data/batching/fingerprint.py
+        # listing_sha256), what a split read lazily is compared by on resume.
+        self.listings: dict[str, str] = {}
         self.splits = {"train": splits.train, "val": splits.val, "test": splits.test}
         self.num_classes = self.targets.count
         self.fold_ids = (
@@ -262,12 +265,15 @@ class Data:
         split = self.splits["train"]
         return split.labels if isinstance(split, TensorSplit | MappedSplit) else split.targets
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self, decode: bool = False) -> dict[str, Any]:
         """What this data is, by content (data/batching/fingerprint.py): ``splits`` (each
-        split's membership sha256 and count), ``sources`` (this dataset's content sha256) and
-        ``samples`` (each split's per-sample hashes, kept in checkpoints only). A split read
-        lazily (no image cache) is recorded as not fingerprinted, with why."""
-        samples = {n: self.split_hashes(n) for n, split in self.splits.items() if split is not None}
+        split's membership sha256 and count), ``sources`` (this dataset's content sha256),
+        ``samples`` (each split's per-sample hashes, kept in checkpoints only) and ``listings``
+        (image files' names, sizes and times, by split). A split read lazily (no image cache)
+        is recorded by its listing alone, with why, unless ``decode`` (a resume compares it)."""
+        samples = {
+            n: self.split_hashes(n, decode) for n, split in self.splits.items() if split is not None
+        }
         lazy = [name for name, hashes in samples.items() if hashes is None]
         samples = {name: hashes for name, hashes in samples.items() if hashes is not None}
         splits = {n: {"sha256": membership(h), "count": len(h)} for n, h in samples.items()}
@@ -275,7 +281,8 @@ class Data:
         source = {"content_sha256": content.hexdigest(), "samples": sum(map(len, samples.values()))}
         if lazy:
             source = {"unavailable": f"the {', '.join(lazy)} split is read lazily (data.cache=off)"}
-        return {"sources": {self.name: source}, "splits": splits, "samples": samples}
+        record = {"sources": {self.name: source}, "splits": splits, "samples": samples}
+        return {**record, "listings": dict(self.listings)}
 
     def split_hashes(self, name: str, decode: bool = False) -> torch.Tensor | None:
         """Each sample's content hash in split ``name``: stored with its image cache, or

@@ -4,7 +4,8 @@ it holds, in any order) and each source's content, so a resume or an evaluation 
 whether the data changed and which samples a checkpoint was trained on.
 
 A file's metadata plays no part: ``touch`` changes nothing, an added image or an edited cell
-does. The hashes are computed in one vectorised pass over the split tensors (each row's bytes
+does. Only a split of image files read lazily (``data.cache=off``), whose content is never
+hashed, is recorded by its files' listing instead (:func:`listing_sha256`). The hashes are computed in one vectorised pass over the split tensors (each row's bytes
 as 64-bit words, weighted by fixed random odd numbers, summed modulo 2^64 and mixed by
 splitmix64's finaliser), or read from the image cache, which computes them as it decodes.
 """
@@ -12,6 +13,7 @@ splitmix64's finaliser), or read from the image cache, which computes them as it
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import Counter
 from functools import cache
 from typing import Any
@@ -113,3 +115,16 @@ def changes(before: torch.Tensor, after: torch.Tensor) -> tuple[int, int]:
 def overlap(evaluated: torch.Tensor, trained: torch.Tensor) -> int:
     """How many of ``evaluated``'s samples are among ``trained``'s."""
     return int(torch.isin(evaluated, trained).sum())
+
+
+def listing_sha256(samples: list[tuple[str, Any]], root: str) -> str:
+    """The sha256 of image files' listing: each file's path under ``root``, size, modification
+    time and label, in order. What a split read lazily (``data.cache=off``, whose content is
+    never hashed) is compared by on resume: a file edited, added, removed or touched changes
+    it."""
+    digest = hashlib.sha256()
+    for path, label in samples:
+        stat = os.stat(path)
+        named = os.path.relpath(path, root)
+        digest.update(f"{named}\0{stat.st_size}\0{stat.st_mtime_ns}\0{label}\n".encode())
+    return digest.hexdigest()

@@ -67,7 +67,9 @@ HEADER_BYTES = 4096  # magic, then the JSON header, padded; the pixels follow
 MODES = ("auto", "memory", "disk", "off")
 # <split>-<C>x<H>x<W>-<source>-<key>.u8 (pool: every split's images, for cv=K's folds); the
 # manifest- prefix for data=image_csv
-CACHE_NAME = re.compile(r"(manifest-)?(train|val|test|pool)-\d+x\d+x\d+-[0-9a-f]{8}-[0-9a-f]{20}\.u8")
+CACHE_NAME = re.compile(
+    r"(manifest-)?(train|val|test|pool)-\d+x\d+x\d+-[0-9a-f]{8}-[0-9a-f]{20}\.u8"
+)
 VALUES_PER_CHUNK = 2**24  # pixel values a statistics pass holds as float64 at once (128 MiB)
 SAMPLES_CHECKED = 8  # images decoded again each start and compared with the cache's pixels
 HASHED_AT_ONCE = 32 * 2**20  # pixel bytes of decoded batches hashed in one call

@@ -173,9 +173,9 @@ def record_at_start(cfg: Any, data: Any, run: Any, processes: Any) -> dict[str, 
     """The run's provenance: a fresh one, or on resume the checkpoint's first record with this
     attempt added. Data that changed since the checkpoint is refused in one line saying what
     changed, unless ``resume_allow_changes=true`` (then recorded in this attempt)."""
-    fingerprint = data.fingerprint()
-    now = {"sources": fingerprint["sources"], "splits": fingerprint["splits"]}
-    now["samples"] = fingerprint["samples"]
+    # A resume compares the data with the checkpoint's: a split read lazily is decoded for it.
+    fingerprint = data.fingerprint(decode=bool(run.resumed))
+    now = {key: fingerprint[key] for key in ("sources", "splits", "samples", "listings")}
     diff = Path(run.run_dir) / "code.diff" if cfg.provenance.save_diff else None
     code = code_record(diff if processes.is_main else None)
     stored = checked(run.resumed[1].get("provenance"), run.resumed[0]) if run.resumed else None
@@ -213,12 +213,23 @@ def _short(code: dict) -> dict:
 
 
 def data_changes(before: dict, now: dict) -> dict | None:
-    """Per split, the samples added and removed since ``before`` (None when nothing changed;
-    a split whose hashes the earlier record lacks counts as changed, without counts)."""
+    """Per split, the samples added and removed since ``before`` (None when nothing changed).
+    A split is compared by content where both records hold it, else by its image files'
+    listing (a split read lazily, data.cache=off, when it was recorded); a split neither
+    record can compare (a record that predates listings) counts as unchanged, said once."""
     changed = {}
-    for split in sorted(set(before["splits"]) | set(now["splits"])):
+    listed = (before.get("listings") or {}), (now.get("listings") or {})
+    splits = set(before["splits"]) | set(now["splits"]) | set(listed[0]) | set(listed[1])
+    for split in sorted(splits):
         old, new = before["splits"].get(split), now["splits"].get(split)
         if old is not None and new is not None and old["sha256"] == new["sha256"]:
+            continue
+        if old is None or new is None:
+            listings = listed[0].get(split), listed[1].get(split)
+            if None in listings:
+                log.info("%s split: the checkpoint's record cannot be compared with it", split)
+            elif listings[0] != listings[1]:
+                changed[split] = {"added": None, "removed": None}
             continue
         old_hashes, new_hashes = before["samples"].get(split), now["samples"].get(split)
         if old_hashes is None or new_hashes is None:
@@ -234,7 +245,10 @@ def describe(changed: dict) -> str:
     parts = []
     for split, counts in changed.items():
         if counts["added"] is None:
-            parts.append(f"{split}: its samples differ")
+            parts.append(
+                f"{split}: its image files differ (names, sizes or modification times; read "
+                "with data.cache=off, their content was not recorded)"
+            )
         else:
             parts.append(f"{split}: {counts['added']} sample(s) added, {counts['removed']} removed")
     return "; ".join(parts)
@@ -271,6 +285,11 @@ def checked(stored: Any, source: Any) -> dict | None:
         ok = isinstance(split, dict) and isinstance(split.get("sha256"), str)
         if not ok or len(split["sha256"]) != SHA256_HEX or not isinstance(split.get("count"), int):
             raise bad(f"has a malformed split {shown(name)}")
+    listings = data.get("listings", {})
+    if not isinstance(listings, dict) or not all(
+        isinstance(sha, str) and len(sha) == SHA256_HEX for sha in listings.values()
+    ):
+        raise bad("has malformed file listings")
     for name, hashes in samples.items():
         ok = isinstance(hashes, torch.Tensor) and hashes.dtype == torch.int64
         if not ok or hashes.dim() != 1 or len(hashes) > MAX_SAMPLES:
