@@ -258,6 +258,24 @@ def test_the_commit_and_dirty_flag_come_from_git_and_no_git_is_no_failure(tmp_pa
         readme.write("\nan edit\n")
     dirty = trained(clone, "dirty")
     assert dirty["commit"] == head and dirty["dirty"] is True and len(dirty["diff_sha256"]) == 64
+    # A model added as docs/extending.md says, left untracked: git diff does not see it.
+    subprocess.run([*git, "checkout", "-q", "README.md"], check=True)
+    (clone / "models" / "tiny.py").write_text("from models.mlp import mlp as tiny\n")
+    (clone / "conf" / "model" / "tiny.yaml").write_text(
+        "_target_: models.tiny.tiny\nhidden_sizes: [8]\n"
+    )
+    untracked = trained(clone, "untracked")
+    assert untracked["commit"] == head and untracked["dirty"] is True
+    assert set(untracked["untracked"]) == {"models/tiny.py", "conf/model/tiny.yaml"}
+    assert untracked["source_sha256"] != clean["source_sha256"]
+    # A copy of the project inside another repository is no commit of that repository.
+    outer = tmp_path / "outer"
+    shutil.copytree(clone, outer / "project", ignore=shutil.ignore_patterns(".git"))
+    subprocess.run(["git", "init", "-q", str(outer)], check=True)
+    nested = trained(outer / "project", "nested")
+    assert nested["commit"] is None and nested["dirty"] is None
+    assert "not a git repository of its own" in nested["unavailable"]
+    assert nested["source_sha256"] == untracked["source_sha256"]
     plain = tmp_path / "plain"
     shutil.copytree(clone, plain, ignore=shutil.ignore_patterns(".git"))
     outside = trained(plain, "outside")

@@ -49,13 +49,37 @@ def _git(*args: str) -> bytes:
     return result.stdout
 
 
+OWN_SOURCES = ("models", "utils", "data", "conf", "train.py", "evaluate.py", "predict.py")
+
+
+def source_sha256() -> str:
+    """The sha256 of the project's own source files (their paths and bytes): what the code
+    was, with git or without it, untracked files included."""
+    digest = hashlib.sha256()
+    files = [ROOT / name for name in OWN_SOURCES if (ROOT / name).is_file()]
+    for folder in (ROOT / name for name in OWN_SOURCES if (ROOT / name).is_dir()):
+        files += [p for p in folder.rglob("*") if p.suffix in (".py", ".yaml")]
+    for path in sorted(p for p in files if "__pycache__" not in p.parts):
+        digest.update(f"{path.relative_to(ROOT).as_posix()}\0".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
 def code_record(save_diff: Path | None = None) -> dict[str, Any]:
-    """The project's commit, whether tracked files differ from it, and the sha256 of
-    ``git diff HEAD`` (the diff itself written to ``save_diff`` when given)."""
-    record: dict[str, Any] = {"torchloom": _version("torchloom")}
+    """The project's commit, whether its files differ from it (tracked files changed, or
+    source files git does not track: a model added as docs/extending.md says), the sha256 of
+    ``git diff HEAD`` (the diff itself written to ``save_diff`` when given), each untracked
+    source file's sha256, and the sha256 of all its source files. A project that is not a
+    repository of its own (a copy inside another one) records no commit, with why."""
+    record: dict[str, Any] = {"torchloom": _version("torchloom"), "source_sha256": source_sha256()}
     try:
+        top = Path(_git("rev-parse", "--show-toplevel").decode().strip()).resolve()
+        if top != ROOT.resolve():
+            why = f"the project is not a git repository of its own (it lies inside {top})"
+            return {**record, "commit": None, "dirty": None, "unavailable": why}
         record["commit"] = _git("rev-parse", "HEAD").decode().strip()
         diff = _git("diff", "HEAD", "--binary")
+        listed = _git("ls-files", "--others", "--exclude-standard", "-z", "--", *OWN_SOURCES)
     except FileNotFoundError:
         return {**record, "commit": None, "dirty": None, "unavailable": "git is not installed"}
     except subprocess.TimeoutExpired:
@@ -63,7 +87,13 @@ def code_record(save_diff: Path | None = None) -> dict[str, Any]:
     except subprocess.CalledProcessError as error:
         why = error.stderr.decode(errors="replace").strip().splitlines()[:1] or ["git failed"]
         return {**record, "commit": None, "dirty": None, "unavailable": why[0][:200]}
-    record["dirty"] = bool(diff)
+    untracked = sorted(
+        name
+        for name in listed.decode(errors="replace").split("\0")
+        if name.endswith((".py", ".yaml"))
+    )
+    record["untracked"] = {name: file_sha256(ROOT / name) for name in untracked}
+    record["dirty"] = bool(diff) or bool(untracked)
     record["diff_sha256"] = hashlib.sha256(diff).hexdigest() if diff else None
     if save_diff is not None and diff:
         save_diff.write_bytes(diff[:MAX_DIFF_BYTES])
@@ -209,7 +239,7 @@ def record_at_start(cfg: Any, data: Any, run: Any, processes: Any) -> dict[str, 
 
 
 def _short(code: dict) -> dict:
-    return {key: code.get(key) for key in ("commit", "dirty", "diff_sha256")}
+    return {key: code.get(key) for key in ("commit", "dirty", "diff_sha256", "source_sha256")}
 
 
 def data_changes(before: dict, now: dict) -> dict | None:
