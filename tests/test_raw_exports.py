@@ -120,3 +120,31 @@ def test_a_table_models_exports_take_raw_columns_with_gaps_and_categories(tmp_pa
     given = json.loads(session.get_modelmeta().custom_metadata_map["torchloom"])["input"]
     assert given["columns"] == ["size", "offset", "colour"]  # the documented order
     assert given["categorical_codes"] == {"colour": ["blue", "green", "red"]}
+
+
+@pytest.mark.parametrize("na", ["error", "drop"])
+def test_a_gap_where_training_filled_none_gets_nan_from_the_exports_not_a_class(tmp_path, na):
+    """The export of a data.na=error (or drop) table took a NaN and answered class 0, and its
+    record said gaps were accepted, where predict.py refuses the row."""
+    rows = [
+        [f"{(i * 37 % 100) / 10:.1f}", f"{i % 9}", "big" if i * 37 % 100 > 50 else "small"]
+        for i in range(120)
+    ]
+    write_rows(tmp_path / "t.csv", ["size", "offset", "y"], rows)
+    new = [["", "3"], ["7.5", "4"], ["1.0", "2"]]
+    write_rows(tmp_path / "new.csv", ["size", "offset"], new)
+    run_train(
+        tmp_path, "data=csv", "data.path=t.csv", "data.target=y", f"data.na={na}", "run_name=r"
+    )
+    outputs, _ = exported_answers(tmp_path)
+    for probabilities in outputs.values():
+        assert probabilities[0].isnan().all() and not probabilities[1:].isnan().any()
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    given = json.loads(session.get_modelmeta().custom_metadata_map["torchloom"])["input"]
+    assert "no gap accepted in ['size', 'offset']" in given["gaps"]
+    refused = run_python(
+        tmp_path, str(PREDICT), "ckpt=checkpoints/r", "input=new.csv", "out=p.csv", ok=False
+    )
+    assert refused.returncode == 2

@@ -122,7 +122,22 @@ class RawColumns(_Normalised):
             parts.append((code == getattr(self, f"codes_{index}")).to(torch.float32))
         if self.indicators:
             parts.append(gaps.index_select(1, self.indicator_at).to(torch.float32))
-        return self.model(self.normalised(torch.cat(parts, dim=1)))
+        outputs = self.model(self.normalised(torch.cat(parts, dim=1)))
+        # A gap where training filled none (data.na=error or drop): predict.py refuses such a
+        # row, and an exported program cannot, so its outputs are NaN, never a class.
+        refused = (gaps & ~self.filled).any(dim=1, keepdim=True)
+        return torch.where(refused, torch.nan, outputs) if torch.is_tensor(outputs) else outputs
+
+    def gaps_accepted(self) -> str:
+        """Where a NaN is accepted (training filled gaps there) and where not."""
+        refused = [name for name in self.numeric if name not in self.fills_asked]
+        said = [f"NaN filled inside with {self.fills_asked}"] if self.fills_asked else []
+        if refused:
+            said.append(
+                f"no gap accepted in {refused} (training filled none there, as predict.py "
+                "refuses them): a row with a NaN there gets NaN outputs"
+            )
+        return "; ".join(said)
 
     def example(self, batch: int, generator: torch.Generator) -> torch.Tensor:
         count = len(self.numeric)  # the columns' own units and spread
@@ -143,7 +158,7 @@ class RawColumns(_Normalised):
             "shape": ["batch", len(self.numeric) + len(self.categories)],
             "columns": [*self.numeric, *self.categories],
             "numeric": self.numeric,
-            "gaps": f"NaN; filled inside with {self.fills_asked}" if self.fills_asked else "NaN",
+            "gaps": self.gaps_accepted(),
             "categorical_codes": self.categories,
             "unknown_category": "any other code (e.g. -1): all zeros, as in training",
             "normalised_inside": "filled, indicators added, one-hot, then (x - mean) / std",
