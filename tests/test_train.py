@@ -393,3 +393,24 @@ def test_progress_is_rate_limited_by_time_and_ends_on_the_last_step(caplog):
     assert re.match(
         r"1000/1000  loss 1\.0000  2,500 samples/s  \d+:\d\d:\d\d < ", shown.fields["status"]
     )  # the elapsed time, however long the loop took
+
+
+def test_the_final_table_in_a_log_file_shows_every_figure_whole(tmp_path):
+    """Piped to a file, the table was drawn 1,017 characters wide with its values cut off."""
+    long_name = "a_run_name_long_enough_to_matter_" * 3
+    result = run_train(
+        tmp_path,
+        "trainer.max_epochs=1",
+        "model.hidden_sizes=[16,16]",
+        "optim.lr=0.002",
+        "trainer.gradient_clip_val=1.0",
+        f"run_name={long_name}",
+    )
+    shown = result.stdout[result.stdout.index("final metrics") :].splitlines()
+    table = "\n".join(line for line in shown if line.startswith(("┏", "┃", "┡", "│", "└")))
+    assert max(len(line) for line in table.splitlines()) <= 140
+    metrics = read_metrics(tmp_path / "runs" / long_name)
+    values = "".join(line.split("│")[2].strip() for line in table.splitlines() if line[0] == "│")
+    for override in metrics["overrides"]:  # whole: on its own line, or folded over two
+        assert override in values, override
+    assert f"{metrics['test/acc']:.4f}" in table and "…" not in table

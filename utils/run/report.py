@@ -58,16 +58,25 @@ def final_metrics(state, summary: Mapping, test_split: str, checkpointer) -> dic
     }
 
 
+MAX_SHOWN_WIDTH = 100  # characters of a value on one line; longer ones fold, never cut
+
+
 def metrics_table(metrics: Mapping[str, Any]) -> Table:
+    """The final figures, every one whole and readable in a log file as on a terminal: a list
+    (the overrides) one item a line, a long value folded, the table as narrow as they allow."""
     table = Table(title="final metrics")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("metric", no_wrap=True)
+    table.add_column("value", justify="right", overflow="fold", max_width=MAX_SHOWN_WIDTH)
     for name, value in metrics.items():
         table.add_row(name, escape(_format(value)))
     return table
 
 
 def _format(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return "\n".join(_format(item) for item in value) if value else "[]"
+    if isinstance(value, dict):
+        return "\n".join(f"{key}: {_format(item)}" for key, item in value.items()) or "{}"
     if not isinstance(value, float):
         return str(value)
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4f}"
