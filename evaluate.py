@@ -52,6 +52,7 @@ from utils.checkpoint.stored import (
     task_config,
 )
 from utils.config.build import build
+from utils.errors import UserError
 from utils.evaluation import tables
 from utils.evaluation.export import export_evaluated
 from utils.evaluation.fit_calibration import calibrate_on_val, check_can_store
@@ -108,9 +109,11 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     run = Evaluation(cfg, plan, context, Precision(cfg.precision, context.device), out)
     out.track()
     results: dict[str, dict] = {}
+    asked = cfg.split
     for index, path in enumerate(plan.files):
         seen = path.stat()  # a calibration is stored only if no run replaced the file since
         evaluated = rebuilt_on_data(run, path)
+        cfg.split = chosen_split(asked, evaluated.data, path)
         if plan.copies is not None:  # average=top_k: BatchNorm refitted on train; then kept
             refit_and_keep_average(run, evaluated, run_dir / "averaged.pt")
         task, metrics, before = judged(run, evaluated, seen)
@@ -159,6 +162,19 @@ def rebuilt_on_data(run: Evaluation, path: Path) -> Evaluated:
     task = task.fitted(data, run.context.device, stored)  # the target scale it trained on
     modules = rebuild_model(config, weights, data, run.context.device, task)
     return Evaluated(path, config, inputs, which, task, data, modules)
+
+
+def chosen_split(asked: str, data: Any, path: Path) -> str:
+    """The split ``split=`` names: ``auto`` is the one training tested on (test, or val when
+    the data has no test split, as the run recorded); a split the data lacks is one line."""
+    if asked == "auto":
+        return data.test_split
+    if data.splits.get(asked) is None:
+        raise UserError(
+            f"split={asked}: the data {path} was trained on has no {asked} split (training "
+            f"tested on {data.test_split}); pass split={data.test_split}, or leave split=auto"
+        )
+    return asked
 
 
 def refit_and_keep_average(run: Evaluation, evaluated: Evaluated, kept: Path) -> None:

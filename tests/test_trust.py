@@ -264,3 +264,21 @@ def test_evaluate_finds_moved_data_through_data_root(tmp_path, mnist_root):
         run_evaluate(tmp_path, "ckpt=checkpoints/m", "data.path=x.csv", ok=False)
     )
     assert "data.path does not apply to data.mnist.load_mnist" in line
+
+
+def test_evaluate_follows_the_split_training_tested_on(tmp_path):
+    """An image folder without test/ tests on val (test_split: val); evaluate.py with its
+    defaults failed on it. It follows the record; split=test is one line naming the fix."""
+    from conftest import write_imagefolder
+
+    write_imagefolder(tmp_path / "images", per_class=6, test=False)
+    folder = ("data=imagefolder", "data.root=images", "data.image_size=[12,10]", "model=mlp")
+    run_train(tmp_path, *folder, "trainer.max_epochs=1", "data.num_workers=0", "run_name=v")
+    trained = read_metrics(tmp_path / "runs" / "v")
+    assert trained["test_split"] == "val"
+    run_evaluate(tmp_path, "ckpt=checkpoints/v", "runs=e")
+    (eval_dir,) = (tmp_path / "e" / "eval").iterdir()
+    evaluated = next(iter(json.loads((eval_dir / "metrics.json").read_text()).values()))
+    assert evaluated["val/acc"] == trained["test/acc"]  # training's final test was on val
+    line = only_error_line(run_evaluate(tmp_path, "ckpt=checkpoints/v", "split=test", ok=False))
+    assert "has no test split (training tested on val); pass split=val" in line

@@ -32,8 +32,8 @@ def check_evaluate(cfg: DictConfig, context: RunContext) -> EvaluatePlan:
     the checkpoints it names and what it asks beyond their metrics."""
     if OmegaConf.is_missing(cfg, "ckpt"):
         raise UserError("ckpt is required: python evaluate.py ckpt=checkpoints/<run_name>/best.pt")
-    if cfg.split not in ("train", "val", "test"):
-        raise UserError(f"split={cfg.split!r} must be train, val or test")
+    if cfg.split not in ("auto", "train", "val", "test"):
+        raise UserError(f"split={cfg.split!r} must be auto, train, val or test")
     to_training_run = training_run_logger(cfg.logger)  # logger=mlflow: add to the run
     files = checkpoint_files(cfg.ckpt)
     if cfg.export and len(files) != 1:
