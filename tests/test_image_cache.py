@@ -61,11 +61,14 @@ def test_cached_batches_are_bitwise_the_decoded_ones_in_the_same_order(tmp_path,
             assert torch.equal(x, x2) and torch.equal(y, y2), split
 
 
-def test_auto_holds_what_fits_in_memory_and_maps_the_rest(tmp_path):
+def test_auto_holds_what_fits_in_memory_and_maps_the_rest(tmp_path, caplog):
     root = write_imagefolder(tmp_path, per_class=5)
+    caplog.set_level(logging.INFO, logger="torchloom")
     assert isinstance(load(root, "auto").splits["train"], image_cache.TensorSplit)
+    assert "train: data.cache=auto chose memory: " in caplog.text  # it says which
     tiny = load(root, "auto", cache_max_gb=1e-6)  # 1 KiB: no split fits
     assert isinstance(tiny.splits["train"], image_cache.MappedSplit)
+    assert "train: data.cache=auto chose disk (slices read from the cache file)" in caplog.text
 
 
 def test_a_touched_removed_or_added_file_rebuilds_the_cache(tmp_path, caplog):

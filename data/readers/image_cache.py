@@ -98,6 +98,16 @@ class ImageCache:
             return files
         needed = len(files) * math.prod(files.input_shape) * BYTES_HELD_PER_PIXEL
         in_memory = self.mode == "memory" or (self.mode == "auto" and needed <= self.free)
+        if self.mode == "auto":
+            log.info(
+                "%s: data.cache=auto chose %s: %.1f MB held is %s the %.1f MB left of the "
+                "memory budget (data.cache_max_gb)",
+                name,
+                "memory" if in_memory else "disk (slices read from the cache file)",
+                needed / 1e6,
+                "within" if in_memory else "over",
+                self.free / 1e6,
+            )
         shape = "x".join(map(str, files.input_shape))
         path = self.folder / f"{name}-{shape}-{self.source}-{cache_key(files)}.u8"
         try:
