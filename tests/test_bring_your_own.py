@@ -11,6 +11,7 @@ import torch
 from conftest import (
     EVALUATE,
     assert_same_run,
+    error_line,
     interrupt_and_resume,
     read_metrics,
     run_python,
@@ -53,6 +54,25 @@ def test_the_pytorch_examples_net_trains_unchanged_with_a_one_line_yaml(tmp_path
     # No weight_decay key: Adadelta's own default (0); decay_bias_and_norm's default (false)
     # keeps biases in their own group.
     assert [g["weight_decay"] for g in groups] == [0.0, 0.0] and groups[0]["lr"] > 0
+
+
+def test_a_target_given_on_the_command_line_drops_the_replaced_options_keys(tmp_path, mnist_root):
+    """model._target_=... kept the default model's keys (hidden_sizes) and failed on them; a
+    key given on the command line is still the builder's to refuse."""
+    data = ("data=mnist", f"data.root={mnist_root}", "data.val_size=16", "data.batch_size=16")
+    result = run_train(
+        tmp_path, "model._target_=examples_net.Net", *data, "trainer.max_epochs=1", "run_name=t"
+    )
+    said = " ".join(result.stdout.split())
+    assert (
+        "model._target_=examples_net.Net replaces the builder of the model option, so its keys hidden_sizes"
+        in said
+    )
+    assert read_metrics(tmp_path / "runs" / "t")["epochs"] == 1
+    refused = run_train(
+        tmp_path, "model._target_=examples_net.Net", "model.dropout=0.5", *data, ok=False
+    )
+    assert "dropout" in error_line(refused)
 
 
 def test_builders_that_take_the_shapes_still_get_them():

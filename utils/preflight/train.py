@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
+import logging
 import math
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from data.batching.mixing import Mixing
 from utils.config.arguments import check_node
@@ -28,6 +31,8 @@ from utils.model.optim import build_optimizer
 from utils.run.cross_validation import check_cv
 from utils.schedulers import StepCounts
 from utils.system.distributed import processes_from_env
+
+log = logging.getLogger("torchloom")
 
 
 def _number(cfg: DictConfig, key: str) -> float:
@@ -222,10 +227,53 @@ def check_groups(cfg: DictConfig) -> None:
                 f"{group}._target_={node.get('_target_')!r} cannot be imported; check its module "
                 "and name"
             ) from None
+        drop_keys_of_the_option_replaced(cfg, group, target)
+        node = OmegaConf.to_container(cfg[group], resolve=True)
         if group == "optim":
             node = {k: v for k, v in node.items() if k not in OPTIM_KEYS_OF_OURS}
         check_node(group, node, target, supplied)
     _try_optimizer_and_schedule(cfg)
+
+
+def drop_keys_of_the_option_replaced(cfg: DictConfig, group: str, target: Any) -> None:
+    """``model._target_=my.Net`` on the command line replaces the builder of the group's
+    option (conf/model/auto.yaml), whose own keys (``hidden_sizes``) the new builder may not
+    take: those it does not take, and that this command line did not give, are dropped, said
+    in one line. A key given here is kept, and checked against the builder as usual."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    given = {o.lstrip("+~").partition("=")[0] for o in HydraConfig.get().overrides.task}
+    if f"{group}._target_" not in given:
+        return
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    taken = {p.name for p in parameters}
+    dropped = [
+        key
+        for key in cfg[group]
+        if not str(key).startswith("_") and key not in taken and f"{group}.{key}" not in given
+    ]
+    if group == "optim":
+        dropped = [key for key in dropped if key not in OPTIM_KEYS_OF_OURS]
+    if dropped:
+        with open_dict(cfg):
+            for key in dropped:
+                cfg[group].pop(key)
+        log.info(
+            "%s._target_=%s replaces the builder of the %s option, so its keys %s, which "
+            "%s does not take, are dropped",
+            group,
+            cfg[group]["_target_"],
+            group,
+            ", ".join(map(str, dropped)),
+            cfg[group]["_target_"].rsplit(".", 1)[-1],
+        )
 
 
 def _try_optimizer_and_schedule(cfg: DictConfig) -> None:
