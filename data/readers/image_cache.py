@@ -11,18 +11,17 @@ as uint8, into one cache file per split; from then on batches are slices, as for
 
 The cache file is ``<data.cache_dir>/<split>-<C>x<H>x<W>-<source>-<key>.u8`` (``cache_dir``
 defaults to ``<data.root>/.torchloom-cache``; ``manifest-`` before ``<split>`` for
-``data=image_csv``). ``<source>`` names the image folder (or manifest) the cache is of, so
-folders sharing one ``cache_dir`` keep their own caches. Its key covers the sorted file list
-with sizes and modification times, the labels, ``image_size``, channels and this module's
-format version, so a changed, added or removed file builds a new cache (and says so) and the
-stale one of the same source is removed. The key says which files a cache claims to hold, not
-what it holds: each start decodes a few random images and compares them with the cache's, and
-a file that differs (planted, or written by other code) is rebuilt with a warning. A cache is
-built into a temporary file and renamed (two jobs building at once end with one valid cache);
-a killed build's temporary file is removed by the next, and a stop signal ends a build within
-a batch of images. A short or corrupt file is rebuilt with a warning; an unwritable folder
-falls back to decoding into memory (or the DataLoader path) with one warning; a full disk
-leaves no partial file and says so. Each sample's hash follows the pixels (no pixel re-read).
+``data=image_csv``; ``pool`` for every split at once under ``cv=K``, whose folds are rows of
+it). ``<source>`` names the image folder (or manifest) the cache is of (:func:`source_id`: a
+folder moved with its cache keeps it). Its key covers the sorted file list with sizes and
+modification times, the labels, ``image_size``, channels and this module's format version, so
+a changed, added or removed file builds a new cache (and says so) and the stale one of the
+same source is removed. Each start decodes a few random images and compares them with the
+cache's: a file that differs (planted, or written by other code) is rebuilt with a warning. A
+cache is built into a temporary file and renamed; a killed build's temporary file is removed
+by the next, and a stop signal ends a build within a batch of images. A short or corrupt file
+is rebuilt with a warning; an unwritable folder falls back to decoding into memory (or the
+DataLoader path) with one warning; a full disk leaves no partial file and says so.
 
 A cached image is exactly what the DataLoader path decodes (:func:`data.imagefolder.decode`),
 so a cached and an uncached run see bitwise the same batches in the same order.
@@ -56,7 +55,7 @@ from data.batching.loader import decoding_loader, reraised
 from data.batching.splits import MappedSplit, TensorSplit, pixel_statistics
 from utils.errors import UserError
 from utils.files import atomic_file, remove_stale_temporary_files
-from utils.system.memory import available_memory
+from utils.system.memory import memory_budget
 from utils.system.signals import Interrupted, stop_requested
 
 log = logging.getLogger("torchloom")
@@ -73,11 +72,9 @@ CACHE_NAME = re.compile(
 VALUES_PER_CHUNK = 2**24  # pixel values a statistics pass holds as float64 at once (128 MiB)
 SAMPLES_CHECKED = 8  # images decoded again each start and compared with the cache's pixels
 HASHED_AT_ONCE = 32 * 2**20  # pixel bytes of decoded batches hashed in one call
-# data.cache_max_gb=null: this share of the memory available now (and, on a machine with a
-# GPU, of its free memory), for what the memory path holds: the uint8 split and its float32
-# normalised copy, 5 bytes a pixel.
-DEFAULT_MEMORY_SHARE = 0.5
+# What the memory path holds: the uint8 split and its float32 normalised copy, 5 bytes a pixel.
 BYTES_HELD_PER_PIXEL = 5
+AUTO_CHOSE = "%s: data.cache=auto chose %s: %.1f MB held is %s the %.1f MB left of its budget"
 
 
 class ImageCache:
@@ -98,16 +95,9 @@ class ImageCache:
             return files
         needed = len(files) * math.prod(files.input_shape) * BYTES_HELD_PER_PIXEL
         in_memory = self.mode == "memory" or (self.mode == "auto" and needed <= self.free)
-        if self.mode == "auto":
-            log.info(
-                "%s: data.cache=auto chose %s: %.1f MB held is %s the %.1f MB left of the "
-                "memory budget (data.cache_max_gb)",
-                name,
-                "memory" if in_memory else "disk (slices read from the cache file)",
-                needed / 1e6,
-                "within" if in_memory else "over",
-                self.free / 1e6,
-            )
+        if self.mode == "auto":  # which it chose, and why
+            where, fits = ("memory", "within") if in_memory else ("disk", "over")
+            log.info(AUTO_CHOSE, name, where, needed / 1e6, fits, self.free / 1e6)
         shape = "x".join(map(str, files.input_shape))
         path = self.folder / f"{name}-{shape}-{self.source}-{cache_key(files)}.u8"
         try:
@@ -226,18 +216,6 @@ def once_per_machine(make: Any) -> None:
     if failed is not None:
         kind, message = failed
         raise {"UserError": UserError, "Unwritable": Unwritable}.get(kind, Interrupted)(message)
-
-
-def memory_budget(max_gb: float | None) -> float:
-    """Bytes the memory path may hold: ``data.cache_max_gb``, or by default
-    :data:`DEFAULT_MEMORY_SHARE` of the available memory (and of a GPU's free memory)."""
-    if max_gb is not None:
-        return max_gb * 2**30
-    available = available_memory()
-    if torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
-        available = min(available, free)
-    return DEFAULT_MEMORY_SHARE * available
 
 
 def cache_key(files: Dataset) -> str:

@@ -81,3 +81,20 @@ def cycle_collection_by_the_loop() -> Iterator[None]:
 def collect_cycles() -> None:
     """The young generations only: what the steps since the last call left behind."""
     gc.collect(1)
+
+
+# data.cache_max_gb=null: this share of the memory available now (and, on a machine with a
+# GPU, of its free memory).
+DEFAULT_MEMORY_SHARE = 0.5
+
+
+def memory_budget(max_gb: float | None) -> float:
+    """Bytes the memory path may hold: ``data.cache_max_gb``, or by default
+    :data:`DEFAULT_MEMORY_SHARE` of the available memory (and of a GPU's free memory)."""
+    if max_gb is not None:
+        return max_gb * 2**30
+    available = available_memory()
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        available = min(available, free)
+    return DEFAULT_MEMORY_SHARE * available
