@@ -23,7 +23,7 @@ from utils.config.trust import (
     check_stored_config,
     require_keys,
     with_current_targets,
-    without_unbuilt,
+    without_callbacks,
 )
 from utils.errors import UserError
 from utils.files import save_atomic
@@ -61,7 +61,7 @@ def read_checkpoint(
             raise UserError(f"{path} carries no config; pass config=<run dir>/.hydra/config.yaml")
         else:
             config, source = stored, path
-    config = without_unbuilt(with_current_targets(config))
+    config = without_callbacks(with_current_targets(config))
     require_keys(config, source, {"model": dict, "data": dict, "seed": int})
     check_stored_config(config, source)
     if inputs is not None and not isinstance(inputs, dict):

@@ -16,8 +16,10 @@ A config stored in a checkpoint (or a ``.safetensors`` export, or a YAML file gi
   list as soon as its YAML file is there, as docs/extending.md says.
 
 The check runs before anything in the config is resolved, imported or built. A stored
-config's ``callbacks`` (the user's code that train.py ran) and ``logger`` are dropped unread
-first: only train.py builds them, from its own command line.
+config's ``callbacks`` (the user's code that train.py ran) are dropped unread first: only
+train.py builds callbacks, from its own command line. A logger's setting read from the
+environment is stored as its ``${oc.env:NAME}`` (utils/config/secrets.py); only train.py builds
+loggers, so that one interpolation is let be there, and never resolved.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ OPTIMIZERS = (
     "Muon",
 )
 INTERPOLATION = "${"
+ENVIRONMENT = re.compile(r"\$\{oc\.env:[A-Za-z_][A-Za-z0-9_]*\}")  # a setting as a run records it
 # Hydra's instantiation keys besides _target_ (_partial_, _recursive_, _convert_, _args_) change
 # what building does; a stored config may hold one only as torchloom's own conf/ files do.
 STORED_SPECIAL_KEYS = {"optim._partial_": True}
@@ -92,16 +95,11 @@ def with_current_targets(config: Any) -> Any:
     return config
 
 
-NEVER_BUILT = ("callbacks", "logger")
-
-
-def without_unbuilt(config: Any) -> Any:
-    """``config`` without its ``callbacks`` and ``logger`` nodes: only train.py builds them,
-    from its own command line, so a stored one is never built and never checked (a logger's
-    setting read from the environment is stored as its ``${oc.env:...}``)."""
+def without_callbacks(config: Any) -> Any:
+    """``config`` without its ``callbacks`` node: never built from a file, never checked."""
     if not isinstance(config, dict):
         return config
-    return {key: value for key, value in config.items() if key not in NEVER_BUILT}
+    return {key: value for key, value in config.items() if key != "callbacks"}
 
 
 @cache
@@ -143,7 +141,8 @@ def check_stored_config(config: Any, source: Path | str) -> None:
     """Refuse ``config`` (plain containers read from ``source``) if it holds an interpolation
     or a ``_target_`` outside :func:`allowed_builders`, naming the key."""
     for key, value in _walk(config, ""):
-        if isinstance(value, str) and INTERPOLATION in value:
+        recorded_environment = key.startswith("logger.") and ENVIRONMENT.fullmatch(str(value))
+        if isinstance(value, str) and INTERPOLATION in value and not recorded_environment:
             raise UserError(
                 f"refusing the config stored in {source}: {key}={value!r} is an interpolation, "
                 "and a stored config is data; the file may be hostile, so nothing was built"
