@@ -9,6 +9,7 @@ writes, safe loading) are in :mod:`utils.checkpoint`. The callbacks hear of each
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from utils.checkpoint.format import legacy_loss_sums, training_checkpoint
 from utils.checkpoint.load import load_checkpoint, restoring
 from utils.config.monitor import Monitor
 from utils.config.resolvers import in_sweep
+from utils.config.secrets import redacted_argv
 from utils.errors import UserError
 from utils.files import copy_atomic, save_atomic
 from utils.fit.state import TrainState
@@ -278,7 +280,7 @@ class Checkpointer:
         if context.is_main:
             state = self.state
             command = (
-                continue_sweep_command(record.resolved["run_name"])
+                continue_sweep_command(record.resolved["run_name"], redacted_argv(sys.argv))
                 if in_sweep()
                 else continue_command(record.overrides, self.last, context.processes)
             )

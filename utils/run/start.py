@@ -125,7 +125,8 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
     run = RunStart(processes, run_dir, checkpoint_dir, RunRecord(recorded(cfg), overrides))
     if processes.is_main:  # what Hydra wrote of the command line holds no credential either
         hydra_files = [run_dir / ".hydra" / f"{name}.yaml" for name in HYDRA_FILES]
-        scrub_yaml_files([*hydra_files, run_dir.parent / "multirun.yaml"], secrets)
+        sweep_file = [run_dir.parent / "multirun.yaml"] if in_sweep() else []
+        scrub_yaml_files([*hydra_files, *sweep_file], secrets)
     run.finished, resume = sweep.job_start(run_dir, cfg.resume, run.record.overrides)
     if run.finished is not None:
         return run

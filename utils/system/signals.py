@@ -183,13 +183,14 @@ def continue_command(overrides: list[str], checkpoint: object, processes) -> str
     return shlex.join(command)  # pasted into a shell, each override stays one word
 
 
-def continue_sweep_command(run_name: str) -> str:
+def continue_sweep_command(run_name: str, argv: list[str]) -> str:
     """The command that continues a sweep one of whose jobs was stopped: the same sweep under
     its run name, which skips the finished jobs, resumes the stopped one from its last.pt and
-    runs the rest (a job started alone would be a new run outside the sweep)."""
-    if Path(sys.argv[0]).name != "train.py":  # a launcher's worker process: no command line
+    runs the rest (a job started alone would be a new run outside the sweep). ``argv``: the
+    command line as it may be written down (credentials redacted)."""
+    if Path(argv[0]).name != "train.py":  # a launcher's worker process: no command line
         return f"the sweep's command again, with run_name={shlex.quote(run_name)}"
-    given = [a for a in sys.argv[1:] if not a.startswith(("run_name=", "resume="))]
+    given = [a for a in argv[1:] if not a.startswith(("run_name=", "resume="))]
     multirun = [] if {"-m", "--multirun"} & set(given) else ["-m"]
     return shlex.join(["python", "train.py", *multirun, *given, f"run_name={run_name}"])
 
