@@ -80,6 +80,36 @@ def test_whole_tensor_path_resumes_bit_identically(tensor_runs, at, epoch, batch
     )
 
 
+@pytest.mark.parametrize(
+    "every, step",
+    [("trainer.checkpoint_every_n_steps=4", 12), ("trainer.checkpoint_every_minutes=1e-9", 13)],
+    ids=["every-4-steps", "every-minute-passed"],
+)
+def test_a_kill_9_inside_an_epoch_loses_only_the_steps_since_the_last_save(
+    tensor_runs, every, step
+):
+    """last.pt was written once an epoch and on a stop signal, so a kill -9 lost the epoch.
+    With trainer.checkpoint_every_*, it loses the steps since the last save, and the resume is
+    bit-identical (the history it sent the trackers never ran ahead of last.pt)."""
+    name = every.split(".")[1].split("=")[0]
+    run = [*TENSOR_RUN, every]
+    at = 27  # micro-batch 7 of epoch 2: 13 optimizer steps taken (10 an epoch)
+    killed = run_train(
+        tensor_runs,
+        *run,
+        f"run_name={name}",
+        ok=False,
+        env={"SIGNAL_AT_FORWARD": str(at), "SIGNAL_NAME": "SIGKILL"},
+    )
+    assert killed.returncode == -signal.SIGKILL
+    position = checkpoint(tensor_runs, name)
+    assert (position["global_step"], position["epoch"]) == (step, 1)
+    assert position["batch_in_epoch"] == (step - 10) * 2
+    resumed = run_train(tensor_runs, *run, f"run_name={name}", "resume=auto")
+    assert f"resumed from checkpoints/{name}/last.pt" in resumed.stdout
+    assert_same_run(tensor_runs, "straight", name)
+
+
 def test_a_stop_with_its_reader_gone_exits_3_and_its_log_tells_it(tmp_path):
     # `python train.py | tee out.log`, then Ctrl-C: tee is gone before the stop's lines.
     env = {

@@ -54,6 +54,8 @@ class TrainerConfig:
     monitor: str = MISSING
     monitor_mode: str = MISSING
     keep_top_k: int = MISSING
+    checkpoint_every_n_steps: int | None = MISSING
+    checkpoint_every_minutes: float | None = MISSING
     cpu_threads: int | None = MISSING
     sync_batchnorm: bool = MISSING
     nonfinite: str = MISSING

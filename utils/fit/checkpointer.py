@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ class Checkpointer:
         self.parts, self.state, self.monitor, self.trainer = parts, state, monitor, trainer
         self.intact: tuple[Path, int | None] | None = None  # the last good checkpoint, epoch
         self.history: Any = None  # the run's tracker: what each checkpoint's history covers
+        self.saved_at = time.monotonic()  # trainer.checkpoint_every_minutes counts from here
 
     @property
     def last(self) -> Path:
@@ -231,6 +233,30 @@ class Checkpointer:
         rng = all_rng_states()
         if self.writes:  # one process writes the weights
             save_atomic(self.contents(rng), self.last)
+        self.saved_at = time.monotonic()
+
+    def due_within_epoch(self, may_sync: bool) -> bool:
+        """Whether last.pt is due inside the epoch, after the optimizer step just taken:
+        every ``trainer.checkpoint_every_n_steps`` steps, or once
+        ``trainer.checkpoint_every_minutes`` have passed since the last save (several
+        processes agree on the clock only at steps where they sync anyway, ``may_sync``)."""
+        trainer = self.trainer
+        every, minutes = trainer.checkpoint_every_n_steps, trainer.checkpoint_every_minutes
+        if every and self.state.global_step % every == 0:
+            return True
+        if not minutes or not may_sync:
+            return False
+        late = time.monotonic() - self.saved_at >= 60 * minutes
+        return distributed.agree(late, self.context.device)
+
+    def save_within_epoch(self) -> None:
+        """last.pt at the exact position inside an epoch (resumed as one a stop signal
+        wrote), and the history it covers sent on: a kill -9 loses only the steps since."""
+        self.save()
+        self.intact = (self.last, None)
+        if self.writes:
+            self._announce(best=False, top_k_file="")
+        self.sent_on()
 
     def save_epoch(self, value: float | None) -> None:
         """At the end of an epoch: ``last.pt``, and when the epoch was validated (``value``

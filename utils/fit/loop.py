@@ -273,6 +273,9 @@ class Loop:
             signal = stop_check_due and distributed.agree(self.stop.requested, labels.device)
             if (signal or state.stopped_by) and index + 1 < micro_batches:
                 return False
+            # trainer.checkpoint_every_*: last.pt inside the epoch (its end saves anyway)
+            if index + 1 < micro_batches and self.checkpointer.due_within_epoch(stop_check_due):
+                self.checkpointer.save_within_epoch()
         return True
 
     def _optimizer_step(self, log_due: bool) -> torch.Tensor | None:

@@ -48,6 +48,8 @@ OPTIONAL_KEYS = (
 )  # may be left out of a YAML (utils/model/optim.py)
 NULL_ALLOWED = (
     "trainer.cpu_threads",
+    "trainer.checkpoint_every_n_steps",
+    "trainer.checkpoint_every_minutes",
     "trainer.early_stopping.patience",
     "trainer.ema.decay",
     "optim.layer_decay",
@@ -62,6 +64,8 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
         ("trainer.log_every_n_steps", lambda v: v >= 1, "1 or more"),
         ("trainer.val_every_n_epochs", lambda v: v >= 1, "1 or more"),
         ("trainer.keep_top_k", lambda v: v >= 0, "0 or more"),
+        ("trainer.checkpoint_every_n_steps", lambda v: v >= 1, "1 or more, or null for off"),
+        ("trainer.checkpoint_every_minutes", lambda v: v > 0, "above 0, or null for off"),
         ("trainer.max_consecutive_skips", lambda v: v >= 0, "0 or more"),
         ("trainer.overfit_batches", lambda v: v >= 0, "0 or more"),
         ("trainer.profile_steps", lambda v: v >= 0, "0 or more"),

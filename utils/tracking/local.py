@@ -11,6 +11,8 @@ import io
 import logging
 import math
 import os
+import re
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,24 @@ class Backend:
     def close(self, status: str) -> None: ...
 
 
+EVENT_FILE = re.compile(r"events\.out\.tfevents\.(\d+)\.")
+
+
+def after_earlier_event_files(run_dir: Path) -> None:
+    """Wait, if need be, for the clock's second to pass that of the run's newest event file.
+    TensorBoard reads a folder's files in name order, and a name starts with its writer's
+    start time in whole seconds (then host and process id): a resume within the second of the
+    run it continues (a kill -9, then ``resume=auto`` at once) would otherwise sort first, and
+    its purge step would drop the points it continues from."""
+    seconds = [
+        int(m.group(1))
+        for p in run_dir.glob("events.out.tfevents.*")
+        if (m := EVENT_FILE.match(p.name))
+    ]
+    while seconds and time.time() < max(seconds) + 1:
+        time.sleep(0.05)
+
+
 class TensorBoard(Backend):
     """Event files in the run dir. A resume opens them with a purge step one past the
     checkpoint's, so TensorBoard drops what the interrupted run logged after it."""
@@ -75,6 +95,8 @@ class TensorBoard(Backend):
     def open(self, run: Any, stored: dict | None, step: int | None) -> None:
         from torch.utils.tensorboard import SummaryWriter  # slow import; only once it is used
 
+        if step is not None:
+            after_earlier_event_files(Path(run.run_dir))
         self.writer = SummaryWriter(run.run_dir, purge_step=None if step is None else step + 1)
 
     def send(self, points: list) -> None:
