@@ -10,6 +10,7 @@
     image_manifest        images listed in a CSV, with classes, label sets or values
     tabular               a CSV or TSV table with a target column
     tensors               arrays in .pt, .npy or .npz files
+    parquet               Parquet shards, local or on object storage, read in our order
     synthetic             random tensors of a given shape (benchmarks, smoke tests)
     batching/             what every builder returns, and how it becomes batches
     readers/              files read into tensors, shared by builders: tables, gaps, the image cache

@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
@@ -28,6 +27,7 @@ from data.batching.folds import FoldIds, FoldPlan
 from data.batching.splits import rows_of
 from data.batching.targets import Targets
 from data.readers.image_cache import MODES, ImageCache
+from data.readers.pixels import decoded
 from utils.config.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
 from utils.errors import UserError
 
@@ -142,27 +142,8 @@ def choose_channels(channels: int | str, train: list[tuple[str, Any]], name: str
 
 
 def decode(path: str, image_size: Sequence[int], channels: int) -> torch.Tensor:
-    """One image file as uint8 [C, H, W], resized to ``image_size``. A file PIL cannot read —
-    not an image, empty, truncated, or a decompression bomb (more pixels than PIL's
-    ``Image.MAX_IMAGE_PIXELS``) — is one line naming it."""
-    height, width = image_size
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
-                image = image.convert("RGB" if channels == 3 else "L")
-                if image.size != (width, height):
-                    image = image.resize((width, height), Image.Resampling.BILINEAR)
-                pixels = torch.from_numpy(np.array(image, dtype=np.uint8))
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise UserError(
-            f"refusing image {path}: more pixels than Image.MAX_IMAGE_PIXELS "
-            f"({Image.MAX_IMAGE_PIXELS}), a possible decompression bomb; remove or shrink it"
-        ) from None
-    except Exception as error:  # any decoder failure on a hostile file is bad input
-        reason = str(error).split(":")[0] or type(error).__name__
-        raise UserError(f"cannot decode image {path} ({reason}); remove or replace it") from None
-    return pixels.view(height, width, -1).permute(2, 0, 1).contiguous()
+    """One image file as uint8 [C, H, W], resized to ``image_size`` (data/readers/pixels.py)."""
+    return decoded(path, image_size, channels, path)
 
 
 def check_image_keys(image_size: Any, channels: Any, cache: Any, cache_max_gb: Any) -> None:

@@ -43,6 +43,7 @@ def test_each_group_has_the_options_the_readme_promises():
         "image_csv",
         "imagefolder",
         "mnist",
+        "parquet",
         "synthetic",
         "tensors",
         "torchvision",
@@ -85,7 +86,13 @@ def test_every_dataset_builds(
         )
     )
     write_mnist(tmp_path, "KMNIST")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = {"a": [float(i % 7) for i in range(60)], "label": ["xy"[i % 2] for i in range(60)]}
+    pq.write_table(pa.table(rows), tmp_path / "t.parquet", row_group_size=8)
     roots = {
+        "parquet": [f"data.path={tmp_path / 't.parquet'}", "data.num_workers=0"],
         "csv": [f"data.path={tmp_path / 't.csv'}", "data.target=label"],
         "image_csv": [
             f"data.root={imagefolder_root}",

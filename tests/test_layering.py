@@ -35,7 +35,7 @@ LAYERS = (
     ("utils.checkpoint",),
     ("utils.fit", "utils.run"),
     ("utils.preflight",),
-    ("train", "evaluate", "predict"),
+    ("train", "evaluate", "predict", "shard"),
 )
 LEVEL = {package: level for level, packages in enumerate(LAYERS) for package in packages}
 TOP_MODULES = {"utils.precision", "utils.schedulers"}
@@ -45,7 +45,7 @@ LOCAL_IMPORTS = {
     # the tasks (and torch) with the schema would slow every command's start and the doctor.
     ("utils/config/monitor.py", "utils.tasks"),
 }
-ENTRY_POINTS = ("train.py", "evaluate.py", "predict.py")
+ENTRY_POINTS = ("train.py", "evaluate.py", "predict.py", "shard.py")
 SOURCES = sorted(
     p for folder in ("utils", "data", "models") for p in (ROOT / folder).rglob("*.py")
 ) + [ROOT / name for name in ENTRY_POINTS]
@@ -270,6 +270,7 @@ KIND_OWNERS = {
     "data/tabular.py",
     "data/tensors.py",
     "data/image_manifest.py",
+    "data/parquet.py",  # a class column, or number columns for task=regression
 }
 TASK_CLASSES = {"Classification", "MultiLabel", "Regression"}
 

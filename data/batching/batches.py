@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from data.batching.order import permutation
 from data.batching.splits import MappedSplit, TensorSplit, shard, shard_bounds
 from utils.system.seeding import mix_seed
 
@@ -55,11 +56,6 @@ class BatchPlan:
             kept = self.keep_partial and self.world_size == 1 and rest >= MIN_PARTIAL_BATCH
             return whole + int(kept)
         return math.ceil(samples / self.batch_size)
-
-
-def permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(mix_seed(seed, epoch))
-    return torch.randperm(n, generator=generator)
 
 
 class BatchTransform:

@@ -37,6 +37,7 @@ from data.batching.batches import (
 from data.batching.fingerprint import decoded_hashes, membership, sample_hashes
 from data.batching.loader import LoaderBatches
 from data.batching.mixing import MixedBatches, Mixing
+from data.batching.shards import ShardBatches, ShardSplit
 from data.batching.splits import MappedSplit, TensorSplit
 from data.batching.targets import Targets
 from utils.config.arguments import POSITIVE_INT, check_values, one_of
@@ -197,7 +198,13 @@ class Data:
         """The inputs are uint8 images (an image cache or files read lazily), not numbers in
         their own units (a table, arrays)."""
         split = self.splits["train"]
-        return split.inputs.dtype == torch.uint8 if isinstance(split, TensorSplit) else True
+        if isinstance(split, TensorSplit | ShardSplit):
+            return (
+                split.inputs.dtype == torch.uint8
+                if isinstance(split, TensorSplit)
+                else split.pixels
+            )
+        return True
 
     @property
     def in_memory(self) -> bool:
@@ -294,7 +301,8 @@ class Data:
         if isinstance(split, TensorSplit | MappedSplit):
             inputs = split.inputs if isinstance(split, TensorSplit) else split.images
             return sample_hashes(inputs, split.labels)
-        return decoded_hashes(split) if split is not None and decode else None
+        lazy = split is not None and decode and not isinstance(split, ShardSplit)  # by listing
+        return decoded_hashes(split) if lazy else None
 
     def sizes(self) -> dict[str, int]:
         return {name: len(split) for name, split in self.splits.items() if split is not None}
@@ -330,6 +338,8 @@ class Data:
             batches = TensorBatches(self.splits[split], plan, transform)
         elif isinstance(self.splits[split], MappedSplit):
             batches = MappedBatches(self.splits[split], plan, transform)
+        elif isinstance(self.splits[split], ShardSplit):  # data=parquet: read ahead, in our order
+            batches = ShardBatches(self.splits[split], plan, transform)
         else:
             batches = LoaderBatches(self.splits[split], plan, transform, self.num_workers)
         if train and self.mixing:

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from data.batching.batches import BatchPlan, BatchTransform, batch_bounds, permutation
+from data.batching.batches import BatchPlan, BatchTransform, batch_bounds
+from data.batching.order import permutation
 from data.batching.splits import shard_bounds
 from utils.errors import UserError
 from utils.system.seeding import mix_seed

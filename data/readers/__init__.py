@@ -4,4 +4,7 @@ table        a CSV's rows as columns encoded into one float tensor, read alike l
 missing      gaps in a table: refused, filled, or flagged (data.na_*)
 column_kinds  data.categorical=auto: which columns are categories, which identifiers
 image_cache  decoded images kept as one uint8 tensor on disk, checked before reuse
+pixels       an image's bytes as uint8 pixels: one decoder for files and shards
+storage      where shards live: local paths and URLs listed and read, with retries
+parquet      Parquet shards read (a row group at a time) into tensors, and written
 """

@@ -173,3 +173,16 @@ class PredictConfig:
 
 
 ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
+
+
+@dataclass
+class ShardConfig:
+    data: Any = MISSING
+    task: Any = MISSING
+    out: str = MISSING
+    rows_per_group: int = MISSING
+    rows_per_file: int = MISSING
+    images: str = MISSING
+
+
+ConfigStore.instance().store(name="shard_schema", node=ShardConfig)

@@ -1,0 +1,40 @@
+"""Which sample comes next: the one owner of the data order, for every kind, as a pure function
+of (seed, epoch, the data's sizes), so that a resume (on any number of workers, or on another
+world size with the same global batch) continues the same stream.
+
+- Data held whole (tensors, the image cache): a permutation of every sample an epoch.
+- Shards (data=parquet): the row groups permuted, then the samples shuffled within each window
+  of ``data.shuffle_window`` consecutive row groups of that permutation (a block shuffle: a
+  window's row groups are read once, together). A window of every row group is the full
+  shuffle.
+
+Each process takes its rows of every global batch (data/batching/batches.py batch_bounds), so
+the stream of global batches does not depend on how many processes share it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from utils.system.seeding import mix_seed
+
+WINDOW_SALT = 7  # the within-window shuffles draw from another stream than the row groups' order
+
+
+def permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(mix_seed(seed, epoch))
+    return torch.randperm(n, generator=generator)
+
+
+def block_order(sizes: list[int], seed: int, epoch: int, window: int) -> torch.Tensor:
+    """Global sample ids (row groups numbered in file order, their rows counted on from the
+    group before) in the order of ``epoch``: the groups of ``sizes`` permuted by (seed, epoch),
+    then the samples of each ``window`` consecutive groups of that permutation shuffled."""
+    starts = torch.tensor([0, *sizes]).cumsum(0)
+    groups = permutation(len(sizes), seed, epoch)
+    generator = torch.Generator().manual_seed(mix_seed(seed, epoch, WINDOW_SALT))
+    parts = []
+    for lo in range(0, len(sizes), max(1, window)):
+        ids = torch.cat([torch.arange(starts[g], starts[g + 1]) for g in groups[lo : lo + window]])
+        parts.append(ids[torch.randperm(len(ids), generator=generator)])
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)

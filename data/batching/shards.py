@@ -1,0 +1,154 @@
+"""Batches from shards (data=parquet): the order is ours (data/batching/order.py), the bytes are
+read ahead. Each batch's rows are gathered from the row groups that hold them; the row groups
+are read in the order the batches first need them, by DataLoader workers that run ahead of the
+step, and a row group is let go once no later batch of the epoch needs it. The batches, their
+normalisation and augmentation are exactly those of the other kinds, so a resume at any batch,
+with any number of workers, continues the same stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from data.batching.batches import BatchPlan, BatchTransform, batch_bounds
+from data.batching.order import block_order
+from data.batching.splits import shard_bounds
+from utils.system.seeding import mix_seed
+
+PREFETCH_GROUPS = 4  # row groups each worker reads ahead of the step
+
+
+@dataclass(frozen=True)
+class ShardSplit:
+    """A split held in shards: the rows of each row group (file order), what reads and decodes
+    one row group (``read(g)`` → inputs [rows, ...], targets [rows, ...]: a picklable object,
+    so workers can call it), every sample's target (read once, column by column) and the
+    shape of one input."""
+
+    sizes: tuple[int, ...]
+    read: Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+    targets: torch.Tensor
+    input_shape: tuple[int, ...]
+    window: int  # data.shuffle_window: row groups shuffled together
+    workers: int  # data.num_workers: reading processes
+    pixels: bool  # uint8 images (normalised from [0, 255]), else numbers in their own units
+
+    def __len__(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def starts(self) -> torch.Tensor:
+        """The global id of each row group's first row, and the count of all rows last."""
+        return torch.tensor([0, *self.sizes]).cumsum(0)
+
+
+class _RowGroups(Dataset):
+    """Row groups ``groups`` of ``split``, in the order given: what the workers read."""
+
+    def __init__(self, split: ShardSplit, groups: list[int]) -> None:
+        self.read, self.groups = split.read, groups
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.read(self.groups[index])
+
+
+class ShardBatches:
+    """Batches of a :class:`ShardSplit`: for training, the global batches of the epoch's
+    block order, this process taking its rows of each; for evaluation, this process's share
+    of the rows in file order."""
+
+    def __init__(self, split: ShardSplit, plan: BatchPlan, transform: BatchTransform) -> None:
+        self.split, self.plan, self.transform = split, plan, transform
+        if plan.train:
+            self.lo, self.hi = 0, len(split)
+        else:
+            self.lo, self.hi = shard_bounds(len(split), plan.rank, plan.world_size)
+
+    def __len__(self) -> int:
+        return self.plan.batch_count(self.hi - self.lo)
+
+    def order(self, epoch: int) -> torch.Tensor:
+        split = self.split
+        if self.plan.train:
+            return block_order(list(split.sizes), self.plan.seed, epoch, split.window)
+        return torch.arange(self.lo, self.hi)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        plan, order = self.plan, self.order(epoch)
+        rank, world = (plan.rank, plan.world_size) if plan.train else (0, 1)
+        bounds = [batch_bounds(i, plan.batch_size, rank, world) for i in range(start, len(self))]
+        rows = [order[lo : min(hi, len(order))] for lo, hi in bounds]
+        if not rows:
+            return
+        ids = torch.cat(rows)
+        group_of = torch.searchsorted(self.split.starts, ids, right=True) - 1
+        held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        reading = iter(self._reader(_first_needed(group_of)))
+        last_use = _last_use(group_of)
+        at = 0
+        for index, batch_ids in enumerate(rows, start):
+            groups = group_of[at : at + len(batch_ids)]
+            while not all(int(g) in held for g in groups.unique()):
+                group, inputs, targets = next(reading)
+                held[group] = (inputs, targets)
+            inputs, targets = self._gather(held, batch_ids, groups)
+            at += len(batch_ids)
+            for group in [g for g in held if last_use[g] < at]:  # no later batch needs it
+                del held[group]
+            images = self.transform.normalize(inputs.to(self.transform.device, non_blocking=True))
+            labels = targets.to(self.transform.device, non_blocking=True)
+            if plan.train:
+                batch_seed = mix_seed(plan.seed, epoch, index * plan.world_size + plan.rank)
+                images = self.transform.augment(images, batch_seed)
+            yield images, labels
+
+    def _reader(self, groups: list[int]) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """(group, inputs, targets) of ``groups`` in that order, read ahead by the workers."""
+        workers = self.split.workers
+        loader = DataLoader(
+            _RowGroups(self.split, groups),
+            batch_size=None,
+            num_workers=workers,
+            prefetch_factor=PREFETCH_GROUPS if workers else None,
+            persistent_workers=False,
+        )
+        for group, (inputs, targets) in zip(groups, loader, strict=True):
+            yield group, inputs, targets
+
+    def _gather(
+        self, held: dict, ids: torch.Tensor, groups: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows ``ids`` (in row groups ``groups``) from the groups held, in batch order."""
+        starts = self.split.starts
+        first_inputs, first_targets = held[int(groups[0])]
+        inputs = first_inputs.new_empty((len(ids), *first_inputs.shape[1:]))
+        targets = first_targets.new_empty((len(ids), *first_targets.shape[1:]))
+        for group in groups.unique().tolist():
+            where = groups == group
+            rows = ids[where] - starts[group]
+            inputs[where] = held[group][0][rows]
+            targets[where] = held[group][1][rows]
+        return inputs, targets
+
+
+def _first_needed(group_of: torch.Tensor) -> list[int]:
+    """The row groups in the order the batches first need them."""
+    values = group_of.numpy()
+    _, first = np.unique(values, return_index=True)
+    return [int(values[i]) for i in sorted(first)]
+
+
+def _last_use(group_of: torch.Tensor) -> dict[int, int]:
+    """For each row group, one past the last position (in this epoch's rows) that needs it."""
+    values = group_of.numpy()
+    reverse = values[::-1]
+    groups, last = np.unique(reverse, return_index=True)
+    return {int(g): len(values) - int(i) for g, i in zip(groups, last, strict=True)}

@@ -1,0 +1,275 @@
+"""Parquet shards read into tensors, a row group at a time (data=parquet).
+
+What a split's shards hold is found from their footers alone (row groups, rows, the schema);
+their columns become tensors as the other kinds': an image column (encoded bytes, Hugging
+Face's ``{bytes, path}`` struct, or fixed-size uint8 pixels) → uint8 [C, H, W]; an array column
+(a fixed-size list of numbers) → float32 of its recorded shape; number columns → float32
+features [F]. The target: class names or integers → class indices (classes sorted as the CSV
+reader sorts them), or number columns → float32 values (task=regression). Everything read from
+a shard is checked where it enters: a wrong type, a gap, a corrupt row group is one line
+naming the object, the row group and the column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from data.batching.targets import sorted_names
+from data.readers.pixels import decoded
+from data.readers.storage import Shard, arrow, filesystem, parquet_file, read_row_group, retried
+from utils.errors import UserError
+
+MAX_PIXELS = 2**26  # elements of one array or image sample read from a shard: 64 Mi
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which columns a split reads and what they become: ``kind`` ``image`` (one column of
+    images, decoded to ``shape`` [C, H, W]), ``array`` (one column of fixed-size lists, of
+    ``shape``) or ``features`` (number columns); ``target`` the target columns, as class
+    indices of ``classes`` or as ``values``."""
+
+    kind: str
+    inputs: tuple[str, ...]
+    shape: tuple[int, ...]
+    target: tuple[str, ...]
+    classes: tuple[str, ...] | None  # None: the target's values are learnt (regression)
+
+    @property
+    def read(self) -> list[str]:
+        return [*self.inputs, *self.target]
+
+
+@dataclass(frozen=True)
+class RowGroups:
+    """Reads and decodes a split's row group ``g`` (numbered in file order): picklable, so the
+    DataLoader workers of data/batching/shards.py call it in their own processes."""
+
+    shards: tuple[Shard, ...]
+    groups: tuple[tuple[int, int], ...]  # (shard, row group within it), in file order
+    columns: Columns
+
+    def __call__(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        index, group = self.groups[g]
+        shard = self.shards[index]
+        where = f"{shard.name} row group {group}"
+        table = read_row_group(shard, group, self.columns.read)
+        return inputs_of(table, self.columns, where), targets_of(table, self.columns, where)
+
+
+def row_groups(shards: list[Shard]) -> tuple[list[tuple[int, int]], list[int], Any]:
+    """((shard, row group) of every row group, in file order; their rows; the first shard's
+    Arrow schema), from the footers alone. Every shard must hold the first one's columns."""
+    groups, sizes, schema = [], [], None
+    for index, shard in enumerate(shards):
+        meta = parquet_file(shard).metadata
+        if schema is None:
+            schema = parquet_file(shard).schema_arrow
+        elif not set(schema.names) <= set(parquet_file(shard).schema_arrow.names):
+            missing = sorted(set(schema.names) - set(parquet_file(shard).schema_arrow.names))
+            raise UserError(
+                f"{shard.name} lacks column {missing[0]!r} that {shards[0].name} holds; "
+                "every shard of a split must hold the same columns"
+            )
+        for group in range(meta.num_row_groups):
+            rows = meta.row_group(group).num_rows
+            if rows:
+                groups.append((index, group))
+                sizes.append(rows)
+    if not sizes:
+        raise UserError(f"{shards[0].name}: its shards hold no rows; write some, or check the path")
+    return groups, sizes, schema
+
+
+def footprint(shards: list[Shard]) -> str:
+    """The sha256 of what the shards are, without reading them: each object's name, size and
+    version (ETag or modification time) and its Parquet footer (schema and row groups)."""
+    digest = hashlib.sha256()
+    for shard in shards:
+        meta = parquet_file(shard).metadata
+        footer = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        described = [shard.name, shard.size, shard.version, str(meta.schema), footer]
+        digest.update(json.dumps(described, default=str).encode())
+    return digest.hexdigest()
+
+
+def target_column(shards: list[Shard], groups: list[tuple[int, int]], names: Sequence[str]) -> Any:
+    """The target columns of every row group, read column by column (cheap in Parquet): what
+    the classes are found from, and what stratifies and weights them."""
+    _, _ = arrow()
+    import pyarrow as pa
+
+    tables = [
+        retried(
+            lambda s=s, g=g: parquet_file(shards[s]).read_row_group(g, columns=list(names)),
+            shards[s].name,
+        )
+        for s, g in groups
+    ]
+    return pa.concat_tables(tables)
+
+
+def classes_of(table: Any, column: str, where: str) -> tuple[str, ...]:
+    """The sorted class names of a class column (strings, or integers as text); a gap is a
+    missing label, never a class."""
+    values = table.column(column).to_pylist()
+    if any(value is None or (isinstance(value, str) and not value.strip()) for value in values):
+        raise UserError(
+            f"{where}: data.target column {column!r} has a missing label; a class is not learnt "
+            "from a gap: give those rows their class or remove them"
+        )
+    return tuple(sorted_names({str(value).strip() for value in values}))
+
+
+def targets_of(table: Any, columns: Columns, where: str) -> torch.Tensor:
+    if columns.classes is None:
+        return torch.from_numpy(_numbers(table, columns.target, where)).to(torch.float32)
+    index = {name: i for i, name in enumerate(columns.classes)}
+    values = table.column(columns.target[0]).to_pylist()
+    unknown = next((v for v in values if str(v).strip() not in index), None)
+    if unknown is not None or None in values:
+        raise UserError(
+            f"{where}: {columns.target[0]}={unknown!r} is not a class of the train split "
+            f"({', '.join(columns.classes[:10])}{'...' if len(columns.classes) > 10 else ''})"
+        )
+    return torch.tensor([index[str(v).strip()] for v in values], dtype=torch.long)
+
+
+def inputs_of(table: Any, columns: Columns, where: str) -> torch.Tensor:
+    if columns.kind == "features":
+        return torch.from_numpy(_numbers(table, columns.inputs, where))
+    column = columns.inputs[0]
+    values = table.column(column).to_pylist()
+    if columns.kind == "array":
+        return torch.stack(
+            [_array(v, columns.shape, f"{where}, column {column!r}") for v in values]
+        )
+    channels, height, width = columns.shape
+    return torch.stack(
+        [_image(v, (height, width), channels, f"{where}, column {column!r}") for v in values]
+    )
+
+
+def _numbers(table: Any, names: Sequence[str], where: str) -> np.ndarray:
+    """Number columns as float32 [rows, columns]; a gap, a text or an infinite value is one
+    line naming the column."""
+    parts = []
+    for name in names:
+        column = table.column(name)
+        try:
+            values = column.to_numpy(zero_copy_only=False).astype(np.float32)
+        except (ValueError, TypeError):
+            raise UserError(
+                f"{where}: column {name!r} holds {column.type}, not numbers; leave it out of "
+                "data.features"
+            ) from None
+        if column.null_count or not np.isfinite(values).all():
+            raise UserError(
+                f"{where}: column {name!r} has a gap or a value that is not finite; fill it "
+                "when writing the shards"
+            )
+        parts.append(values)
+    return np.stack(parts, axis=1)
+
+
+def _array(value: Any, shape: tuple[int, ...], where: str) -> torch.Tensor:
+    flat = np.asarray(value, dtype=np.float32) if value is not None else None
+    if flat is None or flat.size != int(np.prod(shape)) or flat.size > MAX_PIXELS:
+        raise UserError(f"{where}: a value is not {list(shape)} numbers; write it again")
+    return torch.from_numpy(flat.reshape(shape))
+
+
+def _image(value: Any, size: tuple[int, int], channels: int, where: str) -> torch.Tensor:
+    """An image cell: encoded bytes, a ``{bytes, path}`` struct, or C·H·W uint8 pixels."""
+    if isinstance(value, dict):
+        value = value.get("bytes")
+    if isinstance(value, bytes | bytearray):
+        return decoded(io.BytesIO(value), size, channels, where)
+    if isinstance(value, list) and len(value) == channels * size[0] * size[1]:
+        pixels = np.asarray(value)
+        if pixels.min(initial=0) < 0 or pixels.max(initial=0) > 255:
+            raise UserError(f"{where}: a pixel is outside 0..255; write the images again")
+        return torch.from_numpy(pixels.astype(np.uint8).reshape(channels, *size))
+    raise UserError(
+        f"{where}: a cell is neither an encoded image nor {channels}x{size[0]}x{size[1]} uint8 "
+        "pixels; check data.image, data.image_size and data.channels"
+    )
+
+
+# --- Writing shards (shard.py) ------------------------------------------------------------------
+
+
+def split_table(inputs: torch.Tensor, targets: torch.Tensor, names: Any, images: str) -> Any:
+    """Samples as an Arrow table: uint8 images as fixed-size pixel lists or PNG bytes
+    (``images``: pixels | png) in ``image``, other inputs as fixed-size float32 lists in ``x``;
+    the target as class names (``names``), integers, or float values in ``label``."""
+    import pyarrow as pa
+
+    flat = inputs.reshape(len(inputs), -1)
+    if inputs.dtype == torch.uint8 and images == "png":
+        column, name = pa.array([_png(image) for image in inputs], pa.binary()), "image"
+    elif inputs.dtype == torch.uint8:
+        values = pa.array(flat.numpy().ravel(), pa.uint8())
+        column, name = pa.FixedSizeListArray.from_arrays(values, flat.shape[1]), "image"
+    else:
+        values = pa.array(flat.to(torch.float32).numpy().ravel(), pa.float32())
+        column, name = pa.FixedSizeListArray.from_arrays(values, flat.shape[1]), "x"
+    if targets.dtype == torch.long and names:
+        label = pa.array([names[i] for i in targets.tolist()], pa.string())
+    elif targets.dtype == torch.long:
+        label = pa.array(targets.numpy(), pa.int64())
+    else:
+        rows = targets.reshape(len(targets), -1).to(torch.float32)
+        label = pa.FixedSizeListArray.from_arrays(pa.array(rows.numpy().ravel()), rows.shape[1])
+        label = label if rows.shape[1] > 1 else pa.array(rows[:, 0].numpy())
+    return pa.table({name: column, "label": label})
+
+
+def _png(image: torch.Tensor) -> bytes:
+    from PIL import Image
+
+    pixels = image.permute(1, 2, 0).numpy()
+    out = io.BytesIO()
+    Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(out, "PNG")
+    return out.getvalue()
+
+
+def write_shards(tables: Any, url: str, rows_per_group: int, rows_per_file: int) -> list[str]:
+    """Arrow tables (one split's samples, in order) as ``part-NNNNN.parquet`` files of
+    ``rows_per_file`` rows in row groups of ``rows_per_group``, under ``url`` (a folder or an
+    object store prefix), each file written whole or not at all. Returns their names."""
+    import pyarrow as pa
+
+    _, pq = arrow()
+    system, root = filesystem(url)
+    written, pending, number = [], [], 0
+
+    def flush(table: Any) -> None:
+        nonlocal number
+        target = f"{root.rstrip('/')}/part-{number:05d}.parquet"
+        partial = f"{target}.partial"
+        with system.open_output_stream(partial) as out:
+            pq.write_table(table, out, row_group_size=rows_per_group)
+        system.move(partial, target)
+        written.append(target)
+        number += 1
+
+    system.create_dir(root, recursive=True)
+    for table in tables:
+        pending.append(table)
+        held = pa.concat_tables(pending)
+        while held.num_rows >= rows_per_file:
+            flush(held.slice(0, rows_per_file))
+            held = held.slice(rows_per_file)
+        pending = [held] if held.num_rows else []
+    if pending:
+        flush(pa.concat_tables(pending))
+    return written
