@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data.batching.batches import BatchPlan, BatchTransform, batch_bounds
+from data.batching.loader import reraised
 from data.batching.order import block_order
 from data.batching.splits import shard_bounds
 from utils.system.seeding import mix_seed
@@ -113,14 +114,16 @@ class ShardBatches:
     def _reader(self, groups: list[int]) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """(group, inputs, targets) of ``groups`` in that order, read ahead by the workers."""
         workers = self.split.workers
+        # Its own generator: iterating a DataLoader draws a seed, and the global RNG (dropout's)
+        # must draw the same numbers whether an epoch starts fresh or resumes inside.
         loader = DataLoader(
             _RowGroups(self.split, groups),
             batch_size=None,
             num_workers=workers,
             prefetch_factor=PREFETCH_GROUPS if workers else None,
-            persistent_workers=False,
+            generator=torch.Generator(),
         )
-        for group, (inputs, targets) in zip(groups, loader, strict=True):
+        for group, (inputs, targets) in zip(groups, reraised(loader), strict=True):
             yield group, inputs, targets
 
     def _gather(

@@ -96,7 +96,8 @@ def footprint(shards: list[Shard]) -> str:
     for shard in shards:
         meta = parquet_file(shard).metadata
         footer = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-        described = [shard.name, shard.size, shard.version, str(meta.schema), footer]
+        schema = parquet_file(shard).schema_arrow.to_string()
+        described = [shard.name, shard.size, shard.version, schema, footer]
         digest.update(json.dumps(described, default=str).encode())
     return digest.hexdigest()
 
@@ -248,21 +249,24 @@ def write_shards(tables: Any, url: str, rows_per_group: int, rows_per_file: int)
     object store prefix), each file written whole or not at all. Returns their names."""
     import pyarrow as pa
 
-    _, pq = arrow()
+    fs, pq = arrow()
     system, root = filesystem(url)
+    local = isinstance(system, fs.LocalFileSystem)  # an object store's PUT is whole already
     written, pending, number = [], [], 0
 
     def flush(table: Any) -> None:
         nonlocal number
         target = f"{root.rstrip('/')}/part-{number:05d}.parquet"
-        partial = f"{target}.partial"
+        partial = f"{target}.partial" if local else target
         with system.open_output_stream(partial) as out:
             pq.write_table(table, out, row_group_size=rows_per_group)
-        system.move(partial, target)
+        if local:
+            system.move(partial, target)
         written.append(target)
         number += 1
 
-    system.create_dir(root, recursive=True)
+    if local:
+        system.create_dir(root, recursive=True)
     for table in tables:
         pending.append(table)
         held = pa.concat_tables(pending)

@@ -26,6 +26,7 @@ EXTRA = 'pip install -e ".[shards]"'
 ATTEMPTS = 5  # tries of one read before the run ends on it
 FIRST_WAIT = 0.5  # seconds before the second try; doubled before each next one
 SCHEMES = ("s3://", "gs://", "gcs://", "hf://", "file://")
+CHECKSUM_VARIABLES = ("AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION")
 
 
 def arrow() -> tuple[Any, Any]:
@@ -61,6 +62,10 @@ def filesystem(url: str) -> tuple[Any, str]:
         if endpoint:
             scheme, _, host = endpoint.rpartition("://")
             options.update(endpoint_override=host or endpoint, scheme=scheme or "https")
+            # S3-compatible servers (MinIO, rclone, Ceph) often refuse the streamed checksums
+            # the AWS SDK sends by default since 2025; send them only where an API needs them.
+            for variable in CHECKSUM_VARIABLES:
+                os.environ.setdefault(variable, "when_required")
         return fs.S3FileSystem(**options), url.removeprefix("s3://")
     if url.startswith(("gs://", "gcs://", "hf://")):
         try:
@@ -115,14 +120,15 @@ def _version(info: Any) -> str:
     return str(mtime) if mtime is not None else ""
 
 
-_open: dict[tuple[str, str], Any] = {}  # this process's open files (a footer read once)
+_open: dict[tuple, Any] = {}  # this process's open files (a footer read once)
 MAX_OPEN = 64
 
 
 def parquet_file(shard: Shard) -> Any:
     """The ``pyarrow.parquet.ParquetFile`` of ``shard`` (its footer read once per process);
     a file that is no Parquet is one line naming it."""
-    key = (shard.where, shard.path)
+    # Per process: a file opened before a DataLoader worker forked shares its connection.
+    key = (os.getpid(), shard.where, shard.path, shard.size, shard.version)
     if key not in _open:
         _, pq = arrow()
         system, _ = filesystem(shard.where)

