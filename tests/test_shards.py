@@ -140,9 +140,9 @@ def s3(tmp_path, monkeypatch):
     (tmp_path / "store" / "bucket").mkdir(parents=True)
     port = free_port()
     key_id, secret = "testing-key-id", "secret-NEVER-WRITTEN-4711"
+    serve = ["serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", f"{key_id},{secret}"]
     server = subprocess.Popen(
-        [rclone, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", f"{key_id},{secret}"]
-        + ["--config", "/dev/null", str(tmp_path / "store")],
+        [rclone, *serve, "--config", "/dev/null", str(tmp_path / "store")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
