@@ -13,7 +13,12 @@ of holding the images:
                whole-tensor path of MNIST), read from a file written before the run;
 - ``memory``:  ``data.cache=memory`` (the first such run builds the cache: its build time);
 - ``disk``:    ``data.cache=disk``, the cache file memory-mapped;
-- ``off``:     ``data.cache=off``, the DataLoader + PIL path with torchloom's default workers.
+- ``off``:     ``data.cache=off``, the DataLoader + PIL path with torchloom's default workers;
+- ``shards``:  ``data=parquet`` over uint8-pixel shards on local disk (``shard.py``, 1,024-row
+               groups), read ahead by torchloom's default workers in its block order;
+- ``shards_png``: the same over PNG-encoded shards (decoded when read);
+- ``shards_s3``: the pixel shards served by a real S3-compatible server on 127.0.0.1
+               (``rclone serve s3``, when rclone is installed): every epoch reads them anew.
 
 Each run is its own process, so its peak resident memory is its own. An epoch's speed is the
 run's own ``train/samples_per_second``; the figure is the median over the epochs after each
@@ -43,7 +48,8 @@ FOLDERS = {  # name: (images, side, channels, format)
     "grey_png": (60_000, 28, 1, "png"),
     "rgb_jpeg": (10_000, 64, 3, "jpeg"),
 }
-MODES = ("floor", "memory", "disk", "off")
+MODES = ("floor", "memory", "disk", "off", "shards", "shards_png", "shards_s3")
+ROWS_PER_GROUP = 1024
 
 
 def write_folder(root: Path, count: int, side: int, channels: int, kind: str) -> None:
@@ -122,11 +128,77 @@ def overrides(root: Path, side: int, channels: int, mode: str, epochs: int) -> l
         f"run_name={mode}",
         "overwrite=true",
     ]
+    if mode.startswith("shards"):
+        where = f"s3://bucket/{root.name}" if mode == "shards_s3" else root / f"{mode}_set"
+        imagefolder_only = ("data=", "data.root", "data.image_size", "data.channels")
+        kept = [a for a in args if not a.startswith(imagefolder_only)]
+        return ["data=parquet", f"data.path={where}", *kept]
     if mode == "floor":
         args.append("data._target_=image_folder_speed.load_floor")
     else:
         args.append(f"data.cache={mode}")
     return args
+
+
+def write_shards(workdir: Path, root: Path, side: int, env: dict | None) -> None:
+    """The folder as uint8-pixel and PNG shards on local disk (and the pixels on the S3
+    server, when ``env`` points at one), by shard.py as a user runs it."""
+    folder = ["data=imagefolder", f"data.root={root}", f"data.image_size=[{side},{side}]"]
+    folder += ["data.cache=memory", f"rows_per_group={ROWS_PER_GROUP}"]
+    outs = [(root / "shards_set", "pixels", None), (root / "shards_png_set", "png", None)]
+    if env:
+        outs.append((f"s3://bucket/{root.name}", "pixels", env))
+    for out, images, extra in outs:
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "shard.py"), *folder, f"out={out}", f"images={images}"],
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(extra or {})},
+        )
+        if result.returncode != 0:
+            raise SystemExit(f"error: shard.py out={out}: {result.stderr.strip()[-2000:]}")
+
+
+@contextlib.contextmanager
+def s3_server(workdir: Path):
+    """``rclone serve s3`` over a folder with a bucket, on 127.0.0.1; None without rclone."""
+    import socket
+    import time
+
+    rclone = shutil.which("rclone")
+    if rclone is None:
+        yield None
+        return
+    (workdir / "store" / "bucket").mkdir(parents=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    serve = [rclone, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key", "bench,bench"]
+    server = subprocess.Popen(
+        [*serve, "--config", "/dev/null", str(workdir / "store")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("error: rclone serve s3 did not start") from None
+            time.sleep(0.1)
+    try:
+        yield {
+            "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}",
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def child(args: list[str]) -> None:
@@ -164,9 +236,13 @@ def child(args: list[str]) -> None:
     )
 
 
-def run_mode(workdir: Path, args: list[str]) -> dict:
+def run_mode(workdir: Path, args: list[str], env: dict | None = None) -> dict:
     result = subprocess.run(
-        [sys.executable, __file__, "--child", *args], cwd=workdir, capture_output=True, text=True
+        [sys.executable, __file__, "--child", *args],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     if result.returncode != 0:
         raise SystemExit(f"error: {args}: {result.stderr.strip()[-2000:]}")
@@ -186,25 +262,28 @@ def main() -> None:
         return
     epochs = 2 if args.smoke else args.epochs
     args.rounds = 1 if args.smoke else args.rounds
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, s3_server(Path(tmp)) as s3:
         workdir = Path(tmp)
+        modes = MODES if s3 else MODES[:-1]
         for name in args.cases:
             count, side, channels, kind = FOLDERS[name]
             count = min(count, 200) if args.smoke else count
             root = workdir / name
             write_folder(root, count, side, channels, kind)
             write_floor(root, side, channels)
+            write_shards(workdir, root, side, s3)
             shutil.rmtree(root / ".torchloom-cache")  # the memory run builds it, timed
             print(
                 f"\n{name}: {count} {side}×{side}×{channels} {kind.upper()} images "
                 f"({count - count // 10} train, {count // 10} val)",
                 flush=True,
             )
-            rates: dict[str, list[float]] = {m: [] for m in MODES}
+            rates: dict[str, list[float]] = {m: [] for m in modes}
             results: dict[str, dict] = {}
             for _ in range(args.rounds):  # the modes take turns: the machine's speed drifts
-                for mode in MODES:
-                    result = run_mode(workdir, overrides(root, side, channels, mode, epochs))
+                for mode in modes:
+                    run = overrides(root, side, channels, mode, epochs)
+                    result = run_mode(workdir, run, s3 if mode == "shards_s3" else None)
                     rates[mode] += result["rates"][1:] or result["rates"]  # after the warm-up
                     results.setdefault(mode, result)  # the first memory run built the cache
                     results[mode]["peak_rss_mb"] = max(
@@ -216,7 +295,7 @@ def main() -> None:
                 "images": count,
                 "build_seconds": results["memory"]["build_seconds"],
             }
-            for mode in MODES:
+            for mode in modes:
                 report[f"{mode}_samples_per_second"] = round(speed[mode], 1)
                 report[f"{mode}_peak_rss_mb"] = results[mode]["peak_rss_mb"]
                 report[f"{mode}_children_peak_rss_mb"] = results[mode]["children_peak_rss_mb"]
@@ -230,6 +309,10 @@ def main() -> None:
             report["memory_to_floor"] = round(speed["memory"] / speed["floor"], 3)
             report["memory_to_dataloader"] = round(speed["memory"] / speed["off"], 2)
             report["disk_to_dataloader"] = round(speed["disk"] / speed["off"], 2)
+            report["shards_to_memory"] = round(speed["shards"] / speed["memory"], 3)
+            report["shards_png_to_dataloader"] = round(speed["shards_png"] / speed["off"], 2)
+            if "shards_s3" in speed:
+                report["shards_s3_to_shards"] = round(speed["shards_s3"] / speed["shards"], 3)
             print(f"  cache build (first run): {report['build_seconds']} s", flush=True)
             print(json.dumps(report), flush=True)
 

@@ -77,9 +77,10 @@ def test_image_folder_benchmark_compares_every_way_of_holding_the_images(tmp_pat
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["case"] == "grey_png" and report["build_seconds"] > 0
-    for mode in ("floor", "memory", "disk", "off"):
+    for mode in ("floor", "memory", "disk", "off", "shards", "shards_png", "shards_s3"):
         assert report[f"{mode}_samples_per_second"] > 0 and report[f"{mode}_peak_rss_mb"] > 0
     assert report["memory_to_floor"] > 0 and report["disk_to_dataloader"] > 0
+    assert report["shards_to_memory"] > 0 and report["shards_s3_to_shards"] > 0
 
 
 def test_fine_tuning_figures_compare_each_feature_with_the_run_without_it(tmp_path):
