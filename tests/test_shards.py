@@ -245,3 +245,21 @@ def test_broken_or_hostile_shards_are_one_line_and_leave_nothing(tmp_path, make,
     assert not (tmp_path / "checkpoints").exists() or not any(
         (tmp_path / "checkpoints").rglob("*.pt")
     )
+
+
+def test_two_processes_on_shards_reach_the_parameters_of_one_with_the_same_global_batch(shards):
+    """Through torchrun: each process takes its rows of the one global order, so two processes
+    of batch 16 train as one of batch 32 (accumulated twice, so no partial batch is trained on
+    by one and dropped by the other); evaluation shards the rows and counts each once."""
+    from conftest import torchrun
+
+    job = ("data=parquet", "data.path=digits", "model=mlp", "model.hidden_sizes=[32]")
+    job += ("model.dropout=0", "trainer.max_epochs=2", "trainer.accumulate_grad_batches=2")
+    job += ("data.num_workers=1",)
+    run_train(shards, *job, "data.batch_size=32", "run_name=one")
+    torchrun(shards, *job, "data.batch_size=16", "run_name=two")
+    one, two = weights(shards, "one"), weights(shards, "two")
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5)
+    metrics = {run: read_metrics(shards / "runs" / run) for run in ("one", "two")}
+    assert metrics["one"]["test/acc"] == metrics["two"]["test/acc"]
