@@ -119,6 +119,7 @@ def overrides(root: Path, side: int, channels: int, mode: str, epochs: int) -> l
         f"data.std={std}",
         "data.augment.crop_padding=0",
         "data.augment.horizontal_flip=false",
+        "model=mlp",  # model=auto would choose the CNN for 28×28 images
         "model.hidden_sizes=[32]",
         "optim=adamw",
         "scheduler=none",
