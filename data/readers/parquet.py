@@ -133,21 +133,28 @@ def classes_of(table: Any, column: str, where: str) -> tuple[str, ...]:
 def targets_of(table: Any, columns: Columns, where: str) -> torch.Tensor:
     if columns.classes is None:
         return torch.from_numpy(_numbers(table, columns.target, where)).to(torch.float32)
-    index = {name: i for i, name in enumerate(columns.classes)}
-    values = table.column(columns.target[0]).to_pylist()
-    unknown = next((v for v in values if str(v).strip() not in index), None)
-    if unknown is not None or None in values:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = table.column(columns.target[0])
+    names = pc.utf8_trim_whitespace(column.cast(pa.string()))
+    found = pc.index_in(names, value_set=pa.array(columns.classes, pa.string()))  # vectorised
+    if found.null_count:
+        unknown = names.filter(pc.is_null(found)).to_pylist()[:1] or [None]
         raise UserError(
-            f"{where}: {columns.target[0]}={unknown!r} is not a class of the train split "
+            f"{where}: {columns.target[0]}={unknown[0]!r} is not a class of the train split "
             f"({', '.join(columns.classes[:10])}{'...' if len(columns.classes) > 10 else ''})"
         )
-    return torch.tensor([index[str(v).strip()] for v in values], dtype=torch.long)
+    return torch.from_numpy(found.to_numpy(zero_copy_only=False).astype(np.int64))
 
 
 def inputs_of(table: Any, columns: Columns, where: str) -> torch.Tensor:
     if columns.kind == "features":
         return torch.from_numpy(_numbers(table, columns.inputs, where))
     column = columns.inputs[0]
+    whole = _fixed_size(table.column(column), columns, table.num_rows)
+    if whole is not None:  # pixels or numbers of one fixed size: one copy, no loop in Python
+        return whole
     values = table.column(column).to_pylist()
     if columns.kind == "array":
         return torch.stack(
@@ -157,6 +164,30 @@ def inputs_of(table: Any, columns: Columns, where: str) -> torch.Tensor:
     return torch.stack(
         [_image(v, (height, width), channels, f"{where}, column {column!r}") for v in values]
     )
+
+
+def _fixed_size(column: Any, columns: Columns, rows: int) -> torch.Tensor | None:
+    """A fixed-size list column without gaps whose values are uint8 pixels (an image column)
+    or numbers (an array column), of the columns' shape, as one tensor; None for any other."""
+    import pyarrow as pa
+
+    kind = column.type
+    if not pa.types.is_fixed_size_list(kind) or column.null_count:
+        return None
+    values = column.combine_chunks().flatten()
+    pixels = columns.kind == "image" and pa.types.is_uint8(kind.value_type)
+    numbers = columns.kind == "array" and pa.types.is_floating(kind.value_type)
+    numbers = numbers or (columns.kind == "array" and pa.types.is_integer(kind.value_type))
+    if (
+        not (pixels or numbers)
+        or values.null_count
+        or len(values) != rows * int(np.prod(columns.shape))
+    ):
+        return None
+    array = values.to_numpy(zero_copy_only=False).reshape(rows, *columns.shape)
+    if numbers and not np.isfinite(array).all():
+        return None  # the per-cell path names the bad value
+    return torch.from_numpy(array.astype(np.uint8 if pixels else np.float32, copy=True))
 
 
 def _numbers(table: Any, names: Sequence[str], where: str) -> np.ndarray:
