@@ -91,19 +91,17 @@ class ShardBatches:
             return
         ids = torch.cat(rows)
         group_of = torch.searchsorted(self.split.starts, ids, right=True) - 1
-        held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        held = _Held(self.split.starts)
         reading = iter(self._reader(_first_needed(group_of)))
         last_use = _last_use(group_of)
         at = 0
         for index, batch_ids in enumerate(rows, start):
             groups = group_of[at : at + len(batch_ids)]
-            while not all(int(g) in held for g in groups.unique()):
-                group, inputs, targets = next(reading)
-                held[group] = (inputs, targets)
-            inputs, targets = self._gather(held, batch_ids, groups)
+            while not held.has(groups):
+                held.add(*next(reading))
+            inputs, targets = held.gather(batch_ids, groups)
             at += len(batch_ids)
-            for group in [g for g in held if last_use[g] < at]:  # no later batch needs it
-                del held[group]
+            held.drop([g for g in held.groups if last_use[g] <= at])  # no later batch needs it
             images = self.transform.normalize(inputs.to(self.transform.device, non_blocking=True))
             labels = targets.to(self.transform.device, non_blocking=True)
             if plan.train:
@@ -126,20 +124,50 @@ class ShardBatches:
         for group, (inputs, targets) in zip(groups, reraised(loader), strict=True):
             yield group, inputs, targets
 
-    def _gather(
-        self, held: dict, ids: torch.Tensor, groups: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows ``ids`` (in row groups ``groups``) from the groups held, in batch order."""
-        starts = self.split.starts
-        first_inputs, first_targets = held[int(groups[0])]
-        inputs = first_inputs.new_empty((len(ids), *first_inputs.shape[1:]))
-        targets = first_targets.new_empty((len(ids), *first_targets.shape[1:]))
-        for group in groups.unique().tolist():
-            where = groups == group
-            rows = ids[where] - starts[group]
-            inputs[where] = held[group][0][rows]
-            targets[where] = held[group][1][rows]
-        return inputs, targets
+
+class _Held:
+    """The row groups read and still needed, concatenated once each time the set changes, so
+    a batch is one gather: ``pool[offset[group] + row within the group]``."""
+
+    def __init__(self, starts: torch.Tensor) -> None:
+        self.starts, self.parts = starts, {}
+        self.offset = torch.full((len(starts) - 1,), -1, dtype=torch.long)
+        self.pool: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def groups(self) -> list[int]:
+        return list(self.parts)
+
+    def has(self, groups: torch.Tensor) -> bool:
+        self._pooled()
+        return bool((self.offset[groups] >= 0).all())
+
+    def add(self, group: int, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        self.parts[group], self.pool = (inputs, targets), None
+
+    def drop(self, groups: list[int]) -> None:
+        for group in groups:
+            del self.parts[group]
+            self.pool = None
+
+    def gather(self, ids: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = self._pooled()
+        rows = self.offset[groups] + (ids - self.starts[groups])
+        return inputs[rows], targets[rows]
+
+    def _pooled(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.pool is None:
+            self.offset.fill_(-1)
+            at = 0
+            for group, (inputs, _) in self.parts.items():
+                self.offset[group] = at
+                at += len(inputs)
+            parts = list(self.parts.values())
+            if parts:
+                self.pool = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+            else:
+                self.pool = (torch.empty(0), torch.empty(0))
+        return self.pool
 
 
 def _first_needed(group_of: torch.Tensor) -> list[int]:
