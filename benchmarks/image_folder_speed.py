@@ -167,7 +167,8 @@ def s3_server(workdir: Path):
     import socket
     import time
 
-    rclone = shutil.which("rclone")
+    beside = Path(sys.executable).parent / "rclone"  # where pip put it, on PATH or not
+    rclone = str(beside) if beside.is_file() else shutil.which("rclone")
     if rclone is None:
         yield None
         return

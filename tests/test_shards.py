@@ -6,6 +6,7 @@ broken shards refused in one line."""
 from __future__ import annotations
 
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,8 @@ def s3(tmp_path, monkeypatch):
     import subprocess
     import time
 
-    rclone = shutil.which("rclone")
+    beside = Path(sys.executable).parent / "rclone"  # where pip put it, on PATH or not
+    rclone = str(beside) if beside.is_file() else shutil.which("rclone")
     if rclone is None:
         pytest.skip("rclone is not installed (pip install -e '.[dev]')")
     (tmp_path / "store" / "bucket").mkdir(parents=True)
