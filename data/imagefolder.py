@@ -271,12 +271,20 @@ def held_data(
     held = ImageCache(
         cache["mode"], cache["max_gb"], cache["folder"], batching["num_workers"], cache["source"]
     )
+    listings = {
+        name: listing_sha256(images.samples, str(images.root)) for name, images in files.items()
+    }
     if folds and cache["mode"] != "off":  # cv=K: one cache for every fold (:func:`pooled`)
         pool, rows = pooled(files)
-        whole = held.hold(cache["prefix"] + "pool", pool)
+        whole = held.hold(
+            cache["prefix"] + "pool", pool, listing_sha256(pool.samples, str(pool.root))
+        )
         splits = {split: rows_of(whole, part) for split, part in rows.items()}
     else:
-        splits = {name: held.hold(cache["prefix"] + name, images) for name, images in files.items()}
+        splits = {
+            name: held.hold(cache["prefix"] + name, images, listings[name])
+            for name, images in files.items()
+        }
     splits = Splits(splits["train"], splits["val"], splits.get("test"))
     if "auto" in (batching["mean"], batching["std"]):  # the train split's own, per channel
         mean, std = held.statistics(splits.train, cache["prefix"] + "train")
@@ -291,7 +299,5 @@ def held_data(
         )
     count = classes.count if isinstance(classes, Targets) else len(classes)
     data = Data(name, splits, count, Batching(**batching), classes)
-    data.listings = {
-        split: listing_sha256(images.samples, str(images.root)) for split, images in files.items()
-    }
+    data.listings = listings
     return data

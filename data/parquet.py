@@ -95,20 +95,25 @@ def load_parquet(
     workers = min(8, os.cpu_count() or 1) if workers is None else workers
     sources, schema = _sources(path, split)
     names = [target] if isinstance(target, str) else list(target)
+    columns_there = ", ".join(schema.names)
     missing = [name for name in names if name not in schema.names]
-    if missing or (kind == "classes" and len(names) != 1):
-        raise UserError(
-            f"data.target={target!r}: task=classification takes one column of {path}'s "
-            f"({', '.join(schema.names)})"
-            if not missing
-            else f"data.target: {missing[0]!r} is not a column of {path} ({', '.join(schema.names)})"
-        )
+    if missing:
+        raise UserError(f"data.target: {missing[0]!r} is not a column of {path} ({columns_there})")
+    if kind == "classes" and len(names) != 1:
+        raise UserError(f"data.target={target!r}: task=classification takes one column")
     train = sources["train"]
-    labels = target_column(list(train.shards), list(train.groups), names)
-    classes = classes_of(labels, names[0], str(path)) if kind == "classes" else None
+    # Each split's target columns, read once: the classes come from the train split's.
+    labels = {
+        name: target_column(list(source.shards), list(source.groups), names)
+        for name, source in sources.items()
+    }
+    classes = classes_of(labels["train"], names[0], str(path)) if kind == "classes" else None
     described = _description(path)
     columns = _columns(schema, names, (image, features, shape), described, classes, train)
-    held = {name: _split(source, columns, window, workers) for name, source in sources.items()}
+    held = {
+        name: _split(source, labels[name], columns, (window, workers))
+        for name, source in sources.items()
+    }
     mean, std = _statistics(held["train"], options)
     batching = Batching(mean=mean, std=std, **options)
     targets = Targets(kind, len(classes) if classes else len(names), classes or tuple(names))
@@ -285,10 +290,12 @@ def _image_shape(train: Source, column: str, shape: Any) -> tuple[int, int, int]
     return channels, height, width
 
 
-def _split(source: Source, columns: Columns, window: int, workers: int) -> ShardSplit:
+def _split(source: Source, labels: Any, columns: Columns, reading: tuple) -> ShardSplit:
+    """The split of ``source`` with its target columns ``labels`` (read already), read in
+    windows of ``reading`` = (data.shuffle_window, data.num_workers)."""
     read = RowGroups(source.shards, source.groups, columns)
-    labels = target_column(list(source.shards), list(source.groups), list(columns.target))
     targets = targets_of(labels, columns, source.shards[0].name)
+    window, workers = reading
     return ShardSplit(
         source.sizes, read, targets, columns.shape, window, workers, columns.kind == "image"
     )

@@ -131,6 +131,7 @@ class _Held:
 
     def __init__(self, starts: torch.Tensor) -> None:
         self.starts, self.parts = starts, {}
+        self.present = torch.zeros(len(starts) - 1, dtype=torch.bool)
         self.offset = torch.full((len(starts) - 1,), -1, dtype=torch.long)
         self.pool: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -139,16 +140,16 @@ class _Held:
         return list(self.parts)
 
     def has(self, groups: torch.Tensor) -> bool:
-        self._pooled()
-        return bool((self.offset[groups] >= 0).all())
+        return bool(self.present[groups].all())
 
     def add(self, group: int, inputs: torch.Tensor, targets: torch.Tensor) -> None:
         self.parts[group], self.pool = (inputs, targets), None
+        self.present[group] = True
 
     def drop(self, groups: list[int]) -> None:
         for group in groups:
             del self.parts[group]
-            self.pool = None
+            self.present[group], self.pool = False, None
 
     def gather(self, ids: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, targets = self._pooled()

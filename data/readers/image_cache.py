@@ -89,8 +89,8 @@ class ImageCache:
         self.free = memory_budget(max_gb) if mode == "auto" else math.inf
         self.source = source_id(source, folder)
 
-    def hold(self, name: str, files: Dataset) -> Dataset | TensorSplit | MappedSplit:
-        """Split ``name`` as the mode says."""
+    def hold(self, name: str, files: Dataset, listing: str) -> Dataset | TensorSplit | MappedSplit:
+        """Split ``name`` (whose files' listing is ``listing``) as the mode says."""
         if self.mode == "off":
             return files
         needed = len(files) * math.prod(files.input_shape) * BYTES_HELD_PER_PIXEL
@@ -99,7 +99,7 @@ class ImageCache:
             where, fits = ("memory", "within") if in_memory else ("disk", "over")
             log.info(AUTO_CHOSE, name, where, needed / 1e6, fits, self.free / 1e6)
         shape = "x".join(map(str, files.input_shape))
-        path = self.folder / f"{name}-{shape}-{self.source}-{cache_key(files)}.u8"
+        path = self.folder / f"{name}-{shape}-{self.source}-{cache_key(files, listing)}.u8"
         try:
             once_per_machine(lambda: self._cached(name, files, path))
         except Unwritable as error:
@@ -218,21 +218,17 @@ def once_per_machine(make: Any) -> None:
         raise {"UserError": UserError, "Unwritable": Unwritable}.get(kind, Interrupted)(message)
 
 
-def cache_key(files: Dataset) -> str:
+def cache_key(files: Dataset, listing: str) -> str:
     """What the cache depends on: every file (path in its split, size, modification time) and
-    label, the image size, the channels and the format version."""
-    digest = hashlib.sha256()
+    label, as ``listing`` (data/batching/fingerprint.py listing_sha256, which provenance records
+    too: the files are stat'ed once), the image size, the channels and the format version."""
     settings = {
         "version": FORMAT_VERSION,
         "image_size": list(files.image_size),
         "channels": files.channels,
+        "files": listing,
     }
-    digest.update(json.dumps(settings, sort_keys=True).encode())
-    for path, label in files.samples:
-        stat = os.stat(path)
-        relative = os.path.relpath(path, files.root)
-        digest.update(f"{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\0{label}\n".encode())
-    return digest.hexdigest()[:20]
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:20]
 
 
 def _layout(files: Dataset) -> tuple[int, int]:

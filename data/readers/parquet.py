@@ -24,7 +24,7 @@ import torch
 
 from data.batching.targets import sorted_names
 from data.readers.pixels import decoded
-from data.readers.storage import Shard, arrow, filesystem, parquet_file, read_row_group, retried
+from data.readers.storage import Shard, arrow, filesystem, parquet_file, read_row_group
 from utils.errors import UserError
 
 MAX_PIXELS = 2**26  # elements of one array or image sample read from a shard: 64 Mi
@@ -70,11 +70,12 @@ def row_groups(shards: list[Shard]) -> tuple[list[tuple[int, int]], list[int], A
     Arrow schema), from the footers alone. Every shard must hold the first one's columns."""
     groups, sizes, schema = [], [], None
     for index, shard in enumerate(shards):
-        meta = parquet_file(shard).metadata
+        opened = parquet_file(shard)
+        meta = opened.metadata
         if schema is None:
-            schema = parquet_file(shard).schema_arrow
-        elif not set(schema.names) <= set(parquet_file(shard).schema_arrow.names):
-            missing = sorted(set(schema.names) - set(parquet_file(shard).schema_arrow.names))
+            schema = opened.schema_arrow
+        elif not set(schema.names) <= set(opened.schema_arrow.names):
+            missing = sorted(set(schema.names) - set(opened.schema_arrow.names))
             raise UserError(
                 f"{shard.name} lacks column {missing[0]!r} that {shards[0].name} holds; "
                 "every shard of a split must hold the same columns"
@@ -105,17 +106,10 @@ def footprint(shards: list[Shard]) -> str:
 def target_column(shards: list[Shard], groups: list[tuple[int, int]], names: Sequence[str]) -> Any:
     """The target columns of every row group, read column by column (cheap in Parquet): what
     the classes are found from, and what stratifies and weights them."""
-    _, _ = arrow()
+    arrow()  # the extra, named in one line when missing
     import pyarrow as pa
 
-    tables = [
-        retried(
-            lambda s=s, g=g: parquet_file(shards[s]).read_row_group(g, columns=list(names)),
-            shards[s].name,
-        )
-        for s, g in groups
-    ]
-    return pa.concat_tables(tables)
+    return pa.concat_tables([read_row_group(shards[s], g, list(names)) for s, g in groups])
 
 
 def classes_of(table: Any, column: str, where: str) -> tuple[str, ...]:

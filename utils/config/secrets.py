@@ -38,48 +38,36 @@ def recorded(cfg: DictConfig) -> dict:
     """The config as plain containers, resolved, but with every value that reads the
     environment left as its interpolation and every secret-named key's value redacted: what a
     checkpoint, a record or a tracker may hold."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    raw = OmegaConf.to_container(cfg, resolve=False)
-    return _recorded(resolved, raw)
-
-
-def _recorded(resolved: Any, raw: Any, key: Any = None) -> Any:
-    if isinstance(raw, str) and ENVIRONMENT.search(raw):
-        return raw
-    if names_a_secret(key) and resolved not in (None, "", REDACTED) and _is_leaf(resolved):
-        return REDACTED
-    if isinstance(resolved, dict) and isinstance(raw, dict):
-        return {k: _recorded(v, raw.get(k), k) for k, v in resolved.items()}
-    if isinstance(resolved, list) and isinstance(raw, list) and len(raw) == len(resolved):
-        return [_recorded(v, r) for v, r in zip(resolved, raw, strict=True)]
-    return resolved
-
-
-def _is_leaf(value: Any) -> bool:
-    return not isinstance(value, dict | list)
+    return _recorded(cfg)[0]
 
 
 def secret_values(cfg: DictConfig) -> list[str]:
     """The resolved values the record leaves out (secret-named keys', and those read from the
     environment), longest first, to be taken out of any other text a run writes."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    raw = OmegaConf.to_container(cfg, resolve=False)
-    found: set[str] = set()
-    _collect(resolved, raw, None, found)
+    found = _recorded(cfg)[1]
     return sorted((v for v in found if len(v) >= SHORTEST_SECRET), key=len, reverse=True)
 
 
-def _collect(resolved: Any, raw: Any, key: Any, found: set[str]) -> None:
-    if isinstance(resolved, dict) and isinstance(raw, dict):
-        for k, v in resolved.items():
-            _collect(v, raw.get(k), k, found)
-    elif isinstance(resolved, list) and isinstance(raw, list) and len(raw) == len(resolved):
-        for v, r in zip(resolved, raw, strict=True):
-            _collect(v, r, key, found)
-    elif isinstance(resolved, str | int | float) and not isinstance(resolved, bool):
+def _recorded(cfg: DictConfig) -> tuple[dict, set[str]]:
+    """(the record of the config, the values it left out), in one walk of the resolved
+    config beside the config as written."""
+    found: set[str] = set()
+
+    def walk(resolved: Any, raw: Any, key: Any = None) -> Any:
+        if isinstance(resolved, dict) and isinstance(raw, dict):
+            return {k: walk(v, raw.get(k), k) for k, v in resolved.items()}
+        if isinstance(resolved, list) and isinstance(raw, list) and len(raw) == len(resolved):
+            return [walk(v, r, key) for v, r in zip(resolved, raw, strict=True)]
         from_environment = isinstance(raw, str) and ENVIRONMENT.search(raw)
-        if from_environment or names_a_secret(key):
+        secret = names_a_secret(key) and resolved not in (None, "", REDACTED)
+        if (from_environment or secret) and not isinstance(resolved, bool | dict | list):
             found.add(str(resolved))
+        if from_environment:
+            return raw
+        return REDACTED if secret and not isinstance(resolved, dict | list) else resolved
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    return walk(resolved, OmegaConf.to_container(cfg, resolve=False)), found
 
 
 def scrubbed(text: str, secrets: Iterable[str]) -> str:

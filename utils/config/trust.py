@@ -109,9 +109,9 @@ def group_builders(group: str) -> frozenset[str]:
     for ``optim`` the optimizer classes of ``torch.optim``."""
     import yaml
 
-    found: set[str] = {f"torch.optim.{name}" for name in OPTIMIZERS} if group == "optim" else set()
     if group not in BUILDER_GROUPS:
         return frozenset()
+    found: set[str] = {f"torch.optim.{name}" for name in OPTIMIZERS} if group == "optim" else set()
     for path in sorted((CONF / group).glob("*.yaml")):
         found |= targets_in(yaml.safe_load(path.read_text()))
     for path in sorted((CONF / "experiment").glob("*.yaml")):

@@ -259,7 +259,7 @@ def data_changes(before: dict, now: dict) -> dict | None:
             if None in listings:
                 log.info("%s split: the checkpoint's record cannot be compared with it", split)
             elif listings[0] != listings[1]:
-                changed[split] = {"added": None, "removed": None}
+                changed[split] = {"added": None, "removed": None, "by": "listing"}
             continue
         old_hashes, new_hashes = before["samples"].get(split), now["samples"].get(split)
         if old_hashes is None or new_hashes is None:
@@ -274,11 +274,13 @@ def describe(changed: dict) -> str:
     """``train: 1 sample added, 0 removed; val: ...`` (a changed sample counts as both)."""
     parts = []
     for split, counts in changed.items():
-        if counts["added"] is None:
+        if counts.get("by") == "listing":
             parts.append(
                 f"{split}: its image files differ (names, sizes or modification times; read "
                 "with data.cache=off, their content was not recorded)"
             )
+        elif counts["added"] is None:
+            parts.append(f"{split}: its samples differ")
         else:
             parts.append(f"{split}: {counts['added']} sample(s) added, {counts['removed']} removed")
     return "; ".join(parts)
@@ -300,10 +302,10 @@ def checked(stored: Any, source: Any) -> dict | None:
         raise bad("is not what torchloom writes")
     if not plain_data(json_part(stored)):  # all but the sample hashes: JSON's kinds, bounded
         raise bad("holds something other than plain data (or is over its size bound)")
-    if not all(isinstance(entry, dict) for entry in stored.get("attempts") or []):
-        raise bad("has an attempt that is not a mapping")
     if not isinstance(stored.get("attempts"), list) or len(stored["attempts"]) > 100_000:
         raise bad("has no list of attempts")
+    if not all(isinstance(entry, dict) for entry in stored["attempts"]):
+        raise bad("has an attempt that is not a mapping")
     for key in ("command", "code", "packages", "machine"):
         if not isinstance(stored.get(key, {}), dict):
             raise bad(f"has a {key} that is not a mapping")
