@@ -77,6 +77,16 @@ HOSTILE_CONFIGS = [
         "model.act._target_='os.system'",
     ),
     (
+        "a group's builder where its group holds none",  # a loader inside data.augment
+        {
+            "data": {
+                "_target_": "data.digits.load_digits",
+                "augment": {"_target_": "data.tabular.load_csv", "path": "/etc/passwd"},
+            }
+        },
+        "data.augment._target_='data.tabular.load_csv' is not one of torchloom's builders",
+    ),
+    (
         "target inside _args_",
         {
             "data": {

@@ -103,21 +103,30 @@ def without_callbacks(config: Any) -> Any:
 
 
 @cache
-def group_builders(group: str) -> frozenset[str]:
-    """The exact ``_target_`` strings a stored config's ``group`` node may name: those of
-    ``conf/<group>/*.yaml``, of that group's node in the presets (``conf/experiment/``), and
-    for ``optim`` the optimizer classes of ``torch.optim``."""
+def builders_at() -> dict[str, frozenset[str]]:
+    """For each key where torchloom's own YAML files hold a ``_target_`` (``model._target_``,
+    ``logger.csv._target_``), the exact strings a stored config may name there: those of
+    ``conf/<group>/*.yaml`` at that key, of the presets' group nodes (``conf/experiment/``),
+    and at ``optim._target_`` the optimizer classes of ``torch.optim``. A builder is allowed
+    only where its own group holds it: no data loader inside ``data.augment``."""
     import yaml
 
-    if group not in BUILDER_GROUPS:
-        return frozenset()
-    found: set[str] = {f"torch.optim.{name}" for name in OPTIMIZERS} if group == "optim" else set()
-    for path in sorted((CONF / group).glob("*.yaml")):
-        found |= targets_in(yaml.safe_load(path.read_text()))
-    for path in sorted((CONF / "experiment").glob("*.yaml")):
-        preset = yaml.safe_load(path.read_text())
-        found |= targets_in(preset.get(group) if isinstance(preset, dict) else None)
-    return frozenset(found)
+    places: dict[str, set[str]] = {"optim._target_": {f"torch.optim.{n}" for n in OPTIMIZERS}}
+    presets = [yaml.safe_load(p.read_text()) for p in sorted((CONF / "experiment").glob("*.yaml"))]
+    for group in BUILDER_GROUPS:
+        nodes = [yaml.safe_load(p.read_text()) for p in sorted((CONF / group).glob("*.yaml"))]
+        nodes += [preset.get(group) for preset in presets if isinstance(preset, dict)]
+        for node in nodes:
+            for key, value in _walk(node, group):
+                if key.endswith("._target_") and isinstance(value, str):
+                    places.setdefault(key, set()).add(value)
+    return {key: frozenset(targets) for key, targets in places.items()}
+
+
+def group_builders(group: str) -> frozenset[str]:
+    """Every ``_target_`` string a stored config's ``group`` node may name somewhere."""
+    places = builders_at()
+    return frozenset().union(*(places[k] for k in places if k.split(".", 1)[0] == group))
 
 
 def allowed_builders() -> frozenset[str]:
@@ -139,7 +148,8 @@ def targets_in(node: Any) -> set[str]:
 
 def check_stored_config(config: Any, source: Path | str) -> None:
     """Refuse ``config`` (plain containers read from ``source``) if it holds an interpolation
-    or a ``_target_`` outside :func:`allowed_builders`, naming the key."""
+    or a ``_target_`` that is not one torchloom's YAML files hold at that key
+    (:func:`builders_at`), naming the key."""
     for key, value in _walk(config, ""):
         recorded_environment = key.startswith("logger.") and ENVIRONMENT.fullmatch(str(value))
         if isinstance(value, str) and INTERPOLATION in value and not recorded_environment:
@@ -149,7 +159,7 @@ def check_stored_config(config: Any, source: Path | str) -> None:
             )
         is_target = key.rsplit(".", 1)[-1] == "_target_"
         group = re.split(r"[.\[]", key, maxsplit=1)[0]
-        if is_target and not (isinstance(value, str) and value in group_builders(group)):
+        if is_target and not (isinstance(value, str) and value in builders_at().get(key, ())):
             which = (
                 f"for {group} (the _target_s in conf/{group}/)"
                 if group in BUILDER_GROUPS
