@@ -155,7 +155,8 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     parts.callbacks = callbacks  # called by the loop and the checkpointer; saved under their names
     if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were
         return tune(cfg.tune, parts, batches.train, data, out)
-    state = TrainState.since(started)  # every counter that resumes: position, best, patience, skips
+    # every counter that resumes: position (in global batches: what another world size continues)
+    state = TrainState.since(started, data.batch_size * context.processes.world_size)
     early = EarlyStopping.of(trainer.early_stopping, monitor, state)
     run.record = run.record.with_inputs(InputRecord.from_run(data, task).to_dict())  # predict
     run.record = provenance.recorded(cfg, data, run, context.processes, out)  # guards resume

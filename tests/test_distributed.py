@@ -126,17 +126,19 @@ def test_one_process_continues_what_two_began(runs):
         cwd, *JOB, "data.batch_size=16", "run_name=regrown", "resume=stopped_by_two.pt"
     )
     if saved["batch_in_epoch"]:
-        assert "written by 2 process(es), this run has 1" in result.stdout + result.stderr
+        assert "written by 2 process(es) in global batches of" in result.stdout + result.stderr
     metrics = json.loads((cwd / "runs/regrown/metrics.json").read_text())
     assert metrics["epochs"] == 3 and metrics["global_step"] > saved["global_step"]
 
 
 def test_a_mid_epoch_position_is_carried_over_to_another_world_size():
-    # 10 micro-batches of 2 processes = 20 of one, at an optimizer-step boundary (accumulate 2).
-    assert rescale_position(10, saved_world=2, world=1, accumulate=2) == 20
-    assert rescale_position(10, saved_world=2, world=4, accumulate=2) == 4
-    assert rescale_position(0, saved_world=2, world=1, accumulate=1) == 0
-    assert rescale_position(7, saved_world=2, world=2, accumulate=2) == 7
+    # 10 micro-batches of 2 processes of 16 = 20 of one process of 16, at a step (accumulate 2).
+    assert rescale_position(10, saved=(2, 32), now=(1, 16), accumulate=2) == 20
+    assert rescale_position(10, saved=(2, 32), now=(4, 64), accumulate=2) == 4
+    assert rescale_position(0, saved=(2, 32), now=(1, 16), accumulate=1) == 0
+    assert rescale_position(7, saved=(2, 32), now=(2, 32), accumulate=2) == 7
+    # the same global batch on another world size: the same position, the same stream
+    assert rescale_position(7, saved=(2, 32), now=(1, 32), accumulate=1) == 7
 
 
 @pytest.mark.slow

@@ -53,6 +53,7 @@ KEYS: dict[str, tuple[Any, str | None, str]] = {
     "rng": (dict, "required", "Python, NumPy, torch CPU and CUDA RNG states of rank 0"),
     "rng_per_rank": (list, None, "every process's RNG states"),
     "world_size": (int, "optional", "the processes that wrote it"),
+    "global_batch": (int, "optional", "samples of one global micro-batch: batch x processes"),
     "tracking": ((dict, type(None)), None, "the tracked runs it continues, the points held"),
 }
 TRAINING_KEYS = {key: kind for key, (kind, resume, _) in KEYS.items() if resume == "required"}
@@ -82,7 +83,14 @@ def _exactly(keys: Any, checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 
 MAX_COUNT = 2**53  # epochs, steps and batch positions: a stored count beyond this was edited
-COUNTERS = ("epoch", "batch_in_epoch", "global_step", "skipped_steps", "world_size")
+COUNTERS = (
+    "epoch",
+    "batch_in_epoch",
+    "global_step",
+    "skipped_steps",
+    "world_size",
+    "global_batch",
+)
 
 
 def check_training_checkpoint(path: Path, checkpoint: dict[str, Any]) -> None:

@@ -91,7 +91,9 @@ class Checkpointer:
         applied (utils/run/resume_changes.py)."""
         parts, state = self.parts, self.state
         built = hyperparameters(parts.optimizer)  # as the new config builds them
+        batch, world = state.global_batch, self.context.processes.world_size
         self._restore(path, checkpoint, reschedule=changes.reschedule)
+        state.global_batch = batch  # this run's; the checkpoint's counted its position
         if changes.reschedule:
             with restoring("scheduler settings", path):
                 parts.schedule.continue_changed(checkpoint["scheduler"], parts.optimizer, built)
@@ -100,10 +102,11 @@ class Checkpointer:
             prune_top_k(self.folder, state.top_k, self.trainer.keep_top_k, state.epoch)
             self._finish_copies(path)
             self._announce(*self._copies_of_the_save())  # what the callbacks' state had not seen
+        saved_world = checkpoint.get("world_size", 1)
         state.batch_in_epoch = distributed.rescale_position(
             state.batch_in_epoch,
-            checkpoint.get("world_size", 1),
-            self.context.processes.world_size,
+            (saved_world, checkpoint.get("global_batch") or batch // world * saved_world),
+            (world, batch),
             self.trainer.accumulate_grad_batches,
         )
         self.intact = (path, None)

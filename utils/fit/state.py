@@ -25,14 +25,16 @@ class TrainState:
     early_stopping: dict = field(default_factory=dict)  # utils/fit/early_stopping.py's count
     elapsed_seconds: float = 0.0  # wall time of the run's earlier segments, to their last save
     stopped_by: dict | None = None  # a callback's stop: {callback, reason, epoch, step}
+    global_batch: int = 0  # samples of one global micro-batch (per process × processes)
 
     def __post_init__(self) -> None:
         self.segment_started = time.perf_counter()  # this segment (process) of the run
 
     @classmethod
-    def since(cls, started: float) -> TrainState:
-        """A state whose segment began at ``started`` (``time.perf_counter()``)."""
-        state = cls()
+    def since(cls, started: float, global_batch: int = 0) -> TrainState:
+        """A state whose segment began at ``started`` (``time.perf_counter()``), in global
+        micro-batches of ``global_batch`` samples (what a resume's data position counts)."""
+        state = cls(global_batch=global_batch)
         state.segment_started = started
         return state
 

@@ -136,7 +136,11 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
     if run.resumed:
         check_same_run(*run.resumed, checkpoint_dir)
         run.changes = check_resumable(
-            *run.resumed, run.record.resolved, cfg.resume_allow_changes, run.record.overrides
+            *run.resumed,
+            run.record.resolved,
+            cfg.resume_allow_changes,
+            run.record.overrides,
+            processes.world_size,
         )
         for line in run.changes.applied + run.changes.need_allow:
             log.info("resume: applying the changed %s", line)
@@ -237,17 +241,30 @@ def check_same_run(path: Path, checkpoint: dict[str, Any], checkpoint_dir: Path)
 
 
 def check_resumable(
-    path: Path, checkpoint: dict[str, Any], config: dict, allow: bool, overrides: list[str]
+    path: Path,
+    checkpoint: dict[str, Any],
+    config: dict,
+    allow: bool,
+    overrides: list[str],
+    world: int = 1,
 ) -> ResumeChanges:
-    """How the new config differs from the checkpoint's (:class:`ResumeChanges`).
-    Refused: a change the saved state cannot carry (the optimizer or schedule type, the
-    monitor); one of the model, data, batch size or seed unless ``allow``; in a sweep, a
-    checkpoint of another job."""
+    """How the new config differs from the checkpoint's (:class:`ResumeChanges`), on ``world``
+    processes. Refused: a change the saved state cannot carry (the optimizer or schedule type,
+    the monitor); one of the model, data, batch size or seed unless ``allow`` (a batch size
+    that keeps the global batch on another number of processes is no change of the run); in a
+    sweep, a checkpoint of another job."""
     check_training_checkpoint(path, checkpoint)
     if in_sweep():
         sweep.check_same_job(path, checkpoint.get("overrides", []), overrides)
 
     changes = config_changes(checkpoint["config"], config)
+    batch = (config.get("data") or {}).get("batch_size")
+    if isinstance(batch, int) and batch * world == checkpoint.get("global_batch"):
+        kept = [line for line in changes.need_allow if line.startswith("data.batch_size:")]
+        changes.need_allow = [line for line in changes.need_allow if line not in kept]
+        changes.applied += [
+            f"{line} (the same global batch on {world} process(es))" for line in kept
+        ]
     if changes.never:
         raise UserError(
             f"refusing to resume {path}: {'; '.join(changes.never)} cannot change on resume "

@@ -152,20 +152,40 @@ def first_of(value: object) -> object:
     return next((item for item in gathered if item is not None), None)
 
 
-def rescale_position(batch_in_epoch: int, saved_world: int, world: int, accumulate: int) -> int:
-    """A mid-epoch data position saved by ``saved_world`` processes, for ``world`` processes:
-    the same number of samples into the epoch, rounded down to a whole optimizer step. With
-    another world size the global batches differ, so resuming is not bit-exact: some samples
-    of the interrupted epoch may be seen twice or not at all."""
-    if saved_world == world or batch_in_epoch == 0:
+def rescale_position(
+    batch_in_epoch: int, saved: tuple[int, int], now: tuple[int, int], accumulate: int
+) -> int:
+    """A mid-epoch data position saved by ``saved`` = (processes, samples of a global batch),
+    for ``now`` = the same of this run: the same number of samples into the epoch, rounded down
+    to a whole optimizer step. The order of the epoch is global (data/batching/order.py), so
+    with the same global batch on another world size the run continues the same sample stream
+    (its numerics may differ: the reductions add in another order); with another global batch,
+    some samples of the interrupted epoch may be seen twice or not at all."""
+    (saved_world, saved_batch), (world, batch) = saved, now
+    if (saved_world, saved_batch) == (world, batch) or batch_in_epoch == 0:
         return batch_in_epoch
-    position = batch_in_epoch * saved_world // world // accumulate * accumulate
+    position = batch_in_epoch * saved_batch // batch // accumulate * accumulate
+    if saved_batch == batch:
+        log.warning(
+            "warning: the checkpoint was written by %d process(es), this run has %d with the "
+            "same global batch (%d samples): it continues the same sample stream at batch %d; "
+            "the numbers may differ in their last bits (sums in another order)",
+            saved_world,
+            world,
+            batch,
+            position,
+        )
+        return position
     log.warning(
-        "warning: the checkpoint was written by %d process(es), this run has %d: the epoch "
-        "continues at batch %d of the new global batches (not bit-exact)",
+        "warning: the checkpoint was written by %d process(es) in global batches of %d, this "
+        "run has %d in global batches of %d: the epoch continues at batch %d, %d samples in "
+        "(not bit-exact: some samples of this epoch may be seen twice or not at all)",
         saved_world,
+        saved_batch,
         world,
+        batch,
         position,
+        position * batch,
     )
     return position
 
