@@ -18,7 +18,12 @@ of holding the images:
                groups), read ahead by torchloom's default workers in its block order;
 - ``shards_png``: the same over PNG-encoded shards (decoded when read);
 - ``shards_s3``: the pixel shards served by a real S3-compatible server on 127.0.0.1
-               (``rclone serve s3``, when rclone is installed): every epoch reads them anew.
+               (``rclone serve s3``, when rclone is installed), ``data.shard_cache_gb=0``:
+               every epoch reads them over the network anew;
+- ``shards_s3_cached``: the same with the local cache of fetched row groups (the default for
+               an object store): the first epoch fetches, the later ones read local disk.
+
+For the S3 modes the first epoch's speed (over the network, nothing cached) is reported too.
 
 Each run is its own process, so its peak resident memory is its own. An epoch's speed is the
 run's own ``train/samples_per_second``; the figure is the median over the epochs after each
@@ -48,7 +53,8 @@ FOLDERS = {  # name: (images, side, channels, format)
     "grey_png": (60_000, 28, 1, "png"),
     "rgb_jpeg": (10_000, 64, 3, "jpeg"),
 }
-MODES = ("floor", "memory", "disk", "off", "shards", "shards_png", "shards_s3")
+MODES = ("floor", "memory", "disk", "off", "shards", "shards_png", "shards_s3", "shards_s3_cached")
+S3_MODES = ("shards_s3", "shards_s3_cached")
 ROWS_PER_GROUP = 1024
 
 
@@ -130,10 +136,14 @@ def overrides(root: Path, side: int, channels: int, mode: str, epochs: int) -> l
         "overwrite=true",
     ]
     if mode.startswith("shards"):
-        where = f"s3://bucket/{root.name}" if mode == "shards_s3" else root / f"{mode}_set"
+        where = f"s3://bucket/{root.name}" if mode in S3_MODES else root / f"{mode}_set"
         imagefolder_only = ("data=", "data.root", "data.image_size", "data.channels")
         kept = [a for a in args if not a.startswith(imagefolder_only)]
-        return ["data=parquet", f"data.path={where}", *kept]
+        cache = {
+            "shards_s3": ["data.shard_cache_gb=0"],
+            "shards_s3_cached": [f"data.shard_cache_dir={root / 'shard-cache'}"],
+        }
+        return ["data=parquet", f"data.path={where}", *kept, *cache.get(mode, [])]
     if mode == "floor":
         args.append("data._target_=image_folder_speed.load_floor")
     else:
@@ -266,7 +276,7 @@ def main() -> None:
     args.rounds = 1 if args.smoke else args.rounds
     with tempfile.TemporaryDirectory() as tmp, s3_server(Path(tmp)) as s3:
         workdir = Path(tmp)
-        modes = MODES if s3 else MODES[:-1]
+        modes = MODES if s3 else MODES[: -len(S3_MODES)]
         for name in args.cases:
             count, side, channels, kind = FOLDERS[name]
             count = min(count, 200) if args.smoke else count
@@ -282,10 +292,13 @@ def main() -> None:
             )
             rates: dict[str, list[float]] = {m: [] for m in modes}
             results: dict[str, dict] = {}
+            first_epoch: dict[str, float] = {}
             for _ in range(args.rounds):  # the modes take turns: the machine's speed drifts
                 for mode in modes:
+                    shutil.rmtree(root / "shard-cache", ignore_errors=True)  # fetched anew
                     run = overrides(root, side, channels, mode, epochs)
-                    result = run_mode(workdir, run, s3 if mode == "shards_s3" else None)
+                    result = run_mode(workdir, run, s3 if mode in S3_MODES else None)
+                    first_epoch.setdefault(mode, result["rates"][0])
                     rates[mode] += result["rates"][1:] or result["rates"]  # after the warm-up
                     results.setdefault(mode, result)  # the first memory run built the cache
                     results[mode]["peak_rss_mb"] = max(
@@ -315,6 +328,11 @@ def main() -> None:
             report["shards_png_to_dataloader"] = round(speed["shards_png"] / speed["off"], 2)
             if "shards_s3" in speed:
                 report["shards_s3_to_shards"] = round(speed["shards_s3"] / speed["shards"], 3)
+                for mode in S3_MODES:
+                    report[f"{mode}_first_epoch_samples_per_second"] = round(first_epoch[mode], 1)
+                    print(f"  {mode} first epoch: {first_epoch[mode]:,.0f} samples/s", flush=True)
+                cached = speed["shards_s3_cached"] / speed["shards"]
+                report["shards_s3_cached_to_shards"] = round(cached, 3)
             print(f"  cache build (first run): {report['build_seconds']} s", flush=True)
             print(json.dumps(report), flush=True)
 

@@ -6,6 +6,9 @@ order torchloom owns (``data=parquet``; the ``shards`` extra).
     python train.py data=parquet data.path='shards/part-*.parquet'  # val and test held out
     python shard.py data=imagefolder data.root=flowers out=s3://bucket/flowers   # write them
 
+Row groups fetched from an object store are kept on local disk (``shard_cache_gb``: ``auto``
+up to 20 GB; ``shard_cache_dir``: null for ~/.cache/torchloom/shards), least recently used out.
+
 ``path``: a folder holding ``train/`` (and ``val/``, ``test/``) folders of ``.parquet`` files;
 or a folder, glob or list of files for the training split, with val and test given by
 ``split.val_path``/``split.test_path`` or held out of it as whole row groups (``split.val``,
@@ -45,7 +48,16 @@ from data.readers.parquet import (
     targets_of,
 )
 from data.readers.pixels import decoded
-from data.readers.storage import Shard, arrow, files_of, filesystem, read_row_group, retried
+from data.readers.shard_cache import shard_cache
+from data.readers.storage import (
+    SCHEMES,
+    Shard,
+    arrow,
+    files_of,
+    filesystem,
+    read_row_group,
+    retried,
+)
 from utils.config.trust import plain_data
 from utils.errors import UserError
 
@@ -110,8 +122,13 @@ def load_parquet(
     classes = classes_of(labels["train"], names[0], str(path)) if kind == "classes" else None
     described = _description(path)
     columns = _columns(schema, names, (image, features, shape), described, classes, train)
+    remote = any(s.name.startswith(SCHEMES[:-1]) for src in sources.values() for s in src.shards)
+    cache, cached = shard_cache(
+        options.pop("shard_cache_gb"), options.pop("shard_cache_dir"), remote
+    )
+    encoded = columns.kind == "image" and _encoded_column(schema, columns)
     held = {
-        name: _split(source, labels[name], columns, (window, workers))
+        name: _split(source, labels[name], columns, (window, workers, cache, encoded))
         for name, source in sources.items()
     }
     mean, std = _statistics(held["train"], options)
@@ -122,7 +139,7 @@ def load_parquet(
     data.listings = {name: source.listing() for name, source in sources.items()}
     log.info(
         "parquet %s: %s; %d training rows in %d row groups of %d files, shuffled in windows "
-        "of %d row groups (data.shuffle_window), read by %d processes",
+        "of %d row groups (data.shuffle_window), read by %d processes; %s",
         _shown(path),
         _said(columns),
         sum(train.sizes),
@@ -130,6 +147,7 @@ def load_parquet(
         len(train.shards),
         window,
         workers,
+        cached,
     )
     return data
 
@@ -238,9 +256,8 @@ def _columns(
         bytes_struct = pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0
         uint8_list = pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind)
         uint8_list = uint8_list and pa.types.is_uint8(kind.value_type)
-        return (
-            pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or bytes_struct or uint8_list
-        )
+        binary = pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+        return binary or pa.types.is_fixed_size_binary(kind) or bytes_struct or uint8_list
 
     if image == "auto":
         found = [n for n in others if is_image(schema.field(n))]
@@ -278,7 +295,12 @@ def _image_shape(train: Source, column: str, shape: Any) -> tuple[int, int, int]
     table = read_row_group(first, train.groups[0][1], [column])
     value = table.column(column)[0].as_py()
     value = value.get("bytes") if isinstance(value, dict) else value
-    if not isinstance(value, bytes | bytearray):
+    raw = table.schema.field(column).type
+    import pyarrow as pa
+
+    if not isinstance(value, bytes | bytearray) or (
+        pa.types.is_fixed_size_binary(raw) and not _encoded(value)
+    ):
         raise UserError(
             f"{first.name}: column {column!r} holds pixels without their shape; pass "
             "data.shape=[channels,height,width]"
@@ -290,15 +312,37 @@ def _image_shape(train: Source, column: str, shape: Any) -> tuple[int, int, int]
     return channels, height, width
 
 
+def _encoded_column(schema: Any, columns: Columns) -> bool:
+    """Whether the image column holds encoded files (decoded one by one), not C·H·W pixels."""
+    import pyarrow as pa
+
+    kind = schema.field(columns.inputs[0]).type
+    pixels = int(torch.tensor(columns.shape).prod())
+    if pa.types.is_fixed_size_binary(kind):
+        return kind.byte_width != pixels
+    return not (pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind))
+
+
+def _encoded(value: bytes) -> bool:
+    """Whether ``value`` starts as an image file does (PIL can tell its format)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        Image.open(io.BytesIO(value))
+    except (UnidentifiedImageError, OSError, ValueError):
+        return False
+    return True
+
+
 def _split(source: Source, labels: Any, columns: Columns, reading: tuple) -> ShardSplit:
     """The split of ``source`` with its target columns ``labels`` (read already), read in
-    windows of ``reading`` = (data.shuffle_window, data.num_workers)."""
-    read = RowGroups(source.shards, source.groups, columns)
+    windows of ``reading`` = (data.shuffle_window, data.num_workers, the row groups' cache,
+    whether its images are encoded)."""
+    window, workers, cache, encoded = reading
+    read = RowGroups(source.shards, source.groups, source.sizes, columns, cache)
     targets = targets_of(labels, columns, source.shards[0].name)
-    window, workers = reading
-    return ShardSplit(
-        source.sizes, read, targets, columns.shape, window, workers, columns.kind == "image"
-    )
+    image, decodes = columns.kind == "image", columns.kind == "image" and encoded
+    return ShardSplit(source.sizes, read, targets, columns.shape, window, workers, image, decodes)
 
 
 def _statistics(train: ShardSplit, options: dict) -> tuple[list[float], list[float]]:

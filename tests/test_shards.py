@@ -183,6 +183,59 @@ def test_shards_on_s3_train_exactly_as_on_local_disk_and_no_credential_is_writte
         assert s3["AWS_SECRET_ACCESS_KEY"].encode() not in path.read_bytes(), path
 
 
+def test_row_groups_fetched_from_s3_are_kept_on_local_disk_and_read_from_there(
+    shards, s3, tmp_path
+):
+    """The second run reads the row groups the first one fetched from the local cache: one
+    entry damaged is fetched again (the same weights), one replaced by other numbers is read as
+    it is (other weights: the entries are what is trained on)."""
+    run_python(tmp_path, str(SHARD), "out=s3://bucket/digits", "rows_per_group=64", env=s3)
+    cache = tmp_path / "cache"
+    run = ("data=parquet", *QUICK, "data.num_workers=1", "data.path=s3://bucket/digits")
+    run += (f"data.shard_cache_dir={cache}",)
+    first = run_train(tmp_path, *run, "run_name=first", env=s3)
+    assert f"row groups kept in {cache} up to 20.0 GB" in first.stdout + first.stderr
+    entries = sorted(cache.glob("*.arrow"))
+    groups = sum(
+        pq.ParquetFile(f).metadata.num_row_groups for f in (shards / "digits").rglob("*.parquet")
+    )
+    assert len(entries) == groups  # every train, val and test row group, once
+    assert not list(cache.glob("*partial*"))
+    entries[0].write_bytes(entries[0].read_bytes()[:100])  # a kill mid-copy, say
+    run_train(tmp_path, *run, "run_name=again", env=s3)
+    assert same_weights(weights(tmp_path, "first"), weights(tmp_path, "again"))
+    assert len(list(cache.glob("*.arrow"))) == len(entries)
+    for entry in entries:  # each entry's images in reverse row order: other samples
+        table = pa.ipc.open_file(pa.BufferReader(entry.read_bytes())).read_all()
+        backwards = pa.array(list(reversed(range(table.num_rows))))
+        other = table.set_column(0, table.column_names[0], table.column(0).take(backwards))
+        with pa.OSFile(str(entry), "wb") as sink, pa.ipc.new_file(sink, other.schema) as out:
+            out.write_table(other)
+    run_train(tmp_path, *run, "run_name=replaced", env=s3)
+    assert not same_weights(weights(tmp_path, "first"), weights(tmp_path, "replaced"))
+
+
+def test_the_row_group_cache_keeps_its_bound_least_recently_used_out(tmp_path):
+    from data.readers.shard_cache import ShardCache, shard_cache
+
+    table = pa.table({"x": list(range(1000))})  # about 8 kB an entry
+    cache = ShardCache(str(tmp_path), limit=20_000)
+    for name in ("a", "b"):
+        cache.put(name, table)
+    (tmp_path / "c.arrow.partial-999999999").write_bytes(b"left by a kill")  # no such process
+    assert cache.get("a", 1000, ["x"]) is not None  # a used again: b is the older
+    cache.put("c", table)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.arrow", "c.arrow"]
+    assert cache.held_bytes() <= 20_000
+    assert cache.get("a", 999, ["x"]) is None and not (tmp_path / "a.arrow").exists()
+    (tmp_path / "mine.txt").write_text("not the cache's")
+    ShardCache(str(tmp_path), limit=0).evict()
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
+    assert shard_cache("auto", tmp_path, remote=False)[0] is None  # local files: on disk already
+    with pytest.raises(Exception, match="data.shard_cache_gb=-1 must be"):
+        shard_cache(-1, tmp_path, remote=True)
+
+
 def test_an_image_folder_becomes_encoded_shards_and_trains(tmp_path):
     write_imagefolder(tmp_path / "images", per_class=8, size=(12, 10))
     folder = ("data=imagefolder", "data.root=images", "data.image_size=[12,10]")
@@ -265,3 +318,63 @@ def test_two_processes_on_shards_reach_the_parameters_of_one_with_the_same_globa
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5)
     metrics = {run: read_metrics(shards / "runs" / run) for run in ("one", "two")}
     assert metrics["one"]["test/acc"] == metrics["two"]["test/acc"]
+
+
+@pytest.mark.slow
+def test_two_processes_killed_resume_as_one_on_the_same_sample_stream(shards):
+    """A 2-process run killed by kill -9 inside an epoch, resumed by one process with the same
+    global batch: it continues the same samples, so it ends where the 2-process run would
+    (within the last bits: the gradients are summed in another order)."""
+    from conftest import torchrun
+
+    job = ("data=parquet", "data.path=digits", "model=mlp", "model.hidden_sizes=[32]")
+    job += ("model.dropout=0", "trainer.max_epochs=2", "data.num_workers=1")
+    job += ("model._target_=signalling_model.mlp", "trainer.checkpoint_every_n_steps=4")
+    job += ("trainer.accumulate_grad_batches=2",)  # the partial last batch: skipped by both
+    torchrun(shards, *job, "data.batch_size=16", "run_name=two_straight")
+    killed = torchrun(
+        shards,
+        *job,
+        "data.batch_size=16",
+        "run_name=two_killed",
+        ok=False,
+        env={"SIGNAL_AT_FORWARD": "30", "SIGNAL_NAME": "SIGKILL"},
+    )
+    assert killed.returncode != 0
+    saved = checkpoint(shards, "two_killed")
+    assert saved["global_step"] == 12 and saved["world_size"] == 2  # forward 30 = step 15
+    resumed = run_train(shards, *job, "data.batch_size=32", "run_name=two_killed", "resume=auto")
+    said = resumed.stdout + resumed.stderr
+    assert "same global batch (32 samples): it continues the same sample stream at batch" in said
+    straight, ended = weights(shards, "two_straight"), weights(shards, "two_killed")
+    for name in straight:
+        torch.testing.assert_close(ended[name], straight[name], rtol=1e-4, atol=1e-5)
+
+
+def test_a_stop_signal_while_a_row_group_never_arrives_ends_the_wait():
+    """A store that stops answering mid-read: the stop signal that arrives meanwhile ends the
+    run (the last checkpoint stays the one to resume) instead of waiting on the read."""
+    import threading
+
+    from data.batching.batches import BatchPlan, BatchTransform
+    from data.batching.shards import ShardBatches, ShardSplit
+    from utils.system.signals import Interrupted, StopRequest
+
+    never = threading.Event()
+    sizes = (8, 8, 8)
+
+    def read(group):
+        if group == 1:
+            stop.signal = signal.SIGTERM  # the signal arrives while this read hangs
+            never.wait()
+        return torch.zeros(8, 1), torch.zeros(8, dtype=torch.long)
+
+    split = ShardSplit(sizes, read, torch.zeros(24), (1,), 1, 2, False)
+    plan = BatchPlan(8, False, 0, 0, 1, keep_partial=True)  # evaluation: row groups in order
+    batches = ShardBatches(split, plan, BatchTransform([0.0], [1.0], torch.device("cpu")))
+    with StopRequest() as stop:
+        stream = batches.epoch(0)
+        next(stream)  # row group 0
+        with pytest.raises(Interrupted):
+            next(stream)
+    never.set()

@@ -24,6 +24,7 @@ import torch
 
 from data.batching.targets import sorted_names
 from data.readers.pixels import decoded
+from data.readers.shard_cache import ShardCache
 from data.readers.storage import Shard, arrow, filesystem, parquet_file, read_row_group
 from utils.errors import UserError
 
@@ -55,14 +56,30 @@ class RowGroups:
 
     shards: tuple[Shard, ...]
     groups: tuple[tuple[int, int], ...]  # (shard, row group within it), in file order
+    sizes: tuple[int, ...]  # the rows of each
     columns: Columns
+    cache: ShardCache | None = None  # data.shard_cache_gb: fetched row groups kept on disk
 
     def __call__(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
         index, group = self.groups[g]
         shard = self.shards[index]
         where = f"{shard.name} row group {group}"
-        table = read_row_group(shard, group, self.columns.read)
+        table = self.fetched(shard, group, self.sizes[g])
         return inputs_of(table, self.columns, where), targets_of(table, self.columns, where)
+
+    def fetched(self, shard: Shard, group: int, rows: int) -> Any:
+        """The columns of row group ``group`` of ``shard``: from the local cache when it holds
+        them, else read (and kept)."""
+        columns = self.columns.read
+        if self.cache is None:
+            return read_row_group(shard, group, columns)
+        key = self.cache.key(shard.name, shard.size, shard.version, group, columns)
+        table = self.cache.get(key, rows, columns)
+        if table is None:
+            table = read_row_group(shard, group, columns)
+            if table.num_rows == rows:
+                self.cache.put(key, table)
+        return table
 
 
 def row_groups(shards: list[Shard]) -> tuple[list[tuple[int, int]], list[int], Any]:
@@ -165,7 +182,9 @@ def _fixed_size(column: Any, columns: Columns, rows: int) -> torch.Tensor | None
     or numbers (an array column), of the columns' shape, as one tensor; None for any other."""
     import pyarrow as pa
 
-    kind = column.type
+    kind, size = column.type, int(np.prod(columns.shape))
+    if pa.types.is_fixed_size_binary(kind) and columns.kind == "image":
+        return _raw_pixels(column, size, columns.shape, rows)
     if not pa.types.is_fixed_size_list(kind) or column.null_count:
         return None
     values = column.combine_chunks().flatten()
@@ -182,6 +201,17 @@ def _fixed_size(column: Any, columns: Columns, rows: int) -> torch.Tensor | None
     if numbers and not np.isfinite(array).all():
         return None  # the per-cell path names the bad value
     return torch.from_numpy(array.astype(np.uint8 if pixels else np.float32, copy=True))
+
+
+def _raw_pixels(column: Any, size: int, shape: tuple, rows: int) -> torch.Tensor | None:
+    """A fixed-size binary column of C·H·W bytes a cell (as shard.py writes pixels: one byte a
+    pixel on disk, read without decoding), as uint8 [rows, C, H, W]; None for any other."""
+    if column.type.byte_width != size or column.null_count:
+        return None
+    chunk = column.combine_chunks()
+    data = chunk.buffers()[1]
+    array = np.frombuffer(data, dtype=np.uint8, count=rows * size, offset=chunk.offset * size)
+    return torch.from_numpy(array.reshape(rows, *shape).copy())
 
 
 def _numbers(table: Any, names: Sequence[str], where: str) -> np.ndarray:
@@ -234,17 +264,18 @@ def _image(value: Any, size: tuple[int, int], channels: int, where: str) -> torc
 
 
 def split_table(inputs: torch.Tensor, targets: torch.Tensor, names: Any, images: str) -> Any:
-    """Samples as an Arrow table: uint8 images as fixed-size pixel lists or PNG bytes
-    (``images``: pixels | png) in ``image``, other inputs as fixed-size float32 lists in ``x``;
+    """Samples as an Arrow table: uint8 images as C·H·W bytes a cell (fixed-size binary) or
+    PNG bytes (``images``: pixels | png) in ``image``, other inputs as fixed-size float32 lists in ``x``;
     the target as class names (``names``), integers, or float values in ``label``."""
     import pyarrow as pa
 
     flat = inputs.reshape(len(inputs), -1)
     if inputs.dtype == torch.uint8 and images == "png":
         column, name = pa.array([_png(image) for image in inputs], pa.binary()), "image"
-    elif inputs.dtype == torch.uint8:
-        values = pa.array(flat.numpy().ravel(), pa.uint8())
-        column, name = pa.FixedSizeListArray.from_arrays(values, flat.shape[1]), "image"
+    elif inputs.dtype == torch.uint8:  # one byte a pixel on disk (a uint8 list is 4: INT32)
+        raw = pa.py_buffer(flat.contiguous().numpy().tobytes())
+        kind = pa.binary(flat.shape[1])
+        column, name = pa.FixedSizeBinaryArray.from_buffers(kind, len(flat), [None, raw]), "image"
     else:
         values = pa.array(flat.to(torch.float32).numpy().ravel(), pa.float32())
         column, name = pa.FixedSizeListArray.from_arrays(values, flat.shape[1]), "x"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -121,14 +122,15 @@ def _version(info: Any) -> str:
 
 
 _open: dict[tuple, Any] = {}  # this process's open files (a footer read once)
-MAX_OPEN = 64
+MAX_OPEN = 256
 
 
 def parquet_file(shard: Shard) -> Any:
     """The ``pyarrow.parquet.ParquetFile`` of ``shard`` (its footer read once per process);
     a file that is no Parquet is one line naming it."""
-    # Per process: a file opened before a DataLoader worker forked shares its connection.
-    key = (os.getpid(), shard.where, shard.path, shard.size, shard.version)
+    # Per process (a file opened before a fork shares its connection) and per thread (the
+    # reading threads of data/batching/shards.py each read through their own).
+    key = (os.getpid(), threading.get_ident(), shard.where, shard.path, shard.size, shard.version)
     if key not in _open:
         _, pq = arrow()
         system, _ = filesystem(shard.where)
