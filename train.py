@@ -139,7 +139,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     out.print(report.model_summary(modules.model, data.input_shape, task))
     if trainer.shapes_only:  # debug=shapes
         return debug.show_shapes(modules, out)
-    modules.wrap_for_steps(context.processes, trainer)  # DDP, torch.compile
+    modules.wrap_for_steps(context.processes, trainer, precision.dtype)  # DDP or FSDP, compile
     placement = context.placement(modules.channels_last)  # and whole steps under accumulation
     own = data.batches_for(placement, cfg.seed, trainer.accumulate_grad_batches)
     batches = debug.wrap_batches(own, trainer)
@@ -155,8 +155,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     parts.callbacks = callbacks  # called by the loop and the checkpointer; saved under their names
     if cfg.tune:  # tune=lr | batch_size: measure, report, leave model and optimizer as they were
         return tune(cfg.tune, parts, batches.train, data, out)
-    # every counter that resumes: position (in global batches: what another world size continues)
-    state = TrainState.since(started, data.batch_size * context.processes.world_size)
+    state = TrainState.since(started, data.batch_size * context.processes.world_size)  # resumes
     early = EarlyStopping.of(trainer.early_stopping, monitor, state)
     run.record = run.record.with_inputs(InputRecord.from_run(data, task).to_dict())  # predict
     run.record = provenance.recorded(cfg, data, run, context.processes, out)  # guards resume

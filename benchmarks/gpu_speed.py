@@ -13,6 +13,8 @@ configuration, in one process and on the same data, model, optimizer, batch size
    each in a hand-written loop, and torchloom.
 3. The fp16 GradScaler path end to end: ``python train.py precision=fp16`` as a user runs it,
    with its exit code, test accuracy, skipped steps and final loss scale.
+4. DDP against FSDP (``trainer.strategy``) through torchrun: speed and the bytes each process
+   holds, on every GPU here, or (with ``--smoke --device cpu``) 2 CPU processes over gloo.
 
 The first epoch of every run is warm-up (cuDNN autotuning, compiling) and is not counted;
 images/s is the median of the other epochs, each timed after a device sync. For torchloom it is
@@ -230,6 +232,35 @@ def fp16_end_to_end(device: torch.device, overrides: list[str], workdir: Path) -
     return result
 
 
+def strategies(device: torch.device, overrides: list[str], workdir: Path, epochs: int) -> list:
+    """``trainer.strategy=ddp`` against ``fsdp`` through torchrun, on every GPU here (one
+    process each), or 2 processes with gloo on the CPU: the speed and the bytes each process
+    holds (parameters, optimizer state; on CUDA the peak), from each run's metrics.json. On
+    the CPU the model is an MLP of three 1,024-wide blocks on the bundled digits."""
+    processes = torch.cuda.device_count() if device.type == "cuda" else 2
+    job = overrides or ["model=mlp", "model.hidden_sizes=[1024,1024,1024]", "precision=fp32"]
+    rows = []
+    for strategy in ("ddp", "fsdp"):
+        run = f"strategy_{strategy}"
+        launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}"]
+        launch += ["--master_addr=127.0.0.1", "--master_port=29517", str(ROOT / "train.py")]
+        args = [*job, f"trainer.device={device.type}", f"trainer.max_epochs={epochs}"]
+        args += [f"trainer.strategy={strategy}", f"run_name={run}", "logger=[]"]
+        done = subprocess.run([*launch, *args], cwd=workdir, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"error: {strategy}: {done.stderr.strip()[-2000:]}")
+        metrics = json.loads((workdir / "runs" / run / "metrics.json").read_text())
+        row = {"case": f"strategy_{strategy}", "processes": processes}
+        row |= {k: v for k, v in metrics.items() if k.startswith("memory/")}
+        row["samples_per_second"] = round(metrics["train/samples_per_second"], 1)
+        rows.append(row)
+        shown = ", ".join(f"{k.removeprefix('memory/')} {v:,}" for k, v in row.items() if "/" in k)
+        print(f"  {strategy}: {row['samples_per_second']:,} samples/s; {shown}", flush=True)
+    ratio = rows[1]["memory/param_bytes_per_process"] / rows[0]["memory/param_bytes_per_process"]
+    print(f"  fsdp holds {ratio:.2f}× the parameter bytes per process of ddp", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -282,6 +313,8 @@ def main() -> None:
         if not args.smoke:
             print(flush=True)
             results.append(fp16_end_to_end(device, resnet, workdir))
+        print("\nDDP against FSDP (trainer.strategy), through torchrun", flush=True)
+        results += strategies(device, resnet if device.type == "cuda" else [], workdir, epochs)
     for result in results:
         print(json.dumps(result))
 

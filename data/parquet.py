@@ -106,14 +106,7 @@ def load_parquet(
         raise UserError(f"data.shuffle_window={window!r} must be a whole number, 1 or more")
     workers = min(8, os.cpu_count() or 1) if workers is None else workers
     sources, schema = _sources(path, split)
-    names = [target] if isinstance(target, str) else list(target)
-    columns_there = ", ".join(schema.names)
-    missing = [name for name in names if name not in schema.names]
-    if missing:
-        raise UserError(f"data.target: {missing[0]!r} is not a column of {path} ({columns_there})")
-    if kind == "classes" and len(names) != 1:
-        raise UserError(f"data.target={target!r}: task=classification takes one column")
-    train = sources["train"]
+    names, train = _target_names(target, kind, schema, path), sources["train"]
     # Each split's target columns, read once: the classes come from the train split's.
     labels = {
         name: target_column(list(source.shards), list(source.groups), names)
@@ -139,7 +132,7 @@ def load_parquet(
     data.listings = {name: source.listing() for name, source in sources.items()}
     log.info(
         "parquet %s: %s; %d training rows in %d row groups of %d files, shuffled in windows "
-        "of %d row groups (data.shuffle_window), read by %d processes; %s",
+        "of %d row groups (data.shuffle_window), read ahead by %d readers; %s",
         _shown(path),
         _said(columns),
         sum(train.sizes),
@@ -150,6 +143,18 @@ def load_parquet(
         cached,
     )
     return data
+
+
+def _target_names(target: Any, kind: str, schema: Any, path: Any) -> list[str]:
+    """``data.target``'s columns, each one of the shards'; one for classification."""
+    names = [target] if isinstance(target, str) else list(target)
+    missing = [name for name in names if name not in schema.names]
+    if missing:
+        there = ", ".join(schema.names)
+        raise UserError(f"data.target: {missing[0]!r} is not a column of {path} ({there})")
+    if kind == "classes" and len(names) != 1:
+        raise UserError(f"data.target={target!r}: task=classification takes one column")
+    return names
 
 
 def _shown(path: Any) -> str:

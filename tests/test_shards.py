@@ -232,7 +232,7 @@ def test_the_row_group_cache_keeps_its_bound_least_recently_used_out(tmp_path):
     ShardCache(str(tmp_path), limit=0).evict()
     assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
     assert shard_cache("auto", tmp_path, remote=False)[0] is None  # local files: on disk already
-    with pytest.raises(Exception, match="data.shard_cache_gb=-1 must be"):
+    with pytest.raises(Exception, match=r"data\.shard_cache_gb=-1 must be"):
         shard_cache(-1, tmp_path, remote=True)
 
 

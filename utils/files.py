@@ -160,7 +160,13 @@ def write_file(path: Path, data: bytes, fix: str) -> None:
 
 
 def file_sha256(path: Path | str) -> str:
-    """The sha256 of a file's bytes, read in 1 MiB blocks (an OSError propagates)."""
+    """The sha256 of a file's bytes, read in 1 MiB blocks (an OSError propagates); of a
+    folder (a sharded checkpoint), of each of its files' names and sha256s, in name order."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and not p.is_symlink())
+        listed = "".join(f"{p.name}\0{file_sha256(p)}\n" for p in files)
+        return hashlib.sha256(listed.encode()).hexdigest()
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

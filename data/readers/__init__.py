@@ -7,4 +7,5 @@ image_cache  decoded images kept as one uint8 tensor on disk, checked before reu
 pixels       an image's bytes as uint8 pixels: one decoder for files and shards
 storage      where shards live: local paths and URLs listed and read, with retries
 parquet      Parquet shards read (a row group at a time) into tensors, and written
+shard_cache  where fetched row groups are kept: a bounded local cache, least recent out
 """

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from utils.errors import UserError
+
 SUFFIX = ".arrow"
 PARTIAL = ".arrow.partial-"
 DEFAULT_GB = 20.0  # data.shard_cache_gb=auto for an object store: at most this ...
@@ -125,8 +127,6 @@ def shard_cache(gb: Any, folder: Any, remote: bool) -> tuple[ShardCache | None, 
     """The cache ``data.shard_cache_gb`` and ``data.shard_cache_dir`` ask for, and the words
     that say it at start-up. ``auto``: for an object store, :data:`DEFAULT_GB` or half the free
     disk, whichever is less; for local files none (they are on disk already)."""
-    from utils.errors import UserError
-
     if gb != "auto" and (isinstance(gb, bool) or not isinstance(gb, int | float) or gb < 0):
         raise UserError(f"data.shard_cache_gb={gb!r} must be auto, 0 (no cache) or a size in GB")
     if gb == 0 or (gb == "auto" and not remote):

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from utils.checkpoint import sharded
 from utils.checkpoint.format import FORMAT_VERSION
 from utils.config.trust import with_current_targets
 from utils.errors import UserError
@@ -72,10 +73,14 @@ def _offending_global(path: Path, error: Exception) -> str | None:
     return None
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, whole_weights: bool = True) -> dict[str, Any]:
     """Load on the CPU with ``weights_only=True``, never anything looser: a file that would
-    import code is refused naming what it asks for, and nothing runs."""
+    import code is refused naming what it asks for, and nothing runs. A sharded checkpoint
+    folder (utils/checkpoint/sharded.py) is read as safely, its model's weights gathered whole
+    (``whole_weights``; a resume reads its shards itself)."""
     path = Path(path)
+    if sharded.is_sharded(path):
+        return _load_sharded(path, whole_weights)
     if not path.is_file():
         raise UserError(f"no checkpoint file at {path}")
     try:
@@ -116,6 +121,21 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
+def _load_sharded(folder: Path, whole_weights: bool) -> dict[str, Any]:
+    """A sharded checkpoint as one process's checkpoint: its state file, checked as any
+    checkpoint is, once its index reads as data; the model's weights gathered whole."""
+    if not sharded.whole(folder):
+        raise UserError(
+            f"{folder} is not a whole sharded checkpoint (no {sharded.STATE_FILE} or "
+            f"{sharded.METADATA}: a save cut short?); resume from the one beside it"
+        )
+    sharded.read_metadata(folder)
+    state = load_checkpoint(folder / sharded.STATE_FILE)
+    if whole_weights:
+        state["model"] = sharded.whole_tensors(folder, "model.")
+    return state
+
+
 @contextlib.contextmanager
 def restoring(piece: str, path: Path) -> Iterator[None]:
     """Put ``piece`` of the checkpoint at ``path`` back into its owner: a state of other keys
@@ -140,7 +160,13 @@ def find_checkpoints(folder: Path, prefer: tuple[str, ...] = TO_RESUME) -> list[
     """The one rule for "which file in a run's folder": the ``prefer`` names that exist, in
     that order, then the folder's other checkpoints (top-k copies), newest first. Resume
     prefers ``last.pt``; evaluation ``best.pt``, then ``last.pt``."""
-    preferred = [folder / name for name in prefer if (folder / name).is_file()]
+    if sharded.is_sharded(folder):  # the checkpoint itself, not a run's folder
+        return [folder]
+    preferred = []
+    for name in prefer:  # last.pt, or a sharded run's last/ (or the last/.old a kill left)
+        found = [folder / name] if (folder / name).is_file() else []
+        found += [p for p in [sharded.complete_folder(folder / name.removesuffix(".pt"))] if p]
+        preferred += sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
     others = sorted(
         (p for p in folder.glob("*.pt") if not p.name.startswith(".") and p.name not in prefer),
         key=lambda p: p.stat().st_mtime,
@@ -162,7 +188,7 @@ def load_latest(folder: Path) -> tuple[Path, dict[str, Any]] | None:
     candidates = find_checkpoints(folder)
     for candidate in candidates:
         try:
-            return candidate, load_checkpoint(candidate)
+            return candidate, load_checkpoint(candidate, whole_weights=False)
         except UserError as error:
             log.warning("warning: %s; trying the previous checkpoint", error)
     if candidates:

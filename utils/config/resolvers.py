@@ -23,7 +23,9 @@ def resumed_run_name(resume: str | None, checkpoints_root: str, fresh: str) -> s
     ``<name>`` (same run dir, same checkpoint folder); otherwise ``fresh`` (a timestamp)."""
     if resume and resume != "auto":
         path = Path(resume).resolve()
-        folder = path if path.is_dir() else path.parent
+        # a sharded checkpoint (last/, best/: utils/checkpoint/sharded.py) lives in its run's
+        sharded = path.is_dir() and any((path / n).is_file() for n in ("state.pt", ".metadata"))
+        folder = path if path.is_dir() and not sharded else path.parent
         try:
             return str(folder.relative_to(Path(checkpoints_root).resolve()))
         except ValueError:

@@ -40,6 +40,14 @@ class SwaConfig:
 
 
 @dataclass
+class FsdpConfig:
+    blocks: Any = MISSING  # auto, or module class names
+    reshard_after_forward: bool = MISSING
+    cpu_offload: bool = MISSING
+    consolidate: bool = MISSING
+
+
+@dataclass
 class TrainerConfig:
     max_epochs: Any = MISSING  # a count, or auto (utils/schedulers.py epochs_for)
     accumulate_grad_batches: int = MISSING
@@ -58,6 +66,8 @@ class TrainerConfig:
     checkpoint_every_minutes: float | None = MISSING
     cpu_threads: int | None = MISSING
     sync_batchnorm: bool = MISSING
+    strategy: str = MISSING
+    activation_checkpointing: bool = MISSING
     nonfinite: str = MISSING
     log_grad_norms: str = MISSING
     limit_train_batches: Any = MISSING
@@ -73,6 +83,7 @@ class TrainerConfig:
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     ema: EmaConfig = field(default_factory=EmaConfig)
     swa: SwaConfig = field(default_factory=SwaConfig)
+    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
 
 
 @dataclass

@@ -258,16 +258,14 @@ def _difference(expected: torch.Tensor, got: torch.Tensor, batch: int) -> torch.
     return (got - expected).abs()
 
 
-def export_safetensors(
-    model: torch.nn.Module, config: dict, inputs: dict | None, path: Path
-) -> None:
-    """The weights without pickle, the config and the inputs record (a regression run's
-    target scale) as JSON metadata beside them."""
+def export_safetensors(weights: dict, config: dict, inputs: dict | None, path: Path) -> None:
+    """The weights (a whole state dict) without pickle, the config and the inputs record (a
+    regression run's target scale) as JSON metadata beside them."""
     try:
         from safetensors.torch import save
     except ImportError:
         raise UserError('export needs the extra: pip install -e ".[export]"') from None
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    weights = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
     metadata = {"torchloom_config": json.dumps(config)}
     if inputs is not None:
         metadata["torchloom_inputs"] = json.dumps(inputs)
@@ -324,5 +322,5 @@ def export_evaluated(
         )
     else:  # .safetensors (checked before anything was evaluated)
         config, record = stored
-        export_safetensors(modules.model, config, record.to_dict(), path)
+        export_safetensors(modules.model.state_dict(), config, record.to_dict(), path)
         out.print(f"exported weights to {path}")

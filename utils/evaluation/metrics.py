@@ -28,6 +28,7 @@ from torch import nn
 from utils.evaluation.calibration import Calibration, roc_aucs
 from utils.precision import Precision
 from utils.system.distributed import all_rows, all_sum
+from utils.system.sharding import device_of, evened, without_grad
 
 TOP5 = "acc_top5"
 LABEL_SET_METRICS = ["loss", "map", "f1_micro", "f1_macro", "subset_acc"]
@@ -40,7 +41,6 @@ def measured_metrics(num_classes: int) -> list[str]:
     return ["loss", "acc"] + ([TOP5] if num_classes > 5 else [])
 
 
-@torch.inference_mode()
 def evaluate(
     model: nn.Module,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
@@ -49,13 +49,19 @@ def evaluate(
 ) -> dict:
     """The task's metrics over every sample of ``batches``, in eval mode: ``scores`` (from
     the task's ``scores()``) adds up each batch's outputs and targets."""
+    with without_grad(model):
+        return _evaluate(model, batches, precision, scores)
+
+
+def _evaluate(model: nn.Module, batches: Any, precision: Precision, scores: Any) -> dict:
     was_training = model.training
     model.eval()
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    for inputs, targets in batches:
+    device = device_of(model)
+    for inputs, targets in evened(batches, model):  # FSDP: as many calls in every process
         with precision.autocast():
             outputs = model(inputs)
-        scores.add(outputs.float(), targets)
+        if targets is not None:
+            scores.add(outputs.float(), targets)
     model.train(was_training)
     return scores.result(device)
 
@@ -66,21 +72,27 @@ def figures(metrics: dict) -> dict:
     return {key: value for key, value in metrics.items() if isinstance(value, float)}
 
 
-@torch.inference_mode()
 def outputs_of(
     model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], precision: Precision
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(outputs, targets) of every sample of ``batches`` in order, in eval mode, fp32 on the
     CPU; under torchrun the processes' shards in rank order, so every process has them all."""
+    with without_grad(model):
+        return _outputs_of(model, batches, precision)
+
+
+def _outputs_of(model: nn.Module, batches: Any, precision: Precision) -> tuple:
     was_training = model.training
     model.eval()
     outputs, targets = [], []
-    for inputs, target in batches:
+    for inputs, target in evened(batches, model):  # FSDP: as many calls in every process
         with precision.autocast():
-            outputs.append(model(inputs).float())
-        targets.append(target)
+            output = model(inputs).float()
+        if target is not None:
+            outputs.append(output)
+            targets.append(target)
     model.train(was_training)
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    device = device_of(model)
     joined = torch.cat(outputs) if outputs else torch.zeros(0, device=device)
     return all_rows(joined).cpu(), all_rows(torch.cat(targets) if targets else joined).cpu()
 

@@ -16,10 +16,18 @@ from typing import Any
 
 from utils.checkpoint.format import legacy_loss_sums, training_checkpoint
 from utils.checkpoint.load import load_checkpoint, restoring
+from utils.checkpoint.sharded import (
+    consolidate,
+    copy_sharded,
+    load_whole,
+    restore_sharded,
+    restore_training,
+    save_sharded,
+    sharded_state,
+)
 from utils.config.monitor import Monitor
 from utils.config.resolvers import in_sweep
 from utils.config.secrets import redacted_argv
-from utils.errors import UserError
 from utils.files import copy_atomic, save_atomic
 from utils.fit.state import TrainState
 from utils.fit.top_k import (
@@ -54,8 +62,17 @@ class Checkpointer:
         self.saved_at = time.monotonic()  # trainer.checkpoint_every_minutes counts from here
 
     @property
+    def sharded(self) -> bool:
+        """trainer.strategy=fsdp: checkpoints are folders of each process's shards."""
+        return self.trainer.strategy == "fsdp"
+
+    @property
     def last(self) -> Path:
-        return self.folder / "last.pt"
+        return self.folder / ("last" if self.sharded else "last.pt")
+
+    @property
+    def best(self) -> Path:
+        return self.folder / ("best" if self.sharded else "best.pt")
 
     @property
     def writes(self) -> bool:
@@ -81,7 +98,11 @@ class Checkpointer:
             return
         self.context.seed_own_stream()
         if init_from:
-            load_weights(unwrap(self.parts.model), load_checkpoint(init_from)["model"])
+            weights = load_checkpoint(init_from)["model"]
+            if self.sharded:
+                load_whole(self.parts.model, weights)
+            else:
+                load_weights(unwrap(self.parts.model), weights)
             if self.parts.ema:
                 self.parts.ema.restart_from(self.parts.model)
             log.info("weights from %s; optimizer, schedule and counters start fresh", init_from)
@@ -125,8 +146,10 @@ class Checkpointer:
         if path.resolve() != self.last.resolve():
             return
         best, top_k_file = self._copies_of_the_save()
-        if best:
-            copy_atomic(self.last, self.folder / "best.pt")
+        if best and self.sharded:
+            copy_sharded(self.last, self.best)
+        elif best:
+            copy_atomic(self.last, self.best)
         copy = own_top_k_file(self.folder, top_k_file) if top_k_file else None
         if copy and not copy.exists():
             copy_atomic(self.last, copy)
@@ -145,7 +168,7 @@ class Checkpointer:
         callbacks = self.parts.callbacks
         callbacks.checkpoint(self.last, "last")
         if best:
-            callbacks.checkpoint(self.folder / "best.pt", "best")
+            callbacks.checkpoint(self.best, "best")
         if top_k_file:
             callbacks.checkpoint(self.folder / top_k_file, "top_k")
 
@@ -157,14 +180,7 @@ class Checkpointer:
         parts, scaler = self.parts, self.parts.precision.scaler
         if parts.teacher:
             parts.teacher.check_resumed(checkpoint.get("distill"), path)
-        load_weights(parts.model, checkpoint["model"])
-        try:
-            parts.optimizer.load_state_dict(checkpoint["optimizer"])
-        except (ValueError, KeyError) as error:
-            raise UserError(
-                f"the checkpoint's optimizer state does not fit this model's parameters "
-                f"({error}); start from its weights with init_from=... instead"
-            ) from None
+        restore_training(path, checkpoint, parts.model, parts.optimizer, self.sharded)
         if not reschedule:
             with restoring("scheduler settings", path):
                 parts.schedule.load_state_dict(checkpoint["scheduler"])
@@ -179,7 +195,10 @@ class Checkpointer:
             self.state.stopped_by = None
         self._restore_averages(checkpoint)
         with restoring("loss sums", path):
-            parts.losses.load_state_dict(checkpoint.get("losses") or legacy_loss_sums(checkpoint))
+            saved = checkpoint.get("losses") or legacy_loss_sums(checkpoint)
+            ranks, processes = saved.get("ranks") or [], self.context.processes
+            own = len(ranks) == processes.world_size  # each its own, as they were summed
+            parts.losses.load_state_dict(ranks[processes.rank] if own else saved)
         with restoring("RNG states", path):
             restore_rng(checkpoint, self.context.processes)
 
@@ -200,18 +219,24 @@ class Checkpointer:
 
     # --- Saving ----------------------------------------------------------------------------
 
-    def contents(self, rng: list[dict]) -> dict[str, Any]:
+    def contents(
+        self, rng: list[dict], groups: list | None = None, losses: list | None = None
+    ) -> dict[str, Any]:
         """Everything that rebuilds and resumes the run, as a plain dict: the unwrapped model's
         weights, optimizer, schedule, loss scaler, the state and loss sums, the config, and the
-        RNG of every process (``rng``, one per rank)."""
+        RNG and loss sums of every process (``rng``, ``losses``: one per rank). Sharded (``groups``: the optimizer's
+        param groups), the weights and the optimizer's tensors are in the DCP files beside."""
         parts, record = self.parts, self.run.record
+        sharded = groups is not None
         return training_checkpoint(
-            model=unwrap(parts.model).state_dict(),
-            optimizer=parts.optimizer.state_dict(),
+            model={} if sharded else unwrap(parts.model).state_dict(),
+            optimizer={"state": {}, "param_groups": groups}
+            if sharded
+            else parts.optimizer.state_dict(),
             scheduler=parts.schedule.state_dict(),
             scaler=parts.precision.scaler.state_dict(),
             **self.state.state_dict(),
-            losses=parts.losses.state_dict(),
+            losses={**parts.losses.state_dict(), "ranks": losses or []},
             ema=parts.ema.state_dict() if parts.ema else None,
             swa=parts.swa.state_dict() if parts.swa else None,
             distill=parts.teacher.record() if parts.teacher else None,  # its path, sha256
@@ -234,8 +259,13 @@ class Checkpointer:
         parts, state = self.parts, self.state
         parts.watch.check(state.global_step, parts, self.describe(), weights=True)
         rng = all_rng_states()
-        if self.writes:  # one process writes the weights
-            save_atomic(self.contents(rng), self.last)
+        losses = distributed.gathered(parts.losses.state_dict())  # each process's epoch so far
+        if self.sharded:  # every process writes its shards, rank 0 the rest
+            tensors, groups = sharded_state(parts.model, parts.optimizer)
+            state = self.contents(rng, groups, losses) if self.writes else None
+            save_sharded(tensors, state, self.last, self.writes)
+        elif self.writes:  # one process writes the weights
+            save_atomic(self.contents(rng, losses=losses), self.last)
         self.saved_at = time.monotonic()
 
     def due_within_epoch(self, may_sync: bool) -> bool:
@@ -278,7 +308,10 @@ class Checkpointer:
             top_k_file = name if keep else ""
         self.save()
         self.intact = (self.last, state.epoch)
-        if self.writes:  # best.pt, top-k: copies of last.pt
+        if self.writes and self.sharded:  # best/: a copy of last/ (no top-k: refused)
+            if improved:
+                copy_sharded(self.last, self.best)
+        elif self.writes:  # best.pt, top-k: copies of last.pt
             keep_copies(self.folder, best=improved, top_k_file=top_k_file, dropped=dropped)
             self._announce(improved, top_k_file)
         self.sent_on()
@@ -330,10 +363,15 @@ class Checkpointer:
         every process can read a complete best.pt), and its val/ figures into the state: a
         run's metrics.json reports the val and test figures of one checkpoint, best.pt."""
         distributed.barrier()
-        best = self.folder / "best.pt"
+        best = self.best
         if best.exists():
-            checkpoint = load_checkpoint(best)
-            load_weights(self.parts.model, checkpoint["model"])
+            checkpoint = load_checkpoint(best, whole_weights=not self.sharded)
+            if self.sharded:
+                restore_sharded(best, self.parts.model)
+                if self.trainer.fsdp.consolidate:  # best.safetensors: the whole model, one file
+                    consolidate(self.parts.model, self.folder, self.run.record, self.writes)
+            else:
+                load_weights(self.parts.model, checkpoint["model"])
             self._restore_averages(checkpoint)
             self.state.record(
                 "val",

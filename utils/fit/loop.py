@@ -32,6 +32,7 @@ from utils.precision import Precision
 from utils.schedulers import Schedule
 from utils.system import distributed
 from utils.system.memory import collect_cycles, cycle_collection_by_the_loop, out_of_memory
+from utils.system.sharding import full_norm, memory_per_process
 
 log = logging.getLogger("torchloom")
 DATA_WAIT_WARNING = 0.2  # the share of training time spent waiting for batches that warns
@@ -228,6 +229,7 @@ class Loop:
             "train/samples_per_second": samples / seconds if seconds else 0.0,
             "train/data_wait_fraction": waited,
             "train/skipped_steps": self.state.skipped_steps,
+            **memory_per_process(self.parts.model, self.parts.optimizer),  # under any strategy
         }
 
     def _steps(self, batches: Any) -> bool:
@@ -326,7 +328,7 @@ class Loop:
         tracker.scalar("train/loss", mean_loss, step)
         lr = self.parts.optimizer.param_groups[0]["lr"]
         tracker.scalar("train/lr", lr, step)
-        tracker.scalar("train/grad_norm", grad_norm.item(), step)
+        tracker.scalar("train/grad_norm", full_norm(grad_norm).item(), step)
         tracker.scalar("train/skipped_steps", state.skipped_steps, step)
         self.parts.callbacks.log(state, {"train/loss": mean_loss, "train/lr": lr})
         self.progress.update(state.epoch, step, mean_loss, samples_per_second)

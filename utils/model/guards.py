@@ -28,6 +28,7 @@ from torch import nn
 from data.batching.batches import BatchPlan
 from utils.errors import UserError
 from utils.schedulers import FEW_STEPS, StepCounts, epochs_for
+from utils.system.sharding import without_grad
 
 GUARDS = (
     "unregistered_modules",
@@ -125,7 +126,7 @@ def run_guards(
         inputs = torch.randn(4, *input_shape, device=device, generator=generator)
         was_training = model.training
         model.eval()
-        with torch.inference_mode():
+        with without_grad(model):
             probability_outputs(model(inputs))
         model.train(was_training)
 

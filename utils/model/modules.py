@@ -1,6 +1,7 @@
 """Which module each phase calls: the model as built (checkpoints, summaries, loading weights),
 the model the training step calls (DDP and torch.compile around it), and the one evaluation
-calls (never DDP: evaluation shards need not have equal batch counts, so no collectives).
+calls (never DDP: evaluation shards need not have equal batch counts, so no collectives; under
+FSDP the sharded model itself, every process calling it as often: utils/system/sharding.py).
 
     modules = Modules.build(cfg.model, data, context.device, trainer.channels_last, task)
     modules.wrap_for_steps(context.processes, trainer)
@@ -17,7 +18,7 @@ from torch import nn
 from utils.config.build import build
 from utils.errors import UserError
 from utils.model.checks import check_forward
-from utils.system import distributed
+from utils.system import distributed, sharding
 from utils.system.compilation import compile_or_eager
 from utils.system.device import wants_channels_last
 
@@ -50,8 +51,16 @@ class Modules:
         )
         return cls(model, layout, device, tuple(data.input_shape), model, model, flat)
 
-    def wrap_for_steps(self, processes: distributed.Processes, trainer: Any) -> None:
-        """DDP around the model for several processes, then torch.compile if asked."""
+    def wrap_for_steps(
+        self, processes: distributed.Processes, trainer: Any, dtype: torch.dtype = torch.float32
+    ) -> None:
+        """DDP around the model for several processes, or the model sharded in place
+        (trainer.strategy=fsdp, computing in ``dtype``); then torch.compile if asked."""
+        if trainer.strategy == "fsdp":  # every phase calls the sharded model, all processes
+            self.step_model = self.eval_model = sharding.shard_model(
+                self.model, self.device, trainer, dtype
+            )
+            return
         if processes.enabled and getattr(self.model, "freeze_backbone_epochs", 0):
             raise UserError(
                 "model.freeze_backbone_epochs changes which parameters train mid-run, which DDP "

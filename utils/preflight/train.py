@@ -31,6 +31,7 @@ from utils.model.optim import build_optimizer
 from utils.run.cross_validation import check_cv
 from utils.schedulers import StepCounts
 from utils.system.distributed import processes_from_env
+from utils.system.sharding import check_strategy
 
 log = logging.getLogger("torchloom")
 
@@ -108,10 +109,10 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
     check_run_name(cfg.run_name)
     check_added_keys(cfg)
     check_groups(cfg)
-
     if epochs != "auto":  # else once the data says how many epochs (utils/fit/swa.py)
         check_swa(cfg.trainer.swa, epochs)  # before any data is read
     entries_of(cfg.callbacks, processes_from_env().world_size)  # conf/callbacks/, yours
+    check_strategy(cfg, processes_from_env().world_size)  # what trainer.strategy=fsdp carries
     check_settings(cfg.distill)
 
     Mixing.from_augment(OmegaConf.to_container(cfg.data.get("augment") or {}, resolve=True))

@@ -53,7 +53,7 @@ def final_metrics(state, summary: Mapping, test_split: str, checkpointer) -> dic
         "stopped_by": state.stopped_by,  # a callback's stop: its name, reason, epoch and step
         "wall_time_seconds": state.total_seconds(),  # every segment of a resumed run
         "segment_wall_time_seconds": state.segment_seconds(),  # this process's alone
-        "best_checkpoint": str(checkpointer.folder / "best.pt"),
+        "best_checkpoint": str(checkpointer.best),
         "overrides": checkpointer.run.record.overrides,
     }
 

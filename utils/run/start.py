@@ -12,6 +12,7 @@ device, threads), shared by train.py and evaluate.py.
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from data.batching.batches import Placement
 from utils.checkpoint.format import check_training_checkpoint
 from utils.checkpoint.load import find_checkpoints, load_checkpoint, load_latest
 from utils.checkpoint.record import InputRecord
+from utils.checkpoint.sharded import is_sharded
 from utils.config.resolvers import in_sweep
 from utils.config.secrets import recorded, redacted_argv, scrub_yaml_files, secret_values
 from utils.errors import UserError
@@ -164,12 +166,12 @@ def resume_point(
             log.info("resume=auto: no checkpoint in %s yet; starting fresh", checkpoint_dir)
         return found
     path = Path(resume)
-    if path.is_dir():
+    if path.is_dir() and not is_sharded(path):  # a run's folder, not a sharded checkpoint
         found = load_latest(path)
         if found is None:
             raise UserError(f"resume={resume}: no readable checkpoint in that folder")
         return found
-    return path, load_checkpoint(path)
+    return path, load_checkpoint(path, whole_weights=False)
 
 
 # What an earlier run of the same name leaves that is worth keeping: its checkpoints and its
@@ -178,6 +180,10 @@ def resume_point(
 SAVED_FILES = (
     ("checkpoints", "last.pt"),
     ("checkpoints", "best.pt"),
+    ("checkpoints", "last"),  # sharded checkpoints (trainer.strategy=fsdp): folders
+    ("checkpoints", "best"),
+    ("checkpoints", "last.old"),
+    ("checkpoints", "best.old"),
     ("checkpoints", "epoch=*.pt"),
     ("run", "metrics.json"),
 )
@@ -207,7 +213,10 @@ def remove_files(paths: list[Path]) -> None:
             ", ".join(p.name for p in paths),
         )
     for path in paths:
-        path.unlink(missing_ok=True)
+        if path.is_dir() and not path.is_symlink():  # a sharded checkpoint the run wrote
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def _shown_path(path: Path) -> str:
@@ -295,9 +304,14 @@ class RunContext:
 
     @classmethod
     def open(
-        cls, processes: distributed.Processes, device: str, cpu_threads: int | None = None
+        cls,
+        processes: distributed.Processes,
+        device: str,
+        cpu_threads: int | None = None,
+        sharded: bool = False,
     ) -> RunContext:
-        joined = distributed.join(processes, resolve_device(device))
+        """``sharded``: trainer.strategy=fsdp, which needs a process group even alone."""
+        joined = distributed.join(processes, resolve_device(device), alone_too=sharded)
         configure_device(joined)
         threads = configure_threads(cpu_threads, sweep.parallel_jobs())
         log.info(
@@ -311,7 +325,8 @@ class RunContext:
         asked, then opened; it writes files when rank 0 and ``trainer.write_outputs``."""
         seed_everything(seed)
         configure_determinism(trainer.deterministic)
-        opened = cls.open(processes, trainer.device, trainer.cpu_threads)
+        sharded = trainer.strategy == "fsdp"
+        opened = cls.open(processes, trainer.device, trainer.cpu_threads, sharded)
         writes = processes.is_main and trainer.write_outputs
         return cls(processes, opened.device, opened.threads, writes, seed)
 

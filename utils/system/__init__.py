@@ -7,4 +7,5 @@ distributed  torchrun's processes, DDP, collectives
 seeding      seeds, per-rank streams, RNG states in checkpoints
 memory       cycle collection by the loop; the out-of-memory message; what fits in memory
 compilation  torch.compile, or eager with one warning
+sharding     trainer.strategy: how the model is split across processes (FSDP2)
 """

@@ -55,10 +55,15 @@ def processes_from_env() -> Processes:
     )
 
 
-def join(processes: Processes, device: torch.device) -> torch.device:
+def join(processes: Processes, device: torch.device, alone_too: bool = False) -> torch.device:
     """Join the process group (NCCL on CUDA, gloo on CPU), binding this process to its local
-    GPU. Returns the device it trains on."""
+    GPU; with ``alone_too`` (trainer.strategy=fsdp) a group of one when torchrun started none,
+    so a sharded run continues as one process. Returns the device it trains on."""
     if not processes.enabled:
+        if alone_too and not dist.is_initialized():
+            store = dist.HashStore()
+            backend = "nccl" if device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, store=store, rank=0, world_size=1)
         return device
     if device.type == "cuda":
         if processes.local_rank >= torch.cuda.device_count():
@@ -97,6 +102,9 @@ def wrap(model: nn.Module, processes: Processes, device: torch.device, sync_batc
 def gradient_sync(model: nn.Module, sync: bool):
     """A context in which backward all-reduces the gradients only when ``sync``: micro-batches
     before the last of an accumulated step keep theirs local (DDP's ``no_sync``)."""
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter on the last only
+        model.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
     if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
         return contextlib.nullcontext()
     return model.no_sync()
@@ -140,6 +148,17 @@ def agree(flag: bool, device: torch.device) -> bool:
     if not dist.is_initialized():
         return flag
     return bool(all_sum(torch.tensor(float(flag), device=device)).item())
+
+
+def gathered(value: dict) -> list:
+    """Every process's ``value`` (a dict of plain values and tensors), in rank order, its
+    tensors on the CPU; ``[value]`` for one process."""
+    value = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in value.items()}
+    if not dist.is_initialized():
+        return [value]
+    values: list = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 def first_of(value: object) -> object:
