@@ -378,3 +378,52 @@ def test_a_stop_signal_while_a_row_group_never_arrives_ends_the_wait():
         with pytest.raises(Interrupted):
             next(stream)
     never.set()
+
+
+def test_each_process_decodes_only_the_rows_it_takes_and_batches_stay_the_same():
+    """Encoded images: of each row group a process of two decodes only the rows its part of
+    the global batches takes, and its batches are what decoding everything gives."""
+    from data.batching.batches import BatchPlan, BatchTransform
+    from data.batching.shards import ShardBatches, ShardSplit
+
+    sizes = (7, 5, 9, 6, 8)
+    starts = torch.tensor([0, *sizes]).cumsum(0)
+    decoded = []
+
+    def read(g, rows=None):
+        ids = torch.arange(starts[g], starts[g + 1])
+        inputs = ids.view(-1, 1).to(torch.float32)
+        if rows is not None:
+            decoded.append(len(rows))
+            inputs = torch.where(torch.isin(torch.arange(len(ids)), rows).view(-1, 1), inputs, 0)
+        return inputs, ids
+
+    transform = BatchTransform([0.0], [1.0], torch.device("cpu"))
+
+    def stream(decodes, rank):
+        split = ShardSplit(sizes, read, torch.zeros(35), (1,), 2, 0, False, decodes)
+        plan = BatchPlan(8, True, 3, rank, 2, keep_partial=False)
+        return list(ShardBatches(split, plan, transform).epoch(1))
+
+    for rank in (0, 1):
+        decoded.clear()
+        for (got, labels), (expected, _) in zip(
+            stream(True, rank), stream(False, rank), strict=True
+        ):
+            assert torch.equal(got, expected) and torch.equal(got.view(-1), labels.float())
+        assert sum(decoded) == 8 * (35 // 16)  # its 8 rows of each of 2 whole global batches
+
+
+@pytest.mark.slow
+def test_a_kill_9_while_reading_from_s3_resumes_bit_identically(s3, tmp_path):
+    run_python(tmp_path, str(SHARD), "out=s3://bucket/digits", "rows_per_group=64", env=s3)
+    run = ("data=parquet", "data.path=s3://bucket/digits", *QUICK, "model=mlp")
+    run += ("model._target_=signalling_model.mlp", "trainer.checkpoint_every_n_steps=3")
+    run += (f"data.shard_cache_dir={tmp_path / 'cache'}",)
+    run_train(tmp_path, *run, "data.num_workers=0", "run_name=straight", env=s3)
+    kill = {**s3, "SIGNAL_AT_FORWARD": "27", "SIGNAL_NAME": "SIGKILL"}
+    killed = run_train(tmp_path, *run, "data.num_workers=2", "run_name=killed", ok=False, env=kill)
+    assert killed.returncode == -signal.SIGKILL
+    assert checkpoint(tmp_path, "killed")["global_step"] == 24
+    run_train(tmp_path, *run, "data.num_workers=1", "run_name=killed", "resume=auto", env=s3)
+    assert same_weights(weights(tmp_path, "straight"), weights(tmp_path, "killed"))

@@ -54,7 +54,7 @@ def test_train_state_round_trips_and_reads_older_checkpoints():
         skipped_steps=1,
     )
     saved = state.state_dict()
-    later = {"skipped_steps", "early_stopping", "elapsed_seconds", "stopped_by"}
+    later = {"skipped_steps", "early_stopping", "elapsed_seconds", "stopped_by", "global_batch"}
     assert set(saved) == STATE_KEYS | later
     assert saved["elapsed_seconds"] > 0  # this segment's time so far
     again = TrainState()
@@ -87,7 +87,7 @@ def checkpointer(folder, monitor: str, keep_top_k: int) -> tuple[Checkpointer, T
     parts = Parts(model, optimizer, schedule, Precision("float32", cpu), watch, F.cross_entropy)
     run = SimpleNamespace(checkpoint_dir=folder, record=RunRecord({"seed": 0}, []), resumed=None)
     context = RunContext(Processes(), cpu, threads=1, writes=True)
-    trainer = SimpleNamespace(keep_top_k=keep_top_k, accumulate_grad_batches=1)
+    trainer = SimpleNamespace(keep_top_k=keep_top_k, accumulate_grad_batches=1, strategy="auto")
     state = TrainState()
     monitor_ = Monitor.from_config(monitor, "auto")
     return Checkpointer(run, context, parts, state, monitor_, trainer), state

@@ -19,6 +19,7 @@ CHECKPOINT_KEYS = {
     "provenance",
     "rng_per_rank",
     "skipped_steps",
+    "global_batch",
     "early_stopping",
     "elapsed_seconds",
     "ema",

@@ -86,7 +86,8 @@ class ShardBatches:
         ids = torch.cat(rows)
         group_of = torch.searchsorted(self.split.starts, ids, right=True) - 1
         held = _Held(self.split.starts)
-        reading = iter(self._reader(_first_needed(group_of)))
+        wanted = _rows_wanted(ids, group_of, self.split.starts) if self.split.decodes else None
+        reading = iter(self._reader(_first_needed(group_of), wanted))
         last_use = _last_use(group_of)
         at = 0
         for index, batch_ids in enumerate(rows, start):
@@ -103,14 +104,18 @@ class ShardBatches:
                 images = self.transform.augment(images, batch_seed)
             yield images, labels
 
-    def _reader(self, groups: list[int]) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    def _reader(
+        self, groups: list[int], wanted: dict | None
+    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """(group, inputs, targets) of ``groups`` in that order, read ahead by
-        ``data.num_workers`` threads, or processes where decoding runs in Python."""
+        ``data.num_workers`` threads, or processes where decoding runs in Python; ``wanted``:
+        the rows of each group this process uses, the only ones it decodes."""
         split = self.split
+        read = _Reading(split.read, wanted)
         if split.decodes and split.workers > 0:
-            ahead: _ReadAhead | _Pulled = _Pulled(_in_processes(split, groups))
+            ahead: _ReadAhead | _Pulled = _Pulled(_in_processes(split, groups, read))
         else:
-            ahead = _ReadAhead(split.read, groups, max(1, split.workers))
+            ahead = _ReadAhead(read, groups, max(1, split.workers))
         try:
             for index, group in enumerate(groups):
                 yield (group, *ahead.result(index))
@@ -178,11 +183,32 @@ class _ReadAhead:
             self.turn.notify_all()
 
 
-class _RowGroups(Dataset):
-    """Row groups ``groups`` of ``split``, in the order given: what worker processes read."""
+@dataclass(frozen=True)
+class _Reading:
+    """Reads row group ``g``; of encoded images, decodes only the rows ``wanted[g]`` this
+    process uses (each process of N uses about 1/N of every row group's rows)."""
 
-    def __init__(self, split: ShardSplit, groups: list[int]) -> None:
-        self.read, self.groups = split.read, groups
+    read: Callable
+    wanted: dict | None
+
+    def __call__(self, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.wanted is None:
+            return self.read(group)
+        return self.read(group, self.wanted[group])
+
+
+def _rows_wanted(ids: torch.Tensor, group_of: torch.Tensor, starts: torch.Tensor) -> dict:
+    """For each row group, the rows within it (sorted) that ``ids`` take."""
+    within = ids - starts[group_of]
+    return {int(g): torch.unique(within[group_of == g]) for g in torch.unique(group_of).tolist()}
+
+
+class _RowGroups(Dataset):
+    """Row groups ``groups`` read by ``read``, in the order given: what worker processes
+    read."""
+
+    def __init__(self, read: Callable, groups: list[int]) -> None:
+        self.read, self.groups = read, groups
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -191,14 +217,14 @@ class _RowGroups(Dataset):
         return self.read(self.groups[index])
 
 
-def _in_processes(split: ShardSplit, groups: list[int]) -> Iterator:
+def _in_processes(split: ShardSplit, groups: list[int], read: Callable) -> Iterator:
     """The row groups, read by DataLoader worker processes: encoded images are decoded one by
     one in Python, which threads cannot run side by side (measured side by side on PNG shards:
     threads at 0.98× the DataLoader over the files, worker processes at 1.79×)."""
     # Its own generator: iterating a DataLoader draws a seed, and the global RNG (dropout's)
     # must draw the same numbers whether an epoch starts fresh or resumes inside.
     loader = DataLoader(
-        _RowGroups(split, groups),
+        _RowGroups(read, groups),
         batch_size=None,
         num_workers=split.workers,
         prefetch_factor=PREFETCH_GROUPS,

@@ -25,7 +25,14 @@ import torch
 from data.batching.targets import sorted_names
 from data.readers.pixels import decoded
 from data.readers.shard_cache import ShardCache
-from data.readers.storage import Shard, arrow, filesystem, parquet_file, read_row_group
+from data.readers.storage import (
+    Shard,
+    arrow,
+    endpoint,
+    filesystem,
+    parquet_file,
+    read_row_group,
+)
 from utils.errors import UserError
 
 MAX_PIXELS = 2**26  # elements of one array or image sample read from a shard: 64 Mi
@@ -60,12 +67,22 @@ class RowGroups:
     columns: Columns
     cache: ShardCache | None = None  # data.shard_cache_gb: fetched row groups kept on disk
 
-    def __call__(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, g: int, rows: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row group ``g``'s inputs and targets; with ``rows``, only those rows' inputs are
+        decoded (the others are zeros: no batch of this process takes them)."""
         index, group = self.groups[g]
         shard = self.shards[index]
         where = f"{shard.name} row group {group}"
         table = self.fetched(shard, group, self.sizes[g])
-        return inputs_of(table, self.columns, where), targets_of(table, self.columns, where)
+        targets = targets_of(table, self.columns, where)
+        if rows is None or len(rows) == table.num_rows:
+            return inputs_of(table, self.columns, where), targets
+        decoded = inputs_of(table.take(rows.numpy()), self.columns, where)
+        inputs = torch.zeros((table.num_rows, *decoded.shape[1:]), dtype=decoded.dtype)
+        inputs[rows] = decoded
+        return inputs, targets
 
     def fetched(self, shard: Shard, group: int, rows: int) -> Any:
         """The columns of row group ``group`` of ``shard``: from the local cache when it holds
@@ -73,7 +90,7 @@ class RowGroups:
         columns = self.columns.read
         if self.cache is None:
             return read_row_group(shard, group, columns)
-        key = self.cache.key(shard.name, shard.size, shard.version, group, columns)
+        key = self.cache.key(endpoint(), shard.name, shard.size, shard.version, group, columns)
         table = self.cache.get(key, rows, columns)
         if table is None:
             table = read_row_group(shard, group, columns)

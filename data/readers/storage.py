@@ -52,17 +52,23 @@ class Shard:
     where: str  # the URL or local root the filesystem was opened for
 
 
+def endpoint() -> str | None:
+    """The S3-compatible server's address the environment names (None: AWS itself): two
+    servers may hold the same bucket and key."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
 def filesystem(url: str) -> tuple[Any, str]:
     """(the pyarrow filesystem for ``url``, the path within it). S3 honours
     ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (an S3-compatible server, such as MinIO)."""
     fs, _ = arrow()
     if url.startswith("s3://"):
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        server = endpoint()
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         options: dict[str, Any] = {"region": region} if region else {}
-        if endpoint:
-            scheme, _, host = endpoint.rpartition("://")
-            options.update(endpoint_override=host or endpoint, scheme=scheme or "https")
+        if server:
+            scheme, _, host = server.rpartition("://")
+            options.update(endpoint_override=host or server, scheme=scheme or "https")
             # S3-compatible servers (MinIO, rclone, Ceph) often refuse the streamed checksums
             # the AWS SDK sends by default since 2025; send them only where an API needs them.
             for variable in CHECKSUM_VARIABLES:
@@ -130,7 +136,8 @@ def parquet_file(shard: Shard) -> Any:
     a file that is no Parquet is one line naming it."""
     # Per process (a file opened before a fork shares its connection) and per thread (the
     # reading threads of data/batching/shards.py each read through their own).
-    key = (os.getpid(), threading.get_ident(), shard.where, shard.path, shard.size, shard.version)
+    key = (os.getpid(), threading.get_ident(), endpoint(), shard.where, shard.path)
+    key += (shard.size, shard.version)  # a rewritten object is opened anew
     if key not in _open:
         _, pq = arrow()
         system, _ = filesystem(shard.where)

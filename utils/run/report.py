@@ -58,7 +58,7 @@ def final_metrics(state, summary: Mapping, test_split: str, checkpointer) -> dic
     }
 
 
-MAX_SHOWN_WIDTH = 100  # characters of a value on one line; longer ones fold, never cut
+MAX_TABLE_WIDTH = 136  # characters of a row of the final table; longer values fold, never cut
 
 
 def metrics_table(metrics: Mapping[str, Any]) -> Table:
@@ -66,7 +66,9 @@ def metrics_table(metrics: Mapping[str, Any]) -> Table:
     (the overrides) one item a line, a long value folded, the table as narrow as they allow."""
     table = Table(title="final metrics")
     table.add_column("metric", no_wrap=True)
-    table.add_column("value", justify="right", overflow="fold", max_width=MAX_SHOWN_WIDTH)
+    names = max((len(name) for name in metrics), default=0)
+    shown = max(MAX_TABLE_WIDTH - names - 7, 40)  # the rest of the row: the borders' 7
+    table.add_column("value", justify="right", overflow="fold", max_width=shown)
     for name, value in metrics.items():
         table.add_row(name, escape(_format(value)))
     return table
