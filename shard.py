@@ -23,7 +23,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from data.readers.parquet import split_table, write_shards
+from data.readers.shard_writer import split_table, write_shards
 from data.readers.storage import arrow, filesystem, retried
 from utils.config.build import build
 from utils.errors import UserError
@@ -50,7 +50,7 @@ def shard(cfg: DictConfig) -> None:
     refuse_written(out)
     task = build(cfg.task)
     data = build(cfg.data, **task.data_arguments(cfg.data))
-    names = list(data.classes) if data.classes else None
+    names = data.targets.class_names  # class or label names; None for values
     counts = {}
     for name, split in data.splits.items():
         if split is None:

@@ -23,8 +23,8 @@ array column (a fixed-size list) or ``features`` (number columns; null: every ot
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import io
 import json
 import logging
 import os
@@ -43,19 +43,19 @@ from data.readers.parquet import (
     RowGroups,
     classes_of,
     footprint,
+    label_names,
     row_groups,
     target_column,
     targets_of,
 )
-from data.readers.pixels import decoded
 from data.readers.shard_cache import shard_cache
+from data.readers.shard_columns import encoded_column, input_columns, said
 from data.readers.storage import (
     SCHEMES,
     Shard,
     arrow,
     files_of,
     filesystem,
-    read_row_group,
     retried,
 )
 from utils.config.trust import plain_data
@@ -87,7 +87,7 @@ class Source:
         return hashlib.sha256(json.dumps(described).encode()).hexdigest()
 
 
-@reads_targets("values")
+@reads_targets("label_sets", "values")
 def load_parquet(
     path: str | Sequence[str],
     target: str | Sequence[str],
@@ -112,14 +112,15 @@ def load_parquet(
         name: target_column(list(source.shards), list(source.groups), names)
         for name, source in sources.items()
     }
-    classes = classes_of(labels["train"], names[0], str(path)) if kind == "classes" else None
+    classes = _classes(labels["train"], names[0], str(path), kind)
     described = _description(path)
-    columns = _columns(schema, names, (image, features, shape), described, classes, train)
+    columns = input_columns(schema, names, (image, features, shape), described, classes, train)
+    columns = dataclasses.replace(columns, sets=kind == "label_sets")
     remote = any(s.name.startswith(SCHEMES[:-1]) for src in sources.values() for s in src.shards)
     cache, cached = shard_cache(
         options.pop("shard_cache_gb"), options.pop("shard_cache_dir"), remote
     )
-    encoded = columns.kind == "image" and _encoded_column(schema, columns)
+    encoded = columns.kind == "image" and encoded_column(schema, columns)
     held = {
         name: _split(source, labels[name], columns, (window, workers, cache, encoded))
         for name, source in sources.items()
@@ -134,7 +135,7 @@ def load_parquet(
         "parquet %s: %s; %d training rows in %d row groups of %d files, shuffled in windows "
         "of %d row groups (data.shuffle_window), read ahead by %d readers; %s",
         _shown(path),
-        _said(columns),
+        said(columns),
         sum(train.sizes),
         len(train.groups),
         len(train.shards),
@@ -152,9 +153,17 @@ def _target_names(target: Any, kind: str, schema: Any, path: Any) -> list[str]:
     if missing:
         there = ", ".join(schema.names)
         raise UserError(f"data.target: {missing[0]!r} is not a column of {path} ({there})")
-    if kind == "classes" and len(names) != 1:
-        raise UserError(f"data.target={target!r}: task=classification takes one column")
+    if kind != "values" and len(names) != 1:
+        task = "classification" if kind == "classes" else "multilabel"
+        raise UserError(f"data.target={target!r}: task={task} takes one column")
     return names
+
+
+def _classes(labels: Any, column: str, where: str, kind: str) -> tuple[str, ...] | None:
+    """The class names (classification), the label names (label sets), or None (values)."""
+    if kind == "classes":
+        return classes_of(labels, column, where)
+    return label_names(labels, column, where) if kind == "label_sets" else None
 
 
 def _shown(path: Any) -> str:
@@ -244,101 +253,6 @@ def _description(path: Any) -> dict:
     return described
 
 
-def _columns(
-    schema: Any, target: list[str], asked: tuple, described: dict, classes: Any, train: Source
-) -> Columns:
-    """Which columns are the input, and its shape: the image column (``data.image``, or the
-    one binary, ``{bytes, path}`` or uint8-list column), else an array column, else the number
-    columns (``data.features``, or every one but the target)."""
-    import pyarrow as pa
-
-    image, features, shape = asked
-    others = [n for n in schema.names if n not in target]
-    image = described.get("image") if image == "auto" and "image" in described else image
-
-    def is_image(field: Any) -> bool:
-        kind = field.type
-        bytes_struct = pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0
-        uint8_list = pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind)
-        uint8_list = uint8_list and pa.types.is_uint8(kind.value_type)
-        binary = pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
-        return binary or pa.types.is_fixed_size_binary(kind) or bytes_struct or uint8_list
-
-    if image == "auto":
-        found = [n for n in others if is_image(schema.field(n))]
-        image = found[0] if len(found) == 1 else None
-    shape = described.get("shape") if shape == "auto" and "shape" in described else shape
-    classes = tuple(classes) if classes else None
-    if image:
-        if image not in schema.names:
-            raise UserError(f"data.image={image!r} is not a column ({', '.join(schema.names)})")
-        shape = _image_shape(train, image, shape)
-        return Columns("image", (image,), shape, tuple(target), classes)
-    arrays = [n for n in others if pa.types.is_fixed_size_list(schema.field(n).type)]
-    if features is None and len(arrays) == 1:
-        width = schema.field(arrays[0]).type.list_size
-        shape = tuple(shape) if shape != "auto" else (width,)
-        return Columns("array", (arrays[0],), shape, tuple(target), classes)
-    chosen = list(features) if features is not None else others
-    unknown = [n for n in chosen if n not in schema.names]
-    if unknown:
-        raise UserError(
-            f"data.features: {unknown[0]!r} is not a column ({', '.join(schema.names)})"
-        )
-    return Columns("features", tuple(chosen), (len(chosen),), tuple(target), classes)
-
-
-def _image_shape(train: Source, column: str, shape: Any) -> tuple[int, int, int]:
-    """[C, H, W]: ``data.shape`` (or torchloom.json's), else the first image's size and mode."""
-    if shape != "auto":
-        if len(shape) != 3 or not all(isinstance(v, int) and v > 0 for v in shape):
-            raise UserError(f"data.shape={list(shape)} must be [channels, height, width]")
-        return tuple(shape)
-    from PIL import Image
-
-    first = train.shards[train.groups[0][0]]
-    table = read_row_group(first, train.groups[0][1], [column])
-    value = table.column(column)[0].as_py()
-    value = value.get("bytes") if isinstance(value, dict) else value
-    raw = table.schema.field(column).type
-    import pyarrow as pa
-
-    if not isinstance(value, bytes | bytearray) or (
-        pa.types.is_fixed_size_binary(raw) and not _encoded(value)
-    ):
-        raise UserError(
-            f"{first.name}: column {column!r} holds pixels without their shape; pass "
-            "data.shape=[channels,height,width]"
-        )
-    image = Image.open(io.BytesIO(value))
-    channels = 1 if image.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
-    width, height = image.size
-    decoded(io.BytesIO(value), (height, width), channels, f"{first.name} row 0")  # it decodes
-    return channels, height, width
-
-
-def _encoded_column(schema: Any, columns: Columns) -> bool:
-    """Whether the image column holds encoded files (decoded one by one), not C·H·W pixels."""
-    import pyarrow as pa
-
-    kind = schema.field(columns.inputs[0]).type
-    pixels = int(torch.tensor(columns.shape).prod())
-    if pa.types.is_fixed_size_binary(kind):
-        return kind.byte_width != pixels
-    return not (pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind))
-
-
-def _encoded(value: bytes) -> bool:
-    """Whether ``value`` starts as an image file does (PIL can tell its format)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        Image.open(io.BytesIO(value))
-    except (UnidentifiedImageError, OSError, ValueError):
-        return False
-    return True
-
-
 def _split(source: Source, labels: Any, columns: Columns, reading: tuple) -> ShardSplit:
     """The split of ``source`` with its target columns ``labels`` (read already), read in
     windows of ``reading`` = (data.shuffle_window, data.num_workers, the row groups' cache,
@@ -372,10 +286,3 @@ def _statistics(train: ShardSplit, options: dict) -> tuple[list[float], list[flo
         [round(v, 4) for v in fitted[1]],
     )
     return (fitted[0] if mean == "auto" else mean), (fitted[1] if std == "auto" else std)
-
-
-def _said(columns: Columns) -> str:
-    what = {"image": "images", "array": "arrays", "features": "number columns"}[columns.kind]
-    inputs = ", ".join(columns.inputs[:8]) + ("..." if len(columns.inputs) > 8 else "")
-    target = f"{len(columns.classes)} classes" if columns.classes else "values"
-    return f"{what} {inputs} {list(columns.shape)} -> {', '.join(columns.target)} ({target})"

@@ -427,3 +427,73 @@ def test_a_kill_9_while_reading_from_s3_resumes_bit_identically(s3, tmp_path):
     assert checkpoint(tmp_path, "killed")["global_step"] == 24
     run_train(tmp_path, *run, "data.num_workers=1", "run_name=killed", "resume=auto", env=s3)
     assert same_weights(weights(tmp_path, "straight"), weights(tmp_path, "killed"))
+
+
+@pytest.mark.parametrize("cell", ["list", "joined"])
+def test_label_sets_in_shards_train_multilabel_and_an_unseen_label_is_one_line(tmp_path, cell):
+    """task=multilabel on shards: a list of label names a row (pandas, Hugging Face) or one
+    string joined by ';'; a label the train split lacks, in val, is refused naming it."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(240, 4, generator=generator)
+    sets = [[n for n, on in (("a", row[0] > 0), ("b", row[1] > 0)) if on] for row in x]
+
+    def table(rows, extra=None):
+        labels = [sets[i] + ([extra] if extra and i == rows[0] else []) for i in rows]
+        column = labels if cell == "list" else [";".join(s) for s in labels]
+        data = {f"x{j}": x[rows, j].tolist() for j in range(4)}
+        return pa.table({**data, "tags": column})
+
+    for name, rows in (
+        ("train", range(0, 160)),
+        ("val", range(160, 200)),
+        ("test", range(200, 240)),
+    ):
+        (tmp_path / "set" / name).mkdir(parents=True)
+        pq.write_table(table(list(rows)), tmp_path / "set" / name / "p.parquet", row_group_size=20)
+    run = ("data=parquet", "data.path=set", "data.target=tags", "task=multilabel")
+    run += ("model=mlp", "trainer.max_epochs=15", "data.num_workers=0")
+    result = run_train(tmp_path, *run, "run_name=sets")
+    assert "columns x0, x1, x2, x3 [4] -> tags (sets of 2 labels)" in result.stdout + result.stderr
+    assert read_metrics(tmp_path / "runs/sets")["test/map"] > 0.9  # the signs of x0 and x1
+    pq.write_table(table(list(range(160, 200)), extra="c"), tmp_path / "set/val/p.parquet")
+    refused = run_train(tmp_path, *run, "run_name=unseen", ok=False)
+    assert (
+        refused.returncode == 2
+        and "label 'c' of tags is not a label of the train" in error_line(refused)
+    )
+
+
+def test_shard_py_writes_label_sets_as_lists_of_names(tmp_path):
+    rows = ["x0,x1,tags"] + [
+        f"{i % 7 - 3},{i % 5 - 2},{';'.join(n for n, on in (('a', i % 7 > 3), ('b', i % 5 > 2)) if on)}"
+        for i in range(120)
+    ]
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    task = ("task=multilabel", "data=csv", "data.path=t.csv", "data.target=tags")
+    run_python(tmp_path, str(SHARD), *task, "out=shards", "rows_per_group=16")
+    table = pq.read_table(tmp_path / "shards" / "train")
+    assert table.schema.field("label").type == pa.list_(pa.string())
+    assert {tuple(v) for v in table.column("label").to_pylist()} <= {(), ("a",), ("b",), ("a", "b")}
+    run_train(
+        tmp_path, "task=multilabel", "data=parquet", "data.path=shards", "trainer.max_epochs=1"
+    )
+
+
+def test_text_columns_in_shards_are_categories_one_hot_as_the_csv_reader_makes_them(tmp_path):
+    """A table's text column is one-hot over the train split's values (read whole, by
+    column), a gap or a value the train split lacks all zeros: the model learns from it."""
+    generator = torch.Generator().manual_seed(0)
+    colour = ["red", "green", "blue"]
+    picks = torch.randint(0, 3, (300,), generator=generator).tolist()
+    noise = torch.randn(300, generator=generator).tolist()
+    rows = {"colour": [colour[i] for i in picks], "noise": noise}
+    rows["label"] = ["warm" if i == 0 else "cold" for i in picks]  # only the colour tells
+    rows["colour"][5] = None
+    (tmp_path / "set").mkdir()
+    pq.write_table(pa.table(rows), tmp_path / "set/p.parquet", row_group_size=30)
+    result = run_train(
+        tmp_path, "data=parquet", "data.path=set", "model=mlp", "trainer.max_epochs=20"
+    )
+    said = result.stdout + result.stderr
+    assert "columns colour, noise [4] -> label (2 classes); one-hot: colour (3)" in said
+    assert read_metrics(next((tmp_path / "runs").iterdir()))["test/acc"] == 1.0

@@ -6,6 +6,8 @@ column_kinds  data.categorical=auto: which columns are categories, which identif
 image_cache  decoded images kept as one uint8 tensor on disk, checked before reuse
 pixels       an image's bytes as uint8 pixels: one decoder for files and shards
 storage      where shards live: local paths and URLs listed and read, with retries
-parquet      Parquet shards read (a row group at a time) into tensors, and written
+parquet      Parquet shards read (a row group at a time) into tensors: inputs, targets
+shard_columns  which columns of the shards are the input, and what they become
+shard_writer  shards written from what torchloom reads (shard.py)
 shard_cache  where fetched row groups are kept: a bounded local cache, least recent out
 """

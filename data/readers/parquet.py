@@ -22,14 +22,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.batching.targets import sorted_names
+from data.batching.targets import SET_SEPARATOR, sorted_names
 from data.readers.pixels import decoded
 from data.readers.shard_cache import ShardCache
 from data.readers.storage import (
     Shard,
     arrow,
     endpoint,
-    filesystem,
     parquet_file,
     read_row_group,
 )
@@ -50,6 +49,19 @@ class Columns:
     shape: tuple[int, ...]
     target: tuple[str, ...]
     classes: tuple[str, ...] | None  # None: the target's values are learnt (regression)
+    sets: bool = False  # label sets (task=multilabel): ``classes`` are the labels
+    # of ``features``: the text columns among ``inputs`` and their categories (of the train
+    # split), one-hot after the number columns, as the CSV reader encodes them
+    categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def numbers(self) -> tuple[str, ...]:
+        text = {name for name, _ in self.categories}
+        return tuple(name for name in self.inputs if name not in text)
+
+    @property
+    def width(self) -> int:
+        return len(self.numbers) + sum(len(values) for _, values in self.categories)
 
     @property
     def read(self) -> list[str]:
@@ -158,7 +170,64 @@ def classes_of(table: Any, column: str, where: str) -> tuple[str, ...]:
     return tuple(sorted_names({str(value).strip() for value in values}))
 
 
+def label_names(table: Any, column: str, where: str) -> tuple[str, ...]:
+    """The sorted labels of a label-set column (task=multilabel): a list of strings a cell,
+    as pandas and Hugging Face write them, or one string of labels joined by ``;``."""
+    import pyarrow.compute as pc
+
+    labels = pc.utf8_trim_whitespace(_label_lists(table.column(column), where).flatten())
+    names = {name for name in pc.unique(labels).to_pylist() if name}
+    if not names:
+        raise UserError(f"{where}: data.target column {column!r} holds no labels")
+    return tuple(sorted_names(names))
+
+
+def _label_lists(column: Any, where: str) -> Any:
+    """A label-set column as one list of strings a row (a gap: the empty set)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        lists = column.combine_chunks()
+        return lists.cast(pa.list_(pa.string())).fill_null(pa.scalar([], pa.list_(pa.string())))
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        text = column.combine_chunks().cast(pa.string()).fill_null("")
+        return pc.split_pattern(text, SET_SEPARATOR)
+    raise UserError(
+        f"{where}: the label-set column holds {kind}; write a list of label names a row, or "
+        f"the names joined by '{SET_SEPARATOR}'"
+    )
+
+
+def _multi_hot(table: Any, columns: Columns, where: str) -> torch.Tensor:
+    """Label sets → a 0/1 float32 matrix [rows, labels]; a label the train split lacks is one
+    line naming it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lists = _label_lists(table.column(columns.target[0]), where)
+    labels = pc.utf8_trim_whitespace(lists.flatten())
+    rows = pc.list_parent_indices(lists)
+    given = pc.not_equal(labels, "")
+    labels, rows = labels.filter(given), rows.filter(given)
+    found = pc.index_in(labels, value_set=pa.array(columns.classes, pa.string()))
+    if found.null_count:
+        unknown = labels.filter(pc.is_null(found)).to_pylist()[0]
+        raise UserError(
+            f"{where}: label {unknown!r} of {columns.target[0]} is not a label of the train "
+            f"split ({', '.join(columns.classes[:10])}{'...' if len(columns.classes) > 10 else ''})"
+        )
+    matrix = torch.zeros(table.num_rows, len(columns.classes))
+    at_row = torch.from_numpy(rows.to_numpy(zero_copy_only=False).astype(np.int64))
+    at_label = torch.from_numpy(found.to_numpy(zero_copy_only=False).astype(np.int64))
+    matrix[at_row, at_label] = 1.0
+    return matrix
+
+
 def targets_of(table: Any, columns: Columns, where: str) -> torch.Tensor:
+    if columns.sets:
+        return _multi_hot(table, columns, where)
     if columns.classes is None:
         return torch.from_numpy(_numbers(table, columns.target, where)).to(torch.float32)
     import pyarrow as pa
@@ -178,7 +247,8 @@ def targets_of(table: Any, columns: Columns, where: str) -> torch.Tensor:
 
 def inputs_of(table: Any, columns: Columns, where: str) -> torch.Tensor:
     if columns.kind == "features":
-        return torch.from_numpy(_numbers(table, columns.inputs, where))
+        numbers = torch.from_numpy(_numbers(table, columns.numbers, where))
+        return torch.cat([numbers, *_one_hot(table, columns.categories)], dim=1)
     column = columns.inputs[0]
     whole = _fixed_size(table.column(column), columns, table.num_rows)
     if whole is not None:  # pixels or numbers of one fixed size: one copy, no loop in Python
@@ -231,9 +301,41 @@ def _raw_pixels(column: Any, size: int, shape: tuple, rows: int) -> torch.Tensor
     return torch.from_numpy(array.reshape(rows, *shape).copy())
 
 
+def text_categories(table: Any, names: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Each text column's categories (its distinct values, trimmed; a gap is none), sorted as
+    the CSV reader sorts them: fitted on the train split's whole column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    fitted = []
+    for name in names:
+        values = pc.utf8_trim_whitespace(table.column(name).cast(pa.string()))
+        fitted.append((name, tuple(sorted(v for v in pc.unique(values).to_pylist() if v))))
+    return tuple(fitted)
+
+
+def _one_hot(table: Any, categories: Sequence) -> list[torch.Tensor]:
+    """Each text column one-hot over its categories; a gap or a value the train split never
+    held is all zeros (the CSV reader's rule for unseen categories)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parts = []
+    for name, values in categories:
+        text = pc.utf8_trim_whitespace(table.column(name).cast(pa.string()))
+        found = pc.index_in(text, value_set=pa.array(values, pa.string()))
+        at = torch.from_numpy(found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64))
+        hot = torch.zeros(table.num_rows, len(values) + 1)
+        hot[torch.arange(table.num_rows), at] = 1.0  # -1: the last, dropped, column
+        parts.append(hot[:, : len(values)])
+    return parts
+
+
 def _numbers(table: Any, names: Sequence[str], where: str) -> np.ndarray:
     """Number columns as float32 [rows, columns]; a gap, a text or an infinite value is one
     line naming the column."""
+    if not names:
+        return np.zeros((table.num_rows, 0), dtype=np.float32)
     parts = []
     for name in names:
         column = table.column(name)
@@ -275,78 +377,3 @@ def _image(value: Any, size: tuple[int, int], channels: int, where: str) -> torc
         f"{where}: a cell is neither an encoded image nor {channels}x{size[0]}x{size[1]} uint8 "
         "pixels; check data.image, data.image_size and data.channels"
     )
-
-
-# --- Writing shards (shard.py) ------------------------------------------------------------------
-
-
-def split_table(inputs: torch.Tensor, targets: torch.Tensor, names: Any, images: str) -> Any:
-    """Samples as an Arrow table: uint8 images as C·H·W bytes a cell (fixed-size binary) or
-    PNG bytes (``images``: pixels | png) in ``image``, other inputs as fixed-size float32 lists in ``x``;
-    the target as class names (``names``), integers, or float values in ``label``."""
-    import pyarrow as pa
-
-    flat = inputs.reshape(len(inputs), -1)
-    if inputs.dtype == torch.uint8 and images == "png":
-        column, name = pa.array([_png(image) for image in inputs], pa.binary()), "image"
-    elif inputs.dtype == torch.uint8:  # one byte a pixel on disk (a uint8 list is 4: INT32)
-        raw = pa.py_buffer(flat.contiguous().numpy().tobytes())
-        kind = pa.binary(flat.shape[1])
-        column, name = pa.FixedSizeBinaryArray.from_buffers(kind, len(flat), [None, raw]), "image"
-    else:
-        values = pa.array(flat.to(torch.float32).numpy().ravel(), pa.float32())
-        column, name = pa.FixedSizeListArray.from_arrays(values, flat.shape[1]), "x"
-    if targets.dtype == torch.long and names:
-        label = pa.array([names[i] for i in targets.tolist()], pa.string())
-    elif targets.dtype == torch.long:
-        label = pa.array(targets.numpy(), pa.int64())
-    else:
-        rows = targets.reshape(len(targets), -1).to(torch.float32)
-        label = pa.FixedSizeListArray.from_arrays(pa.array(rows.numpy().ravel()), rows.shape[1])
-        label = label if rows.shape[1] > 1 else pa.array(rows[:, 0].numpy())
-    return pa.table({name: column, "label": label})
-
-
-def _png(image: torch.Tensor) -> bytes:
-    from PIL import Image
-
-    pixels = image.permute(1, 2, 0).numpy()
-    out = io.BytesIO()
-    Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(out, "PNG")
-    return out.getvalue()
-
-
-def write_shards(tables: Any, url: str, rows_per_group: int, rows_per_file: int) -> list[str]:
-    """Arrow tables (one split's samples, in order) as ``part-NNNNN.parquet`` files of
-    ``rows_per_file`` rows in row groups of ``rows_per_group``, under ``url`` (a folder or an
-    object store prefix), each file written whole or not at all. Returns their names."""
-    import pyarrow as pa
-
-    fs, pq = arrow()
-    system, root = filesystem(url)
-    local = isinstance(system, fs.LocalFileSystem)  # an object store's PUT is whole already
-    written, pending, number = [], [], 0
-
-    def flush(table: Any) -> None:
-        nonlocal number
-        target = f"{root.rstrip('/')}/part-{number:05d}.parquet"
-        partial = f"{target}.partial" if local else target
-        with system.open_output_stream(partial) as out:
-            pq.write_table(table, out, row_group_size=rows_per_group)
-        if local:
-            system.move(partial, target)
-        written.append(target)
-        number += 1
-
-    if local:
-        system.create_dir(root, recursive=True)
-    for table in tables:
-        pending.append(table)
-        held = pa.concat_tables(pending)
-        while held.num_rows >= rows_per_file:
-            flush(held.slice(0, rows_per_file))
-            held = held.slice(rows_per_file)
-        pending = [held] if held.num_rows else []
-    if pending:
-        flush(pa.concat_tables(pending))
-    return written
