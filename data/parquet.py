@@ -131,6 +131,7 @@ def load_parquet(
     splits = Splits(held["train"], held["val"], held.get("test"))
     data = Data(f"parquet {_shown(path)}", splits, targets.count, batching, targets)
     data.listings = {name: source.listing() for name, source in sources.items()}
+    data.table = _table_record(columns, kind) if columns.kind == "features" else None
     log.info(
         "parquet %s: %s; %d training rows in %d row groups of %d files, shuffled in windows "
         "of %d row groups (data.shuffle_window), read ahead by %d readers; %s",
@@ -164,6 +165,21 @@ def _classes(labels: Any, column: str, where: str, kind: str) -> tuple[str, ...]
     if kind == "classes":
         return classes_of(labels, column, where)
     return label_names(labels, column, where) if kind == "label_sets" else None
+
+
+def _table_record(columns: Columns, kind: str) -> dict:
+    """A table's encoding as the CSV reader records it (data/readers/table.py ``Columns``):
+    numbers first, then each text column one-hot in its sorted values; gaps refused. So
+    predict.py and the raw-input exports read a CSV of new rows as training read the shards."""
+    target = columns.target[0] if len(columns.target) == 1 else list(columns.target)
+    return {
+        "target": target,
+        "numeric": list(columns.numbers),
+        "categories": {name: list(values) for name, values in columns.categories},
+        "classes": list(columns.classes or columns.target),
+        "kind": kind,
+        "na": None,
+    }
 
 
 def _shown(path: Any) -> str:

@@ -497,3 +497,11 @@ def test_text_columns_in_shards_are_categories_one_hot_as_the_csv_reader_makes_t
     said = result.stdout + result.stderr
     assert "columns colour, noise [4] -> label (2 classes); one-hot: colour (3)" in said
     assert read_metrics(next((tmp_path / "runs").iterdir()))["test/acc"] == 1.0
+    (run,) = (tmp_path / "checkpoints").iterdir()
+    evaluated = run_python(tmp_path, str(ROOT / "evaluate.py"), f"ckpt={run}")
+    said = evaluated.stdout + evaluated.stderr
+    assert "test split: the same objects and row groups as training's test split" in said
+    (tmp_path / "rows.csv").write_text("colour,noise\nred,0.3\nblue,-1\npurple,0\n")
+    run_python(tmp_path, str(ROOT / "predict.py"), f"ckpt={run}", "input=rows.csv")
+    lines = (tmp_path / "predictions.csv").read_text().splitlines()
+    assert [line.split(",")[1] for line in lines[1:3]] == ["warm", "cold"]  # as training read
