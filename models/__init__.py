@@ -6,7 +6,8 @@ plus the keys of its YAML file in ``conf/model/`` (checkpoints store the builder
     cnn         a small convolutional net for images
     cnn1d       a 1-D convolutional net for sequences (channels × length)
     resnet      torchvision's ResNets, from scratch
-    pretrained  a torchvision or timm backbone with its weights, and a new head
+    pretrained  a torchvision model with its weights, and a new head
+    timm_models  any timm architecture by name, with its weights from a local file
     init        weight initialisations (default, xavier, kaiming, orthogonal)
     layers      which layer each parameter belongs to (optim.layer_decay)
 """

@@ -34,7 +34,7 @@ def make_config(*overrides: str):
 
 
 def test_each_group_has_the_options_the_readme_promises():
-    assert options("model") == ["auto", "cnn", "cnn1d", "mlp", "resnet18", "torchvision"]
+    assert options("model") == ["auto", "cnn", "cnn1d", "mlp", "resnet18", "timm", "torchvision"]
     assert options("data") == [
         "cifar10",
         "csv",

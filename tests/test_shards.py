@@ -500,7 +500,7 @@ def test_text_columns_in_shards_are_categories_one_hot_as_the_csv_reader_makes_t
     (run,) = (tmp_path / "checkpoints").iterdir()
     evaluated = run_python(tmp_path, str(ROOT / "evaluate.py"), f"ckpt={run}")
     said = evaluated.stdout + evaluated.stderr
-    assert "test split: the same objects and row groups as training's test split" in said
+    assert "test split: the same objects and row groups as training's" in said
     (tmp_path / "rows.csv").write_text("colour,noise\nred,0.3\nblue,-1\npurple,0\n")
     run_python(tmp_path, str(ROOT / "predict.py"), f"ckpt={run}", "input=rows.csv")
     lines = (tmp_path / "predictions.csv").read_text().splitlines()

@@ -344,9 +344,9 @@ def recorded(cfg: Any, data: Any, run: Any, processes: Any, out: Any) -> Any:
 
 
 def split_check(checkpoint: dict, path: Any, data: Any, split: str) -> dict[str, Any]:
-    """Whether ``split`` of ``data`` is the split training held out (the same samples), and
-    how many of its samples the checkpoint was trained on: for evaluate.py's metrics.json,
-    with a line saying so (null, null for a checkpoint that predates the record)."""
+    """Whether ``split`` of ``data`` is the split training held out (the same samples; for
+    shards, objects), and how many of its samples the checkpoint was trained on: for
+    evaluate.py's metrics.json, said in a line (null, null: a record that predates it)."""
     stored = checked(checkpoint.get("provenance"), path)
     if stored is None or split not in data.splits or data.splits[split] is None:
         log.info("%s split: the checkpoint records no data fingerprint to compare it with", split)
@@ -355,23 +355,15 @@ def split_check(checkpoint: dict, path: Any, data: Any, split: str) -> dict[str,
     if hashes is None:  # shards: compared by what their objects are, not read again
         listed = (stored["data"].get("listings") or {}).get(split)
         matches = listed is not None and listed == data.listings.get(split)
-        log.log(
-            logging.INFO if matches else logging.WARNING,
-            "%s%s split: %s objects and row groups as training's %s split",
-            "" if matches else "warning: ",
-            split,
-            "the same" if matches else "not the same",
-            split,
-        )
+        level, same = (logging.INFO, "") if matches else (logging.WARNING, "not ")
+        log.log(level, "%s split: %sthe same objects and row groups as training's", split, same)
         return {"split_matches_training": matches, "overlap_with_training": None}
     held_out = stored["data"]["splits"].get(split, {}).get("sha256")
     matches = held_out == membership(hashes)
     trained = stored["data"]["samples"].get("train")
     overlapping = None if trained is None else overlap(hashes, trained)
     same = "the same" if matches else "not the same"
-    trained_on = (
-        f"; {overlapping} of its {len(hashes)} samples were trained on" if overlapping else ""
-    )
+    trained_on = f"; {overlapping} of its {len(hashes)} samples were trained on" * bool(overlapping)
     level = logging.INFO if matches and (split == "train" or not overlapping) else logging.WARNING
     log.log(
         level,
