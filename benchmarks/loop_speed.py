@@ -9,6 +9,7 @@ model, optimizer, batch size and seed; and train.py's start-up time against ``im
     python benchmarks/loop_speed.py --cases mlp mlp_checkpointed      # last.pt every 50 steps
     python benchmarks/loop_speed.py --cases digits_mlflow --rounds 5  # MLflow's wall-time cost
     python benchmarks/loop_speed.py --cases image_cnn                 # cnn on a 28×28 PNG folder
+    python benchmarks/loop_speed.py --cases image_cnn image_cnn_augmented  # crops, colours, erasing
 
 For each case it times, in one process:
 
@@ -92,6 +93,11 @@ CASES = {
 IMAGE_FOLDER = {"classes": 4, "train": 128, "val": 16}  # PNG files per class and split
 # The recipe's costs: a case with one feature on, against the same case without it, each
 # measured against the same hand-written floor in this process (cost = 1 - ratio / base ratio).
+IMAGE_AUGMENT = [
+    "data.augment.random_resized_crop=true",
+    "data.augment.color_jitter=0.4",
+    "data.augment.random_erasing=0.25",
+]
 NOOP_CALLBACK = ["+callbacks.noop._target_=noop_callback.NoOp", "+callbacks.noop.mutable=true"]
 FEATURE_CASES = {
     "mlp_ema": ("mlp", ["trainer.ema.decay=0.999"]),
@@ -103,6 +109,8 @@ FEATURE_CASES = {
     "digits_callbacks": ("digits", NOOP_CALLBACK),
     # last.pt inside the epoch, every 50 of an epoch's 157 steps (a 0.8 MB checkpoint).
     "mlp_checkpointed": ("mlp", ["trainer.checkpoint_every_n_steps=50"]),
+    # ImageNet-style augmentation per image on the cached path (data/batching/augment.py).
+    "image_cnn_augmented": ("image_cnn", IMAGE_AUGMENT),
 }
 for _case, (_base, _extra) in FEATURE_CASES.items():
     CASES[_case] = [*CASES[_base], *_extra]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from data.batching.augment import ImageAugment, augmented
 from data.batching.order import permutation
 from data.batching.splits import MappedSplit, TensorSplit, shard, shard_bounds
 from utils.system.seeding import mix_seed
@@ -70,6 +71,7 @@ class BatchTransform:
         crop_padding: int = 0,
         horizontal_flip: bool = False,
         channels_last: bool = False,
+        images: ImageAugment | None = None,
     ) -> None:
         # Fold the /255 of uint8 pixels into the affine map: x_float = x * scale + shift (float
         # inputs, such as a CSV's features, are in their own units: no /255).
@@ -81,6 +83,8 @@ class BatchTransform:
         self.crop_padding = crop_padding
         self.horizontal_flip = horizontal_flip
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.images = images if images is not None and images.on else None  # data.augment.*
+        self.mean, self.std = mean_t, std_t  # what the image augmentation un-normalises by
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images (or float inputs) on the device → normalised floats, per channel (per
@@ -92,8 +96,9 @@ class BatchTransform:
         return images.mul_(scale).add_(self.shift.view(per_channel))
 
     def augment(self, images: torch.Tensor, seed: int) -> torch.Tensor:
-        """Random crops (padded with 0, the dataset mean) and flips, drawn from ``seed``."""
-        if self.crop_padding == 0 and not self.horizontal_flip:
+        """Random crops (padded with 0, the dataset mean) and flips, then the ImageNet-style
+        operations (data/batching/augment.py), drawn from ``seed``."""
+        if self.crop_padding == 0 and not self.horizontal_flip and self.images is None:
             return images
         generator = torch.Generator(device=images.device).manual_seed(seed)
         if self.crop_padding > 0:
@@ -101,6 +106,8 @@ class BatchTransform:
         if self.horizontal_flip:
             flip = torch.rand(len(images), device=images.device, generator=generator) < 0.5
             images = torch.where(flip.view(-1, 1, 1, 1), images.flip(3), images)
+        if self.images is not None:
+            images = augmented(images, self.images, self.mean, self.std, generator)
         return images.contiguous(memory_format=self.memory_format)
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from data.batching.augment import ImageAugment
 from data.batching.batches import (
     SPATIAL,
     BatchPlan,
@@ -156,6 +157,14 @@ class Data:
                 f"data.augment.crop_padding and horizontal_flip crop and flip images, and "
                 f"{name}'s inputs are {tuple(self.input_shape)}, not (C, H, W); turn them off"
             )
+        self.images = ImageAugment.from_augment(augment)  # RandomResizedCrop, colours, erasing
+        if self.images.on and len(self.input_shape) != 3:
+            raise UserError(
+                f"data.augment: {', '.join(self.images.said())} augment images, and {name}'s "
+                f"inputs are {tuple(self.input_shape)}, not (C, H, W); turn them off"
+            )
+        if self.images.on:
+            log.info("data.augment: %s, per image, on the device", ", ".join(self.images.said()))
         self.mixing = Mixing.from_augment(augment)  # MixUp/CutMix; None when off
         if self.mixing and self.mixing.cutmix_alpha > 0 and len(self.input_shape) != 3:
             raise UserError(
@@ -329,6 +338,7 @@ class Data:
             crop_padding=self.crop_padding if train else 0,
             horizontal_flip=self.horizontal_flip and train,
             channels_last=placement.channels_last,
+            images=self.images if train else None,
         )
         batch_size = self.batch_size if train else self.eval_batch_size
         plan = BatchPlan(

@@ -140,6 +140,11 @@ DICT_KEYS = {
         "mix_prob",
         "mix_switch_prob",
         "mix_off_epoch",
+        "random_resized_crop",
+        "scale",
+        "ratio",
+        "color_jitter",
+        "random_erasing",
     ),
     "data.split": (
         "val_path",

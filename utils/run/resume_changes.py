@@ -8,6 +8,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from data.batching.augment import IMAGE_AUGMENT_OFF
 from data.batching.mixing import MIXING_OFF
 from utils.config.build import flatten
 from utils.config.monitor import monitor_mode
@@ -78,6 +79,7 @@ def _added_later() -> dict[str, Any]:
 
     return {
         **{f"data.augment.{key}": off for key, off in MIXING_OFF.items()},
+        **{f"data.augment.{key}": off for key, off in IMAGE_AUGMENT_OFF.items()},
         "task._target_": "utils.tasks.classification",
         "task.label_smoothing": 0.0,
         "task.class_weights": None,

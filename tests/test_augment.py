@@ -1,0 +1,122 @@
+"""ImageNet-style augmentation on the cached path (data.augment.random_resized_crop,
+color_jitter, random_erasing): each operation matches torchvision's definition on fixed
+parameters, its draws are torchvision's, and a run with all of them resumes exactly."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+import torchvision.transforms.functional as TF
+from conftest import checkpoint, error_line, run_train, write_imagefolder
+
+from data.batching.augment import (
+    ImageAugment,
+    augmented,
+    crop_boxes,
+    erase_boxes,
+    jittered,
+    resized_crops,
+)
+
+
+def images(n=6, channels=3, size=(20, 24)):
+    return torch.rand(n, channels, *size, generator=torch.Generator().manual_seed(0))
+
+
+def test_resized_crops_are_torchvisions_resized_crop_on_the_same_boxes():
+    batch = images()
+    boxes = torch.tensor(
+        [[0, 0, 20, 24], [3, 5, 10, 12], [7, 2, 5, 20], [0, 10, 20, 4], [12, 0, 8, 8], [1, 1, 2, 3]]
+    )
+    got = resized_crops(batch, boxes, (20, 24))
+    for image, box, out in zip(batch, boxes.tolist(), got, strict=True):
+        expected = TF.resized_crop(image, *box, [20, 24], antialias=False)
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+
+
+def test_crop_boxes_are_drawn_as_torchvision_draws_them():
+    generator = torch.Generator().manual_seed(3)
+    boxes = crop_boxes(20_000, (32, 48), (0.08, 1.0), (3 / 4, 4 / 3), generator)
+    top, left, h, w = boxes.T
+    assert bool((top >= 0).all() and (left >= 0).all())
+    assert bool((top + h <= 32).all() and (left + w <= 48).all() and (h >= 1).all())
+    area = (h * w / (32 * 48)).mean().item()
+    # torchvision's own draws, the same rule: their mean area within sampling noise
+    import torchvision.transforms as T
+
+    torch.manual_seed(3)
+    theirs = [
+        T.RandomResizedCrop.get_params(torch.zeros(1, 32, 48), [0.08, 1.0], [3 / 4, 4 / 3])
+        for _ in range(20_000)
+    ]
+    their_area = sum(b[2] * b[3] for b in theirs) / (20_000 * 32 * 48)
+    assert abs(area - their_area) < 0.01, (area, their_area)
+    fallback = crop_boxes(4, (10, 100), (0.99, 1.0), (1.0, 1.0), torch.Generator())
+    assert fallback[0].tolist() == [0, 45, 10, 10]  # no square of 99% fits: the centre square
+
+
+def test_colour_jitter_is_torchvisions_adjustments_in_order():
+    batch = images()
+    factors = torch.tensor([[1.2, 0.7, 1.5]] * 3 + [[0.6, 1.3, 0.2]] * 3)
+    got = jittered(batch, factors)
+    for image, (b, c, s), out in zip(batch, factors.tolist(), got, strict=True):
+        expected = TF.adjust_saturation(TF.adjust_contrast(TF.adjust_brightness(image, b), c), s)
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+    grey = jittered(images(channels=1), factors)
+    for image, (b, c, _), out in zip(images(channels=1), factors.tolist(), grey, strict=True):
+        torch.testing.assert_close(
+            out, TF.adjust_contrast(TF.adjust_brightness(image, b), c), rtol=0, atol=1e-5
+        )
+
+
+def test_random_erasing_fills_one_box_of_its_size_in_the_chosen_images_only():
+    generator = torch.Generator().manual_seed(1)
+    batch = images(n=200)
+    boxes = erase_boxes(200, (20, 24), generator)
+    area = boxes[:, 2] * boxes[:, 3] / (20 * 24)
+    assert bool(((area >= 0.01) & (area <= 0.4)).all())  # 2%-33%, in whole pixels
+    augment = ImageAugment(random_erasing=0.5)
+    out = augmented(batch, augment, torch.zeros(3), torch.ones(3), torch.Generator().manual_seed(2))
+    changed = (out != batch).flatten(1).any(1)
+    assert 60 < int(changed.sum()) < 140  # about half
+    assert torch.equal(out[~changed], batch[~changed])
+
+
+@pytest.mark.parametrize("key", ["data.augment.scale=[0.5,1.5]", "data.augment.random_erasing=2"])
+def test_a_wrong_setting_is_one_line(tmp_path, key):
+    write_imagefolder(tmp_path / "images", per_class=4, size=(12, 12))
+    result = run_train(tmp_path, "data=imagefolder", "data.root=images", key, ok=False)
+    assert result.returncode == 2 and key.split("=")[0] in error_line(result)
+
+
+def test_a_run_with_every_operation_is_killed_and_resumes_bit_identically(tmp_path):
+    write_imagefolder(tmp_path / "images", per_class=24, size=(16, 16))
+    run = ("data=imagefolder", "data.root=images", "data.image_size=[16,16]", "model=mlp")
+    run += ("model._target_=signalling_model.mlp", "trainer.max_epochs=2")
+    run += ("data.augment.random_resized_crop=true", "data.augment.color_jitter=0.4")
+    run += (
+        "data.augment.random_erasing=0.25",
+        "trainer.checkpoint_every_n_steps=2",
+        "data.batch_size=8",
+    )
+    said = run_train(tmp_path, *run, "run_name=straight")
+    assert "random_resized_crop scale=[0.08, 1.0], color_jitter=0.4, random_erasing=0.25" in (
+        said.stdout + said.stderr
+    )
+    plain = [a for a in run if not a.startswith("data.augment")]
+    run_train(tmp_path, *plain, "run_name=plain")
+    a, b = checkpoint(tmp_path, "straight")["model"], checkpoint(tmp_path, "plain")["model"]
+    assert not all(torch.equal(a[k], b[k]) for k in a)  # the batches were augmented
+    killed = run_train(
+        tmp_path,
+        *run,
+        "run_name=killed",
+        ok=False,
+        env={"SIGNAL_AT_FORWARD": "11", "SIGNAL_NAME": "SIGKILL"},
+    )
+    assert killed.returncode == -signal.SIGKILL
+    run_train(tmp_path, *run, "run_name=killed", "resume=auto")
+    a, b = checkpoint(tmp_path, "straight")["model"], checkpoint(tmp_path, "killed")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
