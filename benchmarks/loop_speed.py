@@ -119,6 +119,7 @@ COMMON = ["optim=adamw", "scheduler=none", "precision=fp32", "trainer.device=cpu
 # 2 cores, an MLP epoch 0.3 s, a digits epoch of 19 steps 35 ms).
 EPOCHS = {"mlp": 16, "cnn": 16, "digits": 40, "mlp_ema": 16, "cnn_mix": 16, "mlp_logged": 16}
 EPOCHS.update(mlp_callbacks=16, digits_callbacks=40, image_cnn=8, mlp_checkpointed=16)
+EPOCHS.update(image_cnn_augmented=8)
 
 
 def write_image_folder(root: Path) -> Path:

@@ -365,3 +365,38 @@ def test_a_checkpoint_from_before_the_recipe_keys_resumes_with_no_change_reporte
     assert changes.never == changes.need_allow == changes.applied == []
     mixed_now = {**now, "data": {"augment": {**now["data"]["augment"], "mixup_alpha": 0.2}}}
     assert config_changes(before, mixed_now).need_allow == ["data.augment.mixup_alpha: 0.0 -> 0.2"]
+
+
+@pytest.mark.parametrize("name", ["none", "step", "cosine", "onecycle", "plateau"])
+def test_warmup_epochs_are_that_many_epochs_of_warmup_steps(name):
+    """scheduler.warmup_epochs (timm's --warmup-epochs) is warmup_epochs × the steps of an
+    epoch of warmup, in every schedule: the LRs step by step are those of warmup_steps."""
+    import utils.schedulers as schedules
+    from utils.schedulers import StepCounts
+
+    extra = {
+        "none": {},
+        "step": {"step_size": 2, "gamma": 0.5},
+        "cosine": {"min_lr_ratio": 0.0},
+        "onecycle": {"div_factor": 25.0, "final_div_factor": 1e4, "anneal_strategy": "cos"},
+        "plateau": {
+            "monitor": "val/loss",
+            "mode": "min",
+            "factor": 0.1,
+            "patience": 1,
+            "min_lr": 0,
+        },
+    }[name]
+
+    def lrs(**warmup):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        schedule = getattr(schedules, name)(**warmup, **extra)(optimizer, StepCounts(5, 40))
+        seen = []
+        for _ in range(20):
+            optimizer.step()
+            schedule.after_optimizer_step()
+            seen.append(optimizer.param_groups[0]["lr"])
+        return seen
+
+    assert lrs(warmup_steps=0, warmup_epochs=2) == lrs(warmup_steps=10)
+    assert lrs(warmup_steps=0, warmup_epochs=2) != lrs(warmup_steps=3)

@@ -170,43 +170,15 @@ def _knowing_steps(start: Callable[[torch.optim.Optimizer, StepCounts], Schedule
 ScheduleStart = Callable[[torch.optim.Optimizer, StepCounts], Schedule]
 
 
-@checked("scheduler", warmup_steps=NON_NEGATIVE_INT)
-def none(warmup_steps: int) -> ScheduleStart:
+@checked("scheduler", warmup_steps=NON_NEGATIVE_INT, warmup_epochs=NON_NEGATIVE_INT)
+def none(warmup_steps: int, warmup_epochs: int = 0) -> ScheduleStart:
     """The LR as configured; with no warmup there is nothing to step at all."""
 
     def start(optimizer, steps: StepCounts) -> Schedule:
-        if warmup_steps == 0:
+        warmup = warmup_steps + warmup_epochs * steps.per_epoch  # scheduler.warmup_epochs
+        if warmup == 0:
             return Schedule(None)
-        return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, lambda step: 1.0)))
-
-    return _knowing_steps(start)
-
-
-@checked("scheduler", warmup_steps=NON_NEGATIVE_INT, step_size=POSITIVE_INT, gamma=POSITIVE)
-def step(warmup_steps: int, step_size: int, gamma: float) -> ScheduleStart:
-    """Multiply the LR by ``gamma`` every ``step_size`` epochs."""
-
-    def start(optimizer, steps: StepCounts) -> Schedule:
-        def decay(step: int) -> float:
-            return gamma ** (step // (step_size * steps.per_epoch))
-
-        return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, decay)))
-
-    return _knowing_steps(start)
-
-
-@checked("scheduler", warmup_steps=NON_NEGATIVE_INT, min_lr_ratio=UNIT_INTERVAL)
-def cosine(warmup_steps: int, min_lr_ratio: float) -> ScheduleStart:
-    """Cosine decay from the LR to ``min_lr_ratio`` × LR over the steps after warmup."""
-
-    def start(optimizer, steps: StepCounts) -> Schedule:
-        decay_steps = max(1, steps.total - warmup_steps)
-
-        def decay(step: int) -> float:
-            progress = min(1.0, (step - warmup_steps) / decay_steps)
-            return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-        return Schedule(LambdaLR(optimizer, _with_warmup(warmup_steps, decay)))
+        return Schedule(LambdaLR(optimizer, _with_warmup(warmup, lambda step: 1.0)))
 
     return _knowing_steps(start)
 
@@ -214,19 +186,68 @@ def cosine(warmup_steps: int, min_lr_ratio: float) -> ScheduleStart:
 @checked(
     "scheduler",
     warmup_steps=NON_NEGATIVE_INT,
+    warmup_epochs=NON_NEGATIVE_INT,
+    step_size=POSITIVE_INT,
+    gamma=POSITIVE,
+)
+def step(warmup_steps: int, step_size: int, gamma: float, warmup_epochs: int = 0) -> ScheduleStart:
+    """Multiply the LR by ``gamma`` every ``step_size`` epochs."""
+
+    def start(optimizer, steps: StepCounts) -> Schedule:
+        warmup = warmup_steps + warmup_epochs * steps.per_epoch  # scheduler.warmup_epochs
+
+        def decay(step: int) -> float:
+            return gamma ** (step // (step_size * steps.per_epoch))
+
+        return Schedule(LambdaLR(optimizer, _with_warmup(warmup, decay)))
+
+    return _knowing_steps(start)
+
+
+@checked(
+    "scheduler",
+    warmup_steps=NON_NEGATIVE_INT,
+    warmup_epochs=NON_NEGATIVE_INT,
+    min_lr_ratio=UNIT_INTERVAL,
+)
+def cosine(warmup_steps: int, min_lr_ratio: float, warmup_epochs: int = 0) -> ScheduleStart:
+    """Cosine decay from the LR to ``min_lr_ratio`` × LR over the steps after warmup."""
+
+    def start(optimizer, steps: StepCounts) -> Schedule:
+        warmup = warmup_steps + warmup_epochs * steps.per_epoch  # scheduler.warmup_epochs
+        decay_steps = max(1, steps.total - warmup)
+
+        def decay(step: int) -> float:
+            progress = min(1.0, (step - warmup) / decay_steps)
+            return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        return Schedule(LambdaLR(optimizer, _with_warmup(warmup, decay)))
+
+    return _knowing_steps(start)
+
+
+@checked(
+    "scheduler",
+    warmup_steps=NON_NEGATIVE_INT,
+    warmup_epochs=NON_NEGATIVE_INT,
     div_factor=POSITIVE,
     final_div_factor=POSITIVE,
     anneal_strategy=one_of("cos", "linear"),
 )
 def onecycle(
-    warmup_steps: int, div_factor: float, final_div_factor: float, anneal_strategy: str
+    warmup_steps: int,
+    div_factor: float,
+    final_div_factor: float,
+    anneal_strategy: str,
+    warmup_epochs: int = 0,
 ) -> ScheduleStart:
     """torch's OneCycleLR peaking at ``optim.lr``; its rising phase is the warmup."""
 
     def start(optimizer, steps: StepCounts) -> Schedule:
+        warmup = warmup_steps + warmup_epochs * steps.per_epoch  # scheduler.warmup_epochs
         max_lrs = [group["lr"] for group in optimizer.param_groups]
         total_steps = max(steps.total, 2)
-        pct_start = min((warmup_steps + 1) / total_steps, 0.99)  # peak LR at step warmup_steps
+        pct_start = min((warmup + 1) / total_steps, 0.99)  # peak LR at step warmup
         return Schedule(
             OneCycleLR(
                 optimizer,
@@ -246,25 +267,33 @@ def onecycle(
 @checked(
     "scheduler",
     warmup_steps=NON_NEGATIVE_INT,
+    warmup_epochs=NON_NEGATIVE_INT,
     mode=one_of("min", "max"),
     factor=BELOW_ONE,
     patience=NON_NEGATIVE_INT,
     min_lr=NON_NEGATIVE,
 )
 def plateau(
-    warmup_steps: int, monitor: str, mode: str, factor: float, patience: int, min_lr: float
+    warmup_steps: int,
+    monitor: str,
+    mode: str,
+    factor: float,
+    patience: int,
+    min_lr: float,
+    warmup_epochs: int = 0,
 ) -> ScheduleStart:
     """Multiply the LR by ``factor`` when ``monitor`` has not improved for ``patience``
     validations."""
 
     def start(optimizer, steps: StepCounts) -> Schedule:
-        warmup = LambdaLR(optimizer, _with_warmup(warmup_steps, lambda step: 1.0))
+        warm = warmup_steps + warmup_epochs * steps.per_epoch  # scheduler.warmup_epochs
+        warmup = LambdaLR(optimizer, _with_warmup(warm, lambda step: 1.0))
         # A layer's floor is scaled like its LR (optim.layer_decay), so the ratios between
         # layers hold at the floor too.
         floors = [min_lr * group.get("lr_scale", 1.0) for group in optimizer.param_groups]
         reduce = ReduceLROnPlateau(
             optimizer, mode=mode, factor=factor, patience=patience, min_lr=floors
         )
-        return Schedule(warmup, plateau=reduce, monitor=monitor, warmup_steps=warmup_steps)
+        return Schedule(warmup, plateau=reduce, monitor=monitor, warmup_steps=warm)
 
     return _knowing_steps(start)
