@@ -57,3 +57,22 @@ def test_a_stored_checkpoint_may_name_timm_only_through_its_builder(tmp_path):
     torch.save(checkpoint, path)
     result = run_evaluate(tmp_path, f"ckpt={path}", ok=False)
     assert result.returncode == 2 and "timm.create_model" in error_line(result)
+
+
+def test_bce_loss_is_timms_binary_cross_entropy_on_hard_and_mixed_targets(tmp_path):
+    from timm.loss import BinaryCrossEntropy
+
+    from utils.tasks._classification import ClassificationLoss
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 5, generator=generator)
+    hard = torch.randint(0, 5, (8,), generator=generator)
+    mixed = torch.softmax(torch.randn(8, 5, generator=generator), dim=1)
+    ours = ClassificationLoss(0.1, None, 5, "bce")
+    theirs = BinaryCrossEntropy(smoothing=0.1)
+    torch.testing.assert_close(ours(logits, hard), theirs(logits, hard))
+    smoothed = mixed * 0.9 + 0.1 / 5  # timm's mixup_target smooths before its loss sees it
+    torch.testing.assert_close(ours(logits, mixed), BinaryCrossEntropy()(logits, smoothed))
+    result = run_train(tmp_path, "task.loss=bce", "trainer.max_epochs=2", "run_name=b")
+    assert "binary cross-entropy per class" in result.stdout + result.stderr
+    assert read_metrics(tmp_path / "runs/b")["test/acc"] > 0.5

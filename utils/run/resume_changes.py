@@ -82,6 +82,7 @@ def _added_later() -> dict[str, Any]:
         **{f"data.augment.{key}": off for key, off in IMAGE_AUGMENT_OFF.items()},
         "task._target_": "utils.tasks.classification",
         "task.label_smoothing": 0.0,
+        "task.loss": "ce",
         "task.class_weights": None,
         "trainer.ema.decay": None,
         "trainer.ema.warmup": True,

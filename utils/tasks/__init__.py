@@ -92,10 +92,10 @@ def _weights(what: str) -> Rule:
 CLASS_WEIGHTS, POS_WEIGHT = _weights("class"), _weights("label")
 
 
-@checked("task", label_smoothing=SMOOTHING, class_weights=CLASS_WEIGHTS)
-def classification(label_smoothing: float, class_weights: Any) -> Classification:
+@checked("task", label_smoothing=SMOOTHING, class_weights=CLASS_WEIGHTS, loss=one_of("ce", "bce"))
+def classification(label_smoothing: float, class_weights: Any, loss: str = "ce") -> Classification:
     """conf/task/classification.yaml."""
-    return Classification(float(label_smoothing), class_weights)
+    return Classification(float(label_smoothing), class_weights, loss)
 
 
 @checked("task", pos_weight=POS_WEIGHT, threshold=BELOW_ONE)

@@ -17,8 +17,12 @@ from utils.tasks._base import Task, _mixing_words, _weight_tensor, log
 
 
 class Classification(Task):
-    def __init__(self, label_smoothing: float, class_weights: Any) -> None:
-        self.label_smoothing, self.class_weights = label_smoothing, class_weights
+    def __init__(self, label_smoothing: float, class_weights: Any, loss: str = "ce") -> None:
+        self.label_smoothing, self.class_weights, self.loss_kind = (
+            label_smoothing,
+            class_weights,
+            loss,
+        )
         self.data, self.device = None, torch.device("cpu")
 
     @property
@@ -59,14 +63,19 @@ class Classification(Task):
                 "class weights (inverse train frequency): %s", " ".join(f"{w:.3g}" for w in weights)
             )
         weight = _weight_tensor(weights, "class_weights", ("class", "classes"), data, device)
-        return ClassificationLoss(self.label_smoothing, weight, classes)
+        return ClassificationLoss(self.label_smoothing, weight, classes, self.loss_kind)
 
 
 class ClassificationLoss:
-    """Cross-entropy of logits against class indices or class probabilities, smoothed once."""
+    """Cross-entropy of logits against class indices or class probabilities, smoothed once;
+    or (``task.loss=bce``, timm's ``--bce-loss``) binary cross-entropy of each class's logit
+    against the smoothed one-hot (or mixed) targets, as timm's ``BinaryCrossEntropy``."""
 
-    def __init__(self, label_smoothing: float, weight: torch.Tensor | None, classes: int) -> None:
+    def __init__(
+        self, label_smoothing: float, weight: torch.Tensor | None, classes: int, kind: str = "ce"
+    ) -> None:
         self.label_smoothing, self.weight, self.classes = label_smoothing, weight, classes
+        self.kind = kind
 
     def training_note(self, mixing: Any) -> str | None:
         """What train/loss measures when it is not what val/loss measures (None when it is)."""
@@ -75,10 +84,11 @@ class ClassificationLoss:
             parts.append(f"with label smoothing {self.label_smoothing:g}")
         if self.weight is not None:
             parts.append("with class weights")
-        if not parts:
+        if not parts and self.kind == "ce":
             return None
+        what = "binary cross-entropy per class" if self.kind == "bce" else "cross-entropy"
         return (
-            "train/loss is the cross-entropy " + ", ".join(parts) + "; val/loss and "
+            f"train/loss is the {what} " + ", ".join(parts) + "; val/loss and "
             "test/loss are the plain cross-entropy of the hard labels"
         )
 
@@ -89,6 +99,12 @@ class ClassificationLoss:
         return probabilities * (1 - self.label_smoothing) + self.label_smoothing / self.classes
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.kind == "bce":  # one-hot (or mixed) targets, smoothed, each class a yes/no
+            if not targets.is_floating_point():
+                targets = F.one_hot(targets, self.classes).to(logits.dtype)
+            return F.binary_cross_entropy_with_logits(
+                logits, self.smoothed(targets), weight=self.weight
+            )
         # F.cross_entropy by attribute: the fault-injection tests replace it.
         if targets.is_floating_point():  # mixed: probabilities, smoothed here and only here
             return F.cross_entropy(logits, self.smoothed(targets), weight=self.weight)
