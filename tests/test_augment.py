@@ -120,3 +120,20 @@ def test_a_run_with_every_operation_is_killed_and_resumes_bit_identically(tmp_pa
     run_train(tmp_path, *run, "run_name=killed", "resume=auto")
     a, b = checkpoint(tmp_path, "straight")["model"], checkpoint(tmp_path, "killed")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resnet18_drops_residual_branches_per_sample_in_training_only():
+    from models.resnet import resnet18
+
+    plain = resnet18((3, 32, 32), 10, True, "default")
+    dropping = resnet18((3, 32, 32), 10, True, "default", drop_path_rate=0.5)
+    assert list(dropping.state_dict()) == list(plain.state_dict())  # torchvision's names
+    dropping.load_state_dict(plain.state_dict())
+    batch = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    plain.eval(), dropping.eval()
+    torch.testing.assert_close(dropping(batch), plain(batch))  # evaluation keeps every branch
+    plain.train(), dropping.train()
+    torch.manual_seed(0)
+    assert not torch.allclose(dropping(batch), plain(batch))
+    rates = [m.drop_path for m in dropping.modules() if hasattr(m, "drop_path")]
+    assert rates[0] == 0.0 and rates[-1] == 0.5 and rates == sorted(rates)
