@@ -20,6 +20,7 @@ no loop over the samples in Python. Each follows torchvision's definition of the
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 
 from utils.errors import UserError
 
+log = logging.getLogger("torchloom")
 TRIES = 10  # boxes drawn per sample before the centre crop (torchvision's)
 # data.augment's keys of this kind as conf/data/*.yaml leave them: off (a config stored before
 # they existed compares as holding these, utils/run/resume_changes.py)
@@ -45,6 +47,11 @@ ERASE_SCALE, ERASE_RATIO = (0.02, 1 / 3), (0.3, 3.3)  # torchvision's RandomEras
 
 @dataclass(frozen=True)
 class ImageAugment:
+    """What a training batch's images get: the padded random crop and the flip
+    (``crop_padding``, ``horizontal_flip``, data/batching/batches.py), then this module's."""
+
+    crop_padding: int = 0
+    horizontal_flip: bool = False
     random_resized_crop: bool = False
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
@@ -52,8 +59,11 @@ class ImageAugment:
     random_erasing: float = 0.0
 
     @classmethod
-    def from_augment(cls, augment: Mapping[str, Any]) -> ImageAugment:
-        """``data.augment``'s keys of this kind (absent: off), checked in one line each."""
+    def from_augment(
+        cls, augment: Mapping[str, Any], shape: Sequence[int] = (3, 1, 1), name: str = ""
+    ) -> ImageAugment:
+        """``data.augment``'s keys of this kind (absent: off), checked in one line each
+        against the inputs' ``shape`` (images only), and said at start-up."""
         scale = tuple(augment.get("scale") or (0.08, 1.0))
         ratio = tuple(augment.get("ratio") or (3 / 4, 4 / 3))
         if len(scale) != 2 or not 0 < scale[0] <= scale[1] <= 1:
@@ -67,10 +77,19 @@ class ImageAugment:
         if not 0 <= erasing <= 1:
             raise UserError(f"data.augment.random_erasing={erasing} must be a probability")
         rrc = bool(augment.get("random_resized_crop") or False)
-        return cls(rrc, scale, ratio, jitter, erasing)
+        made = cls(0, False, rrc, scale, ratio, jitter, erasing)
+        if made.on and len(shape) != 3:
+            raise UserError(
+                f"data.augment: {', '.join(made.said())} augment images, and {name}'s "
+                f"inputs are {tuple(shape)}, not (C, H, W); turn them off"
+            )
+        if made.on:
+            log.info("data.augment: %s, per image, on the device", ", ".join(made.said()))
+        return made
 
     @property
     def on(self) -> bool:
+        """Whether any of this module's operations is on (the crop and flip aside)."""
         return self.random_resized_crop or self.color_jitter > 0 or self.random_erasing > 0
 
     def said(self) -> list[str]:

@@ -68,10 +68,8 @@ class BatchTransform:
         mean: Sequence[float],
         std: Sequence[float],
         device: torch.device,
-        crop_padding: int = 0,
-        horizontal_flip: bool = False,
+        augment: ImageAugment | None = None,
         channels_last: bool = False,
-        images: ImageAugment | None = None,
     ) -> None:
         # Fold the /255 of uint8 pixels into the affine map: x_float = x * scale + shift (float
         # inputs, such as a CSV's features, are in their own units: no /255).
@@ -80,10 +78,8 @@ class BatchTransform:
         self.scale = {True: 1.0 / (255.0 * std_t), False: 1.0 / std_t}  # by "is it uint8?"
         self.shift = -mean_t / std_t
         self.device = device
-        self.crop_padding = crop_padding
-        self.horizontal_flip = horizontal_flip
+        self.augment_with = augment or ImageAugment()  # training batches' (data.augment)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        self.images = images if images is not None and images.on else None  # data.augment.*
         self.mean, self.std = mean_t, std_t  # what the image augmentation un-normalises by
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
@@ -98,16 +94,17 @@ class BatchTransform:
     def augment(self, images: torch.Tensor, seed: int) -> torch.Tensor:
         """Random crops (padded with 0, the dataset mean) and flips, then the ImageNet-style
         operations (data/batching/augment.py), drawn from ``seed``."""
-        if self.crop_padding == 0 and not self.horizontal_flip and self.images is None:
+        augment = self.augment_with
+        if augment.crop_padding == 0 and not augment.horizontal_flip and not augment.on:
             return images
         generator = torch.Generator(device=images.device).manual_seed(seed)
-        if self.crop_padding > 0:
-            images = random_crop(images, self.crop_padding, generator)
-        if self.horizontal_flip:
+        if augment.crop_padding > 0:
+            images = random_crop(images, augment.crop_padding, generator)
+        if augment.horizontal_flip:
             flip = torch.rand(len(images), device=images.device, generator=generator) < 0.5
             images = torch.where(flip.view(-1, 1, 1, 1), images.flip(3), images)
-        if self.images is not None:
-            images = augmented(images, self.images, self.mean, self.std, generator)
+        if augment.on:
+            images = augmented(images, augment, self.mean, self.std, generator)
         return images.contiguous(memory_format=self.memory_format)
 
 

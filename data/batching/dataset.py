@@ -17,6 +17,7 @@ the batches before it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -157,14 +158,7 @@ class Data:
                 f"data.augment.crop_padding and horizontal_flip crop and flip images, and "
                 f"{name}'s inputs are {tuple(self.input_shape)}, not (C, H, W); turn them off"
             )
-        self.images = ImageAugment.from_augment(augment)  # RandomResizedCrop, colours, erasing
-        if self.images.on and len(self.input_shape) != 3:
-            raise UserError(
-                f"data.augment: {', '.join(self.images.said())} augment images, and {name}'s "
-                f"inputs are {tuple(self.input_shape)}, not (C, H, W); turn them off"
-            )
-        if self.images.on:
-            log.info("data.augment: %s, per image, on the device", ", ".join(self.images.said()))
+        self.images = ImageAugment.from_augment(augment, self.input_shape, name)  # crops, colours
         self.mixing = Mixing.from_augment(augment)  # MixUp/CutMix; None when off
         if self.mixing and self.mixing.cutmix_alpha > 0 and len(self.input_shape) != 3:
             raise UserError(
@@ -331,14 +325,10 @@ class Data:
         if self.splits[split] is None:
             raise UserError(f"{self.name} has no {split} split; choose another split")
         train = split == "train" if train is None else train
+        crops = {"crop_padding": self.crop_padding, "horizontal_flip": self.horizontal_flip}
+        augment = dataclasses.replace(self.images, **crops) if train else None  # data.augment
         transform = BatchTransform(
-            self.mean,
-            self.std,
-            placement.device,
-            crop_padding=self.crop_padding if train else 0,
-            horizontal_flip=self.horizontal_flip and train,
-            channels_last=placement.channels_last,
-            images=self.images if train else None,
+            self.mean, self.std, placement.device, augment, placement.channels_last
         )
         batch_size = self.batch_size if train else self.eval_batch_size
         plan = BatchPlan(
