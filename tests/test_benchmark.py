@@ -50,14 +50,16 @@ def test_gpu_benchmark_runs_every_comparison_at_smoke_size_on_the_cpu(tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    reports = {
-        report["case"]: report
-        for report in map(json.loads, result.stdout.strip().splitlines()[-3:])
-    }
+    lines = [line for line in result.stdout.strip().splitlines() if line.startswith("{")]
+    reports = {report["case"]: report for report in map(json.loads, lines)}
     assert {"resnet18_fp32", "resnet18_fp32_channels_last", "mnist_mlp_data_path"} <= set(reports)
+    ddp, fsdp = reports.pop("strategy_ddp"), reports.pop("strategy_fsdp")
     for report in reports.values():
         assert report["hand_written_ratio"] == 1.0 and report["torchloom_images_per_second"] > 0
     assert reports["mnist_mlp_data_path"]["dataloader_images_per_second"] > 0
+    # 2 processes: FSDP holds half the parameters and optimizer state of each one DDP holds
+    for key in ("memory/param_bytes_per_process", "memory/optimizer_bytes_per_process"):
+        assert 0.45 <= fsdp[key] / ddp[key] <= 0.55, (key, fsdp[key], ddp[key])
 
 
 def test_image_folder_benchmark_compares_every_way_of_holding_the_images(tmp_path):
