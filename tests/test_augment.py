@@ -12,6 +12,7 @@ import torchvision.transforms.functional as TF
 from conftest import checkpoint, error_line, run_train, write_imagefolder
 
 from data.batching.augment import (
+    Draws,
     ImageAugment,
     augmented,
     crop_boxes,
@@ -37,8 +38,7 @@ def test_resized_crops_are_torchvisions_resized_crop_on_the_same_boxes():
 
 
 def test_crop_boxes_are_drawn_as_torchvision_draws_them():
-    generator = torch.Generator().manual_seed(3)
-    boxes = crop_boxes(20_000, (32, 48), (0.08, 1.0), (3 / 4, 4 / 3), generator)
+    boxes = crop_boxes(Draws.of(3, 0, torch.arange(20_000)), (32, 48), (0.08, 1.0), (3 / 4, 4 / 3))
     top, left, h, w = boxes.T
     assert bool((top >= 0).all() and (left >= 0).all())
     assert bool((top + h <= 32).all() and (left + w <= 48).all() and (h >= 1).all())
@@ -53,7 +53,7 @@ def test_crop_boxes_are_drawn_as_torchvision_draws_them():
     ]
     their_area = sum(b[2] * b[3] for b in theirs) / (20_000 * 32 * 48)
     assert abs(area - their_area) < 0.01, (area, their_area)
-    fallback = crop_boxes(4, (10, 100), (0.99, 1.0), (1.0, 1.0), torch.Generator())
+    fallback = crop_boxes(Draws.of(0, 0, torch.arange(4)), (10, 100), (0.99, 1.0), (1.0, 1.0))
     assert fallback[0].tolist() == [0, 45, 10, 10]  # no square of 99% fits: the centre square
 
 
@@ -72,13 +72,14 @@ def test_colour_jitter_is_torchvisions_adjustments_in_order():
 
 
 def test_random_erasing_fills_one_box_of_its_size_in_the_chosen_images_only():
-    generator = torch.Generator().manual_seed(1)
     batch = images(n=200)
-    boxes = erase_boxes(200, (20, 24), generator)
+    boxes = erase_boxes(Draws.of(1, 0, torch.arange(200)), (20, 24))
     area = boxes[:, 2] * boxes[:, 3] / (20 * 24)
     assert bool(((area >= 0.01) & (area <= 0.4)).all())  # 2%-33%, in whole pixels
     augment = ImageAugment(random_erasing=0.5)
-    out = augmented(batch, augment, torch.zeros(3), torch.ones(3), torch.Generator().manual_seed(2))
+    out = augmented(
+        batch, augment, torch.zeros(3), torch.ones(3), Draws.of(2, 0, torch.arange(200))
+    )
     changed = (out != batch).flatten(1).any(1)
     assert 60 < int(changed.sum()) < 140  # about half
     assert torch.equal(out[~changed], batch[~changed])
@@ -137,3 +138,30 @@ def test_resnet18_drops_residual_branches_per_sample_in_training_only():
     assert not torch.allclose(dropping(batch), plain(batch))
     rates = [m.drop_path for m in dropping.modules() if hasattr(m, "drop_path")]
     assert rates[0] == 0.0 and rates[-1] == 0.5 and rates == sorted(rates)
+
+
+def test_every_sample_draws_the_same_whatever_batch_or_process_it_is_in():
+    """Draws are keyed by (seed, epoch, the sample's index): one process of batch 16 and two
+    of batch 8 augment each sample alike; another epoch or seed draws anew."""
+    from data.batching.batches import BatchPlan, BatchTransform, TensorBatches
+    from data.batching.splits import TensorSplit
+
+    split = TensorSplit(
+        torch.rand(48, 3, 12, 12, generator=torch.Generator().manual_seed(0)), torch.arange(48)
+    )
+    augment = ImageAugment(2, True, True, (0.2, 1.0), (0.75, 1.33), 0.4, 0.5)
+
+    def batches(batch, rank, world, epoch=1, seed=7):
+        transform = BatchTransform([0.5] * 3, [0.25] * 3, torch.device("cpu"), augment)
+        plan = BatchPlan(batch, True, seed, rank, world, keep_partial=False)
+        return list(TensorBatches(split, plan, transform).epoch(epoch))
+
+    one = batches(16, 0, 1)
+    two = list(zip(batches(8, 0, 2), batches(8, 1, 2), strict=True))
+    for (images, labels), ((first, a), (second, b)) in zip(one, two, strict=True):
+        assert torch.equal(labels, torch.cat([a, b]))
+        torch.testing.assert_close(images, torch.cat([first, second]), rtol=0, atol=1e-6)
+    other = batches(16, 0, 1, epoch=2)
+    assert not torch.equal(one[0][0], other[0][0])
+    uniforms = Draws.of(7, 1, torch.arange(10_000)).uniform(5, 4)
+    assert 0.49 < float(uniforms.mean()) < 0.51 and float(uniforms.max()) < 1.0

@@ -188,7 +188,7 @@ def test_crops_and_flips_fit_the_model(tmp_path, caplog, flat, spatial, kept):
     with caplog.at_level(logging.INFO, logger="torchloom"):
         data.fit_augmentation(flat)
     transform = data.batches("train", Placement(torch.device("cpu")), seed=0).transform
-    assert (transform.crop_padding, transform.horizontal_flip) == (
+    assert (transform.augment_with.crop_padding, transform.augment_with.horizontal_flip) == (
         (4, True) if kept else (0, False)
     )
     warned = "warning: data.augment.crop_padding=4 and data.augment.horizontal_flip=true train"

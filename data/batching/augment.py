@@ -1,9 +1,10 @@
 """ImageNet-style augmentation of a training batch, per sample and batched, on the batch's
 device (``data.augment.random_resized_crop``, ``color_jitter``, ``random_erasing``).
 
-Each operation draws its parameters for every sample at once from the batch's generator (seeded
-by (seed, epoch, batch, rank): a resume sees the same draws), and applies them as tensor ops —
-no loop over the samples in Python. Each follows torchvision's definition of the operation
+Each operation draws its parameters for every sample at once (:class:`Draws`: a pure function
+of (seed, epoch, the sample's index in its split), so a resume, another number of processes or
+of workers all see the same augmented samples), and applies them as tensor ops — no loop over
+the samples in Python. Each follows torchvision's definition of the operation
 (tested against it on fixed parameters):
 
 - ``random_resized_crop``: a box of ``scale`` × the image's area and aspect ratio in ``ratio``
@@ -30,8 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from utils.errors import UserError
+from utils.system.seeding import mix_seed
 
 log = logging.getLogger("torchloom")
+MASK = 0xFFFFFFFF  # the draws' integers are 32-bit, held in int64 (no overflow anywhere)
+HASH = 0x45D9F3B  # a 32-bit integer hash's multiplier (27 bits: products stay below 2**59)
 TRIES = 10  # boxes drawn per sample before the centre crop (torchvision's)
 # data.augment's keys of this kind as conf/data/*.yaml leave them: off (a config stored before
 # they existed compares as holding these, utils/run/resume_changes.py)
@@ -103,34 +107,67 @@ class ImageAugment:
         return parts
 
 
+def _hash(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash of each element (int64 tensors holding values below 2**32)."""
+    x = (((x >> 16) ^ x) * HASH) & MASK
+    x = (((x >> 16) ^ x) * HASH) & MASK
+    return (x >> 16) ^ x
+
+
+class Draws:
+    """The random numbers of a batch's samples, each sample's a pure function of (seed, epoch,
+    its index in the split, the stream, the element): the same whichever batch, process or
+    worker the sample is in, on the CPU and CUDA alike (integer arithmetic only)."""
+
+    def __init__(self, keys: torch.Tensor) -> None:
+        self.keys = keys  # [N] int64: each sample's key
+
+    @classmethod
+    def of(cls, seed: int, epoch: int, ids: torch.Tensor) -> Draws:
+        mixed = mix_seed(seed, epoch)
+        keys = _hash((ids.to(torch.int64) & MASK) ^ (mixed & MASK))
+        return cls(_hash(keys ^ ((mixed >> 32) & MASK)))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def uniform(self, stream: int, *shape: int) -> torch.Tensor:
+        """[N, *shape] float32 in [0, 1), 24 bits each."""
+        count = math.prod(shape)
+        element = torch.arange(count, device=self.keys.device, dtype=torch.int64)
+        start = _hash(self.keys ^ (stream * 0x9E3779B) & MASK).view(-1, 1)
+        x = _hash((start + element * 0x3C6EF35) & MASK)
+        return ((x >> 8).to(torch.float32) / 2**24).view(len(self.keys), *shape)
+
+    def normal(self, stream: int, *shape: int) -> torch.Tensor:
+        """[N, *shape] standard normal (Box–Muller of two uniform streams)."""
+        radius = torch.sqrt(-2 * torch.log1p(-self.uniform(stream, *shape)))
+        return radius * torch.cos(2 * math.pi * self.uniform(stream + 1, *shape))
+
+
 def crop_boxes(
-    count: int, size: tuple[int, int], scale: Sequence, ratio: Sequence, generator: Any
+    draws: Draws, size: tuple[int, int], scale: Sequence, ratio: Sequence
 ) -> torch.Tensor:
-    """[count, 4] boxes (top, left, height, width) as torchvision's RandomResizedCrop draws
+    """[N, 4] boxes (top, left, height, width) as torchvision's RandomResizedCrop draws
     them: ``TRIES`` draws of an area and a log-uniform aspect ratio each, the first that fits;
     else the centre crop of the aspect ratio nearest the image's within ``ratio``."""
     height, width = size
-    device = generator.device
+    count, device = len(draws), draws.keys.device
     area = height * width
-    shape = (count, TRIES)
-    target = area * torch.empty(shape, device=device).uniform_(
-        scale[0], scale[1], generator=generator
-    )
+    target = area * (scale[0] + (scale[1] - scale[0]) * draws.uniform(10, TRIES))
     logs = (math.log(ratio[0]), math.log(ratio[1]))
-    aspect = torch.exp(torch.empty(shape, device=device).uniform_(*logs, generator=generator))
+    aspect = torch.exp(logs[0] + (logs[1] - logs[0]) * draws.uniform(11, TRIES))
     w = torch.round(torch.sqrt(target * aspect))
     h = torch.round(torch.sqrt(target / aspect))
     fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
     first = torch.where(
         fits.any(1), fits.float().argmax(1), torch.full((count,), -1, device=device)
     )
-    u_top = torch.rand(shape, device=device, generator=generator)
-    u_left = torch.rand(shape, device=device, generator=generator)
     rows = torch.arange(count, device=device)
     pick = first.clamp(min=0)
     h, w = h[rows, pick], w[rows, pick]
-    top = torch.floor(u_top[rows, pick] * (height - h + 1))
-    left = torch.floor(u_left[rows, pick] * (width - w + 1))
+    top = torch.floor(draws.uniform(12) * (height - h + 1))
+    left = torch.floor(draws.uniform(13) * (width - w + 1))
     # the fallback: the whole image cut to the nearest allowed aspect ratio, centred
     whole = width / height
     if whole < ratio[0]:
@@ -191,20 +228,19 @@ def _grey(pixels: torch.Tensor) -> torch.Tensor:
     return (0.2989 * r + 0.587 * g + 0.114 * b).unsqueeze(1)
 
 
-def erase_boxes(count: int, size: tuple[int, int], generator: Any) -> torch.Tensor:
-    """[count, 4] boxes (top, left, height, width) of 2%–33% of the area, aspect ratio in
+def erase_boxes(draws: Draws, size: tuple[int, int]) -> torch.Tensor:
+    """[N, 4] boxes (top, left, height, width) of 2%–33% of the area, aspect ratio in
     [0.3, 3.3] log-uniform, ``TRIES`` draws each (torchvision's RandomErasing); a sample none
     fits gets an empty box."""
     height, width = size
-    device = generator.device
-    shape = (count, TRIES)
+    count, device = len(draws), draws.keys.device
     area = (
         height
         * width
-        * torch.empty(shape, device=device).uniform_(*ERASE_SCALE, generator=generator)
+        * (ERASE_SCALE[0] + (ERASE_SCALE[1] - ERASE_SCALE[0]) * draws.uniform(31, TRIES))
     )
     logs = (math.log(ERASE_RATIO[0]), math.log(ERASE_RATIO[1]))
-    aspect = torch.exp(torch.empty(shape, device=device).uniform_(*logs, generator=generator))
+    aspect = torch.exp(logs[0] + (logs[1] - logs[0]) * draws.uniform(32, TRIES))
     h = torch.round(torch.sqrt(area * aspect))
     w = torch.round(torch.sqrt(area / aspect))
     fits = (h < height) & (w < width) & (h > 0) & (w > 0)
@@ -212,47 +248,42 @@ def erase_boxes(count: int, size: tuple[int, int], generator: Any) -> torch.Tens
     rows = torch.arange(count, device=device)
     h = torch.where(fits.any(1), h[rows, pick], 0)
     w = torch.where(fits.any(1), w[rows, pick], 0)
-    top = torch.floor(torch.rand(count, device=device, generator=generator) * (height - h + 1))
-    left = torch.floor(torch.rand(count, device=device, generator=generator) * (width - w + 1))
+    top = torch.floor(draws.uniform(33) * (height - h + 1))
+    left = torch.floor(draws.uniform(34) * (width - w + 1))
     return torch.stack([top, left, h, w], dim=1)
 
 
 def erased(
-    images: torch.Tensor, boxes: torch.Tensor, chosen: torch.Tensor, generator: Any
+    images: torch.Tensor, boxes: torch.Tensor, chosen: torch.Tensor, draws: Draws
 ) -> torch.Tensor:
     """The ``chosen`` images with their box filled by normal noise (normalised images)."""
-    n, _, height, width = images.shape
+    n, channels, height, width = images.shape
     rows = torch.arange(height, device=images.device).view(1, height, 1)
     cols = torch.arange(width, device=images.device).view(1, 1, width)
     top, left, h, w = (boxes[:, k].view(n, 1, 1) for k in range(4))
     inside = (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)
     inside &= chosen.view(n, 1, 1)
-    noise = torch.randn(images.shape, device=images.device, generator=generator, dtype=images.dtype)
+    noise = draws.normal(35, channels, height, width).to(images.dtype)
     return torch.where(inside.unsqueeze(1), noise, images)
 
 
 def augmented(
-    images: torch.Tensor,
-    augment: ImageAugment,
-    mean: torch.Tensor,
-    std: torch.Tensor,
-    generator: Any,
+    images: torch.Tensor, augment: ImageAugment, mean: torch.Tensor, std: torch.Tensor, draws: Draws
 ) -> torch.Tensor:
     """Normalised ``images`` [N, C, H, W] through ``augment``'s operations, each sample its
-    own parameters from ``generator``: the crop, then the colours (on the pixels in [0, 1]),
-    then the erasing."""
-    n, _, height, width = images.shape
+    own parameters from ``draws``: the crop, then the colours (on the pixels in [0, 1]), then
+    the erasing."""
+    _, _, height, width = images.shape
     if augment.random_resized_crop:
-        boxes = crop_boxes(n, (height, width), augment.scale, augment.ratio, generator)
+        boxes = crop_boxes(draws, (height, width), augment.scale, augment.ratio)
         images = resized_crops(images, boxes, (height, width))
     if augment.color_jitter:
         s = augment.color_jitter
-        factors = torch.empty(n, 3, device=images.device).uniform_(
-            max(0.0, 1 - s), 1 + s, generator=generator
-        )
+        low = max(0.0, 1 - s)
+        factors = low + (1 + s - low) * draws.uniform(20, 3).to(images.device)
         scale, shift = std.view(1, -1, 1, 1), mean.view(1, -1, 1, 1)
         images = (jittered(images * scale + shift, factors) - shift) / scale
     if augment.random_erasing:
-        chosen = torch.rand(n, device=images.device, generator=generator) < augment.random_erasing
-        images = erased(images, erase_boxes(n, (height, width), generator), chosen, generator)
+        chosen = draws.uniform(30) < augment.random_erasing
+        images = erased(images, erase_boxes(draws, (height, width)), chosen, draws)
     return images

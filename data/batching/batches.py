@@ -11,10 +11,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from data.batching.augment import ImageAugment, augmented
+from data.batching.augment import Draws, ImageAugment, augmented
 from data.batching.order import permutation
 from data.batching.splits import MappedSplit, TensorSplit, shard, shard_bounds
-from utils.system.seeding import mix_seed
 
 SPATIAL = ("auto", "on", "off")  # data.augment.spatial: crops and flips for which models
 MIN_PARTIAL_BATCH = 2  # a training epoch's last, partial batch is trained on from this size
@@ -91,30 +90,30 @@ class BatchTransform:
         images = images.to(self.device).to(torch.float32, memory_format=layout, copy=True)
         return images.mul_(scale).add_(self.shift.view(per_channel))
 
-    def augment(self, images: torch.Tensor, seed: int) -> torch.Tensor:
+    def augment(self, images: torch.Tensor, draws: Draws) -> torch.Tensor:
         """Random crops (padded with 0, the dataset mean) and flips, then the ImageNet-style
-        operations (data/batching/augment.py), drawn from ``seed``."""
+        operations (data/batching/augment.py), each sample's from its ``draws``."""
         augment = self.augment_with
         if augment.crop_padding == 0 and not augment.horizontal_flip and not augment.on:
             return images
-        generator = torch.Generator(device=images.device).manual_seed(seed)
+        draws = Draws(draws.keys.to(images.device))
         if augment.crop_padding > 0:
-            images = random_crop(images, augment.crop_padding, generator)
+            images = random_crop(images, augment.crop_padding, draws)
         if augment.horizontal_flip:
-            flip = torch.rand(len(images), device=images.device, generator=generator) < 0.5
+            flip = draws.uniform(3) < 0.5
             images = torch.where(flip.view(-1, 1, 1, 1), images.flip(3), images)
         if augment.on:
-            images = augmented(images, augment, self.mean, self.std, generator)
+            images = augmented(images, augment, self.mean, self.std, draws)
         return images.contiguous(memory_format=self.memory_format)
 
 
-def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
+def random_crop(images: torch.Tensor, padding: int, draws: Draws) -> torch.Tensor:
     """Pad with zeros by ``padding`` and crop back at a random offset per image, as one gather."""
     n, c, h, w = images.shape
     device = images.device
     padded = F.pad(images, (padding, padding, padding, padding))
-    dy = torch.randint(0, 2 * padding + 1, (n,), device=device, generator=generator)
-    dx = torch.randint(0, 2 * padding + 1, (n,), device=device, generator=generator)
+    offsets = (draws.uniform(1, 2) * (2 * padding + 1)).long().clamp(max=2 * padding)
+    dy, dx = offsets[:, 0], offsets[:, 1]
     rows = (dy[:, None] + torch.arange(h, device=device)).view(n, 1, h, 1)
     cols = (dx[:, None] + torch.arange(w, device=device)).view(n, 1, 1, w)
     batch = torch.arange(n, device=device).view(n, 1, 1, 1)
@@ -165,9 +164,8 @@ class TensorBatches:
             else:
                 rows = order[lo:hi]
                 images, labels = self.inputs[rows], self.labels[rows]
-            if self.train:
-                batch_seed = mix_seed(self.seed, epoch, index * self.world_size + self.rank)
-                images = self.transform.augment(images, batch_seed)
+            if self.train:  # each sample's draws, by (seed, epoch, its index)
+                images = self.transform.augment(images, Draws.of(self.seed, epoch, rows))
             yield images, labels
 
 
@@ -198,9 +196,8 @@ class MappedBatches:
             pixels = torch.from_numpy(self.images[rows.numpy()])  # one gather from the file
             images = self.transform.normalize(pixels.to(device, non_blocking=True))
             labels = self.labels[rows].to(device, non_blocking=True)
-            if plan.train:
-                batch_seed = mix_seed(plan.seed, epoch, index * plan.world_size + plan.rank)
-                images = self.transform.augment(images, batch_seed)
+            if plan.train:  # each sample's draws, by (seed, epoch, its index)
+                images = self.transform.augment(images, Draws.of(plan.seed, epoch, rows))
             yield images, labels
 
 

@@ -12,11 +12,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from data.batching.augment import Draws
 from data.batching.batches import BatchPlan, BatchTransform, batch_bounds
 from data.batching.order import permutation
 from data.batching.splits import shard_bounds
 from utils.errors import UserError
-from utils.system.seeding import mix_seed
 from utils.system.signals import STOP_SIGNALS, kill_children_at_exit
 
 
@@ -100,14 +100,15 @@ class LoaderBatches:
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.sampler.epoch, self.sampler.start = epoch, start
-        device = self.transform.device
+        device, sampler = self.transform.device, self.sampler
+        order = permutation(sampler.size, self.seed, epoch) if self.train else None
         for index, (images, labels) in enumerate(reraised(self.loader), start):
             images = self.transform.normalize(images.to(device, non_blocking=True))
             labels = labels.to(device, non_blocking=True)
-            if self.train:
-                sampler = self.sampler
-                batch_seed = mix_seed(self.seed, epoch, index * sampler.world_size + sampler.rank)
-                images = self.transform.augment(images, batch_seed)
+            if self.train:  # each sample's draws, by (seed, epoch, its index): the sampler's
+                lo, hi = batch_bounds(index, sampler.batch_size, sampler.rank, sampler.world_size)
+                draws = Draws.of(self.seed, epoch, order[lo:hi])
+                images = self.transform.augment(images, draws)
             yield images, labels
 
 

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from data.batching.augment import Draws
 from data.batching.batches import BatchPlan, BatchTransform, batch_bounds
 from data.batching.loader import reraised
 from data.batching.order import block_order
 from data.batching.splits import shard_bounds
-from utils.system.seeding import mix_seed
 from utils.system.signals import Interrupted, StopGrace
 
 PREFETCH_GROUPS = 4  # row groups each reading thread holds ahead of the step
@@ -90,7 +90,7 @@ class ShardBatches:
         reading = iter(self._reader(_first_needed(group_of), wanted))
         last_use = _last_use(group_of)
         at = 0
-        for index, batch_ids in enumerate(rows, start):
+        for batch_ids in rows:
             groups = group_of[at : at + len(batch_ids)]
             while not held.has(groups):
                 held.add(*next(reading))
@@ -99,9 +99,8 @@ class ShardBatches:
             held.drop([g for g in held.groups if last_use[g] <= at])  # no later batch needs it
             images = self.transform.normalize(inputs.to(self.transform.device, non_blocking=True))
             labels = targets.to(self.transform.device, non_blocking=True)
-            if plan.train:
-                batch_seed = mix_seed(plan.seed, epoch, index * plan.world_size + plan.rank)
-                images = self.transform.augment(images, batch_seed)
+            if plan.train:  # each sample's draws, by (seed, epoch, its index)
+                images = self.transform.augment(images, Draws.of(plan.seed, epoch, batch_ids))
             yield images, labels
 
     def _reader(
