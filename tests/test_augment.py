@@ -165,3 +165,45 @@ def test_every_sample_draws_the_same_whatever_batch_or_process_it_is_in():
     assert not torch.equal(one[0][0], other[0][0])
     uniforms = Draws.of(7, 1, torch.arange(10_000)).uniform(5, 4)
     assert 0.49 < float(uniforms.mean()) < 0.51 and float(uniforms.max()) < 1.0
+
+
+def test_repeated_augmentation_puts_each_samples_copies_in_one_global_batch_drawn_anew(tmp_path):
+    """data.augment.repeats=3: the epoch keeps its length, each of a third of the samples
+    comes three times in a row (so across the processes of one global batch), each copy
+    augmented anew, alike on one process or two."""
+    from data.batching.batches import BatchPlan, BatchTransform, TensorBatches
+    from data.batching.splits import TensorSplit
+
+    split = TensorSplit(
+        torch.rand(30, 3, 8, 8, generator=torch.Generator().manual_seed(0)), torch.arange(30)
+    )
+    augment = ImageAugment(2, True, repeats=3)
+
+    def batches(batch, rank, world):
+        transform = BatchTransform([0.5] * 3, [0.25] * 3, torch.device("cpu"), augment)
+        plan = BatchPlan(batch, True, 7, rank, world, keep_partial=False, repeats=3)
+        return list(TensorBatches(split, plan, transform).epoch(0))
+
+    one = batches(6, 0, 1)
+    labels = torch.cat([b for _, b in one])
+    assert (
+        len(labels) == 30 and sorted(torch.bincount(labels)[labels.unique()].tolist()) == [3] * 10
+    )
+    first = one[0]
+    assert first[1][:3].unique().numel() == 1 and not torch.equal(first[0][0], first[0][1])
+    two = list(zip(batches(3, 0, 2), batches(3, 1, 2), strict=True))
+    for (images, _), ((a, _), (b, _)) in zip(one, two, strict=True):
+        torch.testing.assert_close(images, torch.cat([a, b]), rtol=0, atol=1e-6)
+    write_imagefolder(tmp_path / "images", per_class=8, size=(8, 8))
+    for cache in ("memory", "off"):  # the cached and the DataLoader paths
+        result = run_train(
+            tmp_path,
+            "data=imagefolder",
+            "data.root=images",
+            "data.augment.repeats=2",
+            f"data.cache={cache}",
+            "data.num_workers=0",
+            "trainer.max_epochs=1",
+            f"run_name={cache}",
+        )
+        assert "repeats=2" in result.stdout + result.stderr

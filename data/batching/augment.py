@@ -45,6 +45,7 @@ IMAGE_AUGMENT_OFF = {
     "ratio": [0.75, 1.3333],
     "color_jitter": 0.0,
     "random_erasing": 0.0,
+    "repeats": 1,
 }
 ERASE_SCALE, ERASE_RATIO = (0.02, 1 / 3), (0.3, 3.3)  # torchvision's RandomErasing defaults
 
@@ -61,6 +62,7 @@ class ImageAugment:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     color_jitter: float = 0.0
     random_erasing: float = 0.0
+    repeats: int = 1  # copies of each sample in a row of the epoch's order (data/batching/order.py)
 
     @classmethod
     def from_augment(
@@ -81,13 +83,16 @@ class ImageAugment:
         if not 0 <= erasing <= 1:
             raise UserError(f"data.augment.random_erasing={erasing} must be a probability")
         rrc = bool(augment.get("random_resized_crop") or False)
-        made = cls(0, False, rrc, scale, ratio, jitter, erasing)
+        repeats = augment.get("repeats", 1)
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise UserError(f"data.augment.repeats={repeats!r} must be a whole number, 1 or more")
+        made = cls(0, False, rrc, scale, ratio, jitter, erasing, repeats)
         if made.on and len(shape) != 3:
             raise UserError(
                 f"data.augment: {', '.join(made.said())} augment images, and {name}'s "
                 f"inputs are {tuple(shape)}, not (C, H, W); turn them off"
             )
-        if made.on:
+        if made.said():
             log.info("data.augment: %s, per image, on the device", ", ".join(made.said()))
         return made
 
@@ -104,6 +109,8 @@ class ImageAugment:
             parts.append(f"color_jitter={self.color_jitter}")
         if self.random_erasing:
             parts.append(f"random_erasing={self.random_erasing}")
+        if self.repeats > 1:
+            parts.append(f"repeats={self.repeats}")
         return parts
 
 

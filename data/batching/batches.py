@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from data.batching.augment import Draws, ImageAugment, augmented
-from data.batching.order import permutation
+from data.batching.order import permutation, repeated
 from data.batching.splits import MappedSplit, TensorSplit, shard, shard_bounds
 
 SPATIAL = ("auto", "on", "off")  # data.augment.spatial: crops and flips for which models
@@ -44,6 +44,7 @@ class BatchPlan:
     # False under gradient accumulation: a partial micro-batch would weigh its samples more
     # than a step of whole ones, and accumulation would no longer equal one larger batch.
     keep_partial: bool = True
+    repeats: int = 1  # data.augment.repeats: copies of each sample in a row (training only)
 
     def batch_count(self, samples: int) -> int:
         """Batches of ``samples``: for training, the global batches of every process, the last
@@ -152,6 +153,7 @@ class TensorBatches:
         order = None
         if self.train:
             order = permutation(len(self.labels), self.seed, epoch).to(self.transform.device)
+            order = repeated(order, self.plan.repeats)
         for index in range(start, len(self)):
             lo, hi = batch_bounds(
                 index,
@@ -162,8 +164,8 @@ class TensorBatches:
             if order is None:
                 images, labels = self.inputs[lo:hi], self.labels[lo:hi]
             else:
-                rows = order[lo:hi]
-                images, labels = self.inputs[rows], self.labels[rows]
+                rows = order[lo:hi]  # slots: a sample's copies differ in their draws
+                images, labels = self.inputs[rows % len(order)], self.labels[rows % len(order)]
             if self.train:  # each sample's draws, by (seed, epoch, its index)
                 images = self.transform.augment(images, Draws.of(self.seed, epoch, rows))
             yield images, labels
@@ -187,15 +189,17 @@ class MappedBatches:
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         plan, device = self.plan, self.transform.device
         order = permutation(len(self.labels), plan.seed, epoch) if plan.train else None
+        order = repeated(order, plan.repeats) if order is not None else None
         rank, world = (plan.rank, plan.world_size) if plan.train else (0, 1)
         for index in range(start, len(self)):
             lo, hi = batch_bounds(index, plan.batch_size, rank, world)
             rows = (
                 order[lo:hi] if order is not None else torch.arange(lo, min(hi, len(self.labels)))
             )
-            pixels = torch.from_numpy(self.images[rows.numpy()])  # one gather from the file
+            samples = rows % len(self.labels)  # a slot's sample (data.augment.repeats)
+            pixels = torch.from_numpy(self.images[samples.numpy()])  # one gather from the file
             images = self.transform.normalize(pixels.to(device, non_blocking=True))
-            labels = self.labels[rows].to(device, non_blocking=True)
+            labels = self.labels[samples].to(device, non_blocking=True)
             if plan.train:  # each sample's draws, by (seed, epoch, its index)
                 images = self.transform.augment(images, Draws.of(plan.seed, epoch, rows))
             yield images, labels

@@ -331,8 +331,9 @@ class Data:
             self.mean, self.std, placement.device, augment, placement.channels_last
         )
         batch_size = self.batch_size if train else self.eval_batch_size
+        repeats = self.images.repeats if train else 1  # data.augment.repeats
         plan = BatchPlan(
-            batch_size, train, seed, placement.rank, placement.world_size, keep_partial
+            batch_size, train, seed, placement.rank, placement.world_size, keep_partial, repeats
         )
         if isinstance(self.splits[split], TensorSplit):
             batches = TensorBatches(self.splits[split], plan, transform)

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from data.batching.augment import Draws
 from data.batching.batches import BatchPlan, BatchTransform, batch_bounds
-from data.batching.order import permutation
+from data.batching.order import permutation, repeated
 from data.batching.splits import shard_bounds
 from utils.errors import UserError
 from utils.system.signals import STOP_SIGNALS, kill_children_at_exit
@@ -33,7 +33,7 @@ class EpochBatchSampler(Sampler[list[int]]):
             plan.seed,
         )
         self.rank, self.world_size = plan.rank, plan.world_size
-        self.plan = plan
+        self.plan, self.repeats = plan, plan.repeats
         self.epoch, self.start = 0, 0
 
     def __len__(self) -> int:
@@ -44,14 +44,14 @@ class EpochBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.train:
-            order = permutation(self.size, self.seed, self.epoch)
+            order = repeated(permutation(self.size, self.seed, self.epoch), self.repeats)
             rank, world_size = self.rank, self.world_size
         else:
             order = torch.arange(*shard_bounds(self.size, self.rank, self.world_size))
             rank, world_size = 0, 1
         for index in range(self.start, len(self)):
             lo, hi = batch_bounds(index, self.batch_size, rank, world_size)
-            yield order[lo:hi].tolist()
+            yield (order[lo:hi] % self.size).tolist()
 
 
 def _worker_ignores_signals(worker_id: int) -> None:
@@ -102,6 +102,7 @@ class LoaderBatches:
         self.sampler.epoch, self.sampler.start = epoch, start
         device, sampler = self.transform.device, self.sampler
         order = permutation(sampler.size, self.seed, epoch) if self.train else None
+        order = repeated(order, sampler.repeats) if order is not None else None
         for index, (images, labels) in enumerate(reraised(self.loader), start):
             images = self.transform.normalize(images.to(device, non_blocking=True))
             labels = labels.to(device, non_blocking=True)

@@ -26,6 +26,19 @@ def permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=generator)
 
 
+def repeated(order: torch.Tensor, repeats: int) -> torch.Tensor:
+    """``data.augment.repeats`` (repeated augmentation, Hoffer et al. 2020; timm's
+    RepeatAugSampler): each sample of the epoch's ``order`` ``repeats`` times in a row — so its
+    copies fall in one global batch, on different processes — cut to the epoch's length. Each
+    copy is a slot ``id + n·r`` (``r``: which copy), so each draws its own augmentation; the
+    sample is ``slot % n``."""
+    if repeats == 1:
+        return order
+    n = len(order)
+    copies = torch.arange(repeats, device=order.device).view(1, -1) * n
+    return (order.view(-1, 1) + copies).reshape(-1)[:n]
+
+
 def block_order(sizes: list[int], seed: int, epoch: int, window: int) -> torch.Tensor:
     """Global sample ids (row groups numbered in file order, their rows counted on from the
     group before) in the order of ``epoch``: the groups of ``sizes`` permuted by (seed, epoch),

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from data.batching.augment import Draws
 from data.batching.batches import BatchPlan, BatchTransform, batch_bounds
 from data.batching.loader import reraised
-from data.batching.order import block_order
+from data.batching.order import block_order, repeated
 from data.batching.splits import shard_bounds
 from utils.system.signals import Interrupted, StopGrace
 
@@ -73,7 +73,8 @@ class ShardBatches:
     def order(self, epoch: int) -> torch.Tensor:
         split = self.split
         if self.plan.train:
-            return block_order(list(split.sizes), self.plan.seed, epoch, split.window)
+            order = block_order(list(split.sizes), self.plan.seed, epoch, split.window)
+            return repeated(order, self.plan.repeats)  # slots: sample = slot % len(split)
         return torch.arange(self.lo, self.hi)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -83,7 +84,7 @@ class ShardBatches:
         rows = [order[lo : min(hi, len(order))] for lo, hi in bounds]
         if not rows:
             return
-        ids = torch.cat(rows)
+        ids = torch.cat(rows) % len(self.split)  # the samples of the slots
         group_of = torch.searchsorted(self.split.starts, ids, right=True) - 1
         held = _Held(self.split.starts)
         wanted = _rows_wanted(ids, group_of, self.split.starts) if self.split.decodes else None
@@ -94,7 +95,7 @@ class ShardBatches:
             groups = group_of[at : at + len(batch_ids)]
             while not held.has(groups):
                 held.add(*next(reading))
-            inputs, targets = held.gather(batch_ids, groups)
+            inputs, targets = held.gather(batch_ids % len(self.split), groups)
             at += len(batch_ids)
             held.drop([g for g in held.groups if last_use[g] <= at])  # no later batch needs it
             images = self.transform.normalize(inputs.to(self.transform.device, non_blocking=True))

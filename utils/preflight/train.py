@@ -145,6 +145,7 @@ DICT_KEYS = {
         "ratio",
         "color_jitter",
         "random_erasing",
+        "repeats",
     ),
     "data.split": (
         "val_path",
