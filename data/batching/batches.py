@@ -91,13 +91,16 @@ class BatchTransform:
         images = images.to(self.device).to(torch.float32, memory_format=layout, copy=True)
         return images.mul_(scale).add_(self.shift.view(per_channel))
 
-    def augment(self, images: torch.Tensor, draws: Draws) -> torch.Tensor:
+    def augment(
+        self, images: torch.Tensor, seed: int, epoch: int, ids: torch.Tensor
+    ) -> torch.Tensor:
         """Random crops (padded with 0, the dataset mean) and flips, then the ImageNet-style
-        operations (data/batching/augment.py), each sample's from its ``draws``."""
+        operations (data/batching/augment.py), each sample's drawn by (``seed``, ``epoch``, its
+        index in ``ids``); nothing is drawn when nothing augments."""
         augment = self.augment_with
         if augment.crop_padding == 0 and not augment.horizontal_flip and not augment.on:
             return images
-        draws = Draws(draws.keys.to(images.device))
+        draws = Draws.of(seed, epoch, ids.to(images.device))
         if augment.crop_padding > 0:
             images = random_crop(images, augment.crop_padding, draws)
         if augment.horizontal_flip:
@@ -167,7 +170,7 @@ class TensorBatches:
                 rows = order[lo:hi]  # slots: a sample's copies differ in their draws
                 images, labels = self.inputs[rows % len(order)], self.labels[rows % len(order)]
             if self.train:  # each sample's draws, by (seed, epoch, its index)
-                images = self.transform.augment(images, Draws.of(self.seed, epoch, rows))
+                images = self.transform.augment(images, self.seed, epoch, rows)
             yield images, labels
 
 
@@ -201,7 +204,7 @@ class MappedBatches:
             images = self.transform.normalize(pixels.to(device, non_blocking=True))
             labels = self.labels[samples].to(device, non_blocking=True)
             if plan.train:  # each sample's draws, by (seed, epoch, its index)
-                images = self.transform.augment(images, Draws.of(plan.seed, epoch, rows))
+                images = self.transform.augment(images, plan.seed, epoch, rows)
             yield images, labels
 
 

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from data.batching.augment import Draws
 from data.batching.batches import BatchPlan, BatchTransform, batch_bounds
 from data.batching.order import permutation, repeated
 from data.batching.splits import shard_bounds
@@ -108,8 +107,7 @@ class LoaderBatches:
             labels = labels.to(device, non_blocking=True)
             if self.train:  # each sample's draws, by (seed, epoch, its index): the sampler's
                 lo, hi = batch_bounds(index, sampler.batch_size, sampler.rank, sampler.world_size)
-                draws = Draws.of(self.seed, epoch, order[lo:hi])
-                images = self.transform.augment(images, draws)
+                images = self.transform.augment(images, self.seed, epoch, order[lo:hi])
             yield images, labels
 
 

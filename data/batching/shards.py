@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from data.batching.augment import Draws
 from data.batching.batches import BatchPlan, BatchTransform, batch_bounds
 from data.batching.loader import reraised
 from data.batching.order import block_order, repeated
@@ -101,7 +100,7 @@ class ShardBatches:
             images = self.transform.normalize(inputs.to(self.transform.device, non_blocking=True))
             labels = targets.to(self.transform.device, non_blocking=True)
             if plan.train:  # each sample's draws, by (seed, epoch, its index)
-                images = self.transform.augment(images, Draws.of(plan.seed, epoch, batch_ids))
+                images = self.transform.augment(images, plan.seed, epoch, batch_ids)
             yield images, labels
 
     def _reader(
