@@ -400,3 +400,4 @@ def test_warmup_epochs_are_that_many_epochs_of_warmup_steps(name):
 
     assert lrs(warmup_steps=0, warmup_epochs=2) == lrs(warmup_steps=10)
     assert lrs(warmup_steps=0, warmup_epochs=2) != lrs(warmup_steps=3)
+    assert len(lrs(warmup_steps=0)) == 20  # no warmup: onecycle rises for one step, no error

@@ -247,7 +247,8 @@ def onecycle(
         warmup = warmup_steps + warmup_epochs * steps.per_epoch  # scheduler.warmup_epochs
         max_lrs = [group["lr"] for group in optimizer.param_groups]
         total_steps = max(steps.total, 2)
-        pct_start = min((warmup + 1) / total_steps, 0.99)  # peak LR at step warmup
+        # peak LR at step warmup; at least 1: OneCycleLR divides by its rising phase's length
+        pct_start = min((max(warmup, 1) + 1) / total_steps, 0.99)
         return Schedule(
             OneCycleLR(
                 optimizer,
