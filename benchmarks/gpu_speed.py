@@ -232,6 +232,15 @@ def fp16_end_to_end(device: torch.device, overrides: list[str], workdir: Path) -
     return result
 
 
+def free_port() -> int:
+    """A port nothing listens on now (the OS picks it), for torchrun's rendezvous."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def strategies(device: torch.device, overrides: list[str], workdir: Path, epochs: int) -> list:
     """``trainer.strategy=ddp`` against ``fsdp`` through torchrun, on every GPU here (one
     process each), or 2 processes with gloo on the CPU: the speed and the bytes each process
@@ -243,7 +252,11 @@ def strategies(device: torch.device, overrides: list[str], workdir: Path, epochs
     for strategy in ("ddp", "fsdp"):
         run = f"strategy_{strategy}"
         launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}"]
-        launch += ["--master_addr=127.0.0.1", "--master_port=29517", str(ROOT / "train.py")]
+        launch += [
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            str(ROOT / "train.py"),
+        ]
         args = [*job, f"trainer.device={device.type}", f"trainer.max_epochs={epochs}"]
         args += [f"trainer.strategy={strategy}", f"run_name={run}", "logger=[]"]
         done = subprocess.run([*launch, *args], cwd=workdir, capture_output=True, text=True)
