@@ -353,6 +353,18 @@ def checkpoint(cwd: Path, run_name: str, name: str = "last.pt") -> dict:
     return torch.load(cwd / "checkpoints" / run_name / name, map_location="cpu", weights_only=True)
 
 
+def killed_at(forward: int) -> dict:
+    """The environment that makes the signalling model (tests/helpers) kill -9 its run at its
+    ``forward``-th training micro-batch: a kill at a chosen point, not a timed one."""
+    return {"SIGNAL_AT_FORWARD": str(forward), "SIGNAL_NAME": "SIGKILL"}
+
+
+NEEDS_GLOO = pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="needs torch.distributed with gloo",
+)
+
+
 def interrupt_and_resume(
     cwd: Path, run: list[str], run_name: str, at: int, signal_name: str = "SIGTERM"
 ):

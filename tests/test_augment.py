@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 import torchvision.transforms.functional as TF
-from conftest import checkpoint, error_line, run_train, write_imagefolder
+from conftest import checkpoint, error_line, killed_at, run_train, write_imagefolder
 
 from data.batching.augment import (
     Draws,
@@ -115,7 +115,7 @@ def test_a_run_with_every_operation_is_killed_and_resumes_bit_identically(tmp_pa
         *run,
         "run_name=killed",
         ok=False,
-        env={"SIGNAL_AT_FORWARD": "11", "SIGNAL_NAME": "SIGKILL"},
+        env=killed_at(11),
     )
     assert killed.returncode == -signal.SIGKILL
     run_train(tmp_path, *run, "run_name=killed", "resume=auto")

@@ -13,15 +13,21 @@ import sys
 
 import pytest
 import torch
-from conftest import EVALUATE, HELPERS, TRAIN, free_port, run_python, run_train, torchrun
+from conftest import (
+    EVALUATE,
+    HELPERS,
+    NEEDS_GLOO,
+    TRAIN,
+    free_port,
+    run_python,
+    run_train,
+    torchrun,
+)
 
 from utils.checkpoint.load import load_checkpoint
 from utils.system.distributed import rescale_position
 
-pytestmark = pytest.mark.skipif(
-    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-    reason="needs torch.distributed with gloo",
-)
+pytestmark = NEEDS_GLOO
 
 # No augmentation, no dropout: the only difference between 1 and 2 processes is who computes
 # which half of each global batch. The signalling model passes through unless told to signal.

@@ -12,8 +12,10 @@ import pytest
 import torch
 from conftest import (
     EVALUATE,
+    NEEDS_GLOO,
     PREDICT,
     error_line,
+    killed_at,
     read_metrics,
     run_evaluate,
     run_python,
@@ -23,10 +25,7 @@ from conftest import (
 
 from utils.checkpoint.load import load_checkpoint
 
-pytestmark = pytest.mark.skipif(
-    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-    reason="needs torch.distributed with gloo",
-)
+pytestmark = NEEDS_GLOO
 
 # Blocks of the MLP (three linear layers) sharded across two processes; no dropout, so DDP and
 # FSDP differ only in who holds which parameters. 1,248 training digits: whole global batches.
@@ -94,7 +93,7 @@ def test_evaluate_and_predict_read_the_sharded_best_without_torchrun(runs):
 def test_a_kill_9_resumes_bit_identically_and_one_process_continues_the_stream(runs):
     job = (*JOB, "model._target_=signalling_model.mlp", "trainer.strategy=fsdp")
     torchrun(runs, *job, "data.batch_size=16", "run_name=straight")
-    kill = {"SIGNAL_AT_FORWARD": "60", "SIGNAL_NAME": "SIGKILL"}  # epoch 2, step 30
+    kill = killed_at(60)  # epoch 2, step 30
     for run in ("killed", "alone"):
         killed = torchrun(runs, *job, "data.batch_size=16", f"run_name={run}", ok=False, env=kill)
         assert killed.returncode != 0

@@ -18,6 +18,7 @@ from conftest import (
     assert_same_run,
     checkpoint,
     interrupt_and_resume,
+    killed_at,
     read_metrics,
     run_train,
     scalars,
@@ -99,7 +100,7 @@ def test_a_kill_9_inside_an_epoch_loses_only_the_steps_since_the_last_save(
         *run,
         f"run_name={name}",
         ok=False,
-        env={"SIGNAL_AT_FORWARD": str(at), "SIGNAL_NAME": "SIGKILL"},
+        env=killed_at(at),
     )
     assert killed.returncode == -signal.SIGKILL
     position = checkpoint(tensor_runs, name)

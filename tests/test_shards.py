@@ -16,6 +16,7 @@ from conftest import (
     checkpoint,
     error_line,
     free_port,
+    killed_at,
     read_metrics,
     run_python,
     run_train,
@@ -81,7 +82,7 @@ def test_a_kill_9_inside_an_epoch_resumes_bit_identically_on_other_workers(shard
         "data.num_workers=2",
         "run_name=killed",
         ok=False,
-        env={"SIGNAL_AT_FORWARD": "27", "SIGNAL_NAME": "SIGKILL"},
+        env=killed_at(27),
     )
     assert killed.returncode == -signal.SIGKILL
     assert checkpoint(shards, "killed")["global_step"] == 24  # the last multiple of 3 before 27
@@ -338,7 +339,7 @@ def test_two_processes_killed_resume_as_one_on_the_same_sample_stream(shards):
         "data.batch_size=16",
         "run_name=two_killed",
         ok=False,
-        env={"SIGNAL_AT_FORWARD": "30", "SIGNAL_NAME": "SIGKILL"},
+        env=killed_at(30),
     )
     assert killed.returncode != 0
     saved = checkpoint(shards, "two_killed")
@@ -421,7 +422,7 @@ def test_a_kill_9_while_reading_from_s3_resumes_bit_identically(s3, tmp_path):
     run += ("model._target_=signalling_model.mlp", "trainer.checkpoint_every_n_steps=3")
     run += (f"data.shard_cache_dir={tmp_path / 'cache'}",)
     run_train(tmp_path, *run, "data.num_workers=0", "run_name=straight", env=s3)
-    kill = {**s3, "SIGNAL_AT_FORWARD": "27", "SIGNAL_NAME": "SIGKILL"}
+    kill = {**s3, **killed_at(27)}
     killed = run_train(tmp_path, *run, "data.num_workers=2", "run_name=killed", ok=False, env=kill)
     assert killed.returncode == -signal.SIGKILL
     assert checkpoint(tmp_path, "killed")["global_step"] == 24

@@ -159,6 +159,16 @@ def write_file(path: Path, data: bytes, fix: str) -> None:
         ) from None
 
 
+# A sharded checkpoint's folder (utils/checkpoint/sharded.py): the state rank 0 writes last,
+# and DCP's index of the shards.
+SHARDED_STATE, SHARDED_INDEX = "state.pt", ".metadata"
+
+
+def sharded_folder(path: Path) -> bool:
+    """Whether ``path`` is a sharded checkpoint's folder (whole or not), not a run's folder."""
+    return path.is_dir() and any((path / n).exists() for n in (SHARDED_STATE, SHARDED_INDEX))
+
+
 def file_sha256(path: Path | str) -> str:
     """The sha256 of a file's bytes, read in 1 MiB blocks (an OSError propagates); of a
     folder (a sharded checkpoint), of each of its files' names and sha256s, in name order."""

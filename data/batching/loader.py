@@ -33,7 +33,23 @@ class EpochBatchSampler(Sampler[list[int]]):
         )
         self.rank, self.world_size = plan.rank, plan.world_size
         self.plan, self.repeats = plan, plan.repeats
-        self.epoch, self.start = 0, 0
+        self.start, self.order = 0, self._order(0)
+
+    def at(self, epoch: int, start: int) -> None:
+        """Batches of ``epoch`` from batch ``start`` on; its order computed once, here."""
+        self.start, self.order = start, self._order(epoch)
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        """The epoch's slots (data/batching/order.py ``repeated``), or the evaluation shard."""
+        if self.train:
+            return repeated(permutation(self.size, self.seed, epoch), self.repeats)
+        return torch.arange(*shard_bounds(self.size, self.rank, self.world_size))
+
+    def slots(self, index: int) -> torch.Tensor:
+        """Batch ``index``'s slots: its samples are ``slots % size``."""
+        rank, world = (self.rank, self.world_size) if self.train else (0, 1)
+        lo, hi = batch_bounds(index, self.batch_size, rank, world)
+        return self.order[lo:hi]
 
     def __len__(self) -> int:
         if self.train:
@@ -42,15 +58,8 @@ class EpochBatchSampler(Sampler[list[int]]):
         return self.plan.batch_count(hi - lo)
 
     def __iter__(self) -> Iterator[list[int]]:
-        if self.train:
-            order = repeated(permutation(self.size, self.seed, self.epoch), self.repeats)
-            rank, world_size = self.rank, self.world_size
-        else:
-            order = torch.arange(*shard_bounds(self.size, self.rank, self.world_size))
-            rank, world_size = 0, 1
         for index in range(self.start, len(self)):
-            lo, hi = batch_bounds(index, self.batch_size, rank, world_size)
-            yield (order[lo:hi] % self.size).tolist()
+            yield (self.slots(index) % self.size).tolist()
 
 
 def _worker_ignores_signals(worker_id: int) -> None:
@@ -98,16 +107,13 @@ class LoaderBatches:
         return len(self.sampler)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self.sampler.epoch, self.sampler.start = epoch, start
+        self.sampler.at(epoch, start)
         device, sampler = self.transform.device, self.sampler
-        order = permutation(sampler.size, self.seed, epoch) if self.train else None
-        order = repeated(order, sampler.repeats) if order is not None else None
         for index, (images, labels) in enumerate(reraised(self.loader), start):
             images = self.transform.normalize(images.to(device, non_blocking=True))
             labels = labels.to(device, non_blocking=True)
-            if self.train:  # each sample's draws, by (seed, epoch, its index): the sampler's
-                lo, hi = batch_bounds(index, sampler.batch_size, sampler.rank, sampler.world_size)
-                images = self.transform.augment(images, self.seed, epoch, order[lo:hi])
+            if self.train:  # each sample's draws, by (seed, epoch, its slot): the sampler's
+                images = self.transform.augment(images, self.seed, epoch, sampler.slots(index))
             yield images, labels
 
 

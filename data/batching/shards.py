@@ -150,8 +150,10 @@ class _ReadAhead:
         self.taken, self.waited, self.closed = 0, 0, False
         self.turn = threading.Condition()
         self.depth = workers * PREFETCH_GROUPS
-        for _ in range(min(workers, len(groups))):
-            threading.Thread(target=self._work, name="torchloom-shards", daemon=True).start()
+        for slot in range(min(workers, len(groups))):  # named by slot: each epoch's reader
+            # of a slot reuses the files the last one opened (data/readers/storage.py)
+            name = f"torchloom-shards-{slot}"
+            threading.Thread(target=self._work, name=name, daemon=True).start()
 
     def _work(self) -> None:
         while True:
@@ -197,9 +199,13 @@ class _Reading:
 
 
 def _rows_wanted(ids: torch.Tensor, group_of: torch.Tensor, starts: torch.Tensor) -> dict:
-    """For each row group, the rows within it (sorted) that ``ids`` take."""
+    """For each row group, the rows within it (sorted) that ``ids`` take: one sort, not a
+    pass over the epoch's rows per row group."""
     within = ids - starts[group_of]
-    return {int(g): torch.unique(within[group_of == g]) for g in torch.unique(group_of).tolist()}
+    by_group = torch.argsort(group_of, stable=True)
+    groups, counts = torch.unique_consecutive(group_of[by_group], return_counts=True)
+    parts = within[by_group].split(counts.tolist())
+    return {int(g): torch.unique(part) for g, part in zip(groups.tolist(), parts, strict=True)}
 
 
 class _RowGroups(Dataset):

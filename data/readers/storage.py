@@ -134,9 +134,10 @@ MAX_OPEN = 256
 def parquet_file(shard: Shard) -> Any:
     """The ``pyarrow.parquet.ParquetFile`` of ``shard`` (its footer read once per process);
     a file that is no Parquet is one line naming it."""
-    # Per process (a file opened before a fork shares its connection) and per thread (the
-    # reading threads of data/batching/shards.py each read through their own).
-    key = (os.getpid(), threading.get_ident(), endpoint(), shard.where, shard.path)
+    # Per process (a file opened before a fork shares its connection) and per reading thread
+    # (data/batching/shards.py's each read through their own; a thread of the next epoch in
+    # the same slot has the same name, and reuses it rather than reading the footer again).
+    key = (os.getpid(), threading.current_thread().name, endpoint(), shard.where, shard.path)
     key += (shard.size, shard.version)  # a rewritten object is opened anew
     if key not in _open:
         _, pq = arrow()

@@ -129,10 +129,10 @@ def _load_sharded(folder: Path, whole_weights: bool) -> dict[str, Any]:
             f"{folder} is not a whole sharded checkpoint (no {sharded.STATE_FILE} or "
             f"{sharded.METADATA}: a save cut short?); resume from the one beside it"
         )
-    sharded.read_metadata(folder)
+    metadata = sharded.read_metadata(folder)  # refused before anything else is read
     state = load_checkpoint(folder / sharded.STATE_FILE)
     if whole_weights:
-        state["model"] = sharded.whole_tensors(folder, "model.")
+        state["model"] = sharded.whole_tensors(folder, "model.", metadata)
     return state
 
 

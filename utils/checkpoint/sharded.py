@@ -37,13 +37,13 @@ import torch
 
 from utils.errors import UserError
 from utils.evaluation.export import export_safetensors
-from utils.files import save_atomic
+from utils.files import SHARDED_INDEX, SHARDED_STATE, save_atomic, sharded_folder
 from utils.model.weights import load_weights, weights_that_fit
 
 log = logging.getLogger("torchloom")
 
-STATE_FILE = "state.pt"  # everything but the sharded tensors; written last: the folder is whole
-METADATA = ".metadata"
+STATE_FILE = SHARDED_STATE  # everything but the sharded tensors; written last: the folder is whole
+METADATA = SHARDED_INDEX
 MAX_METADATA_BYTES = 2**28  # 256 MiB of index: far more than any model's
 PARTIAL, OLD = ".partial", ".old"
 
@@ -151,9 +151,7 @@ def _reader(folder: Path) -> Any:
 # --- Finding ---------------------------------------------------------------------------------
 
 
-def is_sharded(path: Path) -> bool:
-    """Whether ``path`` is a sharded checkpoint folder (whole or not)."""
-    return path.is_dir() and ((path / METADATA).exists() or (path / STATE_FILE).exists())
+is_sharded = sharded_folder  # whether a path is a sharded checkpoint's folder (whole or not)
 
 
 def whole(path: Path) -> bool:
@@ -236,10 +234,11 @@ def load_into(folder: Path, tensors: dict) -> None:
         ) from None
 
 
-def whole_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
+def whole_tensors(folder: Path, prefix: str, metadata: Any = None) -> dict[str, torch.Tensor]:
     """Every tensor under ``prefix`` (``model.``) gathered whole, in one process without
-    torchrun: what evaluate.py, predict.py, the exports and init_from read."""
-    metadata = read_metadata(folder)
+    torchrun: what evaluate.py, predict.py, the exports and init_from read (``metadata``: the
+    folder's index, when read already)."""
+    metadata = metadata or read_metadata(folder)
     wanted = {
         key: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
         for key, entry in metadata.state_dict_metadata.items()

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from utils.config.monitor import default_monitor, monitor_mode
 from utils.errors import UserError
+from utils.files import sharded_folder
 
 
 def resumed_run_name(resume: str | None, checkpoints_root: str, fresh: str) -> str:
@@ -23,9 +24,8 @@ def resumed_run_name(resume: str | None, checkpoints_root: str, fresh: str) -> s
     ``<name>`` (same run dir, same checkpoint folder); otherwise ``fresh`` (a timestamp)."""
     if resume and resume != "auto":
         path = Path(resume).resolve()
-        # a sharded checkpoint (last/, best/: utils/checkpoint/sharded.py) lives in its run's
-        sharded = path.is_dir() and any((path / n).is_file() for n in ("state.pt", ".metadata"))
-        folder = path if path.is_dir() and not sharded else path.parent
+        # a sharded checkpoint (last/, best/) lives in its run's folder, as a file does
+        folder = path if path.is_dir() and not sharded_folder(path) else path.parent
         try:
             return str(folder.relative_to(Path(checkpoints_root).resolve()))
         except ValueError:

@@ -112,7 +112,7 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
     if epochs != "auto":  # else once the data says how many epochs (utils/fit/swa.py)
         check_swa(cfg.trainer.swa, epochs)  # before any data is read
     entries_of(cfg.callbacks, processes_from_env().world_size)  # conf/callbacks/, yours
-    check_strategy(cfg, processes_from_env().world_size)  # what trainer.strategy=fsdp carries
+    check_strategy(cfg)  # trainer.strategy, and what fsdp carries
     check_settings(cfg.distill)
 
     Mixing.from_augment(OmegaConf.to_container(cfg.data.get("augment") or {}, resolve=True))

@@ -31,20 +31,15 @@ STRATEGIES = ("auto", "ddp", "fsdp")
 KNOWN_BLOCKS = ("BasicBlock", "Bottleneck", "EncoderBlock", "CNBlock", "InvertedResidual")
 
 
-def strategy_of(trainer: Any, world_size: int) -> str:
-    """The strategy a run uses: ``auto`` is ``ddp`` with several processes, ``none`` alone."""
-    strategy = trainer.strategy
-    if strategy not in STRATEGIES:
-        raise UserError(f"trainer.strategy={strategy!r} is unknown; use one of {STRATEGIES}")
-    if strategy == "fsdp":
-        return "fsdp"
-    return "ddp" if world_size > 1 else "none"
-
-
-def check_strategy(cfg: Any, world_size: int) -> None:
-    """Under ``fsdp``, what FSDP does not carry in this version: one line naming the key."""
+def check_strategy(cfg: Any) -> None:
+    """``trainer.strategy`` is one of :data:`STRATEGIES`; under ``fsdp``, what FSDP does not
+    carry in this version is refused in one line naming the key."""
     trainer = cfg.trainer
-    if strategy_of(trainer, world_size) != "fsdp":
+    if trainer.strategy not in STRATEGIES:
+        raise UserError(
+            f"trainer.strategy={trainer.strategy!r} is unknown; use one of {STRATEGIES}"
+        )
+    if trainer.strategy != "fsdp":
         if trainer.activation_checkpointing:
             raise UserError(
                 "trainer.activation_checkpointing=true needs trainer.strategy=fsdp in this "
@@ -166,16 +161,11 @@ def checkpoint_blocks(model: nn.Module, blocks: list[nn.Module]) -> None:
         checkpoint(block)
 
 
-def is_sharded(model: nn.Module) -> bool:
+def sharded_model(model: nn.Module) -> bool:
+    """Whether ``model`` is sharded by FSDP (trainer.strategy=fsdp)."""
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
-
-
-def gradient_sync(model: nn.Module, sync: bool) -> None:
-    """FSDP's counterpart of DDP's ``no_sync``: the micro-batches before the last of an
-    accumulated step keep their gradients unsharded and unreduced."""
-    model.set_requires_gradient_sync(sync)
 
 
 def local_bytes(tensors: Any) -> int:
@@ -214,7 +204,7 @@ def evened(batches: Any, model: nn.Module) -> Any:
     first batch any process saw, as long as another still has batches, and yields
     ``(inputs, None)`` for those calls: their outputs are not counted. Without sharding, the
     batches as they are."""
-    if not is_sharded(model):
+    if not sharded_model(model):
         yield from batches
         return
     import torch.distributed as dist
@@ -255,7 +245,7 @@ def without_grad(model: nn.Module) -> Any:
     """``torch.inference_mode`` for a forward that trains nothing, but ``no_grad`` for a
     sharded model: FSDP reuses the buffers its parameters are gathered into, and one made in
     inference mode cannot be written by the training step after."""
-    return torch.no_grad() if is_sharded(model) else torch.inference_mode()
+    return torch.no_grad() if sharded_model(model) else torch.inference_mode()
 
 
 def shown_bytes(count: int) -> str:
