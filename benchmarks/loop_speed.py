@@ -109,7 +109,7 @@ FEATURE_CASES = {
     "digits_callbacks": ("digits", NOOP_CALLBACK),
     # last.pt inside the epoch, every 50 of an epoch's 157 steps (a 0.8 MB checkpoint).
     "mlp_checkpointed": ("mlp", ["trainer.checkpoint_every_n_steps=50"]),
-    # ImageNet-style augmentation per image on the cached path (data/batching/augment.py).
+    # ImageNet-style augmentation per image on the cached path (data/augmentation/images.py).
     "image_cnn_augmented": ("image_cnn", IMAGE_AUGMENT),
 }
 for _case, (_base, _extra) in FEATURE_CASES.items():

@@ -12,6 +12,7 @@
     tensors               arrays in .pt, .npy or .npz files
     parquet               Parquet shards, local or on object storage, read in our order
     synthetic             random tensors of a given shape (benchmarks, smoke tests)
+    augmentation/         what a training batch's samples become: crops, policies, MixUp
     batching/             what every builder returns, and how it becomes batches
     readers/              files read into tensors, shared by builders: tables, gaps, the image cache
 """

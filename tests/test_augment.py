@@ -11,7 +11,7 @@ import torch
 import torchvision.transforms.functional as TF
 from conftest import checkpoint, error_line, killed_at, run_train, write_imagefolder
 
-from data.batching.augment import (
+from data.augmentation.images import (
     Draws,
     ImageAugment,
     augmented,
@@ -93,19 +93,25 @@ def test_a_wrong_setting_is_one_line(tmp_path, key):
 
 
 def test_a_run_with_every_operation_is_killed_and_resumes_bit_identically(tmp_path):
+    """A timm model with drop-path, RandAugment, the crop, jitter, erasing and repeats:
+    kill -9 mid-epoch, resume, the same weights bit for bit."""
+    pytest.importorskip("timm", reason="the timm extra")
     write_imagefolder(tmp_path / "images", per_class=24, size=(16, 16))
-    run = ("data=imagefolder", "data.root=images", "data.image_size=[16,16]", "model=mlp")
-    run += ("model._target_=signalling_model.mlp", "trainer.max_epochs=2")
+    run = ("data=imagefolder", "data.root=images", "data.image_size=[16,16]", "model=timm")
+    run += ("model._target_=signalling_model.timm_model", "model.name=resnet10t")
+    run += ("model.drop_path_rate=0.1", "trainer.max_epochs=2")
     run += ("data.augment.random_resized_crop=true", "data.augment.color_jitter=0.4")
+    run += ("data.augment.auto_augment=rand-m9-mstd0.5-inc1", "data.augment.repeats=2")
     run += (
         "data.augment.random_erasing=0.25",
         "trainer.checkpoint_every_n_steps=2",
         "data.batch_size=8",
     )
     said = run_train(tmp_path, *run, "run_name=straight")
-    assert "random_resized_crop scale=[0.08, 1.0], color_jitter=0.4, random_erasing=0.25" in (
-        said.stdout + said.stderr
-    )
+    assert (
+        "random_resized_crop scale=[0.08, 1.0], auto_augment=rand-m9-mstd0.5-inc1, "
+        "color_jitter=0.4, random_erasing=0.25, repeats=2"
+    ) in (said.stdout + said.stderr)
     plain = [a for a in run if not a.startswith("data.augment")]
     run_train(tmp_path, *plain, "run_name=plain")
     a, b = checkpoint(tmp_path, "straight")["model"], checkpoint(tmp_path, "plain")["model"]

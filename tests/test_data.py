@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import write_cifar10, write_imagefolder, write_mnist
 
-from data.batching.augment import Draws
+from data.augmentation.images import Draws
 from data.batching.batches import Placement, random_crop
 from data.batching.splits import TensorSplit
 from data.cifar10 import load_cifar10

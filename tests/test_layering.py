@@ -26,6 +26,7 @@ LAYERS = (
     ("utils",),
     ("utils.system",),
     ("utils.config",),
+    ("data.augmentation",),
     ("data.batching", "models"),
     ("data.readers",),
     ("data",),

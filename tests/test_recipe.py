@@ -22,8 +22,8 @@ from conftest import (
     torchrun,
 )
 
+from data.augmentation.mixing import Draw, MixedBatches, Mixing, mixed
 from data.batching.batches import TensorBatches
-from data.batching.mixing import Draw, MixedBatches, Mixing, mixed
 from utils.checkpoint.load import load_checkpoint
 from utils.errors import UserError
 from utils.fit.ema import WeightAverage

@@ -6,8 +6,6 @@ batches   in-memory batches by slicing; normalisation and augmentation as tensor
 loader    batches decoded by DataLoader workers, for data that does not fit in memory
 targets   the kinds of target (classes, label sets, values) and their checks
 folds     which samples are train, val and test; K folds and groups
-mixing    MixUp and CutMix, for every dataset
-augment   ImageNet-style augmentation per image, batched: crops, colours, erasing
 fingerprint  what the data is by content: each sample's hash, each split's membership
 order     which sample comes next: the permutation, and the block shuffle of shards
 shards    batches gathered from shards' row groups, read ahead in our order

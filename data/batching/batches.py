@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from data.batching.augment import Draws, ImageAugment, augmented
+from data.augmentation.images import Draws, ImageAugment, augmented
 from data.batching.order import permutation, repeated
 from data.batching.splits import MappedSplit, TensorSplit, shard, shard_bounds
 
@@ -95,7 +95,7 @@ class BatchTransform:
         self, images: torch.Tensor, seed: int, epoch: int, ids: torch.Tensor
     ) -> torch.Tensor:
         """Random crops (padded with 0, the dataset mean) and flips, then the ImageNet-style
-        operations (data/batching/augment.py), each sample's drawn by (``seed``, ``epoch``, its
+        operations (data/augmentation/images.py), each sample's drawn by (``seed``, ``epoch``, its
         index in ``ids``); nothing is drawn when nothing augments."""
         augment = self.augment_with
         if augment.crop_padding == 0 and not augment.horizontal_flip and not augment.on:

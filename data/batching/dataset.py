@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from data.batching.augment import ImageAugment
+from data.augmentation.images import ImageAugment
+from data.augmentation.mixing import MixedBatches, Mixing
 from data.batching.batches import (
     SPATIAL,
     BatchPlan,
@@ -38,7 +39,6 @@ from data.batching.batches import (
 )
 from data.batching.fingerprint import decoded_hashes, membership, sample_hashes
 from data.batching.loader import LoaderBatches
-from data.batching.mixing import MixedBatches, Mixing
 from data.batching.shards import ShardBatches, ShardSplit
 from data.batching.splits import MappedSplit, TensorSplit
 from data.batching.targets import Targets
@@ -321,7 +321,7 @@ class Data:
         """Batches of ``split``, placed as ``placement`` says. Training batches (by default
         those of the train split) are shuffled and augmented, and the last partial one is kept
         unless it holds one sample (or the run has several processes); evaluation batches hold every sample once, in order. Training batches are
-        mixed when ``data.augment`` asks for MixUp/CutMix (data/batching/mixing.py)."""
+        mixed when ``data.augment`` asks for MixUp/CutMix (data/augmentation/mixing.py)."""
         if self.splits[split] is None:
             raise UserError(f"{self.name} has no {split} split; choose another split")
         train = split == "train" if train is None else train

@@ -42,6 +42,13 @@ def mlp(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
     return SignalAt(plain_mlp(input_shape, num_classes, hidden_sizes, dropout, init))
 
 
+def timm_model(input_shape, num_classes, name, pretrained, drop_rate, drop_path_rate) -> nn.Module:
+    from models.timm_models import timm_model as plain_timm
+
+    inner = plain_timm(input_shape, num_classes, name, pretrained, drop_rate, drop_path_rate)
+    return SignalAt(inner)
+
+
 class CrashOnTraining(nn.Module):
     """Raises on its first training step: a bug inside a job, not bad input."""
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from data.batching.mixing import Mixing
+from data.augmentation.mixing import Mixing
 from utils.config.arguments import check_node
 from utils.config.build import build
 from utils.config.familiar import ours

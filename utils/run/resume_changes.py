@@ -8,8 +8,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from data.batching.augment import IMAGE_AUGMENT_OFF
-from data.batching.mixing import MIXING_OFF
+from data.augmentation.images import IMAGE_AUGMENT_OFF
+from data.augmentation.mixing import MIXING_OFF
 from utils.config.build import flatten
 from utils.config.monitor import monitor_mode
 from utils.errors import UserError

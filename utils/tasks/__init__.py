@@ -7,7 +7,7 @@ what validation measures and which metric picks best.pt by default.
 
 - ``task=classification`` (conf/task/classification.yaml): one class a sample; cross-entropy
   over the classes. Targets reach the loss as class indices, or as probabilities over the
-  classes when MixUp/CutMix mixed the batch (data/batching/mixing.py). Label smoothing is applied
+  classes when MixUp/CutMix mixed the batch (data/augmentation/mixing.py). Label smoothing is applied
   exactly once to either: ``(1 - ε) · target + ε / C``. Validation and test always measure
   the plain cross-entropy of the hard labels, so their losses compare across runs. Monitor:
   ``val/acc``.

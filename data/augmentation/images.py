@@ -14,6 +14,8 @@ the samples in Python. Each follows torchvision's definition of the operation
 - ``color_jitter``: brightness, contrast and saturation factors drawn in
   ``[max(0, 1 - s), 1 + s]`` and applied in that order on the pixels in [0, 1] (torchvision's
   ``adjust_*``; its ColorJitter shuffles the order per image, here it is fixed);
+- ``auto_augment``: RandAugment (timm's policy strings) or TrivialAugment, per sample
+  (data/augmentation/policies.py), after the crop and before the colour jitter;
 - ``random_erasing``: with that probability, a box of 2%–33% of the area and aspect ratio in
   [0.3, 3.3] filled with per-pixel normal noise (timm's ``--remode pixel``), on the normalised
   image.
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from data.augmentation.policies import Policy, apply
 from utils.errors import UserError
 from utils.system.seeding import mix_seed
 
@@ -43,6 +46,7 @@ IMAGE_AUGMENT_OFF = {
     "random_resized_crop": False,
     "scale": [0.08, 1.0],
     "ratio": [0.75, 1.3333],
+    "auto_augment": None,
     "color_jitter": 0.0,
     "random_erasing": 0.0,
     "repeats": 1,
@@ -63,6 +67,7 @@ class ImageAugment:
     color_jitter: float = 0.0
     random_erasing: float = 0.0
     repeats: int = 1  # copies of each sample in a row of the epoch's order (data/batching/order.py)
+    auto_augment: Policy | None = None
 
     @classmethod
     def from_augment(
@@ -86,7 +91,8 @@ class ImageAugment:
         repeats = augment.get("repeats", 1)
         if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
             raise UserError(f"data.augment.repeats={repeats!r} must be a whole number, 1 or more")
-        made = cls(0, False, rrc, scale, ratio, jitter, erasing, repeats)
+        policy = Policy.parse(augment.get("auto_augment"))
+        made = cls(0, False, rrc, scale, ratio, jitter, erasing, repeats, policy)
         if made.on and len(shape) != 3:
             raise UserError(
                 f"data.augment: {', '.join(made.said())} augment images, and {name}'s "
@@ -99,12 +105,19 @@ class ImageAugment:
     @property
     def on(self) -> bool:
         """Whether any of this module's operations is on (the crop and flip aside)."""
-        return self.random_resized_crop or self.color_jitter > 0 or self.random_erasing > 0
+        return (
+            self.random_resized_crop
+            or self.auto_augment is not None
+            or self.color_jitter > 0
+            or self.random_erasing > 0
+        )
 
     def said(self) -> list[str]:
         parts = []
         if self.random_resized_crop:
             parts.append(f"random_resized_crop scale={list(self.scale)}")
+        if self.auto_augment is not None:
+            parts.append(f"auto_augment={self.auto_augment.text}")
         if self.color_jitter:
             parts.append(f"color_jitter={self.color_jitter}")
         if self.random_erasing:
@@ -284,11 +297,18 @@ def augmented(
     if augment.random_resized_crop:
         boxes = crop_boxes(draws, (height, width), augment.scale, augment.ratio)
         images = resized_crops(images, boxes, (height, width))
+    scale, shift = std.view(1, -1, 1, 1), mean.view(1, -1, 1, 1)
+    if augment.auto_augment is not None:
+        policy = augment.auto_augment
+        # on whole pixel values in [0, 255], as the Pillow operations it follows
+        pixels = torch.round((images * scale + shift) * 255).clamp(0, 255)
+        fill = torch.zeros_like(mean) if policy.trivial else torch.round(255 * mean).clamp(0, 255)
+        pixels = apply(pixels, policy, draws, fill.to(pixels.device))
+        images = (pixels / 255 - shift) / scale
     if augment.color_jitter:
         s = augment.color_jitter
         low = max(0.0, 1 - s)
         factors = low + (1 + s - low) * draws.uniform(20, 3).to(images.device)
-        scale, shift = std.view(1, -1, 1, 1), mean.view(1, -1, 1, 1)
         images = (jittered(images * scale + shift, factors) - shift) / scale
     if augment.random_erasing:
         chosen = draws.uniform(30) < augment.random_erasing
