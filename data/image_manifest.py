@@ -33,7 +33,13 @@ from data.batching.targets import (
     reads_targets,
     sorted_names,
 )
-from data.imagefolder import ImageList, check_image_keys, choose_channels, held_data
+from data.imagefolder import (
+    ImageList,
+    check_image_keys,
+    choose_channels,
+    geometries,
+    held_data,
+)
 from data.readers.table import read_table
 from utils.errors import UserError
 
@@ -146,6 +152,7 @@ def load_image_csv(
     target the task learns (data/batching/targets.py; train.py passes it)."""
     kind = options.pop("targets", "classes")
     check_image_keys(image_size, channels, options["cache"], options["cache_max_gb"])
+    geometry = geometries(image_size, options)
     base = Path(root)
     if not base.is_dir():
         raise UserError(
@@ -167,7 +174,10 @@ def load_image_csv(
     pool = ("train", "val") if plan.folds is not None else ("train",)  # every fold's classes
     samples, targets = manifest_targets(entries, kind, manifest, split, pool)
     channels = choose_channels(channels, samples["train"], f"image_csv {Path(manifest).name}")
-    files = {name: ImageList(rows, base, image_size, channels) for name, rows in samples.items()}
+    files = {
+        name: ImageList(rows, base, geometry[name][0], channels, geometry[name][1])
+        for name, rows in samples.items()
+    }
     classes = targets if kind != "classes" else list(targets.names)
     cache = _cache(options, base, manifest)
     folds = plan.folds is not None

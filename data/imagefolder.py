@@ -11,6 +11,7 @@ python train.py data=imagefolder data.root=/data/flowers data.image_size=[64,64]
 from __future__ import annotations
 
 import logging
+import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,13 @@ from data.batching.splits import rows_of
 from data.batching.targets import Targets
 from data.readers.image_cache import MODES, ImageCache
 from data.readers.pixels import decoded
-from utils.config.arguments import POSITIVE_OR_NULL, check_values, one_of, pair_of_positive_ints
+from utils.config.arguments import (
+    POSITIVE_OR_NULL,
+    Rule,
+    check_values,
+    one_of,
+    pair_of_positive_ints,
+)
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
@@ -54,11 +61,17 @@ class ImageList(Dataset):
     holds them all as one tensor (data/batching/targets.py)."""
 
     def __init__(
-        self, samples: list[tuple[str, Any]], root: Path, image_size: Sequence[int], channels: int
+        self,
+        samples: list[tuple[str, Any]],
+        root: Path,
+        image_size: Sequence[int],
+        channels: int,
+        crop_pct: float = 1.0,
     ) -> None:
         self.samples, self.root = samples, root
         self.image_size = list(image_size)
         self.channels = channels
+        self.crop_pct = crop_pct  # below 1: the centre of a larger resize (data.crop_pct)
         labels = [label for _, label in samples]
         rows = bool(labels) and isinstance(labels[0], tuple)
         self.targets = torch.tensor(labels, dtype=torch.float32 if rows else torch.long)
@@ -71,7 +84,13 @@ class ImageList(Dataset):
         return (self.channels, *self.image_size)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return decode(self.samples[index][0], self.image_size, self.channels), self.targets[index]
+        image = decode(self.samples[index][0], self.image_size, self.channels, self.crop_pct)
+        return image, self.targets[index]
+
+    @property
+    def geometry(self) -> tuple[tuple[int, ...], float]:
+        """How an image becomes pixels: the size decoded to and the centre share kept."""
+        return tuple(self.image_size), self.crop_pct
 
 
 def folder_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
@@ -141,9 +160,11 @@ def choose_channels(channels: int | str, train: list[tuple[str, Any]], name: str
     return 3
 
 
-def decode(path: str, image_size: Sequence[int], channels: int) -> torch.Tensor:
+def decode(
+    path: str, image_size: Sequence[int], channels: int, crop_pct: float = 1.0
+) -> torch.Tensor:
     """One image file as uint8 [C, H, W], resized to ``image_size`` (data/readers/pixels.py)."""
-    return decoded(path, image_size, channels, path)
+    return decoded(path, image_size, channels, path, crop_pct)
 
 
 def check_image_keys(image_size: Any, channels: Any, cache: Any, cache_max_gb: Any) -> None:
@@ -163,6 +184,55 @@ def check_image_keys(image_size: Any, channels: Any, cache: Any, cache_max_gb: A
             "cache_max_gb": POSITIVE_OR_NULL,
         },
     )
+
+
+def geometries(image_size: Any, batching: dict) -> dict[str, tuple[list[int], float]]:
+    """Each split's (size decoded to, centre share kept), from ``data.cache_size`` and
+    ``data.crop_pct`` (popped from ``batching``; configs stored before them get null and 1):
+    evaluation splits are ``image_size``'s centre ``crop_pct`` (timm's resize and centre crop);
+    the train split is the same view, or, under ``data.augment.random_resized_crop``, the whole
+    image at ``cache_size`` for the crops to cut from, at ``image_size`` or larger."""
+    cache_size = batching.pop("cache_size", None)
+    crop_pct = batching.pop("crop_pct", 1.0)
+    check_values(
+        "data",
+        {"cache_size": cache_size, "crop_pct": crop_pct},
+        {
+            "cache_size": Rule(
+                lambda v: v is None or pair_of_positive_ints().test(v),
+                "[height, width] of at most 4,096 x 4,096 pixels, or null",
+            ),
+            "crop_pct": Rule(
+                lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0.1 <= v <= 1,
+                "between 0.1 and 1",
+            ),
+        },
+    )
+    resized_crops = bool((batching.get("augment") or {}).get("random_resized_crop"))
+    if cache_size is not None:
+        if not resized_crops:
+            raise UserError(
+                f"data.cache_size={list(cache_size)} stores images larger than data.image_size "
+                "for random resized crops to cut from; set data.augment.random_resized_crop=true, "
+                "or data.cache_size=null"
+            )
+        if cache_size[0] < image_size[0] or cache_size[1] < image_size[1]:
+            raise UserError(
+                f"data.cache_size={list(cache_size)} must be at least data.image_size="
+                f"{list(image_size)} in each side (crops are cut from it)"
+            )
+    evaluated = (list(image_size), float(crop_pct))
+    trained = (list(cache_size or image_size), 1.0) if resized_crops else evaluated
+    if cache_size is not None or crop_pct != 1:
+        outer = "x".join(str(math.floor(side / crop_pct)) for side in image_size)
+        log.info(
+            "images: the train split at %s%s; evaluation sees the centre %s of a %s resize",
+            "x".join(map(str, trained[0])),
+            " (random resized crops cut from it)" if resized_crops else "",
+            crop_pct,
+            outer,
+        )
+    return {"train": trained, "val": evaluated, "test": evaluated}
 
 
 def load_imagefolder(
@@ -186,6 +256,7 @@ def load_imagefolder(
     fold of them; the test is test/, or without one the ``split.test`` share held out first.
     Configs stored before the cache or folds existed get their defaults."""
     check_image_keys(image_size, channels, cache, cache_max_gb)
+    geometry = geometries(image_size, batching)
     base = Path(root)
     if not base.is_dir():
         raise UserError(
@@ -202,7 +273,8 @@ def load_imagefolder(
         samples, fold_files = _fold_samples(samples, plan, (split or {}).get("test", 0.15))
     channels = choose_channels(channels, samples["train"], f"imagefolder {base}")
     files = {
-        name: ImageList(rows, base / name, image_size, channels) for name, rows in samples.items()
+        name: ImageList(rows, base / name, *geometry[name][:1], channels, geometry[name][1])
+        for name, rows in samples.items()
     }
     folder = Path(cache_dir) if cache_dir else base / ".torchloom-cache"
     cache_settings = {
@@ -234,16 +306,20 @@ def _fold_samples(
     return cut, [file for file, _ in cut["val"]]
 
 
-def pooled(files: dict[str, ImageList]) -> tuple[ImageList, dict[str, torch.Tensor]]:
-    """Every image of the splits ``files``, in one order that does not depend on how they are
-    split (by file, then label), and each split's rows in it. Each fold of ``cv=K`` cuts the
-    same images differently, so one cache of them all serves every fold: the folder is decoded
-    once, not once a fold (and a fold's cache never evicts another's)."""
+def pooled(
+    files: dict[str, ImageList], geometry: tuple[Sequence[int], float]
+) -> tuple[ImageList, dict[str, torch.Tensor]]:
+    """Every image of the splits ``files``, decoded as ``geometry`` says (ImageList.geometry),
+    in one order that does not depend on how they are split (by file, then label), and each
+    split's rows in it. Each fold of ``cv=K`` cuts the same images differently, so one cache of
+    them all serves every fold: the folder is decoded once (once per view: training's and
+    evaluation's differ under ``data.cache_size``), not once a fold (and a fold's cache never
+    evicts another's)."""
     every = sorted({(path, label) for images in files.values() for path, label in images.samples})
     row = {sample: at for at, sample in enumerate(every)}
     lists = list(files.values())
     root = Path(os.path.commonpath([str(images.root) for images in lists]))
-    pool = ImageList(every, root, lists[0].image_size, lists[0].channels)
+    pool = ImageList(every, root, geometry[0], lists[0].channels, geometry[1])
     parts = {
         name: torch.tensor([row[sample] for sample in images.samples], dtype=torch.long)
         for name, images in files.items()
@@ -275,11 +351,17 @@ def held_data(
         name: listing_sha256(images.samples, str(images.root)) for name, images in files.items()
     }
     if folds and cache["mode"] != "off":  # cv=K: one cache for every fold (:func:`pooled`)
-        pool, rows = pooled(files)
-        whole = held.hold(
-            cache["prefix"] + "pool", pool, listing_sha256(pool.samples, str(pool.root))
-        )
-        splits = {split: rows_of(whole, part) for split, part in rows.items()}
+        splits = {}
+        for geometry in {images.geometry for images in files.values()}:  # a cache per view
+            pool, rows = pooled(files, geometry)
+            whole = held.hold(
+                cache["prefix"] + "pool", pool, listing_sha256(pool.samples, str(pool.root))
+            )
+            splits |= {
+                split: rows_of(whole, part)
+                for split, part in rows.items()
+                if files[split].geometry == geometry
+            }
     else:
         splits = {
             name: held.hold(cache["prefix"] + name, images, listings[name])
@@ -300,4 +382,5 @@ def held_data(
     count = classes.count if isinstance(classes, Targets) else len(classes)
     data = Data(name, splits, count, Batching(**batching), classes)
     data.listings = listings
+    data.evaluated_at(*files["val"].geometry)
     return data

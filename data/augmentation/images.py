@@ -288,15 +288,21 @@ def erased(
 
 
 def augmented(
-    images: torch.Tensor, augment: ImageAugment, mean: torch.Tensor, std: torch.Tensor, draws: Draws
+    images: torch.Tensor,
+    augment: ImageAugment,
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    draws: Draws,
+    size: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Normalised ``images`` [N, C, H, W] through ``augment``'s operations, each sample its
-    own parameters from ``draws``: the crop, then the colours (on the pixels in [0, 1]), then
-    the erasing."""
+    own parameters from ``draws``: the crop (resized to ``size``, by default the images'),
+    then the policy and colours (on the pixels), then the erasing."""
     _, _, height, width = images.shape
     if augment.random_resized_crop:
         boxes = crop_boxes(draws, (height, width), augment.scale, augment.ratio)
-        images = resized_crops(images, boxes, (height, width))
+        images = resized_crops(images, boxes, tuple(size or (height, width)))
+        height, width = images.shape[-2:]
     scale, shift = std.view(1, -1, 1, 1), mean.view(1, -1, 1, 1)
     if augment.auto_augment is not None:
         policy = augment.auto_augment

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from data.augmentation.images import Draws, ImageAugment, augmented
+from data.augmentation.images import Draws, ImageAugment, augmented, resized_crops
 from data.batching.order import permutation, repeated
 from data.batching.splits import MappedSplit, TensorSplit, shard, shard_bounds
 
@@ -70,6 +70,8 @@ class BatchTransform:
         device: torch.device,
         augment: ImageAugment | None = None,
         channels_last: bool = False,
+        size: Sequence[int] | None = None,
+        crop_pct: float = 1.0,
     ) -> None:
         # Fold the /255 of uint8 pixels into the affine map: x_float = x * scale + shift (float
         # inputs, such as a CSV's features, are in their own units: no /255).
@@ -81,6 +83,11 @@ class BatchTransform:
         self.augment_with = augment or ImageAugment()  # training batches' (data.augment)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.mean, self.std = mean_t, std_t  # what the image augmentation un-normalises by
+        # Images: what the model takes ([H, W]) and evaluation's centre share; a split held
+        # larger (data.cache_size) is cut to it by the resized crops, or evaluated by its centre.
+        self.size = tuple(size) if size is not None else None
+        self.crop_pct = crop_pct
+        self.evaluating = augment is None
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images (or float inputs) on the device → normalised floats, per channel (per
@@ -89,7 +96,19 @@ class BatchTransform:
         scale = self.scale[images.dtype == torch.uint8].view(per_channel)
         layout = self.memory_format if images.dim() == 4 else torch.contiguous_format
         images = images.to(self.device).to(torch.float32, memory_format=layout, copy=True)
-        return images.mul_(scale).add_(self.shift.view(per_channel))
+        images = images.mul_(scale).add_(self.shift.view(per_channel))
+        return self.fitted(images) if self.evaluating else images
+
+    def fitted(self, images: torch.Tensor) -> torch.Tensor:
+        """Images held larger than the model takes, seen as evaluation sees them: the centre
+        ``crop_pct`` of the image resized to ``size`` (bilinear); others as they are."""
+        if self.size is None or images.dim() != 4 or tuple(images.shape[-2:]) == self.size:
+            return images
+        height, width = images.shape[-2:]
+        h, w = round(height * self.crop_pct), round(width * self.crop_pct)
+        box = torch.tensor([(height - h) // 2, (width - w) // 2, h, w], device=images.device)
+        out = resized_crops(images, box.expand(len(images), 4), self.size)
+        return out.contiguous(memory_format=self.memory_format)
 
     def augment(
         self, images: torch.Tensor, seed: int, epoch: int, ids: torch.Tensor
@@ -99,7 +118,7 @@ class BatchTransform:
         index in ``ids``); nothing is drawn when nothing augments."""
         augment = self.augment_with
         if augment.crop_padding == 0 and not augment.horizontal_flip and not augment.on:
-            return images
+            return self.fitted(images)
         draws = Draws.of(seed, epoch, ids.to(images.device))
         if augment.crop_padding > 0:
             images = random_crop(images, augment.crop_padding, draws)
@@ -107,8 +126,8 @@ class BatchTransform:
             flip = draws.uniform(3) < 0.5
             images = torch.where(flip.view(-1, 1, 1, 1), images.flip(3), images)
         if augment.on:
-            images = augmented(images, augment, self.mean, self.std, draws)
-        return images.contiguous(memory_format=self.memory_format)
+            images = augmented(images, augment, self.mean, self.std, draws, self.size)
+        return self.fitted(images).contiguous(memory_format=self.memory_format)
 
 
 def random_crop(images: torch.Tensor, padding: int, draws: Draws) -> torch.Tensor:

@@ -134,6 +134,7 @@ class Data:
             None  # data/batching/folds.py FoldIds: data.split.folds's val samples, named
         )
         self.input_shape = splits.train.input_shape  # (C, H, W)
+        self.crop_pct = 1.0  # images: evaluation's centre share (data.crop_pct; evaluated_at)
         self.mean, self.std = _per_channel(batching, self.input_shape[0], name)
         self.batch_size = fitted_batch_size(batching.batch_size, len(splits.train), name)
         self.eval_batch_size = batching.eval_batch_size
@@ -166,6 +167,13 @@ class Data:
                 f"boxes, and {name}'s inputs are {tuple(self.input_shape)}, not (C, H, W); "
                 "set it to 0 (MixUp works on any input)"
             )
+
+    def evaluated_at(self, image_size: Sequence[int], crop_pct: float) -> None:
+        """Images: what the model takes is ``image_size``, evaluation's view the centre
+        ``crop_pct`` of a larger resize (data.crop_pct); the train split may be held larger
+        (data.cache_size), for random resized crops to cut ``image_size`` from."""
+        self.input_shape = (self.input_shape[0], *image_size)
+        self.crop_pct = crop_pct
 
     def fit_augmentation(self, flattens_input: bool) -> None:
         """``data.augment.spatial`` for a model whose first layer flattens each sample (an
@@ -327,8 +335,15 @@ class Data:
         train = split == "train" if train is None else train
         crops = {"crop_padding": self.crop_padding, "horizontal_flip": self.horizontal_flip}
         augment = dataclasses.replace(self.images, **crops) if train else None  # data.augment
+        size = self.input_shape[1:] if len(self.input_shape) == 3 else None
         transform = BatchTransform(
-            self.mean, self.std, placement.device, augment, placement.channels_last
+            self.mean,
+            self.std,
+            placement.device,
+            augment,
+            placement.channels_last,
+            size,
+            self.crop_pct,
         )
         batch_size = self.batch_size if train else self.eval_batch_size
         repeats = self.images.repeats if train else 1  # data.augment.repeats

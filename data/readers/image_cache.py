@@ -228,6 +228,8 @@ def cache_key(files: Dataset, listing: str) -> str:
         "channels": files.channels,
         "files": listing,
     }
+    if getattr(files, "crop_pct", 1.0) != 1.0:  # a centre crop (caches before it keep their key)
+        settings["crop_pct"] = files.crop_pct
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:20]
 
 

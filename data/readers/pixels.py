@@ -4,6 +4,7 @@ path and an encoded image in a shard, so each reads exactly the same pixels.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -15,19 +16,27 @@ from PIL import Image
 from utils.errors import UserError
 
 
-def decoded(source: Any, image_size: Sequence[int], channels: int, name: str) -> torch.Tensor:
+def decoded(
+    source: Any, image_size: Sequence[int], channels: int, name: str, crop_pct: float = 1.0
+) -> torch.Tensor:
     """The image at ``source`` (a path or a binary file object) as uint8 [C, H, W], RGB (3
-    channels) or grey (1), resized to ``image_size`` (bilinear). An image PIL cannot read —
+    channels) or grey (1), resized to ``image_size`` (bilinear); with ``crop_pct`` below 1,
+    resized to ``image_size / crop_pct`` (rounded down) and its centre ``image_size`` cut out,
+    as timm's evaluation transform does (``data.crop_pct``). An image PIL cannot read —
     not an image, empty, truncated, or a decompression bomb (more pixels than PIL's
     ``Image.MAX_IMAGE_PIXELS``) — is one line naming it (``name``)."""
     height, width = image_size
+    outer = (math.floor(width / crop_pct), math.floor(height / crop_pct))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(source) as image:
                 image = image.convert("RGB" if channels == 3 else "L")
-                if image.size != (width, height):
-                    image = image.resize((width, height), Image.Resampling.BILINEAR)
+                if image.size != outer:
+                    image = image.resize(outer, Image.Resampling.BILINEAR)
+                if outer != (width, height):  # torchvision's CenterCrop
+                    left, top = round((outer[0] - width) / 2), round((outer[1] - height) / 2)
+                    image = image.crop((left, top, left + width, top + height))
                 pixels = torch.from_numpy(np.array(image, dtype=np.uint8))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise UserError(

@@ -45,6 +45,7 @@ class InputRecord:
     targets: Any = None  # data/batching/targets.py Targets
     task: dict | None = None  # the task's own record (Task.record): threshold, target_scale
     pixels: bool = False  # uint8 images (the exports take them so); never stored, read from data
+    crop_pct: float = 1.0  # images: the centre share evaluation kept (data.crop_pct)
     mixing = None  # a record is never augmented: Task.check reads it like a dataset's
     name = "the checkpoint's inputs record"
 
@@ -62,6 +63,7 @@ class InputRecord:
             data.targets,
             task.record(),
             data.pixels,
+            getattr(data, "crop_pct", 1.0),
         )
 
     def to_dict(self) -> dict:
@@ -75,6 +77,7 @@ class InputRecord:
             "table": self.table,
             "targets": self.targets.record(),
             **(self.task or {}),
+            **({"crop_pct": self.crop_pct} if self.crop_pct != 1.0 else {}),
         }
 
     @classmethod
@@ -120,6 +123,14 @@ class InputRecord:
             for key in ("threshold", "target_scale", "calibration")
             if key in record
         }
+        crop_pct = record.get("crop_pct", 1.0)
+        if isinstance(crop_pct, bool) or not isinstance(crop_pct, int | float):
+            crop_pct = -1.0
+        if not 0.1 <= crop_pct <= 1:
+            raise UserError(
+                f"{path}: its inputs record's crop_pct={record.get('crop_pct')!r} is not a "
+                "share in [0.1, 1] (was it edited?)"
+            )
         return cls(
             tuple(shape),
             list(record["mean"]),
@@ -129,6 +140,7 @@ class InputRecord:
             record["table"],
             targets,
             task,
+            crop_pct=float(crop_pct),
         )
 
     def without_calibration(self) -> InputRecord:
@@ -207,6 +219,8 @@ def read_inputs(path: Path, record: InputRecord) -> tuple[list[str], torch.Tenso
     if not files:
         raise UserError(f"input={path}: no image files ({', '.join(sorted(IMAGE_EXTENSIONS))})")
     channels, height, width = record.input_shape
-    images = torch.stack([decode(str(f), (height, width), channels) for f in files])
+    images = torch.stack(
+        [decode(str(f), (height, width), channels, record.crop_pct) for f in files]
+    )
     base = path if path.is_dir() else path.parent
     return [str(f.relative_to(base)) for f in files], images, None

@@ -47,9 +47,17 @@ class _Normalised(nn.Module):
 class RawPixels(_Normalised):
     """uint8 pixels [N, C, H, W] → the model's outputs."""
 
-    def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float], shape: Any):
+    def __init__(
+        self,
+        model: nn.Module,
+        mean: Sequence[float],
+        std: Sequence[float],
+        shape: Any,
+        crop_pct: float = 1.0,
+    ):
         super().__init__(model, mean, std, 255.0)
         self.shape = tuple(shape)
+        self.crop_pct = crop_pct  # said in describe(): how an image reaches this size
 
     def forward(self, pixels: torch.Tensor) -> Any:
         return self.model(self.normalised(pixels.to(torch.float32)))
@@ -64,6 +72,12 @@ class RawPixels(_Normalised):
             "dtype": "uint8",
             "shape": ["batch", *self.shape],
             "layout": f"NCHW, {channels}, {self.shape[1]}x{self.shape[2]} (the trained size)",
+            "resize": (
+                "bilinear to the trained size"
+                if self.crop_pct == 1.0
+                else f"bilinear to the trained size / {self.crop_pct} (rounded down), then the "
+                "centre at the trained size"
+            ),
             "normalised_inside": "x / 255, then (x - mean) / std per channel",
         }
 
@@ -172,5 +186,5 @@ def raw_inputs(model: nn.Module, record: Any, pixels: bool) -> nn.Module:
     if record.table is not None:
         return RawColumns(model, record.mean, record.std, record.table)
     if pixels:
-        return RawPixels(model, record.mean, record.std, record.input_shape)
+        return RawPixels(model, record.mean, record.std, record.input_shape, record.crop_pct)
     return RawValues(model, record.mean, record.std, record.input_shape)

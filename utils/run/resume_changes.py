@@ -80,6 +80,8 @@ def _added_later() -> dict[str, Any]:
     return {
         **{f"data.augment.{key}": off for key, off in MIXING_OFF.items()},
         **{f"data.augment.{key}": off for key, off in IMAGE_AUGMENT_OFF.items()},
+        "data.cache_size": None,
+        "data.crop_pct": 1.0,
         "task._target_": "utils.tasks.classification",
         "task.label_smoothing": 0.0,
         "task.loss": "ce",
