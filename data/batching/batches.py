@@ -70,8 +70,7 @@ class BatchTransform:
         device: torch.device,
         augment: ImageAugment | None = None,
         channels_last: bool = False,
-        size: Sequence[int] | None = None,
-        crop_pct: float = 1.0,
+        view: tuple[Sequence[int], float] | None = None,
     ) -> None:
         # Fold the /255 of uint8 pixels into the affine map: x_float = x * scale + shift (float
         # inputs, such as a CSV's features, are in their own units: no /255).
@@ -85,8 +84,7 @@ class BatchTransform:
         self.mean, self.std = mean_t, std_t  # what the image augmentation un-normalises by
         # Images: what the model takes ([H, W]) and evaluation's centre share; a split held
         # larger (data.cache_size) is cut to it by the resized crops, or evaluated by its centre.
-        self.size = tuple(size) if size is not None else None
-        self.crop_pct = crop_pct
+        self.size, self.crop_pct = (tuple(view[0]), view[1]) if view else (None, 1.0)
         self.evaluating = augment is None
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:

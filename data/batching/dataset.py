@@ -1,18 +1,11 @@
-"""Batches for training and evaluation, on the training device.
+"""What every dataset builder returns (:class:`Data`: the splits, their targets, how they are
+batched), and a run's batches of it.
 
-Two paths, one interface (``len(batches)`` and ``batches.epoch(epoch, start)``):
-
-- In memory (digits, MNIST, CIFAR-10, synthetic): each split is normalised once into one float
-  tensor on the training device. An epoch draws a seeded permutation and each batch is a slice
-  of it, so there is no per-sample Python work at all.
-- Lazy (imagefolder): a ``DataLoader`` decodes files in worker processes and yields uint8
-  batches in pinned memory, copied to the device without blocking.
-
-Either way, normalisation and augmentation (random crop with padding, horizontal flip) run as
-batched tensor ops on the device. What a batch holds is a pure function of
-(seed, epoch, batch index): the permutation is seeded by (seed, epoch) and the augmentation by
-(seed, epoch, batch). A run can therefore start at any batch of any epoch without replaying
-the batches before it.
+Four paths give batches through one interface (``len(batches)``, ``batches.epoch(epoch,
+start)``): held in memory and sliced, memory-mapped, decoded by DataLoader workers, or read
+ahead from shards. Normalisation and augmentation run as batched tensor ops on the device, and
+a batch is a pure function of (seed, epoch, batch index), each sample's draws of (seed, epoch,
+its index): a run can start at any batch of any epoch without replaying the ones before it.
 """
 
 from __future__ import annotations
@@ -130,9 +123,7 @@ class Data:
         self.listings: dict[str, str] = {}
         self.splits = {"train": splits.train, "val": splits.val, "test": splits.test}
         self.num_classes = self.targets.count
-        self.fold_ids = (
-            None  # data/batching/folds.py FoldIds: data.split.folds's val samples, named
-        )
+        self.fold_ids = None  # data/batching/folds.py FoldIds: data.split.folds's val samples
         self.input_shape = splits.train.input_shape  # (C, H, W)
         self.crop_pct = 1.0  # images: evaluation's centre share (data.crop_pct; evaluated_at)
         self.mean, self.std = _per_channel(batching, self.input_shape[0], name)
@@ -335,15 +326,9 @@ class Data:
         train = split == "train" if train is None else train
         crops = {"crop_padding": self.crop_padding, "horizontal_flip": self.horizontal_flip}
         augment = dataclasses.replace(self.images, **crops) if train else None  # data.augment
-        size = self.input_shape[1:] if len(self.input_shape) == 3 else None
+        view = (self.input_shape[1:], self.crop_pct) if len(self.input_shape) == 3 else None
         transform = BatchTransform(
-            self.mean,
-            self.std,
-            placement.device,
-            augment,
-            placement.channels_last,
-            size,
-            self.crop_pct,
+            self.mean, self.std, placement.device, augment, placement.channels_last, view
         )
         batch_size = self.batch_size if train else self.eval_batch_size
         repeats = self.images.repeats if train else 1  # data.augment.repeats

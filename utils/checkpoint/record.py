@@ -123,14 +123,6 @@ class InputRecord:
             for key in ("threshold", "target_scale", "calibration")
             if key in record
         }
-        crop_pct = record.get("crop_pct", 1.0)
-        if isinstance(crop_pct, bool) or not isinstance(crop_pct, int | float):
-            crop_pct = -1.0
-        if not 0.1 <= crop_pct <= 1:
-            raise UserError(
-                f"{path}: its inputs record's crop_pct={record.get('crop_pct')!r} is not a "
-                "share in [0.1, 1] (was it edited?)"
-            )
         return cls(
             tuple(shape),
             list(record["mean"]),
@@ -140,7 +132,7 @@ class InputRecord:
             record["table"],
             targets,
             task,
-            crop_pct=float(crop_pct),
+            crop_pct=_crop_pct(record, path),
         )
 
     def without_calibration(self) -> InputRecord:
@@ -158,6 +150,18 @@ class InputRecord:
         (data/batching/dataset.py)."""
 
         return BatchTransform(self.mean, self.std, device)
+
+
+def _crop_pct(record: dict, path: Path) -> float:
+    """The record's centre share of images (data.crop_pct; absent: the whole image)."""
+    crop_pct = record.get("crop_pct", 1.0)
+    fine = isinstance(crop_pct, int | float) and not isinstance(crop_pct, bool)
+    if not fine or not 0.1 <= crop_pct <= 1:
+        raise UserError(
+            f"{path}: its inputs record's crop_pct={crop_pct!r} is not a share in [0.1, 1] "
+            "(was it edited?)"
+        )
+    return float(crop_pct)
 
 
 def _targets(record: dict, path: Path) -> Any:
