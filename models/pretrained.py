@@ -37,22 +37,24 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.layers import by_module_order
-from utils.config.arguments import NON_NEGATIVE_INT, checked
+from utils.config.arguments import DROPOUT, NON_NEGATIVE_INT, checked
 from utils.errors import UserError
 
 IMAGENET_CLASSES = 1000
 
 
-@checked("model", freeze_backbone_epochs=NON_NEGATIVE_INT)
+@checked("model", freeze_backbone_epochs=NON_NEGATIVE_INT, drop_rate=DROPOUT)
 def torchvision_model(
     input_shape: Sequence[int],
     num_classes: int,
     name: str,
     weights: str | None,
     freeze_backbone_epochs: int,
+    drop_rate: float = 0.0,
 ) -> FineTuned:
     import torchvision
 
@@ -65,7 +67,7 @@ def torchvision_model(
     if weights is not None:
         model.load_state_dict(pretrained_state(name, weights))
     refit_first_conv(model, input_shape[0], pretrained=weights is not None)
-    head = replace_head(model, num_classes, name)
+    head = replace_head(model, num_classes, name, drop_rate)
     return FineTuned(model, head, freeze_backbone_epochs)
 
 
@@ -142,8 +144,10 @@ def refit_first_conv(model: nn.Module, channels: int, pretrained: bool) -> None:
     model.set_submodule(name, refit)
 
 
-def replace_head(model: nn.Module, num_classes: int, name: str) -> str:
-    """Replace the classifier (the last layer with 1,000 outputs) by a fresh one; its name."""
+def replace_head(model: nn.Module, num_classes: int, name: str, drop_rate: float = 0.0) -> str:
+    """Replace the classifier (the last layer with 1,000 outputs) by a fresh one, with dropout
+    ``drop_rate`` on its input (``model.drop_rate``, timm's head dropout; added to any the
+    architecture has); its name."""
     heads = [
         (n, m)
         for n, m in model.named_modules()
@@ -154,11 +158,30 @@ def replace_head(model: nn.Module, num_classes: int, name: str) -> str:
         raise UserError(f"model.name={name}: no 1,000-way classifier layer to replace")
     head_name, old = heads[-1]
     if isinstance(old, nn.Linear):
-        new: nn.Module = nn.Linear(old.in_features, num_classes, bias=old.bias is not None)
+        new: nn.Module = DroppingLinear(old.in_features, num_classes, bias=old.bias is not None)
     else:
-        new = nn.Conv2d(old.in_channels, num_classes, old.kernel_size, old.stride, old.padding)
+        new = DroppingConv2d(old.in_channels, num_classes, old.kernel_size, old.stride, old.padding)
+    new.drop_rate = drop_rate
     model.set_submodule(head_name, new)
     return head_name
+
+
+class DroppingLinear(nn.Linear):
+    """A classifier with dropout on its input in training; its weights' names a Linear's."""
+
+    drop_rate = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(F.dropout(x, self.drop_rate, self.training))
+
+
+class DroppingConv2d(nn.Conv2d):
+    """A 1×1-convolution classifier (SqueezeNet's) with dropout on its input in training."""
+
+    drop_rate = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(F.dropout(x, self.drop_rate, self.training))
 
 
 class FineTuned(nn.Module):

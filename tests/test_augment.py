@@ -146,6 +146,41 @@ def test_resnet18_drops_residual_branches_per_sample_in_training_only():
     assert rates[0] == 0.0 and rates[-1] == 0.5 and rates == sorted(rates)
 
 
+def test_the_built_in_cnn_drops_its_residual_branches_per_sample_in_training_only():
+    from models.cnn import cnn
+
+    plain = cnn((3, 16, 16), 10, [8, 16, 32], 0.0, "default")
+    dropping = cnn((3, 16, 16), 10, [8, 16, 32], 0.0, "default", drop_path_rate=0.4)
+    assert list(dropping.state_dict()) == list(plain.state_dict())  # the plain net's names
+    assert sorted(dropping.branches.values()) == [0.0, 0.2, 0.4]
+    batch = torch.randn(64, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    dropping.eval()
+    kept = dropping(batch)
+    torch.manual_seed(0)
+    assert torch.equal(dropping(batch), kept)  # evaluation keeps every branch: no draws
+    dropping.train()
+    torch.manual_seed(0)
+    first = dropping(batch)
+    torch.manual_seed(1)
+    assert not torch.allclose(dropping(batch), first)  # samples' branches dropped anew
+
+
+def test_a_torchvision_models_head_dropout_acts_in_training_only():
+    from models.pretrained import torchvision_model
+
+    torch.manual_seed(0)
+    plain = torchvision_model((3, 32, 32), 5, "resnet18", None, 0)
+    dropping = torchvision_model((3, 32, 32), 5, "resnet18", None, 0, drop_rate=0.5)
+    assert list(dropping.state_dict()) == list(plain.state_dict())  # fc.weight, as torchvision
+    dropping.load_state_dict(plain.state_dict())
+    batch = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    plain.eval(), dropping.eval()
+    torch.testing.assert_close(dropping(batch), plain(batch))
+    plain.train(), dropping.train()
+    torch.manual_seed(0)
+    assert not torch.allclose(dropping(batch), plain(batch))
+
+
 def test_every_sample_draws_the_same_whatever_batch_or_process_it_is_in():
     """Draws are keyed by (seed, epoch, the sample's index): one process of batch 16 and two
     of batch 8 augment each sample alike; another epoch or seed draws anew."""

@@ -97,6 +97,7 @@ def _added_later() -> dict[str, Any]:
         "trainer.swa.anneal_epochs": 1,
         "scheduler.warmup_epochs": 0,
         "model.drop_path_rate": 0.0,
+        "model.drop_rate": 0.0,
         "distill.teacher": None,
         "distill.weights": "auto",
         "distill.temperature": 4.0,
