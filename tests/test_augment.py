@@ -35,6 +35,10 @@ def test_resized_crops_are_torchvisions_resized_crop_on_the_same_boxes():
     for image, box, out in zip(batch, boxes.tolist(), got, strict=True):
         expected = TF.resized_crop(image, *box, [20, 24], antialias=False)
         torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+    flip = torch.tensor([True, False, True, True, False, True])
+    mirrored = resized_crops(batch, boxes, (20, 24), flip)  # the flip folded into the crop
+    expected = torch.where(flip.view(-1, 1, 1, 1), got.flip(3), got)
+    torch.testing.assert_close(mirrored, expected, rtol=0, atol=1e-5)
 
 
 def test_crop_boxes_are_drawn_as_torchvision_draws_them():

@@ -151,18 +151,29 @@ class Draws:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def uniform(self, stream: int, *shape: int) -> torch.Tensor:
-        """[N, *shape] float32 in [0, 1), 24 bits each."""
+    def bits(self, stream: int, *shape: int) -> torch.Tensor:
+        """[N, *shape] int64 holding 32 random bits each."""
         count = math.prod(shape)
         element = torch.arange(count, device=self.keys.device, dtype=torch.int64)
         start = _hash(self.keys ^ (stream * 0x9E3779B) & MASK).view(-1, 1)
-        x = _hash((start + element * 0x3C6EF35) & MASK)
-        return ((x >> 8).to(torch.float32) / 2**24).view(len(self.keys), *shape)
+        return _hash((start + element * 0x3C6EF35) & MASK).view(len(self.keys), *shape)
+
+    def uniform(self, stream: int, *shape: int) -> torch.Tensor:
+        """[N, *shape] float32 in [0, 1), 24 bits each."""
+        return (self.bits(stream, *shape) >> 8).to(torch.float32) / 2**24
 
     def normal(self, stream: int, *shape: int) -> torch.Tensor:
         """[N, *shape] standard normal (Box–Muller of two uniform streams)."""
         radius = torch.sqrt(-2 * torch.log1p(-self.uniform(stream, *shape)))
         return radius * torch.cos(2 * math.pi * self.uniform(stream + 1, *shape))
+
+    def noise(self, stream: int, *shape: int) -> torch.Tensor:
+        """[N, *shape] standard normal noise at half :meth:`normal`'s cost: Box–Muller of the
+        two 16-bit halves of one hash (pixel noise needs no finer uniforms)."""
+        x = self.bits(stream, *shape)
+        outer = ((x >> 16).to(torch.float32) + 0.5) / 2**16  # in (0, 1): log is finite
+        angle = (x & 0xFFFF).to(torch.float32) * (2 * math.pi / 2**16)
+        return torch.sqrt(-2 * torch.log(outer)) * torch.cos(angle)
 
 
 def crop_boxes(
@@ -203,10 +214,16 @@ def crop_boxes(
     return torch.where((first < 0).view(-1, 1), fallback, boxes)
 
 
-def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+def resized_crops(
+    images: torch.Tensor,
+    boxes: torch.Tensor,
+    size: tuple[int, int],
+    flip: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Each image's box resized to ``size``, bilinearly as torchvision's ``resized_crop``
     (crop, then ``interpolate`` with ``align_corners=False``, no antialias), as one
-    ``grid_sample`` over the batch."""
+    ``grid_sample`` over the batch; the samples ``flip`` marks come out mirrored (the flip
+    costs nothing there)."""
     n, _, height, width = images.shape
     out_h, out_w = size
     top, left, h, w = (boxes[:, k].to(images.dtype).view(n, 1) for k in range(4))
@@ -217,6 +234,8 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: tuple[int, in
     src_x = (left + ((dst_x + 0.5) * w / out_w - 0.5).clamp(min=0)).minimum(left + w - 1)
     grid_y = (2 * src_y + 1) / height - 1  # pixel centres → grid_sample's [-1, 1]
     grid_x = (2 * src_x + 1) / width - 1
+    if flip is not None:
+        grid_x = torch.where(flip.view(n, 1), grid_x.flip(1), grid_x)
     grid = torch.stack(
         (
             grid_x.view(n, 1, out_w).expand(n, out_h, out_w),
@@ -276,15 +295,19 @@ def erase_boxes(draws: Draws, size: tuple[int, int]) -> torch.Tensor:
 def erased(
     images: torch.Tensor, boxes: torch.Tensor, chosen: torch.Tensor, draws: Draws
 ) -> torch.Tensor:
-    """The ``chosen`` images with their box filled by normal noise (normalised images)."""
-    n, channels, height, width = images.shape
+    """The ``chosen`` images with their box filled by normal noise (normalised images); the
+    noise is drawn for the chosen images only (each sample's own, whichever are chosen)."""
+    picked = chosen.nonzero().flatten()  # one sync a batch: the rest is a quarter of the work
+    if len(picked) == 0:
+        return images
+    n, channels, height, width = len(picked), *images.shape[1:]
     rows = torch.arange(height, device=images.device).view(1, height, 1)
     cols = torch.arange(width, device=images.device).view(1, 1, width)
-    top, left, h, w = (boxes[:, k].view(n, 1, 1) for k in range(4))
+    top, left, h, w = (boxes[picked, k].view(n, 1, 1) for k in range(4))
     inside = (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)
-    inside &= chosen.view(n, 1, 1)
-    noise = draws.normal(35, channels, height, width).to(images.dtype)
-    return torch.where(inside.unsqueeze(1), noise, images)
+    noise = Draws(draws.keys[picked]).noise(35, channels, height, width).to(images.dtype)
+    filled = torch.where(inside.unsqueeze(1), noise, images[picked])
+    return images.index_copy(0, picked, filled)
 
 
 def augmented(
@@ -294,23 +317,25 @@ def augmented(
     std: torch.Tensor,
     draws: Draws,
     size: Sequence[int] | None = None,
+    flip: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Normalised ``images`` [N, C, H, W] through ``augment``'s operations, each sample its
-    own parameters from ``draws``: the crop (resized to ``size``, by default the images'),
-    then the policy and colours (on the pixels), then the erasing."""
+    own parameters from ``draws``: the crop (resized to ``size``, by default the images'; the
+    samples ``flip`` marks mirrored), then the policy and colours (on the pixels), then the
+    erasing."""
     _, _, height, width = images.shape
     if augment.random_resized_crop:
         boxes = crop_boxes(draws, (height, width), augment.scale, augment.ratio)
-        images = resized_crops(images, boxes, tuple(size or (height, width)))
+        images = resized_crops(images, boxes, tuple(size or (height, width)), flip)
         height, width = images.shape[-2:]
     scale, shift = std.view(1, -1, 1, 1), mean.view(1, -1, 1, 1)
     if augment.auto_augment is not None:
         policy = augment.auto_augment
         # on whole pixel values in [0, 255], as the Pillow operations it follows
-        pixels = torch.round((images * scale + shift) * 255).clamp(0, 255)
+        pixels = torch.round(images * (255 * scale) + 255 * shift).clamp_(0, 255)
         fill = torch.zeros_like(mean) if policy.trivial else torch.round(255 * mean).clamp(0, 255)
         pixels = apply(pixels, policy, draws, fill.to(pixels.device))
-        images = (pixels / 255 - shift) / scale
+        images = pixels * (1 / (255 * scale)) - shift / scale
     if augment.color_jitter:
         s = augment.color_jitter
         low = max(0.0, 1 - s)

@@ -150,6 +150,7 @@ def apply(pixels: torch.Tensor, policy: Policy, draws, fill: torch.Tensor) -> to
     own operations and magnitudes from ``draws`` (data/augmentation/images.py ``Draws``); a
     geometric operation fills uncovered pixels with ``fill`` [C] (in [0, 255])."""
     count = len(pixels)
+    pixels = pixels.clone()  # written in place below, one operation's samples at a time
     for layer in range(policy.layers):
         choice = (
             (draws.uniform(200 + layer) * len(policy.ops)).long().clamp(max=len(policy.ops) - 1)
@@ -166,7 +167,7 @@ def apply(pixels: torch.Tensor, policy: Policy, draws, fill: torch.Tensor) -> to
                 rows = order[start : start + counts[index]]
                 args = argument(name, levels[rows], negate[rows], policy, pixels.shape[-2:])
                 done = operate(name, pixels[rows], args, fill, policy.trivial)
-                pixels = pixels.index_copy(0, rows, done)
+                pixels.index_copy_(0, rows, done)
             start += counts[index]
     return pixels
 

@@ -120,11 +120,11 @@ class BatchTransform:
         draws = Draws.of(seed, epoch, ids.to(images.device))
         if augment.crop_padding > 0:
             images = random_crop(images, augment.crop_padding, draws)
-        if augment.horizontal_flip:
-            flip = draws.uniform(3) < 0.5
+        flip = draws.uniform(3) < 0.5 if augment.horizontal_flip else None
+        if flip is not None and not augment.random_resized_crop:  # else the crop mirrors them
             images = torch.where(flip.view(-1, 1, 1, 1), images.flip(3), images)
         if augment.on:
-            images = augmented(images, augment, self.mean, self.std, draws, self.size)
+            images = augmented(images, augment, self.mean, self.std, draws, self.size, flip)
         return self.fitted(images).contiguous(memory_format=self.memory_format)
 
 
