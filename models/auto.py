@@ -1,7 +1,9 @@
 """``model=auto`` (the default): the built-in model that fits the data's kind, chosen from the
 shape of one sample and printed at start-up:
 
-- a table's row ``[F]``: the MLP (models/mlp.py: ``hidden_sizes``, ``dropout``);
+- a table's row ``[F]``: the tabular model (models/tabular.py, with its defaults: robust
+  scaling, piecewise-linear embeddings, 8 members sharing one MLP; ``model=tabular`` sets its
+  keys, ``model=mlp`` names the plain MLP);
 - a sequence ``[C, L]``: the 1-D CNN (models/cnn1d.py: ``channels``, ``kernel_size``,
   ``dropout``);
 - an image ``[C, H, W]``: the CNN (models/cnn.py: ``channels``, ``dropout``); an image of
@@ -21,11 +23,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 
 from models.cnn import cnn
 from models.cnn1d import cnn1d
 from models.mlp import mlp
+from models.tabular import TABLE_DEFAULTS, tabular
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
@@ -45,10 +49,16 @@ def auto(
     channels: Sequence[int],
     kernel_size: int,
     dropout: float,
+    feature_quantiles: torch.Tensor | None = None,
 ) -> nn.Module:
     """The chosen model with the keys it reads (PyTorch's default initialisation)."""
     kind = kind_of(input_shape)
-    if kind in ("table", "tiny_image"):
+    if kind == "table":
+        model = tabular(
+            input_shape, num_classes, **TABLE_DEFAULTS, feature_quantiles=feature_quantiles
+        )
+        shown = f"the tabular model ({model.describe()})"
+    elif kind == "tiny_image":
         model, shown = mlp(input_shape, num_classes, hidden_sizes, dropout, "default"), "the MLP"
     elif kind == "sequence":
         model = cnn1d(input_shape, num_classes, channels, kernel_size, dropout, "default")
@@ -56,7 +66,7 @@ def auto(
     else:
         model, shown = cnn(input_shape, num_classes, channels, dropout, "default"), "the CNN"
     log.info(
-        "model=auto: %s for %s %s; model=mlp, cnn or cnn1d names one",
+        "model=auto: %s for %s %s; model=tabular, mlp, cnn or cnn1d names one",
         shown,
         KINDS[kind],
         list(input_shape),

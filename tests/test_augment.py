@@ -82,7 +82,7 @@ def test_random_erasing_fills_one_box_of_its_size_in_the_chosen_images_only():
     assert bool(((area >= 0.01) & (area <= 0.4)).all())  # 2%-33%, in whole pixels
     augment = ImageAugment(random_erasing=0.5)
     out = augmented(
-        batch, augment, torch.zeros(3), torch.ones(3), Draws.of(2, 0, torch.arange(200))
+        batch, augment, (torch.zeros(3), torch.ones(3)), Draws.of(2, 0, torch.arange(200))
     )
     changed = (out != batch).flatten(1).any(1)
     assert 60 < int(changed.sum()) < 140  # about half

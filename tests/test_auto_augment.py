@@ -163,7 +163,7 @@ def test_augmented_batches_stay_normalised_and_whole_pixel_values():
     pixels = torch.from_numpy(picture()).permute(2, 0, 1).float().expand(32, 3, 40, 48) / 255
     images = (pixels - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1)
     augment = ImageAugment(auto_augment=Policy.parse("trivial"))
-    out = augmented(images, augment, mean, std, Draws.of(0, 0, torch.arange(32)))
+    out = augmented(images, augment, (mean, std), Draws.of(0, 0, torch.arange(32)))
     back = (out * std.view(1, 3, 1, 1) + mean.view(1, 3, 1, 1)) * 255
     assert torch.allclose(back, back.round(), atol=1e-3)
     assert float(back.min()) > -1e-3 and float(back.max()) < 255 + 1e-3

@@ -54,7 +54,8 @@ def test_each_group_has_the_options_the_readme_promises():
     assert options("precision") == ["auto", "bf16", "fp16", "fp32"]
 
 
-IMAGE_MODELS = [name for name in options("model") if name != "cnn1d"]  # cnn1d: test_sequences
+# cnn1d: test_sequences; tabular: below (rows only)
+IMAGE_MODELS = [name for name in options("model") if name not in ("cnn1d", "tabular")]
 
 
 @pytest.mark.parametrize("model", IMAGE_MODELS)
@@ -63,6 +64,14 @@ def test_every_model_builds_for_every_image_size(model, shape):
     cfg = make_config(f"model={model}")
     net = instantiate(cfg.model, input_shape=shape, num_classes=10)
     check_forward(net, shape, 10, CPU)
+
+
+@pytest.mark.parametrize("embedding", ["none", "linear", "periodic", "piecewise"])
+def test_the_tabular_model_builds_for_rows_and_refuses_images(embedding):
+    cfg = make_config("model=tabular", f"model.embedding={embedding}")
+    check_forward(instantiate(cfg.model, input_shape=(7,), num_classes=3), (7,), 3, CPU)
+    with pytest.raises(Exception, match="model=tabular takes a table.s rows"):  # via Hydra
+        instantiate(cfg.model, input_shape=(1, 8, 8), num_classes=3)
 
 
 @pytest.mark.parametrize("shape", [(1, 8), (3, 128), (40,)])

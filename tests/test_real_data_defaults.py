@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from conftest import checkpoint, error_line, run_train, write_rows
 
-from data.batching.batches import BatchPlan
-from data.batching.dataset import fitted_batch_size
+from data.batching.batches import BatchPlan, fitted_batch_size
 from utils.schedulers import epochs_for
 
 
@@ -99,7 +98,7 @@ def test_a_tables_text_columns_are_found_and_its_identifiers_left_out(tmp_path):
         "identifiers: row (numbers the rows); name (90 distinct values in 90 rows)" in said
     )
     assert "gaps in size (1)" in said
-    assert "model=auto: the MLP for table rows" in said
+    assert "model=auto: the tabular model (" in said
     table = checkpoint(tmp_path, "t")["inputs"]["table"]
     assert table["numeric"] == ["size"] and table["categories"] == {
         "colour": ["blue", "green", "red"]

@@ -313,16 +313,16 @@ def erased(
 def augmented(
     images: torch.Tensor,
     augment: ImageAugment,
-    mean: torch.Tensor,
-    std: torch.Tensor,
+    statistics: tuple[torch.Tensor, torch.Tensor],
     draws: Draws,
     size: Sequence[int] | None = None,
     flip: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Normalised ``images`` [N, C, H, W] through ``augment``'s operations, each sample its
-    own parameters from ``draws``: the crop (resized to ``size``, by default the images'; the
-    samples ``flip`` marks mirrored), then the policy and colours (on the pixels), then the
-    erasing."""
+    """Normalised ``images`` [N, C, H, W] (by the per-channel ``statistics``, mean and std)
+    through ``augment``'s operations, each sample its own parameters from ``draws``: the crop
+    (resized to ``size``, by default the images'; the samples ``flip`` marks mirrored), then
+    the policy and colours (on the pixels), then the erasing."""
+    mean, std = statistics
     _, _, height, width = images.shape
     if augment.random_resized_crop:
         boxes = crop_boxes(draws, (height, width), augment.scale, augment.ratio)

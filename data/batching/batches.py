@@ -4,6 +4,7 @@ and augmented (random crop, flip) as batched tensor ops on the training device.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ from data.batching.splits import MappedSplit, TensorSplit, shard, shard_bounds
 
 SPATIAL = ("auto", "on", "off")  # data.augment.spatial: crops and flips for which models
 MIN_PARTIAL_BATCH = 2  # a training epoch's last, partial batch is trained on from this size
+
+
+log = logging.getLogger("torchloom")
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,8 @@ class BatchTransform:
         if flip is not None and not augment.random_resized_crop:  # else the crop mirrors them
             images = torch.where(flip.view(-1, 1, 1, 1), images.flip(3), images)
         if augment.on:
-            images = augmented(images, augment, self.mean, self.std, draws, self.size, flip)
+            statistics = (self.mean, self.std)
+            images = augmented(images, augment, statistics, draws, self.size, flip)
         return self.fitted(images).contiguous(memory_format=self.memory_format)
 
 
@@ -229,3 +234,28 @@ def batch_bounds(index: int, batch_size: int, rank: int, world_size: int) -> tup
     """Rows of this process's part of global batch ``index``."""
     lo = (index * world_size + rank) * batch_size
     return lo, lo + batch_size
+
+
+# data.batch_size=auto: a tenth of the training set as a power of two, within these bounds.
+# Small sets learn far better from many small batches (170 series: batch 16 reaches 0.95 test
+# accuracy where batch 64 stops at 0.87-0.89, even with three times the steps).
+AUTO_BATCH = (16, 64)
+
+
+def fitted_batch_size(asked: int | str, samples: int, name: str) -> int:
+    """``data.batch_size`` for a training split of ``samples``: ``auto`` chooses from its size
+    (:data:`AUTO_BATCH`); a number larger than the split is fitted to it with one line."""
+    if asked == "auto":
+        low, high = AUTO_BATCH
+        power = 2 ** (max(samples // 10, 1).bit_length() - 1)
+        return min(max(low, min(high, power)), samples)
+    if samples < asked:  # fitted, not refused: a small set is common
+        log.info(
+            "%s: data.batch_size=%d is more than the %d training samples: each batch is all of "
+            "them",
+            name,
+            asked,
+            samples,
+        )
+        return samples
+    return asked

@@ -151,3 +151,16 @@ def pixel_statistics(chunks: Iterator[torch.Tensor]) -> tuple[list[float], list[
     std = variance.sqrt()
     std = torch.where(std > 0, std, torch.ones_like(std))  # one colour everywhere: keep scale 1
     return mean.tolist(), std.tolist()
+
+
+def feature_quantiles(inputs: torch.Tensor, mean: Sequence[float], std: Sequence[float]):
+    """[F, 65] each feature's quantiles at 0, 1/64, ..., 1 (linear between ranks) of a table's
+    rows ``inputs`` [N, F], in normalised units ((x − mean) / std): what models/tabular.py
+    fits its scaling and bins to."""
+    values = (inputs.float() - torch.tensor(mean)) / torch.tensor(std)
+    ordered = values.sort(dim=0).values
+    at = torch.linspace(0, 1, 65) * (len(ordered) - 1)
+    low = at.floor().long().clamp(max=max(len(ordered) - 2, 0))
+    high = (low + 1).clamp(max=len(ordered) - 1)
+    frac = (at - low).view(-1, 1)
+    return (ordered[low] * (1 - frac) + ordered[high] * frac).T.contiguous()

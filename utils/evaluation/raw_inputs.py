@@ -28,20 +28,24 @@ PIXELS_DTYPE = torch.uint8
 
 
 class _Normalised(nn.Module):
-    """``model`` behind the normalisation per channel (per feature for rows), (x − offset)·scale:
-    the offset (the mean, in the inputs' units) is taken first, so raw values far from 0 (a
-    price, a weight) keep their precision in float32."""
+    """``model`` behind the normalisation per channel (per feature for rows), x·scale + shift
+    with the float32 constants and in the order training's batches are normalised
+    (data/batching/batches.py BatchTransform): an export computes what predict.py computes,
+    to the bit where the runtime does, so a model that is steep somewhere in its inputs (a
+    table's bins) gives the same outputs."""
 
     def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float], unit: float):
         super().__init__()
         self.model = model
         std_t = torch.tensor(list(std), dtype=torch.float32)
+        mean_t = torch.tensor(list(mean), dtype=torch.float32)
         self.register_buffer("scale", 1.0 / (unit * std_t))
-        self.register_buffer("offset", unit * torch.tensor(list(mean), dtype=torch.float32))
+        self.register_buffer("shift", -mean_t / std_t)
+        self.register_buffer("offset", unit * mean_t)  # the mean in the inputs' units
 
     def normalised(self, x: torch.Tensor) -> torch.Tensor:
         per_channel = (1, -1) + (1,) * (x.dim() - 2)
-        return (x - self.offset.view(per_channel)) * self.scale.view(per_channel)
+        return x * self.scale.view(per_channel) + self.shift.view(per_channel)
 
 
 class RawPixels(_Normalised):

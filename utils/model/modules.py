@@ -42,7 +42,9 @@ class Modules:
         """The model of config ``node``, its shapes taken from ``data``, on ``device`` in the
         layout ``channels_last`` asks for (null: the fast one), checked by one dummy forward
         against the outputs the fitted ``task`` needs (utils/tasks.py)."""
-        shapes = model_shapes(data.input_shape, data.num_classes)
+        shapes = model_shapes(
+            data.input_shape, data.num_classes, getattr(data, "feature_quantiles", None)
+        )
         model = build(node, **accepted_by(node["_target_"], shapes))
         layout = wants_channels_last(model, device, channels_last)
         model = model.to(device, memory_format=torch.channels_last if layout else None)
@@ -75,11 +77,18 @@ class Modules:
         self.eval_model = step_model if not processes.enabled else self.model
 
 
-def model_shapes(input_shape: Any, outputs: int) -> dict[str, Any]:
+def model_shapes(input_shape: Any, outputs: int, quantiles: Any = None) -> dict[str, Any]:
     """What a model builder may take from the data: ``input_shape``, and the width of its
     output as ``num_classes`` (classes, labels or values: the built-in models' name) or
-    ``num_outputs`` (the same number, for builders written for any task)."""
-    return {"input_shape": tuple(input_shape), "num_classes": outputs, "num_outputs": outputs}
+    ``num_outputs`` (the same number, for builders written for any task); for a table's rows,
+    ``feature_quantiles``, each feature's training quantiles (models/tabular.py; None when
+    rebuilt from a checkpoint, whose weights hold what was fitted)."""
+    return {
+        "input_shape": tuple(input_shape),
+        "num_classes": outputs,
+        "num_outputs": outputs,
+        "feature_quantiles": quantiles,
+    }
 
 
 def accepted_by(target: str, supplied: dict[str, Any]) -> dict[str, Any]:

@@ -105,7 +105,7 @@ class Task:
         loss = self.loss()
         if note := loss.training_note(self.data.mixing):
             log.info(note)
-        return loss
+        return MembersLoss(loss)
 
     @property
     def count(self) -> int:
@@ -309,3 +309,21 @@ class Calibrated(nn.Module):
         if not self.decides:
             return logits
         return logits, (self.probability(logits) >= self.thresholds).long()
+
+
+class MembersLoss:
+    """A training loss that also takes the outputs ``[N, k, ...]`` of a model of k members
+    (models/tabular.py in training): the mean of the members' losses, each against the same
+    targets (TabM's training); ``[N, ...]`` outputs go through as they are."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def training_note(self, mixing: Any) -> str | None:
+        return self.inner.training_note(mixing)
+
+    def __call__(self, outputs: torch.Tensor, targets: torch.Tensor, *args: Any) -> torch.Tensor:
+        if outputs.dim() == 3 and targets.dim() <= 2:
+            k = outputs.shape[1]
+            outputs, targets = outputs.flatten(0, 1), targets.repeat_interleave(k, dim=0)
+        return self.inner(outputs, targets, *args)

@@ -1,0 +1,274 @@
+"""A table's model built from the tabular deep-learning evidence of 2022-2025 (``model=tabular``;
+``model=auto`` picks it for a table's rows):
+
+- **numbers robustly scaled and smoothly clipped** (RealMLP; Holzmüller et al., "Better by
+  default", NeurIPS 2024): each feature centred on its training median and divided by its
+  interquartile range / 1.349 (a standard deviation, for a normal), then
+  ``x / sqrt(1 + (x / 3)²)``, so that an outlier cannot dominate a layer;
+- **an embedding of each number** (Gorishniy et al., "On embeddings for numerical features",
+  NeurIPS 2022): ``piecewise`` (the piecewise-linear encoding over ``bins`` bins between the
+  training quantiles, then a linear layer and ReLU per feature), ``periodic`` (cos and sin
+  of learned frequencies, then a shared linear layer and ReLU: "PLR lite"), ``linear``
+  (a linear layer and ReLU per feature) or ``none``;
+- **k members sharing one MLP** (TabM-mini; Gorishniy et al., ICLR 2025): each member scales
+  the MLP's input by its own vector (random signs at the start) and has its own output layer;
+  the k run as one batched forward. In training the model returns the members' outputs
+  ``[N, k, outputs]`` and each member's loss counts (utils/tasks); in evaluation, their mean.
+
+Its preprocessing is fitted on the training split: the data supplies each feature's training
+quantiles (``feature_quantiles``, in the model's input units), from which the median, the
+interquartile range and the bins' edges are buffers of the model — a checkpoint and every
+export carry them. Without them (a model rebuilt from a checkpoint) the buffers are
+placeholders that the stored weights then fill.
+
+    python train.py data=csv data.path=houses.csv data.target=price task=regression \\
+        model=tabular model.embedding=periodic model.ensemble=8
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from utils.config.arguments import DROPOUT, POSITIVE_INT, POSITIVE_INTS, checked, one_of
+from utils.errors import UserError
+
+log = logging.getLogger("torchloom")
+EMBEDDINGS = ("none", "linear", "periodic", "piecewise")
+QUANTILE_LEVELS = 65  # the quantiles the data supplies: 0, 1/64, ..., 1
+CLIP = 3.0  # smooth clipping's scale: x / sqrt(1 + (x / CLIP)²)
+STEP = 1e-3  # a piecewise bin narrower than this (in scaled units) is a step
+# What model=auto builds for a table (conf/model/tabular.yaml holds the same, as keys).
+TABLE_DEFAULTS = {
+    "embedding": "piecewise",
+    "d_embedding": 16,
+    "bins": 16,
+    "frequencies": 48,
+    "frequency_scale": 0.01,
+    "ensemble": 8,
+    "hidden_sizes": (256, 256),
+    "dropout": 0.1,
+    "robust_scaling": True,
+}
+
+
+@checked(
+    "model",
+    embedding=one_of(*EMBEDDINGS),
+    d_embedding=POSITIVE_INT,
+    bins=POSITIVE_INT,
+    frequencies=POSITIVE_INT,
+    ensemble=POSITIVE_INT,
+    hidden_sizes=POSITIVE_INTS,
+    dropout=DROPOUT,
+    robust_scaling=one_of(True, False),
+)
+def tabular(
+    input_shape: Sequence[int],
+    num_classes: int,
+    embedding: str,
+    d_embedding: int,
+    bins: int,
+    frequencies: int,
+    frequency_scale: float,
+    ensemble: int,
+    hidden_sizes: Sequence[int],
+    dropout: float,
+    robust_scaling: bool = True,
+    feature_quantiles: torch.Tensor | None = None,
+) -> nn.Module:
+    if len(input_shape) != 1:
+        raise UserError(
+            f"model=tabular takes a table's rows [F], and the data gives samples of shape "
+            f"{list(input_shape)}; use model=auto"
+        )
+    features = input_shape[0]
+    grid = fitted_grid(features, feature_quantiles)
+    preprocess = RobustScaling(grid) if robust_scaling else nn.Identity()
+    embed = {
+        "none": lambda: nn.Identity(),
+        "linear": lambda: LinearEmbedding(features, d_embedding),
+        "periodic": lambda: PeriodicEmbedding(features, frequencies, frequency_scale, d_embedding),
+        "piecewise": lambda: PiecewiseEmbedding(bin_edges(grid, bins, preprocess), d_embedding),
+    }[embedding]()
+    width = features if embedding == "none" else features * d_embedding
+    layers: list[nn.Module] = []
+    for hidden in hidden_sizes:
+        layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout)]
+        width = hidden
+    members = MemberScale(ensemble, features if embedding == "none" else features * d_embedding)
+    return EnsembleMLP(preprocess, embed, members, nn.Sequential(*layers), width, num_classes)
+
+
+def fitted_grid(features: int, quantiles: torch.Tensor | None) -> torch.Tensor:
+    """[F, QUANTILE_LEVELS] each feature's training quantiles; without them, those of a
+    standard normal (the inputs are standardised), clipped to ±3: placeholders."""
+    if quantiles is not None:
+        return quantiles.detach().to(torch.float32).cpu().clone()
+    levels = torch.linspace(0, 1, QUANTILE_LEVELS).clamp(0.00135, 0.99865)
+    normal = torch.special.ndtri(levels)
+    return normal.expand(features, QUANTILE_LEVELS).clone()
+
+
+def level(grid: torch.Tensor, share: torch.Tensor) -> torch.Tensor:
+    """[F, S] the quantiles at ``share`` (values in [0, 1]), linear between the grid's."""
+    at = share * (grid.shape[1] - 1)
+    low = at.floor().long().clamp(max=grid.shape[1] - 2)
+    frac = (at - low).to(grid.dtype)
+    return grid[:, low] * (1 - frac) + grid[:, low + 1] * frac
+
+
+class RobustScaling(nn.Module):
+    """(x − median) / (IQR / 1.349), then smoothly clipped (RealMLP). A feature whose
+    interquartile range is 0 (a 0/1 column, mostly one value) is scaled by its range / 2."""
+
+    def __init__(self, grid: torch.Tensor) -> None:
+        super().__init__()
+        q = level(grid, torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0]))
+        iqr = (q[:, 3] - q[:, 1]) / 1.349
+        spread = torch.where(iqr > 1e-6, iqr, (q[:, 4] - q[:, 0]) / 2)
+        self.register_buffer("center", q[:, 2].clone())
+        self.register_buffer("scale", torch.where(spread > 1e-6, spread, torch.ones_like(spread)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return smooth_clip((x - self.center) / self.scale)
+
+    def map(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` [F, S] in input units, as :meth:`forward` maps them (bins' edges)."""
+        return smooth_clip((values - self.center[:, None]) / self.scale[:, None])
+
+
+def smooth_clip(x: torch.Tensor) -> torch.Tensor:
+    return x / torch.sqrt(1 + (x / CLIP) ** 2)
+
+
+def bin_edges(grid: torch.Tensor, bins: int, preprocess: nn.Module) -> torch.Tensor:
+    """[F, bins + 1] the edges of equal-frequency bins of each feature's training values, in
+    the units the embedding sees (after the scaling)."""
+    edges = level(grid, torch.linspace(0, 1, bins + 1))
+    if isinstance(preprocess, RobustScaling):
+        edges = preprocess.map(edges)
+    return edges
+
+
+class LinearEmbedding(nn.Module):
+    """Each feature through its own linear map to ``d`` values and a ReLU: [N, F·d]."""
+
+    def __init__(self, features: int, d: int) -> None:
+        super().__init__()
+        bound = 1.0  # a scalar input: fan-in 1
+        self.weight = nn.Parameter(torch.empty(features, d).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(features, d).uniform_(-bound, bound))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x[..., None] * self.weight + self.bias).flatten(1)
+
+
+class PeriodicEmbedding(nn.Module):
+    """PLR (lite): cos and sin of 2π·c·x for ``frequencies`` learned c per feature (drawn
+    from N(0, ``scale``)), then one linear layer shared by the features and a ReLU."""
+
+    def __init__(self, features: int, frequencies: int, scale: float, d: int) -> None:
+        super().__init__()
+        self.frequencies = nn.Parameter(torch.randn(features, frequencies) * scale)
+        self.linear = nn.Linear(2 * frequencies, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        angle = 2 * math.pi * self.frequencies * x[..., None]
+        periodic = torch.cat([torch.cos(angle), torch.sin(angle)], dim=-1)
+        return torch.relu(self.linear(periodic)).flatten(1)
+
+
+class PiecewiseEmbedding(nn.Module):
+    """The piecewise-linear encoding of each feature over its bins (1 for a bin below the
+    value, the value's place in its own bin, 0 above; the first and last bins open-ended),
+    then a linear layer per feature and a ReLU: [N, F·d]."""
+
+    def __init__(self, edges: torch.Tensor, d: int) -> None:
+        super().__init__()
+        features, bins = edges.shape[0], edges.shape[1] - 1
+        left, width = edges[:, :-1], edges[:, 1:] - edges[:, :-1]
+        # A bin of (almost) no width (ties: a value many rows share) is a step just above its
+        # value, so a value on it reads 0 whatever its last bit (an export's arithmetic).
+        narrow = width < STEP
+        self.register_buffer("left", torch.where(narrow, left + STEP, left).clone())
+        self.register_buffer("width", torch.where(narrow, STEP, width).clone())
+        bound = bins**-0.5
+        self.weight = nn.Parameter(torch.empty(features, bins, d).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(features, d).uniform_(-bound, bound))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ratio = (x[..., None] - self.left) / self.width  # [N, F, bins]
+        bins = ratio.shape[-1]
+        if bins > 1:
+            ratio = torch.cat(
+                [
+                    ratio[..., :1].clamp(max=1),
+                    ratio[..., 1:-1].clamp(0, 1),
+                    ratio[..., -1:].clamp(min=0),
+                ],
+                dim=-1,
+            )
+        encoded = torch.einsum("nfb,fbd->nfd", ratio, self.weight) + self.bias
+        return torch.relu(encoded).flatten(1)
+
+
+class MemberScale(nn.Module):
+    """The k members' scaling of the MLP's input, [N, D] → [N, k, D] (random signs at the
+    start, TabM's; one member: ones, a plain MLP)."""
+
+    def __init__(self, members: int, width: int) -> None:
+        super().__init__()
+        signs = torch.randint(0, 2, (members, width)) * 2.0 - 1
+        self.weight = nn.Parameter(signs if members > 1 else torch.ones(1, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, None, :] * self.weight
+
+
+class EnsembleMLP(nn.Module):
+    """``preprocess`` → ``embed`` → the k ``members``' copies of the input through one shared
+    ``backbone`` MLP (Linear, ReLU, Dropout) at once → k output layers."""
+
+    def __init__(
+        self,
+        preprocess: nn.Module,
+        embed: nn.Module,
+        members: MemberScale,
+        backbone: nn.Sequential,
+        width: int,
+        outputs: int,
+    ) -> None:
+        super().__init__()
+        self.preprocess, self.embed, self.member_scale, self.backbone = (
+            preprocess,
+            embed,
+            members,
+            backbone,
+        )
+        self.members = len(members.weight)
+        bound = width**-0.5
+        shape = (self.members, width, outputs)
+        self.head_weight = nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
+        self.head_bias = nn.Parameter(torch.empty(self.members, outputs).uniform_(-bound, bound))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.member_scale(self.embed(self.preprocess(x)))  # [N, k, D]
+        x = self.backbone(x)  # the k copies through the one MLP
+        out = torch.einsum("nkd,kdo->nko", x, self.head_weight) + self.head_bias
+        return out if self.training else out.mean(dim=1)
+
+    def describe(self) -> str:
+        """One line: its parts (said at start-up by model=auto)."""
+        widths = "-".join(str(m.out_features) for m in self.backbone if isinstance(m, nn.Linear))
+        embedding = type(self.embed).__name__.removesuffix("Embedding").lower()
+        embedding = "no" if embedding == "identity" else embedding
+        scaling = "robust scaling, " if isinstance(self.preprocess, RobustScaling) else ""
+        return (
+            f"{scaling}{embedding} embeddings, {self.members} members sharing a "
+            f"{widths or 'linear'} MLP"
+        )
