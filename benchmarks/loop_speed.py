@@ -10,6 +10,7 @@ model, optimizer, batch size and seed; and train.py's start-up time against ``im
     python benchmarks/loop_speed.py --cases digits_mlflow --rounds 5  # MLflow's wall-time cost
     python benchmarks/loop_speed.py --cases image_cnn                 # cnn on a 28×28 PNG folder
     python benchmarks/loop_speed.py --cases image_cnn image_cnn_augmented  # crops, colours, erasing
+    python benchmarks/loop_speed.py --cases table table_ensemble      # k = 8 members against 1
 
 For each case it times, in one process:
 
@@ -81,6 +82,15 @@ CASES = {
     # The cnn model on a folder of 28×28 grey PNG files written for the run (IMAGE_FOLDER),
     # read through the image cache as a user's folder is; no crops or flips, as the floor has
     # none.
+    # A table's rows (20,000 of 64 numbers, 8 classes, written for the run): model=tabular as
+    # one member; table_ensemble below is the same with k = 8 members.
+    "table": [
+        "data=tensors",
+        "data.path={table_file}",
+        "data.batch_size=256",
+        "model=tabular",
+        "model.ensemble=1",
+    ],
     "image_cnn": [
         "data=imagefolder",
         "model=cnn",
@@ -111,6 +121,8 @@ FEATURE_CASES = {
     "mlp_checkpointed": ("mlp", ["trainer.checkpoint_every_n_steps=50"]),
     # ImageNet-style augmentation per image on the cached path (data/augmentation/images.py).
     "image_cnn_augmented": ("image_cnn", IMAGE_AUGMENT),
+    # k = 8 members sharing one MLP, one batched forward (models/tabular.py), against one.
+    "table_ensemble": ("table", ["model.ensemble=8"]),
 }
 for _case, (_base, _extra) in FEATURE_CASES.items():
     CASES[_case] = [*CASES[_base], *_extra]
@@ -119,7 +131,17 @@ COMMON = ["optim=adamw", "scheduler=none", "precision=fp32", "trainer.device=cpu
 # 2 cores, an MLP epoch 0.3 s, a digits epoch of 19 steps 35 ms).
 EPOCHS = {"mlp": 16, "cnn": 16, "digits": 40, "mlp_ema": 16, "cnn_mix": 16, "mlp_logged": 16}
 EPOCHS.update(mlp_callbacks=16, digits_callbacks=40, image_cnn=8, mlp_checkpointed=16)
-EPOCHS.update(image_cnn_augmented=8)
+EPOCHS.update(image_cnn_augmented=8, table=8, table_ensemble=8)
+
+
+def write_table_file(path: Path) -> Path:
+    """20,000 rows of 64 numbers in 8 classes (a class's prototype plus noise), as ``.pt``."""
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 8, (20_000,), generator=generator)
+    prototypes = torch.randn(8, 64, generator=generator)
+    rows = prototypes[labels] + torch.randn(20_000, 64, generator=generator)
+    torch.save({"x": rows, "y": labels}, path)
+    return path
 
 
 def write_image_folder(root: Path) -> Path:
@@ -169,11 +191,22 @@ def build_case(overrides: list[str]):
 
 
 def normalised_train_split(data) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a hand-written loop would hold: the training split as normalised floats."""
+    """What a hand-written loop would hold: the training split as normalised floats (images
+    per channel, a table's rows per feature)."""
     split = data.splits["train"]
-    mean = torch.tensor(data.mean).view(1, -1, 1, 1)
-    std = torch.tensor(data.std).view(1, -1, 1, 1)
-    return (split.inputs.float() / 255 - mean) / std, split.labels
+    per_channel = (1, -1) + (1,) * (split.inputs.dim() - 2)
+    mean = torch.tensor(data.mean).view(per_channel)
+    std = torch.tensor(data.std).view(per_channel)
+    unit = 255 if split.inputs.dtype == torch.uint8 else 1
+    return (split.inputs.float() / unit - mean) / std, split.labels
+
+
+def cross_entropy(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The hand-written loss; k members' outputs [N, k, C] (model=tabular): each member's."""
+    if outputs.dim() == 3:
+        k = outputs.shape[1]
+        outputs, labels = outputs.flatten(0, 1), labels.repeat_interleave(k)
+    return F.cross_entropy(outputs, labels)
 
 
 def floor_epochs(data, model_and_optimizer, seed: int) -> Iterator[float]:
@@ -188,7 +221,7 @@ def floor_epochs(data, model_and_optimizer, seed: int) -> Iterator[float]:
         order = torch.randperm(n, generator=generator)
         for i in range(n // batch):
             rows = order[i * batch : (i + 1) * batch]
-            loss = F.cross_entropy(model(inputs[rows]), labels[rows])
+            loss = cross_entropy(model(inputs[rows]), labels[rows])
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -210,7 +243,7 @@ def dataloader_epochs(data, model_and_optimizer, seed: int) -> Iterator[float]:
         start = time.perf_counter()
         model.train()
         for images, targets in loader:
-            loss = F.cross_entropy(model(images), targets)
+            loss = cross_entropy(model(images), targets)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -294,7 +327,7 @@ def lightning_run(data, model_and_optimizer, epochs: int, floor: Iterator[float]
 
         def training_step(self, batch, _):
             images, targets = batch
-            return F.cross_entropy(self.model(images), targets)
+            return cross_entropy(self.model(images), targets)
 
         def configure_optimizers(self):
             return optimizer
@@ -325,7 +358,10 @@ def bench_case(name: str, rounds: int, epochs: int) -> dict:
     with tempfile.TemporaryDirectory() as images:
         if any("{image_folder}" in override for override in CASES[name]):
             write_image_folder(Path(images) / "folder")
-        overrides = [o.format(image_folder=Path(images) / "folder") for o in CASES[name]]
+        if any("{table_file}" in override for override in CASES[name]):
+            write_table_file(Path(images) / "table.pt")
+        places = {"image_folder": Path(images) / "folder", "table_file": Path(images) / "table.pt"}
+        overrides = [o.format(**places) for o in CASES[name]]
         return bench_overrides(name, [*overrides, *COMMON], rounds, epochs)
 
 

@@ -44,14 +44,14 @@ CLIP = 3.0  # smooth clipping's scale: x / sqrt(1 + (x / CLIP)²)
 STEP = 1e-3  # a piecewise bin narrower than this (in scaled units) is a step
 # What model=auto builds for a table (conf/model/tabular.yaml holds the same, as keys).
 TABLE_DEFAULTS = {
-    "embedding": "piecewise",
+    "embedding": "periodic",
     "d_embedding": 16,
     "bins": 16,
     "frequencies": 48,
     "frequency_scale": 0.01,
     "ensemble": 8,
-    "hidden_sizes": (256, 256),
-    "dropout": 0.1,
+    "hidden_sizes": (512,),
+    "dropout": 0.2,
     "robust_scaling": True,
 }
 

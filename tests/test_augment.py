@@ -20,6 +20,7 @@ from data.augmentation.images import (
     jittered,
     resized_crops,
 )
+from data.augmentation.policies import Policy
 
 
 def images(n=6, channels=3, size=(20, 24)):
@@ -187,14 +188,16 @@ def test_a_torchvision_models_head_dropout_acts_in_training_only():
 
 def test_every_sample_draws_the_same_whatever_batch_or_process_it_is_in():
     """Draws are keyed by (seed, epoch, the sample's index): one process of batch 16 and two
-    of batch 8 augment each sample alike; another epoch or seed draws anew."""
+    of batch 8 augment each sample alike, RandAugment's operations included; another epoch or
+    seed draws anew."""
     from data.batching.batches import BatchPlan, BatchTransform, TensorBatches
     from data.batching.splits import TensorSplit
 
     split = TensorSplit(
         torch.rand(48, 3, 12, 12, generator=torch.Generator().manual_seed(0)), torch.arange(48)
     )
-    augment = ImageAugment(2, True, True, (0.2, 1.0), (0.75, 1.33), 0.4, 0.5)
+    policy = Policy.parse("rand-m9-mstd0.5-inc1")
+    augment = ImageAugment(2, True, True, (0.2, 1.0), (0.75, 1.33), 0.4, 0.5, 1, policy)
 
     def batches(batch, rank, world, epoch=1, seed=7):
         transform = BatchTransform([0.5] * 3, [0.25] * 3, torch.device("cpu"), augment)

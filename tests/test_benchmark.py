@@ -113,3 +113,33 @@ def test_fine_tuning_figures_compare_each_feature_with_the_run_without_it(tmp_pa
     ]
     for report in reports:
         assert 0 <= report["test/acc"][0] <= 1 and report["seeds"] == 1
+
+
+def test_the_augmentation_benchmark_compares_torchlooms_batches_with_timms(tmp_path):
+    pytest.importorskip("timm", reason="the timm extra")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "augment_speed.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(figures["samples_per_s"]) == {"timm", "torchloom"}
+    assert all(v > 0 for v in figures["samples_per_s"].values()) and figures["ratio"] > 0
+
+
+def test_the_table_figures_compare_the_first_command_with_the_baselines(tmp_path):
+    pytest.importorskip("sklearn", reason="scikit-learn: the baselines")
+    pytest.importorskip("pandas", reason="pandas: scikit-learn's bundled tables as frames")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "table_figures.py"), "--sets", "wine"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = json.loads(result.stdout.strip().splitlines()[-1]).values()
+    assert {"linear", "random_forest", "hist_gb", "torchloom"} <= set(row)
+    assert 0.8 < row["torchloom"]["score"] <= 1.0  # wine: a test accuracy
+    assert "the tabular model" in row["torchloom"]["said"]

@@ -34,7 +34,16 @@ def make_config(*overrides: str):
 
 
 def test_each_group_has_the_options_the_readme_promises():
-    assert options("model") == ["auto", "cnn", "cnn1d", "mlp", "resnet18", "timm", "torchvision"]
+    assert options("model") == [
+        "auto",
+        "cnn",
+        "cnn1d",
+        "mlp",
+        "resnet18",
+        "tabular",
+        "timm",
+        "torchvision",
+    ]
     assert options("data") == [
         "cifar10",
         "csv",
@@ -70,7 +79,7 @@ def test_every_model_builds_for_every_image_size(model, shape):
 def test_the_tabular_model_builds_for_rows_and_refuses_images(embedding):
     cfg = make_config("model=tabular", f"model.embedding={embedding}")
     check_forward(instantiate(cfg.model, input_shape=(7,), num_classes=3), (7,), 3, CPU)
-    with pytest.raises(Exception, match="model=tabular takes a table.s rows"):  # via Hydra
+    with pytest.raises(Exception, match=r"model=tabular takes a table.s rows"):  # via Hydra
         instantiate(cfg.model, input_shape=(1, 8, 8), num_classes=3)
 
 

@@ -42,6 +42,16 @@ def mlp(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
     return SignalAt(plain_mlp(input_shape, num_classes, hidden_sizes, dropout, init))
 
 
+def auto(
+    input_shape, num_classes, hidden_sizes, channels, kernel_size, dropout, feature_quantiles=None
+) -> nn.Module:
+    """model=auto's choice (a table's: models/tabular.py), signalling."""
+    from models.auto import auto as plain_auto
+
+    keys = (hidden_sizes, channels, kernel_size, dropout)
+    return SignalAt(plain_auto(input_shape, num_classes, *keys, feature_quantiles))
+
+
 def timm_model(input_shape, num_classes, name, pretrained, drop_rate, drop_path_rate) -> nn.Module:
     from models.timm_models import timm_model as plain_timm
 

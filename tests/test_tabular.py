@@ -1,0 +1,134 @@
+"""model=tabular (model=auto's choice for a table's rows): the preprocessing fitted to the
+training split's quantiles, each embedding, k members trained on the mean of their losses and
+averaged in evaluation, one line at start-up, and a run killed mid-epoch that resumes bit for
+bit. Its exports against predict.py: tests/test_raw_exports.py (model=auto there)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+from conftest import checkpoint, killed_at, run_train, write_table
+
+from data.batching.splits import feature_quantiles
+from models.tabular import PiecewiseEmbedding, RobustScaling, fitted_grid, smooth_clip, tabular
+from utils.tasks._base import MembersLoss
+from utils.tasks._classification import ClassificationLoss
+
+KEYS = dict(
+    embedding="piecewise",
+    d_embedding=8,
+    bins=4,
+    frequencies=6,
+    frequency_scale=0.01,
+    ensemble=4,
+    hidden_sizes=[32],
+    dropout=0.0,
+)
+
+
+def rows(n=400, seed=0):
+    x = torch.randn(n, 5, generator=torch.Generator().manual_seed(seed))
+    x[:, 3] = (x[:, 3] > 0.5).float()  # a 0/1 column: ties, a zero interquartile range
+    x[:, 4] = x[:, 4].round()  # whole numbers: many tied quantiles
+    return x
+
+
+def test_the_quantiles_are_the_training_splits():
+    x = rows()
+    mean, std = x.mean(0).tolist(), x.std(0).tolist()
+    grid = feature_quantiles(x, mean, std)
+    expected = torch.quantile(
+        (x - torch.tensor(mean)) / torch.tensor(std), torch.linspace(0, 1, 65), dim=0
+    ).T
+    torch.testing.assert_close(grid, expected, rtol=0, atol=1e-5)
+
+
+def test_robust_scaling_centres_on_the_median_and_clips_smoothly():
+    x = rows()
+    scaling = RobustScaling(fitted_grid(5, feature_quantiles(x, [0.0] * 5, [1.0] * 5)))
+    out = scaling(x)
+    assert out[:, :3].median(0).values.abs().max() < 0.05  # the median maps to 0
+    iqr = out[:, :3].quantile(0.75, 0) - out[:, :3].quantile(0.25, 0)
+    assert torch.allclose(iqr, torch.full((3,), 1.349), atol=0.1)  # IQR/1.349: unit spread
+    assert float(out.abs().max()) < 3.0  # x / sqrt(1 + (x/3)²) never reaches 3
+    assert torch.allclose(
+        smooth_clip(torch.tensor([0.0, 0.3])), torch.tensor([0.0, 0.3]), atol=0.002
+    )
+    assert bool(torch.isfinite(out).all())  # the 0/1 column: scaled by its range, not 0
+
+
+def test_the_piecewise_encoding_of_known_values():
+    edges = torch.tensor([[0.0, 1.0, 2.0, 4.0]])  # one feature, three bins
+    embedding = PiecewiseEmbedding(edges, 2)
+    x = torch.tensor([[-1.0], [0.5], [1.0], [3.0], [9.0]])
+    ratio = (x[..., None] - embedding.left) / embedding.width
+    encoded = torch.cat(
+        [ratio[..., :1].clamp(max=1), ratio[..., 1:-1].clamp(0, 1), ratio[..., -1:].clamp(min=0)],
+        dim=-1,
+    )[:, 0]
+    assert encoded.tolist() == [
+        [-1.0, 0.0, 0.0],  # below the first edge: the first bin open-ended
+        [0.5, 0.0, 0.0],
+        [1.0, 0.0, 0.0],
+        [1.0, 1.0, 0.5],
+        [1.0, 1.0, 3.5],  # above the last: the last bin open-ended
+    ]
+    tied = PiecewiseEmbedding(torch.tensor([[0.0, 1.0, 1.0, 2.0]]), 2)  # a value many rows share
+    on_it = torch.tensor([[1.0], [1.0 + 1e-7], [1.0 - 1e-7]])
+    first = tied(on_it)
+    assert torch.allclose(first[0], first[1], atol=1e-4) and torch.allclose(
+        first[0], first[2], atol=1e-4
+    )
+
+
+@pytest.mark.parametrize("embedding", ["none", "linear", "periodic", "piecewise"])
+def test_members_train_apart_and_evaluate_as_their_mean(embedding):
+    x = rows()
+    model = tabular(
+        (5,),
+        3,
+        **{**KEYS, "embedding": embedding},
+        feature_quantiles=feature_quantiles(x, [0.0] * 5, [1.0] * 5),
+    )
+    model.train()
+    members = model(x)
+    assert members.shape == (400, 4, 3)
+    assert not torch.allclose(members[:, 0], members[:, 1])  # random-sign starts differ
+    model.eval()
+    torch.testing.assert_close(model(x), members.mean(dim=1))  # no dropout: the same forward
+    labels = torch.randint(0, 3, (400,), generator=torch.Generator().manual_seed(1))
+    loss = MembersLoss(ClassificationLoss(0.0, None, 3))(members, labels)
+    each = [torch.nn.functional.cross_entropy(members[:, k], labels) for k in range(4)]
+    torch.testing.assert_close(loss, torch.stack(each).mean())
+
+
+def test_a_rebuilt_model_takes_its_fitted_preprocessing_from_the_weights():
+    x = rows()
+    fitted = tabular((5,), 3, **KEYS, feature_quantiles=feature_quantiles(x, [0.0] * 5, [1.0] * 5))
+    rebuilt = tabular((5,), 3, **KEYS)  # predict.py: no data, placeholders
+    assert not torch.equal(rebuilt.preprocess.center, fitted.preprocess.center)
+    rebuilt.load_state_dict(fitted.state_dict())
+    fitted.eval(), rebuilt.eval()
+    torch.testing.assert_close(rebuilt(x), fitted(x), rtol=0, atol=0)
+
+
+def test_a_table_run_says_its_model_and_resumes_bit_for_bit_after_kill_9(tmp_path):
+    write_table(tmp_path / "t.csv", rows=300)
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=3")
+    run += (
+        "model._target_=signalling_model.auto",
+        "data.batch_size=32",
+        "trainer.checkpoint_every_n_steps=3",
+    )
+    said = run_train(tmp_path, *run, "run_name=straight")
+    assert "model=auto: the tabular model (robust scaling, periodic embeddings, 8 members" in (
+        said.stdout + said.stderr
+    )
+    killed = run_train(tmp_path, *run, "run_name=killed", ok=False, env=killed_at(13))
+    assert killed.returncode == -signal.SIGKILL
+    run_train(tmp_path, *run, "run_name=killed", "resume=auto")
+    a, b = checkpoint(tmp_path, "straight")["model"], checkpoint(tmp_path, "killed")["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any("member_scale" in k for k in a) and any("center" in k for k in a)  # fitted
