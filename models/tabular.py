@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from utils.config.arguments import DROPOUT, POSITIVE_INT, POSITIVE_INTS, checked, one_of
+from utils.config.arguments import DROPOUT, POSITIVE_INT, POSITIVE_INTS, Rule, checked, one_of
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
@@ -60,8 +60,9 @@ TABLE_DEFAULTS = {
     "model",
     embedding=one_of(*EMBEDDINGS),
     d_embedding=POSITIVE_INT,
-    bins=POSITIVE_INT,
+    bins=Rule(lambda v: isinstance(v, int) and 2 <= v <= 64, "a whole number from 2 to 64"),
     frequencies=POSITIVE_INT,
+    frequency_scale=Rule(lambda v: isinstance(v, int | float) and 0 < v <= 100, "in (0, 100]"),
     ensemble=POSITIVE_INT,
     hidden_sizes=POSITIVE_INTS,
     dropout=DROPOUT,

@@ -91,7 +91,8 @@ def test_a_tables_text_columns_are_found_and_its_identifiers_left_out(tmp_path):
     ]
     rows[4][3] = ""  # a gap: filled with the median, said in the start-up line
     write_rows(tmp_path / "t.csv", ["row", "name", "colour", "size", "y"], rows)
-    result = run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "run_name=t")
+    run = ("data=csv", "data.path=t.csv", "data.target=y", "trainer.max_epochs=2")  # columns
+    result = run_train(tmp_path, *run, "run_name=t")
     said = " ".join(result.stdout.split() + result.stderr.split())
     assert (
         "t.csv: data.categorical=auto: categorical (not all numbers): colour; left out as "
@@ -105,12 +106,7 @@ def test_a_tables_text_columns_are_found_and_its_identifiers_left_out(tmp_path):
     }
 
     listed = run_train(
-        tmp_path,
-        "data=csv",
-        "data.path=t.csv",
-        "data.target=y",
-        "data.features=[row,size]",
-        "run_name=u",
+        tmp_path, *run, "data.features=[row,size]", "run_name=u"
     )  # a column named in data.features is kept, even one that counts the rows
     assert checkpoint(tmp_path, "u")["inputs"]["table"]["numeric"] == ["row", "size"]
     assert "left out" not in listed.stdout + listed.stderr
@@ -177,7 +173,8 @@ def test_an_id_column_is_left_out_even_when_its_count_skips_numbers(tmp_path, sk
     if skipped == [5, 60, 61]:
         rows = [[1000 - row[0], *row[1:]] for row in rows]  # falling IDs
     write_rows(tmp_path / "t.csv", ["id", "a", "b", "c", "y"], rows)
-    result = run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "run_name=t")
+    run = ("data=csv", "data.path=t.csv", "data.target=y", "trainer.max_epochs=2")
+    result = run_train(tmp_path, *run, "run_name=t")
     assert "left out as identifiers: id (numbers the rows)" in " ".join(result.stdout.split())
     assert checkpoint(tmp_path, "t")["inputs"]["table"]["numeric"] == ["a", "b", "c"]
 
@@ -206,6 +203,11 @@ def test_a_stray_text_cell_in_a_number_column_is_named_not_left_out(tmp_path, st
     assert f"t.csv line {line}, column 'weight': {stray!r} is not a number, where 51 of" in said
     assert "make it a gap (empty or NA), or list weight in data.categorical=[...]" in said
     listed = run_train(
-        tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "data.categorical=[weight]"
+        tmp_path,
+        "data=csv",
+        "data.path=t.csv",
+        "data.target=y",
+        "data.categorical=[weight]",
+        "trainer.max_epochs=2",
     )
     assert listed.returncode == 0

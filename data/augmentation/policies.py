@@ -215,8 +215,8 @@ def argument(
         "ShearY": lambda: scaled * 0.3 * sign,
         "TranslateXRel": lambda: scaled * 0.45 * sign * width,
         "TranslateYRel": lambda: scaled * 0.45 * sign * height,
-        "Posterize": lambda: (scaled * 4).floor(),
-        "PosterizeIncreasing": lambda: 4 - (scaled * 4).floor(),
+        "Posterize": lambda: (scaled * 4).floor().clamp(0, 8),  # mmax above 10: still bits
+        "PosterizeIncreasing": lambda: (4 - (scaled * 4).floor()).clamp(0, 8),
         "Solarize": lambda: (scaled * 256).floor().clamp(max=256),
         "SolarizeIncreasing": lambda: 256 - (scaled * 256).floor().clamp(max=256),
         "SolarizeAdd": lambda: (scaled * 110).floor().clamp(max=128),
