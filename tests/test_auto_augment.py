@@ -175,3 +175,16 @@ def test_a_policy_timm_would_not_read_is_one_line(tmp_path, policy):
     key = f"data.augment.auto_augment={policy}"
     result = run_train(tmp_path, "data=imagefolder", "data.root=images", key, ok=False)
     assert result.returncode == 2 and key in error_line(result)
+
+
+def test_a_magnitude_above_ten_keeps_posterize_within_its_bits():
+    """mmax lets the magnitude pass 10 (timm's TF-style RandAugment): posterize still keeps
+    between 0 and 8 bits, never a negative count that would blow the pixels up."""
+    policy = Policy.parse("rand-m30-mmax30-inc1")
+    for name in ("Posterize", "PosterizeIncreasing"):
+        bits = argument(
+            name, torch.tensor([0.0, 10.0, 30.0]), torch.tensor([False] * 3), policy, (8, 8)
+        )
+        assert bool(((bits >= 0) & (bits <= 8)).all()), (name, bits)
+        out = ours(name.removesuffix("Increasing"), picture(), bits[-1].item())
+        assert out.min() >= 0 and out.max() <= 255

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 import torch
-from conftest import checkpoint, killed_at, run_train, write_table
+from conftest import checkpoint, error_line, killed_at, run_train, write_table
 
 from data.batching.splits import feature_quantiles
 from models.tabular import PiecewiseEmbedding, RobustScaling, fitted_grid, smooth_clip, tabular
@@ -132,3 +132,18 @@ def test_a_table_run_says_its_model_and_resumes_bit_for_bit_after_kill_9(tmp_pat
     a, b = checkpoint(tmp_path, "straight")["model"], checkpoint(tmp_path, "killed")["model"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert any("member_scale" in k for k in a) and any("center" in k for k in a)  # fitted
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("model.bins=1000", "model.bins=1000 is out of range"),
+        ("model.frequency_scale=0", "model.frequency_scale=0 is out of range"),
+        ("model.embedding=quantile", "model.embedding"),
+    ],
+)
+def test_a_wrong_tabular_setting_is_one_line(tmp_path, override, said):
+    write_table(tmp_path / "t.csv", rows=60)
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "model=tabular", override)
+    result = run_train(tmp_path, *run, ok=False)
+    assert result.returncode == 2 and said in error_line(result)
