@@ -50,16 +50,21 @@ def auto(
     channels: Sequence[int],
     kernel_size: int,
     dropout: float,
+    table: str = "mlp",
     feature_quantiles: torch.Tensor | None = None,
 ) -> nn.Module:
-    """The chosen model with the keys it reads (PyTorch's default initialisation)."""
+    """The chosen model with the keys it reads (PyTorch's default initialisation). ``table``:
+    what a table's rows get, ``tabular`` (conf/model/auto.yaml) or ``mlp`` — the default here,
+    so a checkpoint stored before the key existed rebuilds the MLP it trained."""
     kind = kind_of(input_shape)
-    if kind == "table":
+    if kind == "table" and table not in ("tabular", "mlp"):
+        raise UserError(f"model.table={table!r} must be tabular or mlp")
+    if kind == "table" and table == "tabular":
         model = tabular(
             input_shape, num_classes, **TABLE_DEFAULTS, feature_quantiles=feature_quantiles
         )
         shown = f"the tabular model ({model.describe()})"
-    elif kind == "tiny_image":
+    elif kind in ("table", "tiny_image"):
         model, shown = mlp(input_shape, num_classes, hidden_sizes, dropout, "default"), "the MLP"
     elif kind == "sequence":
         model = cnn1d(input_shape, num_classes, channels, kernel_size, dropout, "default")

@@ -9,9 +9,10 @@ import signal
 
 import pytest
 import torch
-from conftest import checkpoint, error_line, killed_at, run_train, write_table
+from conftest import PREDICT, checkpoint, error_line, killed_at, run_python, run_train, write_table
 
 from data.batching.splits import feature_quantiles
+from models.auto import auto
 from models.tabular import PiecewiseEmbedding, RobustScaling, fitted_grid, smooth_clip, tabular
 from utils.tasks._base import MembersLoss
 from utils.tasks._classification import ClassificationLoss
@@ -147,3 +148,18 @@ def test_a_wrong_tabular_setting_is_one_line(tmp_path, override, said):
     run = ("data=csv", "data.path=t.csv", "data.target=kind", "model=tabular", override)
     result = run_train(tmp_path, *run, ok=False)
     assert result.returncode == 2 and said in error_line(result)
+
+
+def test_a_checkpoint_stored_before_the_tabular_model_rebuilds_the_mlp_it_trained(tmp_path):
+    """model=auto's config gained model.table (tabular); a stored config without it is one
+    written when auto gave a table the MLP, and predict.py rebuilds that MLP."""
+    assert not hasattr(auto((5,), 3, [64], [8], 5, 0.2), "member_scale")  # no key: the MLP
+    assert hasattr(auto((5,), 3, [64], [8], 5, 0.2, "tabular"), "member_scale")
+    write_table(tmp_path / "t.csv", rows=120)
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=2")
+    run_train(tmp_path, *run, "model.table=mlp", "run_name=old")
+    stored = torch.load(tmp_path / "checkpoints/old/last.pt", weights_only=True)
+    del stored["config"]["model"]["table"]  # as the code before the key wrote it
+    torch.save(stored, tmp_path / "old.pt")
+    result = run_python(tmp_path, str(PREDICT), "ckpt=old.pt", "input=t.csv", "out=p.csv")
+    assert result.returncode == 0 and (tmp_path / "p.csv").read_text().count("\n") == 121

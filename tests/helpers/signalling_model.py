@@ -43,12 +43,12 @@ def mlp(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
 
 
 def auto(
-    input_shape, num_classes, hidden_sizes, channels, kernel_size, dropout, feature_quantiles=None
+    input_shape, num_classes, hidden_sizes, channels, kernel_size, dropout, table, feature_quantiles
 ) -> nn.Module:
     """model=auto's choice (a table's: models/tabular.py), signalling."""
     from models.auto import auto as plain_auto
 
-    keys = (hidden_sizes, channels, kernel_size, dropout)
+    keys = (hidden_sizes, channels, kernel_size, dropout, table)
     return SignalAt(plain_auto(input_shape, num_classes, *keys, feature_quantiles))
 
 

@@ -98,6 +98,7 @@ def _added_later() -> dict[str, Any]:
         "scheduler.warmup_epochs": 0,
         "model.drop_path_rate": 0.0,
         "model.drop_rate": 0.0,
+        "model.table": "mlp",  # model=auto's choice for a table before the tabular model
         "distill.teacher": None,
         "distill.weights": "auto",
         "distill.temperature": 4.0,
