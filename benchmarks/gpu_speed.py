@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -241,6 +242,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+WHY = re.compile(r"(?i)terminate called|what\(\):|error|exception|abort|timed? ?out")
+
+
 def strategies(device: torch.device, overrides: list[str], workdir: Path, epochs: int) -> list:
     """``trainer.strategy=ddp`` against ``fsdp`` through torchrun, on every GPU here (one
     process each), or 2 processes with gloo on the CPU: the speed and the bytes each process
@@ -260,8 +264,9 @@ def strategies(device: torch.device, overrides: list[str], workdir: Path, epochs
         args = [*job, f"trainer.device={device.type}", f"trainer.max_epochs={epochs}"]
         args += [f"trainer.strategy={strategy}", f"run_name={run}", "logger=[]"]
         done = subprocess.run([*launch, *args], cwd=workdir, capture_output=True, text=True)
-        if done.returncode != 0:
-            sys.exit(f"error: {strategy}: {done.stderr.strip()[-2000:]}")
+        if done.returncode != 0:  # the processes' own words first: torchrun's summary is long
+            said = [line for line in done.stderr.splitlines() if WHY.search(line)][:20]
+            sys.exit(f"error: {strategy}: {chr(10).join(said)}\n{done.stderr.strip()[-2000:]}")
         metrics = json.loads((workdir / "runs" / run / "metrics.json").read_text())
         row = {"case": f"strategy_{strategy}", "processes": processes}
         row |= {k: v for k, v in metrics.items() if k.startswith("memory/")}
