@@ -186,6 +186,11 @@ def check_image_keys(image_size: Any, channels: Any, cache: Any, cache_max_gb: A
     )
 
 
+def is_crop_pct(value: Any) -> bool:
+    """A centre share ``data.crop_pct`` may be (a config's, or a checkpoint's record)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0.1 <= value <= 1
+
+
 def geometries(image_size: Any, batching: dict) -> dict[str, tuple[list[int], float]]:
     """Each split's (size decoded to, centre share kept), from ``data.cache_size`` and
     ``data.crop_pct`` (popped from ``batching``; configs stored before them get null and 1):
@@ -202,10 +207,7 @@ def geometries(image_size: Any, batching: dict) -> dict[str, tuple[list[int], fl
                 lambda v: v is None or pair_of_positive_ints().test(v),
                 "[height, width] of at most 4,096 x 4,096 pixels, or null",
             ),
-            "crop_pct": Rule(
-                lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0.1 <= v <= 1,
-                "between 0.1 and 1",
-            ),
+            "crop_pct": Rule(is_crop_pct, "between 0.1 and 1"),
         },
     )
     resized_crops = bool((batching.get("augment") or {}).get("random_resized_crop"))

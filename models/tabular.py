@@ -96,12 +96,13 @@ def tabular(
         "periodic": lambda: PeriodicEmbedding(features, frequencies, frequency_scale, d_embedding),
         "piecewise": lambda: PiecewiseEmbedding(bin_edges(grid, bins, preprocess), d_embedding),
     }[embedding]()
-    width = features if embedding == "none" else features * d_embedding
+    embedded = features if embedding == "none" else features * d_embedding
     layers: list[nn.Module] = []
+    width = embedded
     for hidden in hidden_sizes:
         layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout)]
         width = hidden
-    members = MemberScale(ensemble, features if embedding == "none" else features * d_embedding)
+    members = MemberScale(ensemble, embedded)
     return EnsembleMLP(preprocess, embed, members, nn.Sequential(*layers), width, num_classes)
 
 
@@ -245,12 +246,8 @@ class EnsembleMLP(nn.Module):
         outputs: int,
     ) -> None:
         super().__init__()
-        self.preprocess, self.embed, self.member_scale, self.backbone = (
-            preprocess,
-            embed,
-            members,
-            backbone,
-        )
+        self.preprocess, self.embed = preprocess, embed
+        self.member_scale, self.backbone = members, backbone
         self.members = len(members.weight)
         bound = width**-0.5
         shape = (self.members, width, outputs)

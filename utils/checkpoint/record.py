@@ -19,7 +19,7 @@ import torch
 
 from data.batching.batches import BatchTransform
 from data.batching.targets import KINDS, Targets
-from data.imagefolder import decode
+from data.imagefolder import decode, is_crop_pct
 from data.readers.table import Columns, read_table
 from utils.config.trust import stored_floats
 from utils.errors import UserError
@@ -155,8 +155,7 @@ class InputRecord:
 def _crop_pct(record: dict, path: Path) -> float:
     """The record's centre share of images (data.crop_pct; absent: the whole image)."""
     crop_pct = record.get("crop_pct", 1.0)
-    fine = isinstance(crop_pct, int | float) and not isinstance(crop_pct, bool)
-    if not fine or not 0.1 <= crop_pct <= 1:
+    if not is_crop_pct(crop_pct):
         raise UserError(
             f"{path}: its inputs record's crop_pct={crop_pct!r} is not a share in [0.1, 1] "
             "(was it edited?)"
