@@ -64,7 +64,14 @@ def predict(cfg: DictConfig) -> None:
         for lo in range(0, len(inputs), cfg.batch_size):
             batch = transform.normalize(inputs[lo : lo + cfg.batch_size])
             outputs.append(model(batch).float().cpu())
-    header, rows, lines = task.decode(torch.cat(outputs), cfg)  # by task: topk, threshold
+    outputs = torch.cat(outputs)
+    broken = (~torch.isfinite(outputs)).flatten(1).any(dim=1)
+    if bool(broken.any()):  # finite weights, yet NaN out (an edited scale of 0): never a CSV
+        raise UserError(
+            f"ckpt={path}: the model's outputs for {names[int(broken.nonzero()[0])]} are NaN or "
+            "Inf, from finite inputs: the checkpoint's weights are damaged or were edited"
+        )
+    header, rows, lines = task.decode(outputs, cfg)  # by task: topk, threshold
     if unseen is not None:  # a flag per row: the categories it was predicted without
         header, rows = [*header, "unseen"], [[*r, u] for r, u in zip(rows, unseen, strict=True)]
     # What the file came from, read (and checked) first: a refusal leaves no CSV without it.

@@ -163,3 +163,26 @@ def test_a_checkpoint_stored_before_the_tabular_model_rebuilds_the_mlp_it_traine
     torch.save(stored, tmp_path / "old.pt")
     result = run_python(tmp_path, str(PREDICT), "ckpt=old.pt", "input=t.csv", "out=p.csv")
     assert result.returncode == 0 and (tmp_path / "p.csv").read_text().count("\n") == 121
+
+
+@pytest.mark.parametrize(
+    ("value", "said"), [(float("nan"), "holds NaN or Inf"), (0.0, "are NaN or Inf")]
+)
+def test_a_checkpoint_edited_to_give_nan_is_refused_in_one_line_and_writes_no_csv(
+    tmp_path, value, said
+):
+    """A fitted buffer edited to NaN is refused as it loads; one edited to 0 (finite, yet a
+    division by it) is refused when the outputs come back NaN: never a CSV of NaN."""
+    write_table(tmp_path / "t.csv", rows=120)
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=2")
+    run_train(tmp_path, *run, "run_name=h")
+    stored = torch.load(tmp_path / "checkpoints/h/last.pt", weights_only=True)
+    stored["model"]["preprocess.scale"] = torch.full_like(
+        stored["model"]["preprocess.scale"], value
+    )
+    torch.save(stored, tmp_path / "edited.pt")
+    result = run_python(
+        tmp_path, str(PREDICT), "ckpt=edited.pt", "input=t.csv", "out=p.csv", ok=False
+    )
+    assert result.returncode == 2 and said in error_line(result)
+    assert not (tmp_path / "p.csv").exists()

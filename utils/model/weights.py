@@ -81,4 +81,11 @@ def weights_that_fit(
             f"{len(unexpected)} unexpected, {len(mismatched)} of another shape "
             f"({fitting} of {len(expected)} fit); was it trained with another model config?"
         )
-    return {k: v for k, v in incoming.items() if k in expected and v.shape == expected[k].shape}
+    fitted = {k: v for k, v in incoming.items() if k in expected and v.shape == expected[k].shape}
+    for key, tensor in fitted.items():  # a stored NaN would only come back as NaN outputs
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise UserError(
+                f"the checkpoint's weight {key!r} holds NaN or Inf: it is damaged or was edited; "
+                "use another checkpoint or train again"
+            )
+    return fitted
