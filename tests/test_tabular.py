@@ -166,7 +166,7 @@ def test_a_checkpoint_stored_before_the_tabular_model_rebuilds_the_mlp_it_traine
 
 
 @pytest.mark.parametrize(
-    ("value", "said"), [(float("nan"), "holds NaN or Inf"), (0.0, "are NaN or Inf")]
+    ("value", "said"), [(float("nan"), "is not finite (NaN or Inf)"), (0.0, "are NaN or Inf")]
 )
 def test_a_checkpoint_edited_to_give_nan_is_refused_in_one_line_and_writes_no_csv(
     tmp_path, value, said

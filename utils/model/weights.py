@@ -85,7 +85,7 @@ def weights_that_fit(
     for key, tensor in fitted.items():  # a stored NaN would only come back as NaN outputs
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise UserError(
-                f"the checkpoint's weight {key!r} holds NaN or Inf: it is damaged or was edited; "
-                "use another checkpoint or train again"
+                f"the checkpoint's weight {key!r} is not finite (NaN or Inf): it is damaged or was "
+                "edited; use another checkpoint or train again"
             )
     return fitted
