@@ -82,19 +82,41 @@ def unreadable_checkpoints(folder: Path) -> list[str]:
     return bad
 
 
-def same_ending(a: Path, b: Path) -> bool:
+class Ending:
+    """Whether two checkpoints end alike (true when they do); its repr says what differs, so
+    a failure names the step, the tensors and how far apart they are."""
+
+    def __init__(self, differences: list[str]) -> None:
+        self.differences = differences
+
+    def __bool__(self) -> bool:
+        return not self.differences
+
+    def __repr__(self) -> str:
+        return "equal" if self else "; ".join(self.differences[:8])
+
+
+def same_ending(a: Path, b: Path) -> Ending:
     """Bit-identical parameters and optimizer state."""
     first, second = load_checkpoint(a), load_checkpoint(b)
     if first["global_step"] != second["global_step"]:
-        return False
-    if any(not torch.equal(v, second["model"][k]) for k, v in first["model"].items()):
-        return False
+        return Ending([f"global_step {first['global_step']} != {second['global_step']}"])
+    tensors = [(f"model.{k}", v, second["model"][k]) for k, v in first["model"].items()]
     for index, state in first["optimizer"]["state"].items():
         other = second["optimizer"]["state"][index]
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and not torch.equal(value, other[key]):
-                return False
-    return True
+        tensors += [
+            (f"optimizer.{index}.{key}", value, other[key])
+            for key, value in state.items()
+            if isinstance(value, torch.Tensor)
+        ]
+    differences = []
+    for name, x, y in tensors:
+        if not torch.equal(x, y):
+            gap = (x.double() - y.double()).abs()
+            differences.append(
+                f"{name}: {int((gap > 0).sum())} of {x.numel()} differ, max {gap.max():.3g}"
+            )
+    return Ending(differences)
 
 
 def report(kind: str, **figures) -> None:
