@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from data.batching.splits import TensorSplit
-from data.batching.targets import KINDS, label_set, multi_hot, sorted_names
+from data.batching.targets import KINDS
 from data.readers.column_kinds import auto_columns
 from data.readers.missing import FLOAT32_MAX, MissingValues, is_gap
+from data.readers.target_columns import TargetColumns
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
@@ -89,13 +90,8 @@ class Columns:
                 f"data.{'features' if answer[0] in (features or []) else 'categorical'}"
                 "; the model would be given the answer: remove it there"
             )
-        if len(targets) > 1 and kind == "classes":
-            raise UserError(
-                f"data.target names {len(targets)} columns; task=classification "
-                "takes one (several are task=multilabel's 0/1 columns or "
-                "task=regression's values)"
-            )
-        self.kind, self.target = kind, target if isinstance(target, str) else targets
+        self.target_columns = TargetColumns.fitted(header, rows, target, kind, path)
+        self.kind, self.target = kind, self.target_columns.target
         group = choice.get("group")  # data.split.group: never a feature unless listed
         _check_group(group, targets, categorical, features or [])
         named = (
@@ -107,13 +103,7 @@ class Columns:
             named, categorical = auto_columns(header, rows, named, features is not None, path)
         self.numeric = [c for c in named if c not in categorical]
         self.categorical = categorical
-        self.classes = targets  # what each output is called: classes, labels or values
-        if kind == "classes":
-            _check_labelled(header, rows, target, path)
-            self.classes = sorted_names({row[header.index(target)].strip() for row in rows})
-        elif kind == "label_sets" and isinstance(target, str):  # one column of a;b sets
-            at = header.index(targets[0])
-            self.classes = sorted_names({label for row in rows for label in label_set(row[at])})
+        self.classes = self.target_columns.names  # what each output is called
         self.categories = {
             name: sorted({row[header.index(name)].strip() for row in rows}) for name in categorical
         }
@@ -158,6 +148,7 @@ class Columns:
         columns.categorical, columns.categories = list(categories), categories
         columns.gapped, columns.kept = set(), {}
         columns.classes, columns.kind = record["classes"], record.get("kind", "classes")
+        columns.target_columns = TargetColumns(target, columns.kind, columns.classes)
         columns.missing = MissingValues.from_record(record.get("na"), columns.numeric)
         return columns
 
@@ -192,37 +183,7 @@ class Columns:
         ]
 
     def targets(self, header: list[str], rows: list[list[str]], path: Path) -> torch.Tensor:
-        columns = [self.target] if isinstance(self.target, str) else self.target
-        at = [header.index(name) for name in columns]
-        if self.kind == "values":
-            return torch.tensor(
-                [
-                    [_value(row[i], name, path, n + 2) for i, name in zip(at, columns, strict=True)]
-                    for n, row in enumerate(rows)
-                ]
-            )
-        if self.kind == "label_sets" and not isinstance(self.target, str):  # 0/1 columns
-            return torch.tensor(
-                [
-                    [_bit(row[i], name, path, n + 2) for i, name in zip(at, columns, strict=True)]
-                    for n, row in enumerate(rows)
-                ]
-            )
-        known = set(self.classes)
-        for n, row in enumerate(rows):
-            given = label_set(row[at[0]]) if self.kind == "label_sets" else [row[at[0]].strip()]
-            unknown = [label for label in given if label not in known]
-            if unknown:
-                what = "label" if self.kind == "label_sets" else "class"
-                raise UserError(
-                    f"{path} line {n + 2}: {columns[0]}={unknown[0]!r} is not a "
-                    f"{what} of the train split ({', '.join(self.classes[:10])}"
-                    f"{'...' if len(self.classes) > 10 else ''})"
-                )
-        if self.kind == "label_sets":
-            return multi_hot([label_set(row[at[0]]) for row in rows], self.classes)
-        class_of = {name: i for i, name in enumerate(self.classes)}
-        return torch.tensor([class_of[row[at[0]].strip()] for row in rows], dtype=torch.long)
+        return self.target_columns.read(header, rows, path)
 
     def fit_gaps(self, train: TensorSplit, path: Path) -> None:
         """What the gaps of every split become, fitted on the ``train`` split alone
@@ -326,42 +287,6 @@ def unseen_line(path: Path, flags: list[str]) -> str | None:
     more = f" and {len(counts) - 5} more" if len(counts) > 5 else ""
     verb = "holds" if rows == 1 else "hold"
     return f"{path}: {rows} row{'s' * (rows > 1)} {verb} a category the train file never held ({shown}{more})"
-
-
-def _check_labelled(header: list[str], rows: list[list[str]], target: str, path: Path) -> None:
-    """Every row of a class column names a class: an empty cell, ``NA`` or ``?`` is a missing
-    label, never a class of its own that the model would learn."""
-    at = header.index(target)
-    unlabelled = [n for n, row in enumerate(rows) if is_gap(row[at])]
-    if unlabelled:
-        first = rows[unlabelled[0]][at].strip()
-        shown = repr(first) if first else "empty"
-        raise UserError(
-            f"{path} line {unlabelled[0] + 2}: data.target column {target!r} is {shown}, a "
-            f"missing label ({len(unlabelled)} of {len(rows)} rows); a class is not learnt "
-            "from a gap: give those rows their class or remove them"
-        )
-
-
-def _value(text: str, column: str, path: Path, line: int) -> float:
-    try:
-        return _number(text, column, path, line)
-    except UserError:
-        shown = repr(text.strip()) if text.strip() else "empty"
-        raise UserError(
-            f"{path} line {line}, column {column!r}: {shown} is not a number, "
-            "and task=regression learns the numbers in data.target; fix the value "
-            "or choose number columns"
-        ) from None
-
-
-def _bit(text: str, column: str, path: Path, line: int) -> float:
-    if text.strip() not in ("0", "1"):
-        raise UserError(
-            f"{path} line {line}, column {column!r}: {text.strip()!r} is not 0 or 1 "
-            "(a label column of task=multilabel)"
-        )
-    return float(text.strip())
 
 
 def _number(text: str, column: str, path: Path, line: int) -> float:
