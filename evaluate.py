@@ -156,7 +156,7 @@ def rebuilt_on_data(run: Evaluation, path: Path) -> Evaluated:
     stored = None if inputs is None else InputRecord.read(inputs, path)
     data_node = data_config(config["data"], cfg.data, stored)
     with reading_stored_data(data_node, cfg.data):  # errors name the path, not its content
-        data = build(data_node, **task.data_arguments(data_node))
+        data = build(data_node, **task.data_arguments(data_node, stored))
     if stored is not None:
         data.follow_record(stored, path)
     task = task.fitted(data, run.context.device, stored)  # the target scale it trained on

@@ -207,7 +207,7 @@ def task_and_data(cfg: DictConfig, stored: InputRecord | None, device: Any) -> t
     task is fitted to them. A resumed run (``stored``: its checkpoint's inputs record) reads
     its data exactly as it started: the same normalisation and target scale."""
     task = build(cfg.task)
-    data = build(cfg.data, **task.data_arguments(cfg.data))
+    data = build(cfg.data, **task.data_arguments(cfg.data, stored))
     if stored is not None:
         # Its train split's gap fills differ only if the data changed: provenance's to judge.
         data.follow_record(stored, "the resumed checkpoint", use="resume it", fills=False)

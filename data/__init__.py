@@ -15,4 +15,5 @@
     augmentation/         what a training batch's samples become: crops, policies, MixUp
     batching/             what every builder returns, and how it becomes batches
     readers/              files read into tensors, shared by builders: tables, gaps, the image cache
+    text/                 texts and their tokenizer (data=text)
 """

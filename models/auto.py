@@ -5,6 +5,8 @@ shape of one sample and printed at start-up:
   scaling, periodic embeddings, 8 members sharing one hidden layer of 512; chosen on 15 real
   tables, docs/real-data.md; ``model=tabular`` sets its keys, ``model=mlp`` names the plain
   MLP);
+- a text (token ids ``[L]``, data=text): the fastText-style bag of token and bigram
+  embeddings (models/text.py ``text_bag``; ``model=text_transformer`` names the Transformer);
 - a sequence ``[C, L]``: the 1-D CNN (models/cnn1d.py: ``channels``, ``kernel_size``,
   ``dropout``);
 - an image ``[C, H, W]``: the CNN (models/cnn.py: ``channels``, ``dropout``); an image of
@@ -31,11 +33,13 @@ from models.cnn import cnn
 from models.cnn1d import cnn1d
 from models.mlp import mlp
 from models.tabular import TABLE_DEFAULTS, tabular
+from models.text import text_bag
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
 MIN_CONV_PIXELS = 16 * 16  # smaller images train as well and faster on the MLP
 KINDS = {
+    "text": "texts",
     "table": "table rows",
     "sequence": "sequences",
     "image": "images",
@@ -52,11 +56,13 @@ def auto(
     dropout: float,
     table: str = "mlp",
     feature_quantiles: torch.Tensor | None = None,
+    vocab_size: int | None = None,
+    pad_id: int | None = None,
 ) -> nn.Module:
     """The chosen model with the keys it reads (PyTorch's default initialisation). ``table``:
     what a table's rows get, ``tabular`` (conf/model/auto.yaml) or ``mlp`` — the default here,
     so a checkpoint stored before the key existed rebuilds the MLP it trained."""
-    kind = kind_of(input_shape)
+    kind = "text" if vocab_size is not None else kind_of(input_shape)
     if kind == "table" and table not in ("tabular", "mlp"):
         raise UserError(f"model.table={table!r} must be tabular or mlp")
     if kind == "table" and table == "tabular":
@@ -64,6 +70,9 @@ def auto(
             input_shape, num_classes, **TABLE_DEFAULTS, feature_quantiles=feature_quantiles
         )
         shown = f"the tabular model ({model.describe()})"
+    elif kind == "text":
+        model = text_bag(input_shape, num_classes, vocab_size, pad_id)
+        shown = "the bag of token and bigram embeddings (text_bag)"
     elif kind in ("table", "tiny_image"):
         model, shown = mlp(input_shape, num_classes, hidden_sizes, dropout, "default"), "the MLP"
     elif kind == "sequence":
@@ -72,7 +81,7 @@ def auto(
     else:
         model, shown = cnn(input_shape, num_classes, channels, dropout, "default"), "the CNN"
     log.info(
-        "model=auto: %s for %s %s; model=tabular, mlp, cnn or cnn1d names one",
+        "model=auto: %s for %s %s; model=tabular, mlp, cnn, cnn1d or text_transformer names one",
         shown,
         KINDS[kind],
         list(input_shape),

@@ -29,7 +29,7 @@ LAYERS = (
     ("data.augmentation",),
     ("data.batching", "models"),
     ("data.readers",),
-    ("data",),
+    ("data", "data.text"),
     ("utils.precision", "utils.schedulers"),
     ("utils.model", "utils.evaluation", "utils.tracking", "utils.diagnose"),
     ("utils.tasks",),
@@ -224,6 +224,9 @@ YAML_KEYED = {
     "utils/schedulers.py:plateau",
     "models/tabular.py:tabular",  # its keys are conf/model/tabular.yaml's
     "models/auto.py:auto",  # conf/model/auto.yaml's, and the table's quantiles
+    "data/text/dataset.py:load_text",  # conf/data/text.yaml's
+    "models/text.py:text_bag",  # conf/model/text_bag.yaml's
+    "models/text.py:text_transformer",  # conf/model/text_transformer.yaml's
 }
 # Lines the formatter may not lay out. None today; a new one must say why it needs to be here.
 FMT_SKIPS = 0
@@ -266,13 +269,13 @@ def test_the_formatter_lays_out_the_code():
 # --- The task owns what outputs mean ----------------------------------------------------------
 
 # The task owns what the model's outputs mean (utils/tasks/). data/batching/targets.py defines
-# the kinds of target; the readers of tables, tensors and manifests parse a file's target column
-# by the kind they were asked for. Nothing else asks which kind of task it is: a new task is a
+# the kinds of target; data/readers/target_columns.py reads a file's target column by kind
+# (tables, texts), and the readers of tensors, manifests and shards parse their own. Nothing else asks which kind of task it is: a new task is a
 # module in utils/tasks/ and its YAML.
 KINDS = {"classes", "label_sets", "values"}
 KIND_OWNERS = {
     "data/batching/targets.py",
-    "data/readers/table.py",
+    "data/readers/target_columns.py",  # how a target column is read, for tables and texts
     "data/tabular.py",
     "data/tensors.py",
     "data/image_manifest.py",

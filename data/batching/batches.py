@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from data.augmentation.images import Draws, ImageAugment, augmented, resized_crops
-from data.batching.order import permutation, repeated
+from data.batching.order import bucketed, permutation, repeated
 from data.batching.splits import MappedSplit, TensorSplit, shard, shard_bounds
 
 SPATIAL = ("auto", "on", "off")  # data.augment.spatial: crops and flips for which models
@@ -133,6 +133,13 @@ class BatchTransform:
         return self.fitted(images).contiguous(memory_format=self.memory_format)
 
 
+class TokenIds(BatchTransform):
+    """Token ids (data=text): indices, moved to the device and never normalised."""
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        return images.to(self.device)
+
+
 def random_crop(images: torch.Tensor, padding: int, draws: Draws) -> torch.Tensor:
     """Pad with zeros by ``padding`` and crop back at a random offset per image, as one gather."""
     n, c, h, w = images.shape
@@ -157,12 +164,21 @@ class TensorBatches:
     splits are cut into contiguous shards, one per process, with nothing padded or repeated.
     """
 
-    def __init__(self, split: TensorSplit, plan: BatchPlan, transform: BatchTransform) -> None:
+    def __init__(
+        self,
+        split: TensorSplit,
+        plan: BatchPlan,
+        transform: BatchTransform,
+        pad_id: int | None = None,
+    ) -> None:
         if not plan.train:
             split = shard(split, plan.rank, plan.world_size)
         # Normalised once, up front: each batch is then a gather, as in a hand-written loop
         # (4 bytes a pixel instead of 1; datasets on this path fit in memory by definition).
+        # Token ids (``pad_id`` given: data=text) are indices, never normalised; each batch is
+        # cut to its longest text, and training batches are drawn by length (order.bucketed).
         self.inputs = transform.normalize(split.inputs)
+        self.lengths = None if pad_id is None else token_lengths(split.inputs, pad_id)
         self.labels = split.labels.to(transform.device)
         self.batch_size = plan.batch_size
         self.transform = transform
@@ -175,10 +191,14 @@ class TensorBatches:
         return self.plan.batch_count(len(self.labels))
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = None
+        order, host_order = None, None
         if self.train:
-            order = permutation(len(self.labels), self.seed, epoch).to(self.transform.device)
-            order = repeated(order, self.plan.repeats)
+            host_order = permutation(len(self.labels), self.seed, epoch)
+            if self.lengths is not None:  # texts: batches of similar lengths
+                global_batch = self.batch_size * self.world_size
+                host_order = bucketed(host_order, self.lengths, global_batch, self.seed, epoch)
+            host_order = repeated(host_order, self.plan.repeats)
+            order = host_order.to(self.transform.device)
         for index in range(start, len(self)):
             lo, hi = batch_bounds(
                 index,
@@ -191,9 +211,20 @@ class TensorBatches:
             else:
                 rows = order[lo:hi]  # slots: a sample's copies differ in their draws
                 images, labels = self.inputs[rows % len(order)], self.labels[rows % len(order)]
-            if self.train:  # each sample's draws, by (seed, epoch, its index)
+            if self.lengths is not None:  # cut to the longest text, read on the host: no sync
+                held = host_order[lo:hi] % len(host_order) if order is not None else slice(lo, hi)
+                images = images[:, : max(1, int(self.lengths[held].max()))]
+            elif self.train:  # each sample's draws, by (seed, epoch, its index)
                 images = self.transform.augment(images, self.seed, epoch, rows)
             yield images, labels
+
+
+def token_lengths(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Each row's length up to its last token that is not ``pad_id`` (texts are padded on the
+    right), on the host."""
+    held = ids.cpu() != pad_id
+    last = held.flip(1).int().argmax(1)
+    return torch.where(held.any(1), ids.shape[1] - last, 0)
 
 
 class MappedBatches:

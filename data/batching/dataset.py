@@ -29,6 +29,7 @@ from data.batching.batches import (
     MappedBatches,
     Placement,
     TensorBatches,
+    TokenIds,
     fitted_batch_size,
 )
 from data.batching.fingerprint import decoded_hashes, membership, sample_hashes
@@ -93,6 +94,8 @@ class Data:
         )
         self.classes = self.targets.class_names  # what a checkpoint's inputs record calls them
         self.table: dict | None = None  # a table's column encoding (data/tabular.py)
+        self.text: dict | None = None  # texts: the tokenizer's record (data/text/tokenizer.py)
+        self.pad_id: int | None = None  # texts: the token id that pads (data/text/dataset.py)
         self.gapped: set[str] = set()  # a table's columns with gaps this data filled
         # Image files by split: the sha256 of their listing (data/batching/fingerprint.py
         # listing_sha256), what a split read lazily is compared by on resume.
@@ -189,6 +192,7 @@ class Data:
         """A table's rows in memory: each feature's training quantiles (splits.py); else None."""
         split = self.splits["train"]
         rows = isinstance(split, TensorSplit) and split.inputs.dim() == 2 and not self.pixels
+        rows = rows and self.text is None  # token ids are not features
         return feature_quantiles(split.inputs, self.mean, self.std) if rows else None
 
     @property
@@ -310,7 +314,8 @@ class Data:
         crops = {"crop_padding": self.crop_padding, "horizontal_flip": self.horizontal_flip}
         augment = dataclasses.replace(self.images, **crops) if train else None  # data.augment
         view = (self.input_shape[1:], self.crop_pct) if len(self.input_shape) == 3 else None
-        transform = BatchTransform(
+        kind = TokenIds if self.text is not None else BatchTransform  # ids: passed through
+        transform = kind(
             self.mean, self.std, placement.device, augment, placement.channels_last, view
         )
         batch_size = self.batch_size if train else self.eval_batch_size
@@ -319,7 +324,7 @@ class Data:
             batch_size, train, seed, placement.rank, placement.world_size, keep_partial, repeats
         )
         if isinstance(self.splits[split], TensorSplit):
-            batches = TensorBatches(self.splits[split], plan, transform)
+            batches = TensorBatches(self.splits[split], plan, transform, self.pad_id)
         elif isinstance(self.splits[split], MappedSplit):
             batches = MappedBatches(self.splits[split], plan, transform)
         elif isinstance(self.splits[split], ShardSplit):  # data=parquet: read ahead, in our order

@@ -51,3 +51,28 @@ def block_order(sizes: list[int], seed: int, epoch: int, window: int) -> torch.T
         ids = torch.cat([torch.arange(starts[g], starts[g + 1]) for g in groups[lo : lo + window]])
         parts.append(ids[torch.randperm(len(ids), generator=generator)])
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
+BUCKET_SALT = 11  # the bucketed batches' order draws from a stream of its own
+BUCKET_BATCHES = 64  # texts are sorted by length within windows of this many global batches
+
+
+def bucketed(order: torch.Tensor, lengths: torch.Tensor, batch: int, seed: int, epoch: int):
+    """Texts of similar lengths in each global ``batch`` (less padding), still a pure function
+    of (seed, epoch): the epoch's ``order`` cut into windows of :data:`BUCKET_BATCHES` global
+    batches, each window sorted by length (stably) and cut into batches, and the whole batches
+    shuffled by (seed, epoch); the partial batch, if any, stays last (BatchPlan keeps or drops
+    it). Returns the new order of the same samples."""
+    n = len(order)
+    window = batch * BUCKET_BATCHES
+    sorted_parts = []
+    for lo in range(0, n, window):
+        part = order[lo : lo + window]
+        sorted_parts.append(part[torch.sort(lengths[part], stable=True).indices])
+    ordered = torch.cat(sorted_parts) if sorted_parts else order
+    whole = n // batch
+    generator = torch.Generator().manual_seed(mix_seed(seed, epoch, BUCKET_SALT))
+    batches = ordered[: whole * batch].view(whole, batch)[
+        torch.randperm(whole, generator=generator)
+    ]
+    return torch.cat([batches.reshape(-1), ordered[whole * batch :]])

@@ -1,6 +1,7 @@
 """Files read into tensors, shared by the builders that read them.
 
 table        a CSV's rows as columns encoded into one float tensor, read alike later
+target_columns  a file's target column(s) read by the task's kind, for every reader of rows
 missing      gaps in a table: refused, filled, or flagged (data.na_*)
 column_kinds  data.categorical=auto: which columns are categories, which identifiers
 image_cache  decoded images kept as one uint8 tensor on disk, checked before reuse

@@ -18,6 +18,9 @@ log = logging.getLogger("torchloom")
 IDENTIFIER_SHARE = 0.5
 MIN_IDENTIFIER_VALUES = 20
 COUNTS_ROWS = "numbers the rows"
+# An identifier-like column whose cells hold at least this many words on average is text: a
+# review, a message (data=text trains on it; a table's model would only see it as a name).
+TEXT_WORDS = 4
 # A number column where at most this share of the cells (and STRAY_MOST of them) is text holds
 # stray cells (a typo, a unit), not categories: they are named, never silently read.
 STRAY_SHARE = 0.05
@@ -30,6 +33,13 @@ def auto_columns(
     """(the feature columns kept, the categorical ones) of ``named``, said in one line; columns
     ``listed`` by name in data.features are all kept (a text one is categorical)."""
     categorical, identifiers, gaps = column_kinds(header, rows, named, path)
+    texts = [name for name, why in identifiers.items() if why.startswith("text")]
+    if texts and len(identifiers) == len(named) and not listed:
+        raise UserError(
+            f"{path}: column {texts[0]!r} holds text ({identifiers[texts[0]]}), and the "
+            "file has no other feature; data=csv reads numbers and categories: train on "
+            f"the text with data=text data.path={path} data.text={texts[0]} data.target=..."
+        )
     if listed:
         categorical += [name for name, why in identifiers.items() if why != COUNTS_ROWS]
         identifiers = {}
@@ -60,7 +70,12 @@ def column_kinds(
                 gaps[name] = len(rows) - len(present)
             continue
         if distinct >= max(MIN_IDENTIFIER_VALUES, IDENTIFIER_SHARE * len(rows)):
-            identifiers[name] = f"{distinct:,} distinct values in {len(rows):,} rows"
+            words = sum(len(text.split()) for text in present) / max(1, len(present))
+            identifiers[name] = (
+                f"text of {words:.0f} words a row on average: data=text trains on it"
+                if words >= TEXT_WORDS
+                else f"{distinct:,} distinct values in {len(rows):,} rows"
+            )
         else:
             categorical.append(name)
     return categorical, identifiers, gaps

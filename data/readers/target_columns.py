@@ -1,6 +1,6 @@
 """How a file's target column (or columns) becomes targets, by the kind the task learns
 (data/batching/targets.py): one owner for every reader of rows with a header — a table
-(data/readers/table.py) and texts (data/readers/text.py) — so a new kind of data reads its
+(data/readers/table.py) and texts (data/text/files.py) — so a new kind of data reads its
 targets with no branch of its own.
 
 - ``classes``: one column of class names or integers; the train file's distinct values are the
@@ -60,6 +60,11 @@ class TargetColumns:
             at = header.index(target)
             names = sorted_names({label for row in rows for label in label_set(row[at])})
         return cls(target if isinstance(target, str) else columns, kind, names)
+
+    @property
+    def are_classes(self) -> bool:
+        """Class labels (splits and folds are then stratified by them)."""
+        return self.kind == "classes"
 
     @property
     def columns(self) -> list[str]:

@@ -165,3 +165,11 @@ def cnn1d(input_shape, num_classes, channels, kernel_size, dropout, init) -> nn.
     from models.cnn1d import cnn1d as plain_cnn1d
 
     return SignalAt(plain_cnn1d(input_shape, num_classes, channels, kernel_size, dropout, init))
+
+
+def text_bag(input_shape, num_classes, vocab_size, pad_id, dim, hidden, dropout, bigram_buckets):
+    """model=text_bag (models/text.py), signalling."""
+    from models.text import text_bag as plain_text_bag
+
+    keys = (dim, hidden, dropout, bigram_buckets)
+    return SignalAt(plain_text_bag(input_shape, num_classes, vocab_size, pad_id, *keys))

@@ -17,10 +17,12 @@ from typing import Any
 
 import torch
 
-from data.batching.batches import BatchTransform
+from data.batching.batches import BatchTransform, TokenIds
 from data.batching.targets import KINDS, Targets
 from data.imagefolder import decode, is_crop_pct
 from data.readers.table import Columns, read_table
+from data.text.dataset import predicted_texts
+from data.text.tokenizer import from_record
 from utils.config.trust import stored_floats
 from utils.errors import UserError
 
@@ -46,6 +48,7 @@ class InputRecord:
     task: dict | None = None  # the task's own record (Task.record): threshold, target_scale
     pixels: bool = False  # uint8 images (the exports take them so); never stored, read from data
     crop_pct: float = 1.0  # images: the centre share evaluation kept (data.crop_pct)
+    text: dict | None = None  # texts: the tokenizer and its settings (data/text/tokenizer.py)
     mixing = None  # a record is never augmented: Task.check reads it like a dataset's
     name = "the checkpoint's inputs record"
 
@@ -64,6 +67,7 @@ class InputRecord:
             task.record(),
             data.pixels,
             getattr(data, "crop_pct", 1.0),
+            getattr(data, "text", None),
         )
 
     def to_dict(self) -> dict:
@@ -78,6 +82,7 @@ class InputRecord:
             "targets": self.targets.record(),
             **(self.task or {}),
             **({"crop_pct": self.crop_pct} if self.crop_pct != 1.0 else {}),
+            **({"text": self.text} if self.text is not None else {}),
         }
 
     @classmethod
@@ -133,6 +138,7 @@ class InputRecord:
             targets,
             task,
             crop_pct=_crop_pct(record, path),
+            text=_text(record, path),
         )
 
     def without_calibration(self) -> InputRecord:
@@ -149,7 +155,8 @@ class InputRecord:
         """What normalises inputs on ``device`` as the evaluation batches were
         (data/batching/dataset.py)."""
 
-        return BatchTransform(self.mean, self.std, device)
+        kind = TokenIds if self.text is not None else BatchTransform
+        return kind(self.mean, self.std, device)
 
 
 def _crop_pct(record: dict, path: Path) -> float:
@@ -161,6 +168,14 @@ def _crop_pct(record: dict, path: Path) -> float:
             "(was it edited?)"
         )
     return float(crop_pct)
+
+
+def _text(record: dict, path: Path) -> dict | None:
+    """The record's tokenizer (texts), checked as untrusted data (data/text/tokenizer.py)."""
+    if record.get("text") is None:
+        return None
+    from_record(record["text"], str(path))
+    return record["text"]
 
 
 def _targets(record: dict, path: Path) -> Any:
@@ -195,6 +210,8 @@ def read_inputs(path: Path, record: InputRecord) -> tuple[list[str], torch.Tenso
     each row's categorical values training never saw (None for images)."""
     if not path.exists():
         raise UserError(f"input={path}: no such file or folder")
+    if record.text is not None:  # texts: tokenized as training did (data/text/dataset.py)
+        return (*predicted_texts(path, record.text), None)
     if path.is_file() and path.suffix.lower() in TABLE_EXTENSIONS:
         if record.table is None:
             raise UserError(

@@ -45,7 +45,8 @@ def check_forward(
         # first forward, and parameters made under inference mode can never train or be read
         # outside it.
         with torch.no_grad():
-            output = model(torch.zeros(2, *input_shape, device=device))
+            dtype = torch.long if takes_ids(model) else torch.float32
+            output = model(torch.zeros(2, *input_shape, device=device, dtype=dtype))
     except RuntimeError as error:
         name, module = entered[-1] if entered else ("(model)", model)
         reason = str(error).strip().splitlines()[0]
@@ -66,6 +67,12 @@ def check_forward(
             "num_outputs) argument"
         )
     return bool(entered) and flattens(entered[0][1], first_input[:1], input_shape)
+
+
+def takes_ids(model: nn.Module) -> bool:
+    """Whether ``model``'s first layer (in registration order) looks token ids up."""
+    first = next((m for m in model.modules() if not any(m.children())), None)
+    return isinstance(first, nn.Embedding | nn.EmbeddingBag)
 
 
 def flattens(layer: nn.Module, seen: list[torch.Size], input_shape: Sequence[int]) -> bool:

@@ -124,6 +124,9 @@ def run_guards(
         device = next(model.parameters(), torch.empty(0)).device
         generator = torch.Generator(device=device).manual_seed(0)  # not the training RNG
         inputs = torch.randn(4, *input_shape, device=device, generator=generator)
+        given = next(iter(first_batches), None)
+        if given is not None and not given[0].is_floating_point():  # token ids: real ones
+            inputs = given[0][:4]
         was_training = model.training
         model.eval()
         with without_grad(model):

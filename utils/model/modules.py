@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from data.text.tokenizer import from_record
 from utils.config.build import build
 from utils.errors import UserError
 from utils.model.checks import check_forward
@@ -42,8 +43,9 @@ class Modules:
         """The model of config ``node``, its shapes taken from ``data``, on ``device`` in the
         layout ``channels_last`` asks for (null: the fast one), checked by one dummy forward
         against the outputs the fitted ``task`` needs (utils/tasks.py)."""
+        text = getattr(data, "text", None)
         shapes = model_shapes(
-            data.input_shape, data.num_classes, getattr(data, "feature_quantiles", None)
+            data.input_shape, data.num_classes, getattr(data, "feature_quantiles", None), text
         )
         model = build(node, **accepted_by(node["_target_"], shapes))
         layout = wants_channels_last(model, device, channels_last)
@@ -77,17 +79,26 @@ class Modules:
         self.eval_model = step_model if not processes.enabled else self.model
 
 
-def model_shapes(input_shape: Any, outputs: int, quantiles: Any = None) -> dict[str, Any]:
+def model_shapes(
+    input_shape: Any, outputs: int, quantiles: Any = None, text: dict | None = None
+) -> dict[str, Any]:
     """What a model builder may take from the data: ``input_shape``, and the width of its
     output as ``num_classes`` (classes, labels or values: the built-in models' name) or
     ``num_outputs`` (the same number, for builders written for any task); for a table's rows,
     ``feature_quantiles``, each feature's training quantiles (models/tabular.py; None when
-    rebuilt from a checkpoint, whose weights hold what was fitted)."""
+    rebuilt from a checkpoint, whose weights hold what was fitted); for texts (``text``: the
+    tokenizer's record), ``vocab_size`` and ``pad_id`` (None for other data)."""
+    vocab_size = pad_id = None
+    if text is not None:
+        tokenizer = from_record(text, "the data's text record")
+        vocab_size, pad_id = tokenizer.vocab_size, tokenizer.pad_id
     return {
         "input_shape": tuple(input_shape),
         "num_classes": outputs,
         "num_outputs": outputs,
         "feature_quantiles": quantiles,
+        "vocab_size": vocab_size,
+        "pad_id": pad_id,
     }
 
 

@@ -209,7 +209,14 @@ def unread(override: str, key: str, name: str, known: list[str], parent: str = "
 
 # Arguments train.py passes to each group's builder itself (the rest come from the YAML).
 SUPPLIED = {
-    "model": ("input_shape", "num_classes", "num_outputs", "feature_quantiles"),
+    "model": (
+        "input_shape",
+        "num_classes",
+        "num_outputs",
+        "feature_quantiles",
+        "vocab_size",
+        "pad_id",
+    ),
     "data": ("targets",),  # the kind the task learns, to builders that read several kinds
     "optim": ("params",),
     "scheduler": (),  # finished with the optimizer and step counts by what it returns

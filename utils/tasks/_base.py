@@ -53,20 +53,28 @@ class Task:
     fitted_to: Targets | None = None  # the targets of the data or record it was fitted to
     calibrated: Calibration | None = None  # a temperature and thresholds fitted on val
 
-    def data_arguments(self, node: Any) -> dict[str, str]:
+    def data_arguments(self, node: Any, stored: Any = None) -> dict[str, Any]:
         """What the data builder of config ``node`` is passed besides its keys: the kind of
-        ``targets`` to read, when it reads several (data/batching/targets.py). A builder that cannot
-        read this task's kind is refused before any data is read."""
+        ``targets`` to read, when it reads several (data/batching/targets.py), and to a builder
+        that takes ``stored_text`` the text record of the checkpoint ``stored`` (its checked
+        inputs record; data/text/dataset.py then tokenizes with the stored tokenizer). A builder that
+        cannot read this task's kind is refused before any data is read."""
+        import inspect
+
         from hydra._internal.utils import _locate
 
-        kinds = target_kinds(_locate(node["_target_"]))
+        builder = _locate(node["_target_"])
+        supplied = {}
+        if "stored_text" in inspect.signature(builder).parameters:
+            supplied["stored_text"] = getattr(stored, "text", None)
+        kinds = target_kinds(builder)
         if self.targets not in kinds:
             raise UserError(
                 f"task={self.name} learns {HINTS[self.targets]}, and "
                 f"{node['_target_']} reads class labels only; use data=csv, "
                 "data=tensors or data=image_csv"
             )
-        return {"targets": self.targets} if len(kinds) > 1 else {}
+        return {**supplied, **({"targets": self.targets} if len(kinds) > 1 else {})}
 
     def check(self, data: Any) -> Targets:
         targets = data.targets

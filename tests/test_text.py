@@ -1,0 +1,246 @@
+"""data=text: texts in a CSV, a JSON-lines file or class folders train with a tokenizer fitted
+to the train split, resume on the tokenizer the checkpoint stored (never trained again), and
+predict.py reads raw strings as training did; files from elsewhere that are not text are one
+line each."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    PREDICT,
+    assert_same_run,
+    checkpoint,
+    error_line,
+    killed_at,
+    read_metrics,
+    run_python,
+    run_train,
+    slow,
+    write_rows,
+)
+
+pytest.importorskip("tokenizers")
+
+GOOD = ["great", "wonderful", "superb", "moving", "delightful", "brilliant", "charming"]
+BAD = ["awful", "dull", "tedious", "boring", "clumsy", "dreadful", "bland"]
+FILLER = [
+    "the",
+    "film",
+    "a",
+    "story",
+    "with",
+    "its",
+    "cast",
+    "and",
+    "plot",
+    "of",
+    "this",
+    "movie",
+    "was",
+]
+
+
+def review(rng: random.Random, positive: bool) -> str:
+    words = [rng.choice(FILLER) for _ in range(rng.randint(3, 14))]
+    for _ in range(rng.randint(1, 3)):
+        words.insert(rng.randrange(len(words) + 1), rng.choice(GOOD if positive else BAD))
+    return " ".join(words).capitalize() + "."
+
+
+def write_reviews(path: Path, rows: int = 240, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    labels = [rng.random() < 0.5 for _ in range(rows)]
+    table = [
+        [review(rng, good), "pos" if good else "neg", f"{len(review(rng, good))}"]
+        for good in labels
+    ]
+    return write_rows(path, ["review", "sentiment", "extra"], table)
+
+
+TEXT = ["data=text", "data.text=review", "data.target=sentiment", "data.tokenizer_cache=cache"]
+QUICK = ["trainer.max_epochs=4", "data.batch_size=16", "logger=csv"]
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("text")
+    write_reviews(cwd / "reviews.csv")
+    write_reviews(cwd / "test.csv", rows=80, seed=1)
+    result = run_train(
+        cwd,
+        *TEXT,
+        *QUICK,
+        "data.path=reviews.csv",
+        "data.split.test_path=test.csv",
+        "run_name=first",
+    )
+    return cwd, result
+
+
+def test_the_first_command_learns_texts_and_says_where_its_tokenizer_came_from(reviews):
+    cwd, result = reviews
+    said = result.stdout + result.stderr
+    assert "tokenizer: trained (bpe)" in said
+    assert "model=auto: the bag of token and bigram embeddings (text_bag) for texts" in said
+    assert read_metrics(cwd / "runs" / "first")["test/acc"] >= 0.9
+    stored = checkpoint(cwd, "first", "best.pt")["inputs"]["text"]
+    assert json.loads(stored["tokenizer"])["model"]["type"] == "BPE"
+    assert stored["columns"] == ["review"] and stored["max_length"] == 256
+
+
+def test_predict_on_raw_strings_reproduces_the_test_figure(reviews):
+    cwd, _ = reviews
+    run_python(cwd, str(PREDICT), "ckpt=checkpoints/first", "input=test.csv", "out=p.csv")
+    with open(cwd / "p.csv", newline="") as f:
+        predicted = [row["class1"] for row in csv.DictReader(f)]
+    with open(cwd / "test.csv", newline="") as f:
+        truth = [row["sentiment"] for row in csv.DictReader(f)]
+    accuracy = sum(p == t for p, t in zip(predicted, truth, strict=True)) / len(truth)
+    assert accuracy == pytest.approx(read_metrics(cwd / "runs" / "first")["test/acc"], abs=1e-6)
+    folder = cwd / "new"
+    folder.mkdir()
+    (folder / "a.txt").write_text("A wonderful brilliant film.")
+    (folder / "b.txt").write_text("The plot was dull and tedious.")
+    result = run_python(cwd, str(PREDICT), "ckpt=checkpoints/first", "input=new", "out=q.csv")
+    assert "a.txt: pos" in result.stdout and "b.txt: neg" in result.stdout
+
+
+def test_a_killed_run_resumes_on_its_stored_tokenizer_to_the_same_weights(tmp_path):
+    write_reviews(tmp_path / "reviews.csv", rows=160)
+    run = [*TEXT, *QUICK[:2], "data.path=reviews.csv", "model=text_bag"]  # TensorBoard on
+    run += ["trainer.log_every_n_steps=5"]
+    run += ["model._target_=signalling_model.text_bag"]
+    run += ["model.dim=32", "model.hidden=0", "model.dropout=0.5", "model.bigram_buckets=64"]
+    run_train(tmp_path, *run, "run_name=straight")
+    first = run_train(tmp_path, *run, "run_name=killed", ok=False, env=killed_at(13))
+    assert first.returncode == -9 or first.returncode == 137, first.stderr[-2000:]
+    for cached in (tmp_path / "cache").rglob("*.json"):
+        cached.unlink()  # the resume must not need it
+    resumed = run_train(tmp_path, *run, "run_name=killed", "resume=auto")
+    said = resumed.stdout + resumed.stderr
+    assert "tokenizer: from the checkpoint" in said and "tokenizer: trained" not in said
+    assert not list((tmp_path / "cache").rglob("*.json"))  # nothing was trained, nor cached
+    assert_same_run(tmp_path, "straight", "killed")
+
+
+def test_class_folders_and_json_lines_read_as_a_csv_does(tmp_path):
+    rng = random.Random(3)
+    lines = []
+    for n in range(60):
+        for label, good in (("pos", True), ("neg", False)):
+            text = review(rng, good)
+            folder = tmp_path / "folders" / label
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{n}.txt").write_text(text)
+            lines.append(json.dumps({"body": text, "tags": [label, "film"]}))
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
+    run_train(tmp_path, "data=text", "data.path=folders", *QUICK[1:], "run_name=folders")
+    assert read_metrics(tmp_path / "runs" / "folders")["test/acc"] >= 0.9
+    run_train(
+        tmp_path,
+        "data=text",
+        "data.path=t.jsonl",
+        "data.text=body",
+        "data.target=tags",
+        "task=multilabel",
+        *QUICK,
+        "run_name=tags",
+    )
+    inputs = checkpoint(tmp_path, "tags", "best.pt")["inputs"]
+    assert inputs["targets"]["names"] == ["film", "neg", "pos"]
+
+
+def test_a_text_only_csv_under_data_csv_names_data_text(tmp_path):
+    write_reviews(tmp_path / "r.csv", rows=60)
+    with open(tmp_path / "r.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    write_rows(tmp_path / "only.csv", ["review", "sentiment"], [r[:2] for r in rows[1:]])
+    line = error_line(
+        run_train(tmp_path, "data=csv", "data.path=only.csv", "data.target=sentiment", ok=False)
+    )
+    assert "column 'review' holds text" in line and "data=text data.path=only.csv" in line
+
+
+def corrupt(path: Path, how: str) -> None:
+    data = path.read_bytes().split(b"\n")
+    if how == "latin-1":
+        data[4] = data[4].replace(b"film", b"fil\xe9m")
+    elif how == "nul":
+        data[4] = data[4].replace(b"film", b"fi\x00lm")
+    elif how == "huge line":
+        data[4] = b'"' + b"word " * 250_000 + b'",pos,1'
+    path.write_bytes(b"\n".join(data))
+
+
+@pytest.mark.parametrize(
+    "how, said",
+    [
+        ("latin-1", "line 5: byte 0xe9 is not UTF-8"),
+        *slow(
+            ("nul", "line 5: holds a NUL byte"),
+            ("huge line", "line 5: field larger than field limit (1000001)"),
+        ),
+    ],
+)
+def test_a_file_that_is_not_text_is_one_line_naming_its_line(tmp_path, how, said):
+    write_reviews(tmp_path / "reviews.csv", rows=40)
+    corrupt(tmp_path / "reviews.csv", how)
+    result = run_train(tmp_path, *TEXT, *QUICK, "data.path=reviews.csv", ok=False)
+    assert said in error_line(result)
+    assert not (tmp_path / "checkpoints").exists() or not list(
+        (tmp_path / "checkpoints").rglob("*.pt")
+    )
+
+
+def test_a_stored_or_given_tokenizer_is_untrusted(reviews, tmp_path):
+    cwd, _ = reviews
+    stored = torch.load(cwd / "checkpoints" / "first" / "best.pt", weights_only=True)
+    text = stored["inputs"]["text"]
+    vast = json.loads(text["tokenizer"])
+    vast["model"]["vocab"] = {f"t{i}": i for i in range(1_000_001)}
+    edited = {
+        **stored,
+        "inputs": {**stored["inputs"], "text": {**text, "tokenizer": json.dumps(vast)}},
+    }
+    torch.save(edited, tmp_path / "vast.pt")
+    result = run_python(
+        cwd, str(PREDICT), f"ckpt={tmp_path / 'vast.pt'}", "input=test.csv", "out=v.csv", ok=False
+    )
+    assert "the tokenizer holds 1,000,001 tokens, more than 1,000,000" in error_line(result)
+    assert not (cwd / "v.csv").exists()
+    swapped = {**text, "tokenizer": text["tokenizer"].replace("[UNK]", "[UNKNOWN]", 1)}
+    torch.save({**stored, "inputs": {**stored["inputs"], "text": swapped}}, tmp_path / "swap.pt")
+    result = run_python(
+        cwd, str(PREDICT), f"ckpt={tmp_path / 'swap.pt'}", "input=test.csv", "out=s.csv", ok=False
+    )
+    assert "does not match its sha256" in error_line(result)
+    backtracking = json.loads(text["tokenizer"])
+    backtracking["pre_tokenizer"] = {
+        "type": "Split",
+        "pattern": {"Regex": "(a+)+$"},
+        "behavior": "Isolated",
+        "invert": False,
+    }
+    (tmp_path / "tok.json").write_text(json.dumps(backtracking))
+    result = run_train(
+        cwd,
+        *TEXT,
+        *QUICK,
+        "data.path=reviews.csv",
+        f"data.tokenizer={tmp_path / 'tok.json'}",
+        ok=False,
+    )
+    assert "runs a regular expression ('(a+)+$'" in error_line(result)
+
+
+def test_the_transformer_learns_the_same_texts(reviews):
+    cwd, _ = reviews
+    small = ["model=text_transformer", "model.width=32", "model.layers=1", "model.heads=2"]
+    run_train(cwd, *TEXT, *QUICK, "data.path=reviews.csv", *small, "run_name=encoder")
+    assert read_metrics(cwd / "runs" / "encoder")["test/acc"] >= 0.8
