@@ -11,6 +11,7 @@ model, optimizer, batch size and seed; and train.py's start-up time against ``im
     python benchmarks/loop_speed.py --cases image_cnn                 # cnn on a 28×28 PNG folder
     python benchmarks/loop_speed.py --cases image_cnn image_cnn_augmented  # crops, colours, erasing
     python benchmarks/loop_speed.py --cases table table_ensemble      # k = 8 members against 1
+    python benchmarks/loop_speed.py --cases text   # length buckets against padding to max_length
 
 For each case it times, in one process:
 
@@ -91,6 +92,20 @@ CASES = {
         "model=tabular",
         "model.ensemble=1",
     ],
+    # 4,000 texts of 5 to 250 words (written for the run), a 2-layer Transformer: torchloom's
+    # length-bucketed batches, cut to their longest text, against the floor's batches padded
+    # to data.max_length (what a hand-written loop over fixed-size tensors holds).
+    "text": [
+        "data=text",
+        "data.path={text_file}",
+        "data.tokenizer_cache={text_cache}",
+        "data.max_length=256",
+        "data.vocab_size=2000",
+        "model=text_transformer",
+        "model.width=64",
+        "model.layers=2",
+        "model.heads=2",
+    ],
     "image_cnn": [
         "data=imagefolder",
         "model=cnn",
@@ -131,7 +146,7 @@ COMMON = ["optim=adamw", "scheduler=none", "precision=fp32", "trainer.device=cpu
 # 2 cores, an MLP epoch 0.3 s, a digits epoch of 19 steps 35 ms).
 EPOCHS = {"mlp": 16, "cnn": 16, "digits": 40, "mlp_ema": 16, "cnn_mix": 16, "mlp_logged": 16}
 EPOCHS.update(mlp_callbacks=16, digits_callbacks=40, image_cnn=8, mlp_checkpointed=16)
-EPOCHS.update(image_cnn_augmented=8, table=8, table_ensemble=8)
+EPOCHS.update(image_cnn_augmented=8, table=8, table_ensemble=8, text=4)
 
 
 def write_table_file(path: Path) -> Path:
@@ -141,6 +156,26 @@ def write_table_file(path: Path) -> Path:
     prototypes = torch.randn(8, 64, generator=generator)
     rows = prototypes[labels] + torch.randn(20_000, 64, generator=generator)
     torch.save({"x": rows, "y": labels}, path)
+    return path
+
+
+def write_text_file(path: Path) -> Path:
+    """4,000 texts of 5 to 250 words (log-uniform: most short, some long) in 2 classes, the
+    class said by one word among the others, as a CSV."""
+    import csv
+    import random
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(3000)]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        for _ in range(4000):
+            label = rng.randrange(2)
+            length = int(5 * 50 ** rng.random())
+            text = [rng.choice(words) for _ in range(length)]
+            text.insert(rng.randrange(length), ("good", "bad")[label])
+            writer.writerow([" ".join(text), label])
     return path
 
 
@@ -182,9 +217,13 @@ def build_case(overrides: list[str]):
     torch.manual_seed(cfg.seed)
     data = instantiate(cfg.data)
 
+    from utils.model.modules import accepted_by, model_shapes
+
+    shapes = model_shapes(data.input_shape, data.num_classes, text=data.text)  # texts: vocabulary
+
     def model_and_optimizer():
         torch.manual_seed(cfg.seed)
-        model = instantiate(cfg.model, input_shape=data.input_shape, num_classes=data.num_classes)
+        model = instantiate(cfg.model, **accepted_by(cfg.model._target_, shapes))
         return model, build_optimizer(model, cfg.optim)
 
     return cfg, data, model_and_optimizer
@@ -194,6 +233,10 @@ def normalised_train_split(data) -> tuple[torch.Tensor, torch.Tensor]:
     """What a hand-written loop would hold: the training split as normalised floats (images
     per channel, a table's rows per feature)."""
     split = data.splits["train"]
+    if data.text is not None:  # token ids, padded to data.max_length as fixed-size tensors are
+        ids = torch.full((len(split.inputs), data.input_shape[0]), data.pad_id)
+        ids[:, : split.inputs.shape[1]] = split.inputs
+        return ids, split.labels
     per_channel = (1, -1) + (1,) * (split.inputs.dim() - 2)
     mean = torch.tensor(data.mean).view(per_channel)
     std = torch.tensor(data.std).view(per_channel)
@@ -360,7 +403,14 @@ def bench_case(name: str, rounds: int, epochs: int) -> dict:
             write_image_folder(Path(images) / "folder")
         if any("{table_file}" in override for override in CASES[name]):
             write_table_file(Path(images) / "table.pt")
-        places = {"image_folder": Path(images) / "folder", "table_file": Path(images) / "table.pt"}
+        if any("{text_file}" in override for override in CASES[name]):
+            write_text_file(Path(images) / "texts.csv")
+        places = {
+            "image_folder": Path(images) / "folder",
+            "table_file": Path(images) / "table.pt",
+            "text_file": Path(images) / "texts.csv",
+            "text_cache": Path(images) / "tokenizers",
+        }
         overrides = [o.format(**places) for o in CASES[name]]
         return bench_overrides(name, [*overrides, *COMMON], rounds, epochs)
 

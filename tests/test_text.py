@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import (
+    EVALUATE,
     PREDICT,
     assert_same_run,
     checkpoint,
@@ -244,3 +245,30 @@ def test_the_transformer_learns_the_same_texts(reviews):
     small = ["model=text_transformer", "model.width=32", "model.layers=1", "model.heads=2"]
     run_train(cwd, *TEXT, *QUICK, "data.path=reviews.csv", *small, "run_name=encoder")
     assert read_metrics(cwd / "runs" / "encoder")["test/acc"] >= 0.8
+
+
+def test_bucketed_batches_are_a_pure_function_of_seed_and_epoch_with_less_padding():
+    from data.batching.order import bucketed, permutation
+
+    lengths = torch.randint(1, 200, (1000,), generator=torch.Generator().manual_seed(0))
+    order = bucketed(permutation(1000, 7, 3), lengths, 32, 7, 3)
+    assert torch.equal(order, bucketed(permutation(1000, 7, 3), lengths, 32, 7, 3))
+    assert sorted(order.tolist()) == list(range(1000))  # every text once
+    assert not torch.equal(order, bucketed(permutation(1000, 7, 4), lengths, 32, 7, 4))
+    whole = order[: 1000 // 32 * 32].view(-1, 32)
+    padded = (lengths[whole].max(1).values * 32).sum() / lengths[whole].sum()
+    shuffled = permutation(1000, 7, 3)[: 1000 // 32 * 32].view(-1, 32)
+    plain = (lengths[shuffled].max(1).values * 32).sum() / lengths[shuffled].sum()
+    assert padded < 1.15 < plain  # tokens held per real token: bucketed against shuffled
+
+
+def test_what_a_text_model_cannot_do_yet_is_one_line(reviews):
+    cwd, _ = reviews
+    line = error_line(
+        run_python(cwd, str(EVALUATE), "ckpt=checkpoints/first", "export=m.onnx", ok=False)
+    )
+    assert "of a text model (inputs ids and mask" in line and "not built yet" in line
+    mixed = run_train(
+        cwd, *TEXT, *QUICK, "data.path=reviews.csv", "data.augment.mixup_alpha=0.2", ok=False
+    )
+    assert "MixUp and CutMix blend images or numbers, not texts" in error_line(mixed)

@@ -56,6 +56,12 @@ def load_text(
     :class:`data.batching.dataset.Batching` but ``mean`` and ``std``, and ``targets``, the kind
     of target the task learns."""
     kind = options.pop("targets", "classes")
+    mixing = {k: v for k, v in (options.get("augment") or {}).items() if k.endswith("_alpha") and v}
+    if mixing:  # blending token ids would make other tokens, not a blend of two texts
+        name = next(iter(mixing))
+        raise UserError(
+            f"data.augment.{name}={mixing[name]}: MixUp and CutMix blend images or numbers, not texts; set it to 0"
+        )
     check_values("data", {"max_length": max_length}, {"max_length": POSITIVE_INT})
     source = Path(path)
     header, rows, where = read_rows(source)

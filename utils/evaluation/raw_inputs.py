@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from utils.errors import UserError
+
 PIXELS_DTYPE = torch.uint8
 
 
@@ -187,6 +189,12 @@ def raw_inputs(model: nn.Module, record: Any, pixels: bool) -> nn.Module:
     """``model`` behind the preparation of what its inputs ``record`` says it was trained on
     (utils/checkpoint/record.py InputRecord): pixels when ``pixels`` (uint8 data), a table's
     columns when it has a table record, else values in their own units."""
+    if getattr(record, "text", None) is not None:
+        raise UserError(
+            "export=*.onnx and *.pt2 of a text model (inputs ids and mask, with its tokenizer "
+            "in the record) are not built yet; export=model.safetensors keeps the weights, and "
+            "predict.py reads raw strings"
+        )
     if record.table is not None:
         return RawColumns(model, record.mean, record.std, record.table)
     if pixels:
