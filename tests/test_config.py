@@ -41,6 +41,8 @@ def test_each_group_has_the_options_the_readme_promises():
         "mlp",
         "resnet18",
         "tabular",
+        "text_bag",
+        "text_transformer",
         "timm",
         "torchvision",
     ]
@@ -55,6 +57,7 @@ def test_each_group_has_the_options_the_readme_promises():
         "parquet",
         "synthetic",
         "tensors",
+        "text",
         "torchvision",
     ]
     assert options("task") == ["classification", "multilabel", "regression"]
@@ -63,8 +66,12 @@ def test_each_group_has_the_options_the_readme_promises():
     assert options("precision") == ["auto", "bf16", "fp16", "fp32"]
 
 
-# cnn1d: test_sequences; tabular: below (rows only)
-IMAGE_MODELS = [name for name in options("model") if name not in ("cnn1d", "tabular")]
+# cnn1d: test_sequences; tabular: below (rows only); texts' models: test_text
+IMAGE_MODELS = [
+    name
+    for name in options("model")
+    if name not in ("cnn1d", "tabular", "text_bag", "text_transformer")
+]
 
 
 @pytest.mark.parametrize("model", IMAGE_MODELS)
@@ -89,7 +96,7 @@ def test_cnn1d_builds_for_every_sequence_length(shape):
     check_forward(net, shape, 10, CPU)
 
 
-@pytest.mark.parametrize("data", options("data"))
+@pytest.mark.parametrize("data", [name for name in options("data") if name != "text"])  # test_text
 def test_every_dataset_builds(
     data, mnist_root, fashion_root, cifar_root, imagefolder_root, tmp_path
 ):

@@ -262,13 +262,79 @@ def test_bucketed_batches_are_a_pure_function_of_seed_and_epoch_with_less_paddin
     assert padded < 1.15 < plain  # tokens held per real token: bucketed against shuffled
 
 
-def test_what_a_text_model_cannot_do_yet_is_one_line(reviews):
+def test_mixing_token_ids_is_refused_and_text_models_refuse_images(reviews):
     cwd, _ = reviews
-    line = error_line(
-        run_python(cwd, str(EVALUATE), "ckpt=checkpoints/first", "export=m.onnx", ok=False)
-    )
-    assert "of a text model (inputs ids and mask" in line and "not built yet" in line
     mixed = run_train(
         cwd, *TEXT, *QUICK, "data.path=reviews.csv", "data.augment.mixup_alpha=0.2", ok=False
     )
     assert "MixUp and CutMix blend images or numbers, not texts" in error_line(mixed)
+    images = run_train(cwd, "model=text_transformer", *QUICK, ok=False)  # the digits
+    assert "model=text_transformer takes texts (data=text" in error_line(images)
+
+
+def test_a_score_of_texts_regresses_and_cross_validates(tmp_path):
+    rng = random.Random(5)
+    rows = []
+    for _ in range(160):
+        good = rng.randint(0, 3)
+        words = [rng.choice(FILLER) for _ in range(6)] + [rng.choice(GOOD) for _ in range(good)]
+        rng.shuffle(words)
+        rows.append([" ".join(words), f"{good + rng.random() * 0.1:.3f}"])
+    write_rows(tmp_path / "scores.csv", ["text", "score"], rows)
+    scored = ["data=text", "data.path=scores.csv", "data.target=score", "task=regression"]
+    run_train(tmp_path, *scored, *QUICK[1:], "cv=2", "run_name=cv")
+    folds = [read_metrics(tmp_path / "runs" / "cv" / f"fold-{k}") for k in (0, 1)]
+    assert all(fold["test/mae"] < 0.5 for fold in folds)  # the scores span 0 to 3.1
+    assert (tmp_path / "runs" / "cv" / "oof.csv").is_file()
+
+
+OUTSIDE = """
+import json, sys
+import numpy as np
+from tokenizers import Tokenizer
+
+kind, path, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+if kind == "onnx":
+    import onnx, onnxruntime
+    record = json.loads({p.key: p.value for p in onnx.load(path).metadata_props}["torchloom"])
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    run = lambda ids, mask: session.run(None, {"ids": ids, "mask": mask})[0]
+else:
+    import torch
+    extra = {"torchloom.json": ""}
+    program = torch.export.load(path, extra_files=extra)
+    record = json.loads(extra["torchloom.json"])
+    module = program.module()
+    run = lambda ids, mask: module(torch.from_numpy(ids), torch.from_numpy(mask)).detach().numpy()
+tokenizer = Tokenizer.from_str(record["tokenizer"])
+tokenizer.no_padding()
+tokenizer.enable_truncation(record["max_length"])
+encoded = [e.ids for e in tokenizer.encode_batch(texts)]
+longest = max(map(len, encoded))
+ids = np.full((len(texts), longest), record["pad_id"], dtype=np.int64)
+mask = np.zeros((len(texts), longest), dtype=np.int64)
+for row, seq in enumerate(encoded):
+    ids[row, : len(seq)], mask[row, : len(seq)] = seq, 1
+logits = run(ids, mask)
+probabilities = np.exp(logits - logits.max(1, keepdims=True))
+print(json.dumps((probabilities / probabilities.sum(1, keepdims=True)).tolist()))
+"""
+
+
+@pytest.mark.parametrize("suffix", ["onnx", "pt2"])
+def test_an_export_fed_strings_tokenized_without_torchloom_matches_predict(reviews, suffix):
+    cwd, _ = reviews
+    run_python(cwd, str(EVALUATE), "ckpt=checkpoints/first", f"export=m.{suffix}")
+    run_python(cwd, str(PREDICT), "ckpt=checkpoints/first", "input=test.csv", "out=p.csv")
+    with open(cwd / "test.csv", newline="") as f:
+        texts = [row["review"] for row in csv.DictReader(f)]
+    with open(cwd / "p.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    (cwd / "outside.py").write_text(OUTSIDE)
+    result = run_python(tmp := cwd, "outside.py", suffix, f"m.{suffix}", json.dumps(texts))
+    outside = json.loads(result.stdout)
+    names = checkpoint(tmp, "first", "best.pt")["inputs"]["classes"]
+    for row, probabilities in zip(rows, outside, strict=True):
+        for k in (1, 2):
+            expected = float(row[f"p{k}"])
+            assert probabilities[names.index(row[f"class{k}"])] == pytest.approx(expected, abs=1e-5)

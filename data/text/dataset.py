@@ -56,12 +56,7 @@ def load_text(
     :class:`data.batching.dataset.Batching` but ``mean`` and ``std``, and ``targets``, the kind
     of target the task learns."""
     kind = options.pop("targets", "classes")
-    mixing = {k: v for k, v in (options.get("augment") or {}).items() if k.endswith("_alpha") and v}
-    if mixing:  # blending token ids would make other tokens, not a blend of two texts
-        name = next(iter(mixing))
-        raise UserError(
-            f"data.augment.{name}={mixing[name]}: MixUp and CutMix blend images or numbers, not texts; set it to 0"
-        )
+    _refuse_mixing(options.get("augment") or {})
     check_values("data", {"max_length": max_length}, {"max_length": POSITIVE_INT})
     source = Path(path)
     header, rows, where = read_rows(source)
@@ -100,6 +95,17 @@ def load_text(
     if plan.folds is not None:  # cv=K's oof.csv names each val row by where it is
         data.fold_ids = FoldIds(plan.fold, [where[i] for i in val_rows.tolist()])
     return data
+
+
+def _refuse_mixing(augment: Mapping) -> None:
+    """MixUp and CutMix blend inputs: blended token ids would be other tokens, not a blend."""
+    mixing = {k: v for k, v in augment.items() if k.endswith("_alpha") and v}
+    if mixing:
+        name = next(iter(mixing))
+        raise UserError(
+            f"data.augment.{name}={mixing[name]}: MixUp and CutMix blend images or numbers, "
+            "not texts; set it to 0"
+        )
 
 
 def _tokenizer(

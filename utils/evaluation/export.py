@@ -116,13 +116,23 @@ def kept_in_the_log(names: Sequence[str]) -> Iterator[None]:
             handler.removeFilter(quiet)
 
 
+def _inputs(example: Any) -> tuple[torch.Tensor, ...]:
+    """A wrapper's example as the tuple of its inputs (texts: ids and mask; else one)."""
+    return example if isinstance(example, tuple) else (example,)
+
+
 def _traced(model: nn.Module) -> torch.export.ExportedProgram:
-    """``model`` as an ExportedProgram whose batch dimension stays symbolic."""
+    """``model`` as an ExportedProgram whose batch dimension (and a text's length) stays
+    symbolic."""
     batch = torch.export.Dim("batch", min=1)
-    example = model.example(EXAMPLE_BATCH, torch.Generator().manual_seed(1))
+    inputs = _inputs(model.example(EXAMPLE_BATCH, torch.Generator().manual_seed(1)))
+    dims = {0: batch}
+    if len(inputs) > 1:  # texts: the length varies too, up to the positions the model has
+        dims[1] = torch.export.Dim("length", min=2, max=max(3, model.max_length))
     try:
         with torch.inference_mode(False), torch.no_grad():
-            program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+            shapes = tuple(dict(dims) for _ in inputs)
+            program = torch.export.export(model, inputs, dynamic_shapes=shapes)
     except Exception as error:
         raise _cannot("torch.export", error) from None
     traced = [n for n in program.graph.nodes if n.op == "placeholder"][-1].meta["val"]
@@ -148,7 +158,7 @@ def _pt2(program: torch.export.ExportedProgram, metadata: str) -> tuple[Callable
     torch.export.save(program, buffer, extra_files={METADATA_FILE: metadata})
     data = buffer.getvalue()
     loaded = torch.export.load(io.BytesIO(data)).module()
-    return lambda inputs: loaded(inputs), data
+    return lambda inputs: loaded(*inputs), data
 
 
 def _onnx(
@@ -172,7 +182,7 @@ def _onnx(
         try:
             onnx_program = torch.onnx.export(
                 program,
-                input_names=["input"],
+                input_names=list(getattr(model, "input_names", ["input"])),
                 output_names=list(outputs),
                 opset_version=OPSET,
                 dynamo=True,
@@ -187,8 +197,11 @@ def _onnx(
     proto.metadata_props.add(key=METADATA_KEY, value=metadata)
     data = proto.SerializeToString()
     session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda inputs: session.run(None, {name: inputs.numpy()}), data
+    names = [i.name for i in session.get_inputs()]
+    run = lambda inputs: session.run(  # noqa: E731
+        None, {n: x.numpy() for n, x in zip(names, inputs, strict=True)}
+    )
+    return run, data
 
 
 def _torchscript_onnx(model: nn.Module, outputs: Sequence[str]) -> Any:
@@ -197,6 +210,10 @@ def _torchscript_onnx(model: nn.Module, outputs: Sequence[str]) -> Any:
         "warning: onnx_exporter=torchscript is the exporter torch deprecated in 2.9 "
         "and will remove; the default (dynamo) is its replacement"
     )
+    if len(getattr(model, "input_names", ())) > 1:
+        raise UserError(
+            "onnx_exporter=torchscript exports one input; texts need the default (dynamo)"
+        )
     graph = io.BytesIO()
     with warnings.catch_warnings():  # said once above, in one line
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -227,10 +244,10 @@ def parity(model: nn.Module, run: Callable, unit: torch.Tensor | None = None) ->
     largest = 0.0
     with torch.inference_mode():
         for batch in BATCHES:
-            inputs = model.example(batch, generator)
-            expected = model(inputs)
+            inputs = _inputs(model.example(batch, generator))
+            expected = model(*inputs)
             expected = expected if isinstance(expected, tuple) else (expected,)
-            answers = run(inputs.clone())
+            answers = run(tuple(x.clone() for x in inputs))
             answers = answers if isinstance(answers, tuple | list) else (answers,)
             if len(answers) != len(expected):
                 raise UserError(f"the export gives {len(answers)} outputs, PyTorch {len(expected)}")
@@ -289,7 +306,16 @@ def export_record(raw: nn.Module, outputs: Sequence[str], record: Any, task: Any
         "calibration": task.calibrated.record() if task.calibrated else None,
         "mean": list(record.mean),
         "std": list(record.std),
+        **_tokenizer_of(record),
     }
+
+
+def _tokenizer_of(record: Any) -> dict:
+    """A text model's record: its tokenizer's JSON text, ``max_length`` and ``pad_id``."""
+    text = getattr(record, "text", None)
+    if text is None:
+        return {}
+    return {k: text[k] for k in ("tokenizer", "max_length", "pad_id", "columns") if k in text}
 
 
 def export_evaluated(

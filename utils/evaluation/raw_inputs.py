@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from utils.errors import UserError
+from data.text.tokenizer import from_record
 
 PIXELS_DTYPE = torch.uint8
 
@@ -185,16 +185,48 @@ class RawColumns(_Normalised):
         }
 
 
+class RawTokens(nn.Module):
+    """Token ids [N, L] and their mask [N, L] (int64, 1 for a token, texts padded on the right
+    with ``pad_id``) → the model's outputs. The export's record carries the tokenizer's JSON,
+    ``max_length`` and ``pad_id``, so a program that imports nothing of torchloom tokenizes
+    with ``tokenizers`` alone as predict.py does (data/text/dataset.py)."""
+
+    input_names = ("ids", "mask")
+
+    def __init__(self, model: nn.Module, text: dict) -> None:
+        super().__init__()
+        self.model, self.text = model, text
+        self.vocab_size = from_record(text, "the checkpoint").vocab_size
+        self.max_length, self.pad_id = int(text["max_length"]), int(text["pad_id"])
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> Any:
+        return self.model(ids, mask)
+
+    def example(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``batch`` texts of 1 to L tokens, L growing with the batch (the length is dynamic)."""
+        length = min(self.max_length, 3 + 2 * batch)
+        ids = torch.randint(0, self.vocab_size, (batch, length), generator=generator)
+        held = torch.randint(1, length + 1, (batch, 1), generator=generator)
+        mask = (torch.arange(length).view(1, -1) < held).long()
+        return ids.masked_fill(mask == 0, self.pad_id), mask
+
+    def describe(self) -> dict:
+        return {
+            "kind": "tokens",
+            "dtype": "int64",
+            "shape": ["batch", "length"],
+            "inputs": "ids and mask, int64 [batch, length]: the tokenizer's ids (special tokens "
+            "as its post-processor adds them, cut at max_length), padded on the right with "
+            "pad_id; mask 1 for a token, 0 for padding",
+        }
+
+
 def raw_inputs(model: nn.Module, record: Any, pixels: bool) -> nn.Module:
     """``model`` behind the preparation of what its inputs ``record`` says it was trained on
     (utils/checkpoint/record.py InputRecord): pixels when ``pixels`` (uint8 data), a table's
     columns when it has a table record, else values in their own units."""
     if getattr(record, "text", None) is not None:
-        raise UserError(
-            "export=*.onnx and *.pt2 of a text model (inputs ids and mask, with its tokenizer "
-            "in the record) are not built yet; export=model.safetensors keeps the weights, and "
-            "predict.py reads raw strings"
-        )
+        return RawTokens(model, record.text)
     if record.table is not None:
         return RawColumns(model, record.mean, record.std, record.table)
     if pixels:

@@ -55,6 +55,7 @@ FOLDED_DATA = (
     "data.image_manifest.load_image_csv",
     "data.imagefolder.load_imagefolder",
     "data.digits.load_digits",
+    "data.text.dataset.load_text",
 )
 PREDICTIONS = "oof.pt"  # a fold's val predictions, in its run dir
 
@@ -68,7 +69,7 @@ def check_cv(cfg: DictConfig) -> int:
     if str(cfg.data.get("_target_")) not in FOLDED_DATA:
         raise UserError(
             f"cv={folds} needs data whose val split is held out of its samples "
-            "(data=csv, tensors, image_csv, imagefolder or digits)"
+            "(data=csv, tensors, image_csv, imagefolder, digits or text)"
         )
     given = (cfg.data.get("split") or {}).get("folds")
     if given is not None and given != folds:
