@@ -401,3 +401,11 @@ def test_no_credential_reaches_a_file_the_run_writes(tmp_path):
     }
     stored = checkpoint(tmp_path, "secret")["config"]["callbacks"]["chat"]
     assert stored["channel"] == "${oc.env:SLACK_TOKEN}" and stored["api_token"] == "<redacted>"
+
+
+def test_a_key_named_like_a_tokenizer_is_not_a_credential():
+    from utils.config.secrets import names_a_secret
+
+    assert not names_a_secret("data.tokenizer") and not names_a_secret("data.tokenizer_kind")
+    assert names_a_secret("logger.mlflow.token") and names_a_secret("hf_token")
+    assert names_a_secret("callbacks.chat.api_token") and names_a_secret("TOKEN")

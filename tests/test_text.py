@@ -93,6 +93,11 @@ def test_the_first_command_learns_texts_and_says_where_its_tokenizer_came_from(r
     stored = checkpoint(cwd, "first", "best.pt")["inputs"]["text"]
     assert json.loads(stored["tokenizer"])["model"]["type"] == "BPE"
     assert stored["columns"] == ["review"] and stored["max_length"] == 256
+    # data.tokenizer names a file, not a credential: recorded as given, and its value ("auto")
+    # not scrubbed out of what the run writes (the secret filter once matched "token" in it)
+    config = checkpoint(cwd, "first", "best.pt")["config"]["data"]
+    assert (config["tokenizer"], config["tokenizer_kind"]) == ("auto", "bpe")
+    assert "model=auto: the bag" in (cwd / "runs" / "first" / "train.log").read_text()
 
 
 def test_predict_on_raw_strings_reproduces_the_test_figure(reviews):

@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from utils.files import write_file
 
 REDACTED = "<redacted>"
-SECRET_KEY = re.compile(
-    r"token|secret|passw(or)?d|api[_-]?key|credential|private[_-]?key|access[_-]?key",
+SECRET_KEY = re.compile(  # "token" but not "tokenizer": data.tokenizer names a file, not a secret
+    r"token(?!iz)|secret|passw(or)?d|api[_-]?key|credential|private[_-]?key|access[_-]?key",
     re.IGNORECASE,
 )
 ENVIRONMENT = re.compile(r"\$\{\s*oc\.env\s*:")
