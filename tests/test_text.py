@@ -326,7 +326,7 @@ print(json.dumps((probabilities / probabilities.sum(1, keepdims=True)).tolist())
 """
 
 
-@pytest.mark.parametrize("suffix", ["onnx", "pt2"])
+@pytest.mark.parametrize("suffix", ["onnx", *slow("pt2")])
 def test_an_export_fed_strings_tokenized_without_torchloom_matches_predict(reviews, suffix):
     cwd, _ = reviews
     run_python(cwd, str(EVALUATE), "ckpt=checkpoints/first", f"export=m.{suffix}")
