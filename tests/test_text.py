@@ -343,3 +343,9 @@ def test_an_export_fed_strings_tokenized_without_torchloom_matches_predict(revie
         for k in (1, 2):
             expected = float(row[f"p{k}"])
             assert probabilities[names.index(row[f"class{k}"])] == pytest.approx(expected, abs=1e-5)
+
+
+def test_the_batch_size_finder_tries_full_length_texts(reviews):
+    cwd, _ = reviews
+    result = run_train(cwd, *TEXT, "data.path=reviews.csv", "tune=batch_size", "logger=csv")
+    assert "largest batch that fits for TextBag" in result.stdout + result.stderr

@@ -142,7 +142,8 @@ def find_batch_size(fits: Callable[[int], bool], start: int, limit: int) -> int:
 def batch_fits(parts: Any, data: Any):
     """A ``fits(batch_size)`` trial: one forward, backward and optimizer step of ``parts`` (the
     step model, optimizer, precision and loss) on a random batch of ``data``'s shapes and kind
-    of target; an out-of-memory means no. Model and optimizer are restored after each."""
+    of target (texts: every one ``data.max_length`` tokens, the most a batch holds); an
+    out-of-memory means no. Model and optimizer are restored after each."""
     model, optimizer, precision = parts.model, parts.optimizer, parts.precision
     device = precision.device
     saved_model = {k: v.to("cpu", copy=True) for k, v in model.state_dict().items()}
@@ -151,6 +152,8 @@ def batch_fits(parts: Any, data: Any):
     def fits(batch_size: int) -> bool:
         try:
             images = torch.randn(batch_size, *data.input_shape, device=device)
+            if data.pad_id is not None:  # texts: ids of max_length tokens, none padding
+                images = torch.full_like(images, int(data.pad_id == 0), dtype=torch.long)
             labels = data.targets.random(batch_size, device)
             with precision.autocast():
                 loss = parts.loss(model(images), labels)
