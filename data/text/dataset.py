@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch.nn.utils.rnn import pad_sequence
 
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.folds import FoldIds, FoldPlan, tensor_splits
@@ -144,15 +145,18 @@ def _tokenizer(
 def _encoded(
     part: TensorSplit | None, texts: list[str], chosen: Any, name: str
 ) -> TensorSplit | None:
-    """A split's texts as token ids [N, L], padded to its longest; how many were cut is said."""
+    """A split's texts as token ids [N, L] (:func:`_ids`)."""
     if part is None:
         return None
-    rows = part.inputs[:, 0].tolist()
-    ids, cut = chosen.encode([texts[i] for i in rows])
-    longest = max(1, max((len(seq) for seq in ids), default=1))
-    tensor = torch.full((len(ids), longest), chosen.pad_id, dtype=torch.long)
-    for row, seq in enumerate(ids):
-        tensor[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return TensorSplit(
+        _ids([texts[i] for i in part.inputs[:, 0].tolist()], chosen, name), part.labels
+    )
+
+
+def _ids(texts: list[str], chosen: Any, name: str) -> torch.Tensor:
+    """``texts`` as token ids [N, L], padded on the right to the longest; how many were cut
+    at data.max_length is said."""
+    ids, cut = chosen.encode(texts)
     if cut:
         log.info(
             "text %s split: %d of %d texts are longer than data.max_length=%d tokens and were cut",
@@ -161,7 +165,8 @@ def _encoded(
             len(ids),
             chosen.max_length,
         )
-    return TensorSplit(tensor, part.labels)
+    rows = [torch.tensor(seq or [chosen.pad_id], dtype=torch.long) for seq in ids]
+    return pad_sequence(rows, batch_first=True, padding_value=chosen.pad_id)
 
 
 def predicted_texts(path: Path, record: Mapping) -> tuple[list[str], torch.Tensor]:
@@ -181,10 +186,4 @@ def predicted_texts(path: Path, record: Mapping) -> tuple[list[str], torch.Tenso
         header, rows, _ = read_rows(path)
         texts = texts_of(header, rows, record.get("columns") or ["text"], path)
         names = [str(n) for n in range(1, len(rows) + 1)]
-    ids = _encoded(
-        TensorSplit(torch.arange(len(texts)).unsqueeze(1), torch.zeros(len(texts))),
-        texts,
-        chosen,
-        "input",
-    )
-    return names, ids.inputs
+    return names, _ids(texts, chosen, "input")
