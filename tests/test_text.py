@@ -226,6 +226,12 @@ def test_a_stored_or_given_tokenizer_is_untrusted(reviews, tmp_path):
         cwd, str(PREDICT), f"ckpt={tmp_path / 'swap.pt'}", "input=test.csv", "out=s.csv", ok=False
     )
     assert "does not match its sha256" in error_line(result)
+    padded = {**text, "pad_id": 999_999_999}  # derivable from the tokenizer: never trusted
+    torch.save({**stored, "inputs": {**stored["inputs"], "text": padded}}, tmp_path / "pad.pt")
+    result = run_python(
+        cwd, str(PREDICT), f"ckpt={tmp_path / 'pad.pt'}", "input=test.csv", "out=d.csv", ok=False
+    )
+    assert "pad_id=999999999 is not its tokenizer's (0)" in error_line(result)
     backtracking = json.loads(text["tokenizer"])
     backtracking["pre_tokenizer"] = {
         "type": "Split",

@@ -117,6 +117,11 @@ def from_record(record: Any, where: str) -> TextTokenizer:
     stored = TextTokenizer(record["tokenizer"], "the checkpoint", record["max_length"])
     if stored.sha256 != record["sha256"]:
         raise UserError(f"{where}: its tokenizer does not match its sha256 (was it edited?)")
+    if record.get("pad_id", stored.pad_id) != stored.pad_id:  # derived: never taken on trust
+        raise UserError(
+            f"{where}: its text record's pad_id={record['pad_id']!r} is not its tokenizer's "
+            f"({stored.pad_id}); was it edited?"
+        )
     return stored
 
 

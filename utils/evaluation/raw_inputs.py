@@ -196,8 +196,9 @@ class RawTokens(nn.Module):
     def __init__(self, model: nn.Module, text: dict) -> None:
         super().__init__()
         self.model, self.text = model, text
-        self.vocab_size = from_record(text, "the checkpoint").vocab_size
-        self.max_length, self.pad_id = int(text["max_length"]), int(text["pad_id"])
+        tokenizer = from_record(text, "the checkpoint")  # checked: size, sha256, pad id
+        self.vocab_size, self.pad_id = tokenizer.vocab_size, tokenizer.pad_id
+        self.max_length = tokenizer.max_length
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> Any:
         return self.model(ids, mask)
