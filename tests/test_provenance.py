@@ -403,9 +403,12 @@ def test_no_credential_reaches_a_file_the_run_writes(tmp_path):
     assert stored["channel"] == "${oc.env:SLACK_TOKEN}" and stored["api_token"] == "<redacted>"
 
 
-def test_a_key_named_like_a_tokenizer_is_not_a_credential():
+def test_a_key_named_like_a_tokenizer_or_a_token_id_is_not_a_credential():
     from utils.config.secrets import names_a_secret
 
     assert not names_a_secret("data.tokenizer") and not names_a_secret("data.tokenizer_kind")
+    # an encoder's architecture (model=hf): ids and counts of tokens, recorded as they are
+    for key in ("model.architecture.pad_token_id", "token_type_ids", "max_new_tokens"):
+        assert not names_a_secret(key), key
     assert names_a_secret("logger.mlflow.token") and names_a_secret("hf_token")
     assert names_a_secret("callbacks.chat.api_token") and names_a_secret("TOKEN")

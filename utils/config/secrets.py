@@ -21,8 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 from utils.files import write_file
 
 REDACTED = "<redacted>"
-SECRET_KEY = re.compile(  # "token" but not "tokenizer": data.tokenizer names a file, not a secret
-    r"token(?!iz)|secret|passw(or)?d|api[_-]?key|credential|private[_-]?key|access[_-]?key",
+# "token", but not "tokenizer" (data.tokenizer names a file), nor a token's id or count
+# (pad_token_id, token_type_ids, max_new_tokens: an encoder's architecture, model=hf).
+SECRET_KEY = re.compile(
+    r"token(?!iz|s\b|_?(type_)?ids?\b)|secret|passw(or)?d|api[_-]?key|credential|private[_-]?key|access[_-]?key",
     re.IGNORECASE,
 )
 ENVIRONMENT = re.compile(r"\$\{\s*oc\.env\s*:")
