@@ -1,6 +1,7 @@
 """The one exception type for mistakes a user can make and fix."""
 
 import errno
+import re
 
 from utils.text import escaped
 
@@ -40,15 +41,27 @@ def path_error(error: OSError) -> UserError | None:
     return UserError(f"{where}{error.strerror}: {PATH_ERRORS[error.errno]}")
 
 
+MISSING = re.compile(r"Missing mandatory value: ([\w.\[\]-]+)")  # OmegaConf's, on a ??? value
+
+
+def required(key: str) -> UserError:
+    """A ``???`` value left unset, directly or read through an interpolation."""
+    return UserError(f"{key} is required (it is ??? in the config); pass {key}=...")
+
+
 def user_error_in(error: BaseException | None) -> UserError | None:
     """The UserError among the causes and contexts of ``error`` (a resolver's refusal that
-    Hydra wrapped), if any; an OS error on a path (:data:`PATH_ERRORS`) counts as one."""
+    Hydra wrapped), if any; an OS error on a path (:data:`PATH_ERRORS`) counts as one, and so
+    does OmegaConf's refusal to read a ``???`` value."""
     seen = 0
     while error is not None and seen < 10:
         if isinstance(error, UserError):
             return error
         if isinstance(error, OSError) and path_error(error) is not None:
             return path_error(error)
+        missing = MISSING.search(str(error))
+        if missing and type(error).__module__.startswith("omegaconf"):
+            return required(missing[1])
         error, seen = error.__cause__ or error.__context__, seen + 1
     return None
 

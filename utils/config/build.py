@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from utils.errors import UserError
+from utils.errors import UserError, required
 from utils.system.signals import Interrupted
 
 
@@ -25,8 +25,7 @@ def build(node: Any, **kwargs: Any) -> Any:
     try:
         return instantiate(node, **kwargs)
     except MissingMandatoryValue as error:
-        key = error.full_key or "a value"
-        raise UserError(f"{key} is required (it is ??? in the config); pass {key}=...") from None
+        raise required(error.full_key or "a value") from None
     except InstantiationException as error:
         cause = error.__cause__
         if isinstance(cause, UserError | Interrupted):  # bad input; a stop while building
