@@ -38,6 +38,7 @@ def test_each_group_has_the_options_the_readme_promises():
         "auto",
         "cnn",
         "cnn1d",
+        "hf",
         "mlp",
         "resnet18",
         "tabular",
@@ -66,11 +67,11 @@ def test_each_group_has_the_options_the_readme_promises():
     assert options("precision") == ["auto", "bf16", "fp16", "fp32"]
 
 
-# cnn1d: test_sequences; tabular: below (rows only); texts' models: test_text
+# cnn1d: test_sequences; tabular: below (rows only); texts' models: test_text, test_hf
 IMAGE_MODELS = [
     name
     for name in options("model")
-    if name not in ("cnn1d", "tabular", "text_bag", "text_transformer")
+    if name not in ("cnn1d", "tabular", "text_bag", "text_transformer", "hf")
 ]
 
 

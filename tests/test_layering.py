@@ -227,6 +227,7 @@ YAML_KEYED = {
     "data/text/dataset.py:load_text",  # conf/data/text.yaml's
     "models/text.py:text_bag",  # conf/model/text_bag.yaml's
     "models/text.py:text_transformer",  # conf/model/text_transformer.yaml's
+    "models/text.py:hf_model",  # conf/model/hf.yaml's
 }
 # Lines the formatter may not lay out. None today; a new one must say why it needs to be here.
 FMT_SKIPS = 0

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import (
-    EVALUATE,
     PREDICT,
     assert_same_run,
     checkpoint,
@@ -25,44 +24,9 @@ from conftest import (
     slow,
     write_rows,
 )
+from texts import FILLER, GOOD, export_matches_predict, review, write_reviews
 
 pytest.importorskip("tokenizers")
-
-GOOD = ["great", "wonderful", "superb", "moving", "delightful", "brilliant", "charming"]
-BAD = ["awful", "dull", "tedious", "boring", "clumsy", "dreadful", "bland"]
-FILLER = [
-    "the",
-    "film",
-    "a",
-    "story",
-    "with",
-    "its",
-    "cast",
-    "and",
-    "plot",
-    "of",
-    "this",
-    "movie",
-    "was",
-]
-
-
-def review(rng: random.Random, positive: bool) -> str:
-    words = [rng.choice(FILLER) for _ in range(rng.randint(3, 14))]
-    for _ in range(rng.randint(1, 3)):
-        words.insert(rng.randrange(len(words) + 1), rng.choice(GOOD if positive else BAD))
-    return " ".join(words).capitalize() + "."
-
-
-def write_reviews(path: Path, rows: int = 240, seed: int = 0) -> Path:
-    rng = random.Random(seed)
-    labels = [rng.random() < 0.5 for _ in range(rows)]
-    table = [
-        [review(rng, good), "pos" if good else "neg", f"{len(review(rng, good))}"]
-        for good in labels
-    ]
-    return write_rows(path, ["review", "sentiment", "extra"], table)
-
 
 TEXT = ["data=text", "data.text=review", "data.target=sentiment", "data.tokenizer_cache=cache"]
 QUICK = ["trainer.max_epochs=4", "data.batch_size=16", "logger=csv"]
@@ -299,56 +263,10 @@ def test_a_score_of_texts_regresses_and_cross_validates(tmp_path):
     assert (tmp_path / "runs" / "cv" / "oof.csv").is_file()
 
 
-OUTSIDE = """
-import json, sys
-import numpy as np
-from tokenizers import Tokenizer
-
-kind, path, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-if kind == "onnx":
-    import onnx, onnxruntime
-    record = json.loads({p.key: p.value for p in onnx.load(path).metadata_props}["torchloom"])
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    run = lambda ids, mask: session.run(None, {"ids": ids, "mask": mask})[0]
-else:
-    import torch
-    extra = {"torchloom.json": ""}
-    program = torch.export.load(path, extra_files=extra)
-    record = json.loads(extra["torchloom.json"])
-    module = program.module()
-    run = lambda ids, mask: module(torch.from_numpy(ids), torch.from_numpy(mask)).detach().numpy()
-tokenizer = Tokenizer.from_str(record["tokenizer"])
-tokenizer.no_padding()
-tokenizer.enable_truncation(record["max_length"])
-encoded = [e.ids for e in tokenizer.encode_batch(texts)]
-longest = max(map(len, encoded))
-ids = np.full((len(texts), longest), record["pad_id"], dtype=np.int64)
-mask = np.zeros((len(texts), longest), dtype=np.int64)
-for row, seq in enumerate(encoded):
-    ids[row, : len(seq)], mask[row, : len(seq)] = seq, 1
-logits = run(ids, mask)
-probabilities = np.exp(logits - logits.max(1, keepdims=True))
-print(json.dumps((probabilities / probabilities.sum(1, keepdims=True)).tolist()))
-"""
-
-
 @pytest.mark.parametrize("suffix", ["onnx", *slow("pt2")])
 def test_an_export_fed_strings_tokenized_without_torchloom_matches_predict(reviews, suffix):
     cwd, _ = reviews
-    run_python(cwd, str(EVALUATE), "ckpt=checkpoints/first", f"export=m.{suffix}")
-    run_python(cwd, str(PREDICT), "ckpt=checkpoints/first", "input=test.csv", "out=p.csv")
-    with open(cwd / "test.csv", newline="") as f:
-        texts = [row["review"] for row in csv.DictReader(f)]
-    with open(cwd / "p.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    (cwd / "outside.py").write_text(OUTSIDE)
-    result = run_python(tmp := cwd, "outside.py", suffix, f"m.{suffix}", json.dumps(texts))
-    outside = json.loads(result.stdout)
-    names = checkpoint(tmp, "first", "best.pt")["inputs"]["classes"]
-    for row, probabilities in zip(rows, outside, strict=True):
-        for k in (1, 2):
-            expected = float(row[f"p{k}"])
-            assert probabilities[names.index(row[f"class{k}"])] == pytest.approx(expected, abs=1e-5)
+    export_matches_predict(cwd, "first", suffix, "review")
 
 
 def test_the_batch_size_finder_tries_full_length_texts(reviews):

@@ -173,3 +173,13 @@ def text_bag(input_shape, num_classes, vocab_size, pad_id, dim, hidden, dropout,
 
     keys = (dim, hidden, dropout, bigram_buckets)
     return SignalAt(plain_text_bag(input_shape, num_classes, vocab_size, pad_id, *keys))
+
+
+def hf_model(
+    input_shape, num_classes, path, architecture, tokenizer, vocab_size, pad_id, pooling, dropout
+) -> nn.Module:
+    """model=hf (models/text.py), signalling."""
+    from models.text import hf_model as plain_hf
+
+    keys = (path, architecture, tokenizer, vocab_size, pad_id, pooling, dropout)
+    return SignalAt(plain_hf(input_shape, num_classes, *keys))

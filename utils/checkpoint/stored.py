@@ -135,11 +135,21 @@ def task_config(stored: dict) -> DictConfig:
     return OmegaConf.create(task)
 
 
+# The keys naming what a built-in model's weights started from (torchvision's, timm's, a
+# Hugging Face folder), by builder.
+STARTED_FROM = {
+    "models.pretrained.torchvision_model": "weights",
+    "models.timm_models.timm_model": "pretrained",
+    "models.text.hf_model": "path",
+}
+
+
 def model_config(stored: dict) -> dict:
-    """The stored model node to rebuild the model from, without the pretrained ``weights`` it
+    """The stored model node to rebuild the model from, without the pretrained weights it
     started from: the checkpoint's own weights replace them, and the stored path (or hub name)
     is never read."""
-    return {**stored, "weights": None} if "weights" in stored else stored
+    key = STARTED_FROM.get(stored.get("_target_"), "weights")
+    return {**stored, key: None} if key in stored else stored
 
 
 def check_stored_model(node: Any, shapes: dict[str, Any], weights: dict) -> None:

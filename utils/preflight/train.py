@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from data.augmentation.mixing import Mixing
+from models.text import read_architecture
 from utils.config.arguments import check_node
 from utils.config.build import build
 from utils.config.familiar import ours
@@ -34,6 +35,7 @@ from utils.system.distributed import processes_from_env
 from utils.system.sharding import check_strategy
 
 log = logging.getLogger("torchloom")
+HF_TARGET = "models.text.hf_model"
 
 
 def _number(cfg: DictConfig, key: str) -> float:
@@ -230,6 +232,16 @@ OPTIM_KEYS_OF_OURS = (
 )  # read by utils/model/optim.py, not the optimizer
 
 
+def record_architecture(cfg: DictConfig) -> None:
+    """model=hf: the encoder's config.json into ``model.architecture`` before the run records
+    its config, so its checkpoints rebuild the model without the folder (models/text.py), and a
+    resume on a folder whose encoder changed is refused as a changed config."""
+    node = cfg.model
+    if node.get("_target_") == HF_TARGET and node.get("architecture") is None:
+        with open_dict(cfg):
+            node.architecture = read_architecture(node.path)
+
+
 def check_groups(cfg: DictConfig) -> None:
     """Bind each group node to its builder's signature and run the builder's own argument
     checks; build the optimizer and schedule on a stand-in parameter, so torch's own checks
@@ -251,6 +263,7 @@ def check_groups(cfg: DictConfig) -> None:
             node = {k: v for k, v in node.items() if k not in OPTIM_KEYS_OF_OURS}
         check_node(group, node, target, supplied)
     _try_optimizer_and_schedule(cfg)
+    record_architecture(cfg)  # model=hf: read now, so the run records it
 
 
 def drop_keys_of_the_option_replaced(cfg: DictConfig, group: str, target: Any) -> None:
