@@ -36,6 +36,14 @@ def test_timm_weights_saved_by_timm_load_by_its_key_names_and_give_its_logits(tm
     torch.testing.assert_close(grey.conv1[0].weight, summed)
 
 
+def test_a_checkpoint_from_timm_weights_evaluates_without_the_weights_file(tmp_path):
+    source = timm.create_model("test_resnet", num_classes=10)
+    torch.save(source.state_dict(), tmp_path / "weights.pth")
+    run_train(tmp_path, *TINY, "trainer.max_epochs=1", "model.pretrained=weights.pth", "run_name=t")
+    (tmp_path / "weights.pth").unlink()  # the checkpoint's weights replace it: never read again
+    assert "test/acc" in run_evaluate(tmp_path, "ckpt=checkpoints/t").stdout
+
+
 @pytest.mark.parametrize(
     ("override", "said"),
     [
