@@ -16,7 +16,6 @@ the seeded ``split.seed``.
 
 from __future__ import annotations
 
-import math
 import os
 import random
 from collections.abc import Mapping, Sequence
@@ -25,14 +24,7 @@ from typing import Any
 
 from data.batching.dataset import Data
 from data.batching.folds import FoldIds, FoldPlan, group_values
-from data.batching.targets import (
-    SET_SEPARATOR,
-    Targets,
-    label_set,
-    multi_hot,
-    reads_targets,
-    sorted_names,
-)
+from data.batching.targets import Targets, reads_targets
 from data.imagefolder import (
     ImageList,
     check_image_keys,
@@ -41,6 +33,7 @@ from data.imagefolder import (
     held_data,
 )
 from data.readers.table import read_table
+from data.readers.target_columns import TargetColumns, stratifies
 from utils.errors import UserError
 
 
@@ -75,67 +68,30 @@ def manifest_targets(
     split: Mapping[str, Any],
     pool: Sequence[str] = ("train",),
 ) -> tuple[dict[str, list], Targets]:
-    """Each split's (file, target) samples from its manifest rows, and the targets: a class
-    index, a 0/1 tuple over the labels of the ``pool`` splits' rows (the train rows; with
-    folds, train and val, so every fold has the same classes) (``a;b``), or a tuple of values
-    (``1.5`` or ``1.5;-2``)."""
-    if kind == "values":
-        samples = {
-            name: [
-                (file, _values(text, split.get(f"{name}_path") or manifest, line))
-                for file, text, line in rows
-            ]
-            for name, rows in entries.items()
-        }
-        widths = {len(target) for rows in samples.values() for _, target in rows}
-        if len(widths) > 1:
-            raise UserError(
-                f"{manifest}: rows hold {sorted(widths)} values; give every row the same number"
-            )
-        return samples, Targets("values", widths.pop())
-    sets = kind == "label_sets"
-    names = sorted_names(
-        {
-            label
-            for split_name in pool
-            for _, text, _ in entries[split_name]
-            for label in (label_set(text) if sets else [text])
-        }
-    )
-    index = {name: i for i, name in enumerate(names)}
-    samples = {}
+    """Each split's (file, target) samples from its manifest rows, and the targets, read as
+    every file's target column is (data/readers/target_columns.py): a class index, a 0/1
+    tuple over the labels (``a;b``) or a tuple of values (``1.5`` or ``1.5;-2``). Classes and
+    labels are those of the ``pool`` splits' rows (the train rows; with folds, train and val,
+    so every fold has the same classes)."""
+    header = ["label"]
+    pooled = [entry for name in pool for entry in entries[name]]
+    lines = [line for _, _, line in pooled]
+    rows = [[label] for _, label, _ in pooled]
+    columns = TargetColumns.fitted(header, rows, "label", kind, Path(manifest), lines)
+    samples, read = {}, {}
     for name, rows in entries.items():
-        for _, text, line in rows:
-            unknown = [
-                label for label in (label_set(text) if sets else [text]) if label not in index
-            ]
-            if unknown:
-                raise UserError(
-                    f"{split.get(f'{name}_path') or manifest} line {line}: label "
-                    f"{unknown[0]!r} is not a {'label' if sets else 'class'} of "
-                    "the train rows"
-                )
-        if sets:
-            rows_hot = multi_hot([label_set(text) for _, text, _ in rows], names).tolist()
-            samples[name] = [
-                (file, tuple(hot)) for (file, _, _), hot in zip(rows, rows_hot, strict=True)
-            ]
-        else:
-            samples[name] = [(file, index[text]) for file, text, _ in rows]
-    return samples, Targets(kind, len(names), tuple(names))
-
-
-def _values(text: str, manifest: str, line: int) -> tuple[float, ...]:
-    try:
-        values = tuple(float(part) for part in text.split(SET_SEPARATOR))
-    except ValueError:
-        values = ()
-    if not values or not all(math.isfinite(v) for v in values):
+        path = Path(split.get(f"{name}_path") or manifest)
+        lines = [line for _, _, line in rows]
+        read[name] = columns.read(header, [[label] for _, label, _ in rows], path, lines)
+        targets = [t if isinstance(t, int) else tuple(t) for t in read[name].tolist()]
+        samples[name] = [(file, t) for (file, _, _), t in zip(rows, targets, strict=True)]
+    widths = {columns.targets(part).count for part in read.values()}
+    if len(widths) > 1:
         raise UserError(
-            f"{manifest} line {line}: label {text!r} is not a number (or numbers "
-            "a;b) that task=regression can learn"
+            f"{manifest}: the splits' rows hold {sorted(widths)} values; give every row the "
+            "same number"
         )
-    return values
+    return samples, columns.targets(read["train"])
 
 
 @reads_targets("label_sets", "values")
@@ -164,7 +120,7 @@ def load_image_csv(
             entries[name] = read_manifest(Path(split[f"{name}_path"]), base)
     cut = [name for name in ("val", "test") if name not in entries]
     plan = FoldPlan.of(
-        split, kind == "classes", split["seed"], groups_allowed=True
+        split, stratifies(kind), split["seed"], groups_allowed=True
     )  # data/batching/folds.py
     if plan.folds is not None or plan.group is not None:
         entries, fold_ids = _fold_entries(entries, split, plan, Path(manifest))
@@ -178,10 +134,9 @@ def load_image_csv(
         name: ImageList(rows, base, geometry[name][0], channels, geometry[name][1])
         for name, rows in samples.items()
     }
-    classes = targets if kind != "classes" else list(targets.names)
     cache = _cache(options, base, manifest)
     folds = plan.folds is not None
-    data = held_data(f"image_csv {Path(manifest).name}", files, classes, cache, options, folds)
+    data = held_data(f"image_csv {Path(manifest).name}", files, targets, cache, options, folds)
     if plan.folds is not None:  # cv=K's oof.csv names each val image by its manifest path
         data.fold_ids = FoldIds(plan.fold, [os.path.relpath(file, base) for file in fold_ids])
     return data

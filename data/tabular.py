@@ -36,6 +36,7 @@ from data.batching.splits import channel_statistics
 from data.batching.targets import Targets, reads_targets
 from data.readers.missing import NA_KEYS
 from data.readers.table import Columns, read_table, unseen_line
+from data.readers.target_columns import stratifies
 
 log = logging.getLogger("torchloom")
 
@@ -73,7 +74,7 @@ def load_csv(
     samples = columns.encode(header, rows, train_path)
     given = _given_splits(columns, split)  # data.split.val_path, test_path: read alike
     plan = FoldPlan.of(
-        split, kind == "classes", split["seed"], groups_allowed=True
+        split, stratifies(kind), split["seed"], groups_allowed=True
     )  # data/batching/folds.py
     groups = group_values(header, rows, train_path, plan.group)
     *parts, val_rows = tensor_splits(samples, given, split, plan, groups)  # test first, then val

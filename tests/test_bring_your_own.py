@@ -515,6 +515,7 @@ def test_a_manifest_trains_keeps_class_names_and_resumes_exactly(tmp_path):
         ("pics/missing.png,dog", "line 42: no image at data/pics/missing.png"),
         ("pics/0\0.png,cat", "labels.csv line 42, column 'path': holds a NUL byte"),
         ("pics/0.png,c\0at", "labels.csv line 42, column 'label': holds a NUL byte"),
+        ("pics/1.png,", "labels.csv line 42: target column 'label' is empty, a missing label"),
     ],
 )
 def test_a_manifest_row_outside_the_root_or_missing_is_one_line(tmp_path, row, message):
@@ -530,6 +531,20 @@ def test_a_manifest_row_outside_the_root_or_missing_is_one_line(tmp_path, row, m
     result = run_train(tmp_path, *overrides, "trainer.max_epochs=1", ok=False)
     assert result.returncode == 2 and message in result.stderr, result.stderr[-500:]
     assert "Traceback" not in result.stderr
+
+
+def test_a_manifest_of_numbers_regresses_on_as_many_values_as_each_row_holds(tmp_path):
+    manifest = write_manifest(tmp_path)
+    values = manifest.read_text().replace(",cat", ",0.5;-2").replace(",dog", ",1.5;3")
+    manifest.write_text(values)
+    regress = [*MANIFEST, "task=regression", "trainer.max_epochs=1"]
+    run_train(tmp_path, *regress, "run_name=two")
+    assert (
+        load_checkpoint(tmp_path / "checkpoints" / "two" / "best.pt")["inputs"]["num_classes"] == 2
+    )
+    manifest.write_text(values + "pics/1.png,7\n")
+    line = error_line(run_train(tmp_path, *regress, ok=False))
+    assert "labels.csv: rows hold [1, 2] values in 'label'; give every row the same" in line
 
 
 def test_grey_images_with_rgb_statistics_say_what_to_give(tmp_path):

@@ -271,15 +271,14 @@ def test_the_formatter_lays_out_the_code():
 
 # The task owns what the model's outputs mean (utils/tasks/). data/batching/targets.py defines
 # the kinds of target; data/readers/target_columns.py reads a file's target column by kind
-# (tables, texts), and the readers of tensors, manifests and shards parse their own. Nothing else asks which kind of task it is: a new task is a
-# module in utils/tasks/ and its YAML.
+# (tables, texts, image manifests), and the readers of tensors and shards parse their own
+# (arrays and Arrow columns, not rows of text). Nothing else asks which kind of task it is: a
+# new task is a module in utils/tasks/ and its YAML.
 KINDS = {"classes", "label_sets", "values"}
 KIND_OWNERS = {
     "data/batching/targets.py",
-    "data/readers/target_columns.py",  # how a target column is read, for tables and texts
-    "data/tabular.py",
+    "data/readers/target_columns.py",  # how a target column is read: tables, texts, manifests
     "data/tensors.py",
-    "data/image_manifest.py",
     "data/parquet.py",  # a class column, or number columns for task=regression
 }
 TASK_CLASSES = {"Classification", "MultiLabel", "Regression"}

@@ -189,7 +189,7 @@ def test_a_missing_class_label_is_refused_not_learnt_as_a_class(tmp_path, marker
         run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=vote", ok=False)
     )
     shown = repr(marker) if marker else "empty"
-    assert f"t.csv line 25: data.target column 'vote' is {shown}, a missing label (2 of 60" in line
+    assert f"t.csv line 25: target column 'vote' is {shown}, a missing label (2 of 60" in line
     assert "give those rows their class or remove them" in line
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
