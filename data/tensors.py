@@ -28,7 +28,8 @@ import torch
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.folds import FoldIds, FoldPlan, tensor_splits
 from data.batching.splits import TensorSplit, channel_statistics
-from data.batching.targets import Targets, reads_targets
+from data.batching.targets import reads_targets
+from data.readers.target_columns import array_targets, stratifies, target_array
 from utils.errors import UserError
 
 PAD = (
@@ -136,8 +137,8 @@ def load_tensors(
     arrays = read_arrays(file)
     samples = split_of(arrays, "train", file)
     given = {name: split_of(arrays, name, file) for name in ("val", "test")}
-    given = {name: as_targets(part, kind, file) for name, part in given.items() if part}
-    samples = as_targets(samples, kind, file)
+    given = {name: _as_targets(part, kind, file) for name, part in given.items() if part}
+    samples = _as_targets(samples, kind, file)
     for name, part in given.items():
         if part.inputs.shape[1:] != samples.inputs.shape[1:]:
             raise UserError(
@@ -145,7 +146,7 @@ def load_tensors(
                 f"{list(part.inputs.shape[1:])}, and x of "
                 f"{list(samples.inputs.shape[1:])}; give every split the same"
             )
-    plan = FoldPlan.of(split, kind == "classes", split["seed"])  # data/batching/folds.py
+    plan = FoldPlan.of(split, stratifies(kind), split["seed"])  # data/batching/folds.py
     if plan.folds is not None and "val" in given:  # the file's own val split, not a path
         raise UserError(
             f"data.split.folds cuts val out of {file}'s x and y, but the file holds "
@@ -153,17 +154,7 @@ def load_tensors(
             "data.split.folds (cv=)"
         )
     train, val, test, val_rows = tensor_splits(samples, given, split, plan)
-    labels = torch.cat([train.labels, val.labels, test.labels])
-    if kind == "classes":
-        classes = num_classes if num_classes is not None else int(labels.max()) + 1
-        targets = Targets(kind, classes)
-    else:
-        widths = {part.labels.shape[1] for part in (train, val, test)}
-        if len(widths) > 1:
-            raise UserError(
-                f"{file}: the splits' y have {sorted(widths)} columns; give each split the same"
-            )
-        targets = Targets(kind, widths.pop())
+    targets = array_targets(kind, [train.labels, val.labels, test.labels], num_classes, file)
     if mean is None or std is None:
         mean, std = channel_statistics(train.inputs)
     batching = Batching(mean=list(mean), std=list(std), **options)
@@ -173,22 +164,5 @@ def load_tensors(
     return data
 
 
-def as_targets(part: TensorSplit, kind: str, path: Path) -> TensorSplit:
-    """A split whose y is what ``kind`` of target takes: integer class indices [N], or float
-    [N, K] label sets or values (a 1-D y of values is one value a sample)."""
-    y = part.labels
-    if kind == "classes":
-        if y.dtype.is_floating_point or y.dtype == torch.bool or y.dim() != 1:
-            raise UserError(
-                f"{path}: class labels must be integer indices [N], not {y.dtype} "
-                f"{list(y.shape)} (label sets and values are task=multilabel's and "
-                "task=regression's)"
-            )
-        return part
-    if y.dim() == 1 and kind == "values":
-        y = y[:, None]
-    if y.dim() != 2:
-        raise UserError(
-            f"{path}: label sets must be a 0/1 y of shape [N, labels], not {list(y.shape)}"
-        )
-    return TensorSplit(part.inputs, y.float())
+def _as_targets(part: TensorSplit, kind: str, path: Path) -> TensorSplit:
+    return TensorSplit(part.inputs, target_array(part.labels, kind, path))

@@ -271,14 +271,13 @@ def test_the_formatter_lays_out_the_code():
 
 # The task owns what the model's outputs mean (utils/tasks/). data/batching/targets.py defines
 # the kinds of target; data/readers/target_columns.py reads a file's target column by kind
-# (tables, texts, image manifests), and the readers of tensors and shards parse their own
-# (arrays and Arrow columns, not rows of text). Nothing else asks which kind of task it is: a
+# (tables, texts, image manifests) and an array's y (tensors); the shards' reader parses its
+# Arrow columns itself. Nothing else asks which kind of task it is: a
 # new task is a module in utils/tasks/ and its YAML.
 KINDS = {"classes", "label_sets", "values"}
 KIND_OWNERS = {
     "data/batching/targets.py",
-    "data/readers/target_columns.py",  # how a target column is read: tables, texts, manifests
-    "data/tensors.py",
+    "data/readers/target_columns.py",  # how targets are read: tables, texts, manifests, arrays
     "data/parquet.py",  # a class column, or number columns for task=regression
 }
 TASK_CLASSES = {"Classification", "MultiLabel", "Regression"}

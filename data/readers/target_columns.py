@@ -9,6 +9,9 @@
   columns.
 - ``values``: one or more columns of numbers, or one column of ``a;b`` numbers (the same count
   in every row).
+
+An array's ``y`` (data/tensors.py) is read by kind here too (:func:`target_array`,
+:func:`array_targets`). Parquet shards' Arrow columns are read by data/parquet.py.
 """
 
 from __future__ import annotations
@@ -148,6 +151,43 @@ def _values(
             f"{path}: rows hold {widths} values in {columns[0]!r}; give every row the same number"
         )
     return torch.tensor(read, dtype=torch.float32).reshape(len(rows), widths[0] if read else 1)
+
+
+def target_array(y: torch.Tensor, kind: str, path: Path) -> torch.Tensor:
+    """An array ``y`` as ``kind`` of target takes it: integer class indices [N], or float
+    [N, K] label sets or values (a 1-D y of values is one value a sample)."""
+    if stratifies(kind):
+        if y.dtype.is_floating_point or y.dtype == torch.bool or y.dim() != 1:
+            raise UserError(
+                f"{path}: class labels must be integer indices [N], not {y.dtype} "
+                f"{list(y.shape)} (label sets and values are task=multilabel's and "
+                "task=regression's)"
+            )
+        return y
+    if y.dim() == 1 and kind == "values":
+        y = y[:, None]
+    if y.dim() != 2:
+        raise UserError(
+            f"{path}: label sets must be a 0/1 y of shape [N, labels], not {list(y.shape)}"
+        )
+    return y.float()
+
+
+def array_targets(
+    kind: str, parts: Sequence[torch.Tensor], num_classes: int | None, path: Path
+) -> Targets:
+    """The :class:`Targets` of the splits' arrays (:func:`target_array`'s): ``num_classes``
+    classes (None: the largest label + 1), or as many labels or values as their columns."""
+    if stratifies(kind):
+        return Targets(
+            kind, num_classes if num_classes is not None else int(torch.cat(parts).max()) + 1
+        )
+    widths = {part.shape[1] for part in parts}
+    if len(widths) > 1:
+        raise UserError(
+            f"{path}: the splits' y have {sorted(widths)} columns; give each split the same"
+        )
+    return Targets(kind, widths.pop())
 
 
 def _lines(lines: Sequence[int] | None, rows: list[list[str]]) -> list[int]:
