@@ -312,8 +312,8 @@ class Calibrated(nn.Module):
         self.decides = thresholds is not None
         self.register_buffer("thresholds", torch.tensor(thresholds or [0.5]))
 
-    def forward(self, inputs: torch.Tensor) -> Any:
-        logits = self.model(inputs) / self.temperature
+    def forward(self, *inputs: torch.Tensor) -> Any:  # a text model's (ids, mask) too
+        logits = self.model(*inputs) / self.temperature
         if not self.decides:
             return logits
         return logits, (self.probability(logits) >= self.thresholds).long()
