@@ -13,6 +13,7 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import (
     PREDICT,
     raw_columns,
@@ -24,6 +25,7 @@ from conftest import (
     write_table,
 )
 
+from utils.errors import UserError
 from utils.evaluation.metrics import calibration
 
 
@@ -141,6 +143,21 @@ HOSTILE_RECORDS = [
     ({"weights": "teacher"}, "names weights 'teacher'"),
     ("cool", "is not a mapping"),
 ]
+
+
+def test_a_temperature_that_runs_to_its_bound_on_a_separated_val_split_is_refused():
+    from utils.evaluation.calibration import fit_temperature
+
+    logits = torch.tensor([[3.0, -1.0], [-2.0, 1.0], [0.5, 0.0]])
+    right = torch.tensor([0, 1, 0])  # every argmax right: a lower T always lowers the NLL
+
+    with pytest.raises(UserError, match=r"val split's 3 outputs are all right.*T=0.001"):
+        fit_temperature(logits, lambda z: float(F.cross_entropy(z, right)))
+    wrong = torch.tensor([0, 1, 1])  # one mistake: a finite minimum, fitted
+    assert 0.001 < fit_temperature(logits, lambda z: float(F.cross_entropy(z, wrong))) < 1000
+    labels = (logits > 0).float()  # the variant: label sets, each decided right (or a tie)
+    with pytest.raises(UserError, match="outputs are all right"):
+        fit_temperature(logits, lambda z: float(F.binary_cross_entropy_with_logits(z, labels)))
 
 
 @pytest.mark.parametrize(("record", "message"), HOSTILE_RECORDS)

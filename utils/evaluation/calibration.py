@@ -108,7 +108,10 @@ def fit_temperature(logits: torch.Tensor, nll: Callable[[torch.Tensor], float]) 
 
     The NLL is convex in 1/T, so one minimum: golden-section search over log T in
     [:data:`MIN_TEMPERATURE`, :data:`MAX_TEMPERATURE`], in float64. T = 1 is kept unless the
-    fit lowers the NLL, so calibration never makes the validation NLL worse."""
+    fit lowers the NLL, so calibration never makes the validation NLL worse. A fit that runs
+    to the lower bound is refused: on outputs that are all right (a val split the model
+    separates), a lower T always lowers the NLL, so the minimum is T → 0, which makes every
+    later mistake certain (a test NLL of 5.9 where the raw model had 0.2, on texts)."""
     logits = logits.double()
     lo, hi = math.log(MIN_TEMPERATURE), math.log(MAX_TEMPERATURE)
     ratio = (math.sqrt(5) - 1) / 2
@@ -131,6 +134,14 @@ def fit_temperature(logits: torch.Tensor, nll: Callable[[torch.Tensor], float]) 
     best = a if cost_a <= cost_b else b
     if min(cost_a, cost_b) >= cost(0.0):
         return 1.0
+    lowest = min(cost_a, cost_b)
+    if cost(math.log(MIN_TEMPERATURE)) - lowest <= 1e-4 * lowest + 1e-9:  # flat down to it
+        raise UserError(
+            f"calibrate=temperature: the val split's {len(logits)} outputs are all right, so a "
+            "lower temperature always lowers their NLL and the fit runs to its bound "
+            f"(T={MIN_TEMPERATURE:g}), which would make every later mistake certain; nothing "
+            "is fitted: validate on more or harder samples (data.split.val), or keep T=1"
+        )
     return min(max(math.exp(best), MIN_TEMPERATURE), MAX_TEMPERATURE)
 
 
