@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import (
+    EVALUATE,
     PREDICT,
     assert_same_run,
     checkpoint,
@@ -273,3 +274,30 @@ def test_the_batch_size_finder_tries_full_length_texts(reviews):
     cwd, _ = reviews
     result = run_train(cwd, *TEXT, "data.path=reviews.csv", "tune=batch_size", "logger=csv")
     assert "largest batch that fits for TextBag" in result.stdout + result.stderr
+
+
+def test_calibration_callbacks_and_trackers_work_on_texts_unchanged(tmp_path):
+    table = write_reviews(tmp_path / "reviews.csv", rows=300).read_text().splitlines()
+    flipped = {"pos": "neg", "neg": "pos"}  # every 8th label wrong: val is not all right
+    for n in range(1, len(table), 8):
+        text, label, extra = table[n].rsplit(",", 2)
+        table[n] = f"{text},{flipped[label]},{extra}"
+    (tmp_path / "reviews.csv").write_text("\n".join(table) + "\n")
+    write_reviews(tmp_path / "test.csv", rows=80, seed=1)
+    # a callback stops the run at its target, and two trackers record every epoch
+    run = [*TEXT, "data.path=reviews.csv", "data.split.test_path=test.csv", "data.batch_size=16"]
+    stop = ["callbacks=stop_at_target", "callbacks.stop_at_target.target=0.75"]
+    run_train(
+        tmp_path, *run, *stop, "trainer.max_epochs=30", "logger=[csv,tensorboard]", "run_name=t"
+    )
+    metrics = read_metrics(tmp_path / "runs" / "t")
+    assert metrics["epochs"] < 30 and metrics["best_metric"] >= 0.75
+    assert list((tmp_path / "runs" / "t").rglob("events.out.tfevents.*"))
+    with open(tmp_path / "runs" / "t" / "metrics.csv", newline="") as f:
+        assert len({row["epoch"] for row in csv.DictReader(f)}) == metrics["epochs"]
+    # a temperature fitted on val; predict.py and the export both apply it
+    fitted = run_python(tmp_path, str(EVALUATE), "ckpt=checkpoints/t", "calibrate=temperature")
+    assert "calibration fitted on val, shown on test: temperature" in fitted.stdout
+    stored = checkpoint(tmp_path, "t", "best.pt")["inputs"]["calibration"]
+    assert stored["split"] == "val" and stored["temperature"] != 1.0
+    export_matches_predict(tmp_path, "t", "onnx", "review")
