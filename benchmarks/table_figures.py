@@ -18,7 +18,8 @@ scored by accuracy, regression by MAE in the target's units. Each figure is one 
 the wall times are whole processes (torchloom's includes Python's and torch's start-up).
 
 ``--ablations`` adds, on the chosen sets, ``model=tabular`` with one part off at a time
-(``embedding=none``, ``ensemble=1``, ``robust_scaling=false``) and ``model=mlp`` (all off).
+(``embedding=none``, ``ensemble=1``, ``robust_scaling=false``, the cosine schedule:
+``scheduler=none``), ``model=mlp`` (all off), and for classes RealMLP's label smoothing 0.1.
 The last line is machine-readable JSON.
 """
 
@@ -58,7 +59,10 @@ ABLATIONS = {
     "ensemble=1": ["model=tabular", "model.ensemble=1"],
     "robust_scaling=false": ["model=tabular", "model.robust_scaling=false"],
     "model=mlp (all off)": ["model=mlp"],
+    "scheduler=none": ["model=tabular", "scheduler=none"],  # the schedule off: a constant LR
+    "label_smoothing=0.1": ["model=tabular", "task.label_smoothing=0.1"],  # RealMLP's; classes
 }
+CLASSES_ONLY = {"label_smoothing=0.1"}
 
 
 def load(source: str):
@@ -207,6 +211,8 @@ def main() -> None:
             row["torchloom"] = torchloom(folder, target, kind, [], "first")
             if args.ablations:
                 for label, extra in ABLATIONS.items():
+                    if label in CLASSES_ONLY and kind != "classes":
+                        continue
                     tag = label.split()[0].replace("=", "-")
                     row[label] = torchloom(folder, target, kind, extra, tag)
             results[name] = row
