@@ -17,7 +17,8 @@ which holds 15% of ``train.csv`` out for validation and tests ``best.pt``. Class
 scored by accuracy, regression by MAE in the target's units. Each figure is one run (seed 0);
 the wall times are whole processes (torchloom's includes Python's and torch's start-up).
 
-``--ablations`` adds, on the chosen sets, ``model=tabular`` with one part off at a time
+``--seeds 0 1 2`` trains the first command with each seed on the same split and reports the
+mean (``per_seed`` keeps each); ``--extra`` adds overrides to it. ``--ablations`` adds, on the chosen sets, ``model=tabular`` with one part off at a time
 (``embedding=none``, ``ensemble=1``, ``robust_scaling=false``, the cosine schedule:
 ``scheduler=none``), ``model=mlp`` (all off), and for classes RealMLP's label smoothing 0.1.
 The last line is machine-readable JSON.
@@ -199,6 +200,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS))
     parser.add_argument("--ablations", action="store_true")
+    parser.add_argument("--extra", nargs="*", default=[], help="overrides for the first command")
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, default=[0], help="training seeds (the split stays seed 0)"
+    )
     parser.add_argument("--out", default=None, help="a folder to keep the splits and runs in")
     args = parser.parse_args()
     results = {}
@@ -208,7 +213,16 @@ def main() -> None:
             folder = base / name
             target, kind = write_split(name, folder)
             row = {"kind": kind, **baselines(folder, target, kind)}
-            row["torchloom"] = torchloom(folder, target, kind, [], "first")
+            runs = [
+                torchloom(folder, target, kind, [*args.extra, f"seed={seed}"], f"first-{seed}")
+                for seed in args.seeds
+            ]
+            row["torchloom"] = {
+                "score": sum(r["score"] for r in runs) / len(runs),
+                "seconds": sum(r["seconds"] for r in runs) / len(runs),
+                "said": runs[0]["said"],
+                "per_seed": [r["score"] for r in runs],
+            }
             if args.ablations:
                 for label, extra in ABLATIONS.items():
                     if label in CLASSES_ONLY and kind != "classes":
