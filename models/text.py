@@ -273,7 +273,8 @@ class HfEncoder(nn.Module):
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         held = (ids != self.pad_id).long() if mask is None else mask.long()
-        hidden = self.encoder(input_ids=ids, attention_mask=held).last_hidden_state
+        hidden = self.encoder(input_ids=ids, attention_mask=held, return_dict=True)
+        hidden = hidden.last_hidden_state  # return_dict: whatever the stored config says
         if self.pooling == "cls":
             pooled = hidden[:, 0]
         else:
@@ -365,7 +366,13 @@ def _encoder(config: Any, path: str | None) -> nn.Module:
     a checkpoint, whose weights come next)."""
     auto = _transformers().AutoModel
     if path is None:
-        return auto.from_config(config, attn_implementation="sdpa")
+        try:  # a stored architecture: transformers' own refusal (a pad id past the vocabulary)
+            return auto.from_config(config, attn_implementation="sdpa")
+        except Exception as error:
+            reason = (
+                str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            )
+            raise UserError(f"model.architecture: the encoder cannot be built: {reason}") from None
     folder = Path(path).expanduser()
     if not any(folder.glob("model*.safetensors")):
         raise UserError(
@@ -382,6 +389,6 @@ def _encoder(config: Any, path: str | None) -> nn.Module:
             trust_remote_code=False,
             attn_implementation="sdpa",
         )
-    except (OSError, ValueError, RuntimeError) as error:
-        reason = str(error).strip().splitlines()[0]
+    except Exception as error:  # whatever transformers raises on a folder it cannot load
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UserError(f"model.path={path}: its weights do not load: {reason}") from None

@@ -131,11 +131,19 @@ def test_what_the_folder_or_a_checkpoint_says_of_the_encoder_is_data(tuned, tmp_
         attn_implementation="kernels-community/flash-attn",
         _attn_implementation="kernels-community/flash-attn",
         quantization_config={"quant_method": "bitsandbytes", "load_in_8bit": True},
+        return_dict=False,  # and outputs as a tuple: the model asks for its own form
     )
     torch.save(stored, tmp_path / "asks.pt")
     run_python(cwd, str(PREDICT), f"ckpt={tmp_path / 'asks.pt'}", "input=test.csv", "out=a.csv")
     run_python(cwd, str(PREDICT), "ckpt=checkpoints/tuned", "input=test.csv", "out=b.csv")
     assert (cwd / "a.csv").read_text() == (cwd / "b.csv").read_text()
+    # a stored architecture transformers itself refuses: one line, not its traceback
+    stored["config"]["model"]["architecture"]["pad_token_id"] = 10**12
+    torch.save(stored, tmp_path / "pad.pt")
+    line = error_line(
+        run_python(cwd, str(PREDICT), f"ckpt={tmp_path / 'pad.pt'}", "input=test.csv", ok=False)
+    )
+    assert "model.architecture: the encoder cannot be built: Padding_idx" in line
     # a checkpoint whose stored architecture names a family that is not an encoder
     stored["config"]["model"]["architecture"]["model_type"] = "llama"
     torch.save(stored, tmp_path / "edited.pt")
@@ -146,6 +154,10 @@ def test_what_the_folder_or_a_checkpoint_says_of_the_encoder_is_data(tuned, tmp_
     # a folder whose weights are a pickle (pytorch_model.bin) alone
     pickled = cwd / "pickled"
     shutil.copytree(cwd / "encoder", pickled)
+    (pickled / "tokenizer.json").rename(pickled / "saved.json")  # and without its tokenizer
+    line = error_line(run_train(cwd, *base, "model.path=pickled", ok=False))
+    assert "cannot read pickled/tokenizer.json" in line and "AutoTokenizer" in line
+    (pickled / "saved.json").rename(pickled / "tokenizer.json")
     state = transformers.BertModel.from_pretrained(pickled).state_dict()
     torch.save(state, pickled / "pytorch_model.bin")
     (pickled / "model.safetensors").unlink()

@@ -208,7 +208,13 @@ def given(path: str, max_length: int) -> TextTokenizer:
         json_text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         why = getattr(error, "strerror", None) or "not UTF-8 text"
-        raise UserError(f"data.tokenizer={path}: cannot read {file}: {why}") from None
+        hint = ""
+        if Path(path).is_dir() and not file.exists():  # a model folder of vocab.txt and the like
+            hint = (
+                "; write one with transformers (AutoTokenizer.from_pretrained(folder)"
+                ".save_pretrained(folder)) where it can be read"
+            )
+        raise UserError(f"data.tokenizer={path}: cannot read {file}: {why}{hint}") from None
     checked(json_text, str(file))
     found = TextTokenizer(json_text, f"a given file ({file})", max_length)
     found.pad_id  # noqa: B018 - refused now, in one line, when it has none
