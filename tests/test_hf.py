@@ -186,3 +186,13 @@ def test_what_the_folder_or_a_checkpoint_says_of_the_encoder_is_data(tuned, tmp_
     line = error_line(run_train(cwd, *base, "data.max_length=128", ok=False))
     assert "data.max_length=128 is more than the encoder's 64 positions" in line
     assert [p.name for p in (cwd / "checkpoints").iterdir()] == ["tuned"]  # none left behind
+    # a resume on a folder whose encoder changed since: a changed config, refused by name
+    saved = (cwd / "encoder" / "config.json").read_text()
+    changed = {**json.loads(saved), "hidden_dropout_prob": 0.2}
+    (cwd / "encoder" / "config.json").write_text(json.dumps(changed))
+    try:
+        again = [*base, "optim.layer_decay=0.5", "data.split.test_path=test.csv"]
+        resumed = run_train(cwd, *again, "run_name=tuned", "resume=auto", ok=False)
+    finally:
+        (cwd / "encoder" / "config.json").write_text(saved)
+    assert "model.architecture.hidden_dropout_prob: 0.1 -> 0.2" in error_line(resumed)
