@@ -25,6 +25,7 @@ from torch import nn
 
 from utils.config.arguments import DROPOUT, NON_NEGATIVE_INT, POSITIVE_INT, checked, one_of
 from utils.errors import UserError
+from utils.text import first_line
 
 BIGRAM_PRIME = 1_000_003  # a bigram (a, b) is hashed to (a · prime + b) mod buckets
 # The bag's parameters are stored ÷5 and read ×5: under Adam, whose steps are about the LR
@@ -69,6 +70,20 @@ class TextShape:
         return cls(vocab_size, pad_id or 0, input_shape[0], num_classes)
 
 
+def held_tokens(ids: torch.Tensor, mask: torch.Tensor | None, pad_id: int) -> torch.Tensor:
+    """Where the texts' tokens are (bool [N, L]): the mask given, or the ids that do not pad."""
+    return (ids != pad_id) if mask is None else mask.bool()
+
+
+def pooled(hidden: torch.Tensor, held: torch.Tensor, pooling: str) -> torch.Tensor:
+    """One vector per text from its tokens' [N, L, D]: the first token's (``cls``), or the mean
+    of the held tokens (``mean``)."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    weight = held.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weight).sum(1) / weight.sum(1).clamp(min=1)
+
+
 class TextBag(nn.Module):
     """Mean token and hashed-bigram embeddings → dropout → a hidden layer (none: ``hidden``
     0, a linear model of the embeddings) → the outputs."""
@@ -87,7 +102,7 @@ class TextBag(nn.Module):
         self.head = nn.Sequential(nn.Dropout(dropout), *layers, last)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        held = (ids != self.pad_id) if mask is None else mask.bool()
+        held = held_tokens(ids, mask, self.pad_id)
         weight = held.unsqueeze(-1).to(self.tokens.weight.dtype)
         summed = (self.tokens(ids) * weight).sum(1)
         count = weight.sum(1)
@@ -122,16 +137,11 @@ class TextTransformer(nn.Module):
         nn.init.normal_(self.positions.weight, std=0.02)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        held = (ids != self.pad_id) if mask is None else mask.bool()
+        held = held_tokens(ids, mask, self.pad_id)
         at = torch.arange(ids.shape[1], device=ids.device)
         x = self.tokens(ids) + self.positions(at)
         x = self.norm(self.encoder(x, src_key_padding_mask=~held))
-        if self.pooling == "cls":
-            pooled = x[:, 0]
-        else:
-            weight = held.unsqueeze(-1).to(x.dtype)
-            pooled = (x * weight).sum(1) / weight.sum(1).clamp(min=1)
-        return self.head(pooled)
+        return self.head(pooled(x, held, self.pooling))
 
 
 @checked("model", dim=POSITIVE_INT, hidden=NON_NEGATIVE_INT, dropout=DROPOUT)
@@ -272,15 +282,10 @@ class HfEncoder(nn.Module):
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(width, outputs))
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        held = (ids != self.pad_id).long() if mask is None else mask.long()
-        hidden = self.encoder(input_ids=ids, attention_mask=held, return_dict=True)
+        held = held_tokens(ids, mask, self.pad_id)
+        hidden = self.encoder(input_ids=ids, attention_mask=held.long(), return_dict=True)
         hidden = hidden.last_hidden_state  # return_dict: whatever the stored config says
-        if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            weight = held.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * weight).sum(1) / weight.sum(1).clamp(min=1)
-        return self.head(pooled)
+        return self.head(pooled(hidden, held, self.pooling))
 
     def layer_groups(self) -> list[tuple[str, Any]]:
         """The embeddings (and whatever comes before the first layer), each encoder layer (the
@@ -339,8 +344,7 @@ def config_of(recorded: Any, where: str) -> Any:
     try:
         config = _transformers().AutoConfig.for_model(model_type, **values)
     except Exception as error:  # transformers' own validation: one line, the first of it
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserError(f"{where}: not a {model_type} configuration: {reason}") from None
+        raise UserError(f"{where}: not a {model_type} configuration: {first_line(error)}") from None
     config._attn_implementation = "sdpa"
     return config
 
@@ -369,10 +373,9 @@ def _encoder(config: Any, path: str | None) -> nn.Module:
         try:  # a stored architecture: transformers' own refusal (a pad id past the vocabulary)
             return auto.from_config(config, attn_implementation="sdpa")
         except Exception as error:
-            reason = (
-                str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            )
-            raise UserError(f"model.architecture: the encoder cannot be built: {reason}") from None
+            raise UserError(
+                f"model.architecture: the encoder cannot be built: {first_line(error)}"
+            ) from None
     folder = Path(path).expanduser()
     if not any(folder.glob("model*.safetensors")):
         raise UserError(
@@ -390,5 +393,6 @@ def _encoder(config: Any, path: str | None) -> nn.Module:
             attn_implementation="sdpa",
         )
     except Exception as error:  # whatever transformers raises on a folder it cannot load
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserError(f"model.path={path}: its weights do not load: {reason}") from None
+        raise UserError(
+            f"model.path={path}: its weights do not load: {first_line(error)}"
+        ) from None

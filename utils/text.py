@@ -38,6 +38,12 @@ def shown(name: object) -> str:
     return escape(escaped(str(name)))
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's message as one line: its first, or its type's name when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def escaped(text: str, keep: str = "") -> str:
     """``text`` with its control and format characters (but those in ``keep``) as escapes."""
     return "".join(

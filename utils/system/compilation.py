@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from utils.errors import UserError
+from utils.text import first_line
 
 log = logging.getLogger("torchloom")
 
@@ -28,8 +29,7 @@ def compile_or_eager(
         with torch.no_grad():
             compiled(torch.zeros(2, *input_shape, device=device))
     except Exception as error:  # any compiler failure: train eagerly rather than not at all
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        log.warning("warning: torch.compile failed (%s); training without it", reason)
+        log.warning("warning: torch.compile failed (%s); training without it", first_line(error))
         return model
     finally:
         model.train(was_training)
