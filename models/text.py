@@ -372,6 +372,8 @@ def _encoder(config: Any, path: str | None) -> nn.Module:
     if path is None:
         try:  # a stored architecture: transformers' own refusal (a pad id past the vocabulary)
             return auto.from_config(config, attn_implementation="sdpa")
+        except UserError:
+            raise
         except Exception as error:
             raise UserError(
                 f"model.architecture: the encoder cannot be built: {first_line(error)}"

@@ -282,3 +282,13 @@ def test_evaluate_follows_the_split_training_tested_on(tmp_path):
     assert evaluated["val/acc"] == trained["test/acc"]  # training's final test was on val
     line = only_error_line(run_evaluate(tmp_path, "ckpt=checkpoints/v", "split=test", ok=False))
     assert "has no test split (training tested on val); pass split=val" in line
+
+
+def test_a_stored_config_asking_for_a_vast_number_of_layers_is_refused_quickly(trained, tmp_path):
+    # 100,000 hidden layers of 8: a few megabytes of parameters, but a million Python objects
+    # to make; refused by the count of tensors the build makes, before the weights are compared
+    stored = torch.load(trained / "checkpoints" / "base" / "best.pt", weights_only=True)
+    stored["config"]["model"]["hidden_sizes"] = [8] * 100_000
+    torch.save(stored, tmp_path / "deep.pt")
+    line = only_error_line(run_evaluate(trained, f"ckpt={tmp_path / 'deep.pt'}", ok=False))
+    assert "the stored model config builds more than" in line and "was it edited?" in line

@@ -152,6 +152,28 @@ def model_config(stored: dict) -> dict:
     return {**stored, key: None} if key in stored else stored
 
 
+class TensorBudget(torch.overrides.TorchFunctionMode):
+    """Refuses, in one line, a build that makes more than ``limit`` tensors: a stored config
+    that asks for 100,000 encoder layers would otherwise spend minutes and gigabytes making them
+    on the meta device before its weights are found not to fit."""
+
+    FACTORIES = (torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn)
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit, self.made = limit, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.FACTORIES:
+            self.made += 1
+            if self.made > self.limit:
+                raise UserError(
+                    f"the stored model config builds more than {self.limit:,} tensors, far "
+                    "more than its checkpoint's weights; was it edited?"
+                )
+        return func(*args, **(kwargs or {}))
+
+
 def check_stored_model(node: Any, shapes: dict[str, Any], weights: dict) -> None:
     """Build the model a stored config describes on the meta device, where parameters take no
     memory, and check that the file's ``weights`` fit it, before the real model is built: an
@@ -160,7 +182,7 @@ def check_stored_model(node: Any, shapes: dict[str, Any], weights: dict) -> None
     meta device is left to the real build."""
 
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), TensorBudget(4 * len(weights) + 1000):
             model = build(node, **accepted_by(node["_target_"], shapes))
         expected = model.state_dict()
     except UserError:
