@@ -13,7 +13,15 @@ from conftest import PREDICT, checkpoint, error_line, killed_at, run_python, run
 
 from data.batching.splits import feature_quantiles
 from models.auto import auto
-from models.tabular import PiecewiseEmbedding, RobustScaling, fitted_grid, smooth_clip, tabular
+from models.tabular import (
+    LARGE_TABLE_ROWS,
+    PiecewiseEmbedding,
+    RobustScaling,
+    fitted_frequency_scale,
+    fitted_grid,
+    smooth_clip,
+    tabular,
+)
 from utils.tasks._base import MembersLoss
 from utils.tasks._classification import ClassificationLoss
 
@@ -127,6 +135,7 @@ def test_a_table_run_says_its_model_and_resumes_bit_for_bit_after_kill_9(tmp_pat
     assert "model=auto: the tabular model (robust scaling, periodic embeddings, 8 members" in (
         said.stdout + said.stderr
     )
+    assert "frequencies from N(0, 0.01))" in said.stdout + said.stderr  # 255 training rows
     killed = run_train(tmp_path, *run, "run_name=killed", ok=False, env=killed_at(13))
     assert killed.returncode == -signal.SIGKILL
     run_train(tmp_path, *run, "run_name=killed", "resume=auto")
@@ -135,11 +144,29 @@ def test_a_table_run_says_its_model_and_resumes_bit_for_bit_after_kill_9(tmp_pat
     assert any("member_scale" in k for k in a) and any("center" in k for k in a)  # fitted
 
 
+def test_the_frequencies_start_wide_from_8000_training_rows(tmp_path):
+    """frequency_scale=auto: N(0, 0.01) under LARGE_TABLE_ROWS training rows, N(0, 1) from
+    them (docs/real-data.md); a number given is kept; a rebuilt model (no rows) loads its own."""
+    assert fitted_frequency_scale("auto", LARGE_TABLE_ROWS - 1) == 0.01
+    assert fitted_frequency_scale("auto", LARGE_TABLE_ROWS) == 1.0
+    assert fitted_frequency_scale("auto", None) == 0.01
+    assert fitted_frequency_scale(0.3, 10**6) == 0.3
+    write_table(tmp_path / "t.csv", rows=11500)  # 70% trains: 8,050 rows
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=1")
+    said = run_train(tmp_path, *run, "data.batch_size=512", "run_name=wide")
+    out = said.stdout + said.stderr
+    assert "8 members sharing a 512 MLP, frequencies from N(0, 1))" in out
+    assert "'train': 8050" in out
+    wide = checkpoint(tmp_path, "wide")["model"]["embed.frequencies"]
+    assert 0.5 < float(wide.std()) < 2  # started wide and stays so after an epoch
+
+
 @pytest.mark.parametrize(
     ("override", "said"),
     [
         ("model.bins=1000", "model.bins=1000 is out of range"),
         ("model.frequency_scale=0", "model.frequency_scale=0 is out of range"),
+        ("model.frequency_scale=wide", "model.frequency_scale='wide' is out of range"),
         ("model.embedding=quantile", "model.embedding"),
     ],
 )

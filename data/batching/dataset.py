@@ -190,10 +190,22 @@ class Data:
     @property
     def feature_quantiles(self) -> torch.Tensor | None:
         """A table's rows in memory: each feature's training quantiles (splits.py); else None."""
+        rows = self.table_rows
+        return feature_quantiles(rows, self.mean, self.std) if rows is not None else None
+
+    @property
+    def train_rows(self) -> int | None:
+        """A table's rows in memory: how many the training split holds; else None."""
+        rows = self.table_rows
+        return int(rows.shape[0]) if rows is not None else None
+
+    @property
+    def table_rows(self) -> torch.Tensor | None:
+        """The training split's rows [N, F] when they are a table's, in memory; else None."""
         split = self.splits["train"]
         rows = isinstance(split, TensorSplit) and split.inputs.dim() == 2 and not self.pixels
         rows = rows and self.text is None  # token ids are not features
-        return feature_quantiles(split.inputs, self.mean, self.std) if rows else None
+        return split.inputs if rows else None
 
     @property
     def in_memory(self) -> bool:

@@ -45,7 +45,11 @@ class Modules:
         against the outputs the fitted ``task`` needs (utils/tasks.py)."""
         text = getattr(data, "text", None)
         shapes = model_shapes(
-            data.input_shape, data.num_classes, getattr(data, "feature_quantiles", None), text
+            data.input_shape,
+            data.num_classes,
+            getattr(data, "feature_quantiles", None),
+            text,
+            getattr(data, "train_rows", None),
         )
         model = build(node, **accepted_by(node["_target_"], shapes))
         layout = wants_channels_last(model, device, channels_last)
@@ -80,13 +84,18 @@ class Modules:
 
 
 def model_shapes(
-    input_shape: Any, outputs: int, quantiles: Any = None, text: dict | None = None
+    input_shape: Any,
+    outputs: int,
+    quantiles: Any = None,
+    text: dict | None = None,
+    rows: int | None = None,
 ) -> dict[str, Any]:
     """What a model builder may take from the data: ``input_shape``, and the width of its
     output as ``num_classes`` (classes, labels or values: the built-in models' name) or
     ``num_outputs`` (the same number, for builders written for any task); for a table's rows,
-    ``feature_quantiles``, each feature's training quantiles (models/tabular.py; None when
-    rebuilt from a checkpoint, whose weights hold what was fitted); for texts (``text``: the
+    ``feature_quantiles``, each feature's training quantiles, and ``train_rows``, how many
+    rows the training split holds (models/tabular.py; None when rebuilt from a checkpoint,
+    whose weights hold what was fitted); for texts (``text``: the
     tokenizer's record), ``vocab_size`` and ``pad_id`` (None for other data)."""
     vocab_size = pad_id = None
     if text is not None:
@@ -97,6 +106,7 @@ def model_shapes(
         "num_classes": outputs,
         "num_outputs": outputs,
         "feature_quantiles": quantiles,
+        "train_rows": rows,
         "vocab_size": vocab_size,
         "pad_id": pad_id,
     }

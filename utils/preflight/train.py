@@ -216,6 +216,7 @@ SUPPLIED = {
         "num_classes",
         "num_outputs",
         "feature_quantiles",
+        "train_rows",
         "vocab_size",
         "pad_id",
     ),
