@@ -9,7 +9,7 @@
   NeurIPS 2022): ``piecewise`` (the piecewise-linear encoding over ``bins`` bins between the
   training quantiles, then a linear layer and ReLU per feature), ``periodic`` (cos and sin
   of learned frequencies, then a shared linear layer and ReLU: "PLR lite"; the frequencies
-  start from N(0, 0.01) under 8,000 training rows and from N(0, 1) above, ``train_rows``
+  start from N(0, 0.01) under 8,000 training rows and from N(0, 1) from there, ``train_rows``
   from the data), ``linear``
   (a linear layer and ReLU per feature) or ``none``;
 - **k members sharing one MLP** (TabM-mini; Gorishniy et al., ICLR 2025): each member scales
@@ -119,8 +119,8 @@ def tabular(
 
 def fitted_frequency_scale(scale: float | str, train_rows: int | None) -> float:
     """``frequency_scale=auto``: the periodic frequencies' starting spread for a table of
-    ``train_rows`` rows. Measured on 20 real tables (docs/real-data.md): wide starts (N(0, 1))
-    overfit tables of hundreds of rows (breast cancer −3 points, diabetes +15% MAE against
+    ``train_rows`` rows. Measured on 13 real tables (docs/real-data.md): wide starts (N(0, 1))
+    overfit tables of hundreds of rows (breast cancer −3 points, diabetes +14% MAE against
     N(0, 0.01)), are level at 6,000 rows and fit finer detail from 9,000 (hotel prices −14%
     MAE, diamonds −11%). A model rebuilt from a checkpoint (no rows) takes its frequencies
     from the weights."""
