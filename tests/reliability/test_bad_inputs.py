@@ -212,6 +212,11 @@ ROWS = [
     ("betas out of range", TRAIN, ["optim.betas=[1.5,0.999]"], "optim.betas=[1.5, 0.999]"),
     ("negative momentum", TRAIN, ["optim=sgd", "optim.momentum=-1"], "optim.momentum=-1"),
     ("an optimizer key it does not take", TRAIN, ["+optim.foo=1"], "optim.foo is not a parameter"),
+    # a key the data supplies (the class count, a table's training rows) is not a setting
+    ("a class count in the config", TRAIN, ["+model.num_classes=3"],
+     "model.num_classes is not a setting: train.py passes it"),
+    ("training rows in the config", TRAIN, ["model=tabular", "+model.train_rows=99999999"],
+     "model.train_rows is not a setting"),
     ("step_size 0", TRAIN, ["scheduler=step", "scheduler.step_size=0"], "scheduler.step_size=0"),
     ("plateau factor above 1", TRAIN, ["scheduler=plateau", "scheduler.factor=2"],
      "scheduler.factor=2"),

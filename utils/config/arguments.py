@@ -114,7 +114,8 @@ def check_node(
 ) -> None:
     """Bind config ``node`` (plain values) of ``group`` to ``target``'s signature: every key a
     parameter, every required parameter given (or in ``supplied``, the arguments train.py
-    passes in), then run the builder's own argument checks."""
+    passes in, which the config may not set: the supplied value would replace it unsaid),
+    then run the builder's own argument checks."""
     signature = inspect.signature(target)
     parameters = signature.parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
@@ -126,6 +127,11 @@ def check_node(
         if p.name not in supplied and p.kind is not p.VAR_KEYWORD
     ]
     for key in given:
+        if key in supplied:
+            raise UserError(
+                f"{group}.{key} is not a setting: train.py passes it to {name} from the data "
+                "(or the run); remove it"
+            )
         if key not in parameters and not takes_any:
             raise UserError(
                 f"{group}.{key} is not a parameter of {name}; it takes {', '.join(accepted)}"
