@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import sys
 
+from utils.system.cpu_math import same_bits_every_run
 from utils.system.signals import catch_early_signals
-from utils.tracking.process import start_early
 
 catch_early_signals()  # first: a SIGTERM while torch is still importing is acted on, not lost
+same_bits_every_run()  # before torch loads MKL: a resumed run ends bit-equal (utils/system/cpu_math.py)
+
+from utils.tracking.process import start_early
+
 start_early(sys.argv)  # logger=...mlflow: its process imports MLflow while torch imports here
 
 import logging

@@ -13,6 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from utils.system.cpu_math import same_bits_every_run
+
+same_bits_every_run()  # before torch loads MKL: runs in this process resume bit-equal too
+
 import numpy as np
 import pytest
 import torch

@@ -249,3 +249,28 @@ def test_a_checkpoint_of_the_first_format_still_resumes(tmp_path):
     a, b = checkpoint(tmp_path, "straight"), checkpoint(tmp_path, "old")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert read_metrics(tmp_path / "runs" / "old")["epochs"] == 2
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="this torch has no MKL")
+def test_mkl_multiplies_in_its_run_to_run_reproducible_mode(tmp_path):
+    """MKL promises the same bits from one run to the next only with conditional numerical
+    reproducibility on and a fixed thread count (Intel's "Reproducibility Conditions"):
+    train.py sets both before torch loads MKL, so a resumed process multiplies as the first
+    did; a mode the user exported wins. MKL_VERBOSE prints the mode with each product."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "MKL_DYNAMIC")}
+    for exported, expected in ((None, "AUTO Dyn:0"), ("COMPATIBLE", "COMPATIBLE Dyn:0")):
+        result = subprocess.run(
+            [sys.executable, str(TRAIN), "debug=fast_dev_run", f"run_name={exported}"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**env, "MKL_VERBOSE": "1", **({"MKL_CBWR": exported} if exported else {})},
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        modes = {
+            line.split(" CNR:")[1].split(" FastMM")[0]
+            for line in result.stdout.splitlines()
+            if line.startswith("MKL_VERBOSE SGEMM")
+        }
+        assert modes == {expected}, modes  # every product, none in another mode

@@ -17,6 +17,7 @@ from utils.config.resolvers import forget_fresh_folders
 from utils.config.schema import CONF
 from utils.errors import EXIT_USER_ERROR, print_error, user_error_in
 from utils.system.claim import release_claims
+from utils.system.cpu_math import same_bits_every_run
 from utils.tracking.process import let_early_go
 
 
@@ -75,6 +76,7 @@ def run_cli(main: Any, config_name: str) -> None:
     or group option, a value of the wrong type, an override it cannot parse) ends with one
     line naming the key and the fix, and exit code 1, instead of Hydra's multi-line report.
     Output to a reader that went away is dropped (:class:`ClosedPipeSafe`)."""
+    same_bits_every_run()  # before torch's first matrix product: a resumed run ends bit-equal
     streams = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = ClosedPipeSafe(sys.stdout), ClosedPipeSafe(sys.stderr)
     try:
