@@ -32,7 +32,7 @@ from torch import nn
 from models.cnn import cnn
 from models.cnn1d import cnn1d
 from models.mlp import mlp
-from models.tabular import TABLE_DEFAULTS, tabular
+from models.tabular import EMBED_INDICATORS_BEFORE, TABLE_DEFAULTS, tabular
 from models.text import text_bag
 from utils.errors import UserError
 
@@ -59,10 +59,13 @@ def auto(
     train_rows: int | None = None,
     vocab_size: int | None = None,
     pad_id: int | None = None,
+    embed_indicators: bool | str = EMBED_INDICATORS_BEFORE,
+    indicator_features: int | None = None,
 ) -> nn.Module:
     """The chosen model with the keys it reads (PyTorch's default initialisation). ``table``:
     what a table's rows get, ``tabular`` (conf/model/auto.yaml) or ``mlp`` — the default here,
-    so a checkpoint stored before the key existed rebuilds the MLP it trained."""
+    so a checkpoint stored before the key existed rebuilds the MLP it trained; likewise
+    ``embed_indicators`` (models/tabular.py)."""
     kind = "text" if vocab_size is not None else kind_of(input_shape)
     if kind == "table" and table not in ("tabular", "mlp"):
         raise UserError(f"model.table={table!r} must be tabular or mlp")
@@ -71,8 +74,10 @@ def auto(
             input_shape,
             num_classes,
             **TABLE_DEFAULTS,
+            embed_indicators=embed_indicators,
             feature_quantiles=feature_quantiles,
             train_rows=train_rows,
+            indicator_features=indicator_features,
         )
         shown = f"the tabular model ({model.describe()})"
     elif kind == "text":

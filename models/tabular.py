@@ -6,7 +6,11 @@
   interquartile range / 1.349 (a standard deviation, for a normal), then
   ``x / sqrt(1 + (x / 3)²)``, so that an outlier cannot dominate a layer;
 - **an embedding of each number** (Gorishniy et al., "On embeddings for numerical features",
-  NeurIPS 2022): ``piecewise`` (the piecewise-linear encoding over ``bins`` bins between the
+  NeurIPS 2022); a table's 0/1 columns (its categories one-hot, its gap flags: the
+  ``indicator_features`` after the numbers, from the data) are embedded too, or enter the MLP
+  as they are, as the papers feed a category (``embed_indicators``: true, false, or auto:
+  as they are once there are more than 64, where embedding them would make the MLP's input
+  several times as wide and the run as much slower): ``piecewise`` (the piecewise-linear encoding over ``bins`` bins between the
   training quantiles, then a linear layer and ReLU per feature), ``periodic`` (cos and sin
   of learned frequencies, then a shared linear layer and ReLU: "PLR lite"; the frequencies
   start from N(0, 0.01) under 8,000 training rows and from N(0, 1) from there, ``train_rows``
@@ -60,6 +64,12 @@ TABLE_DEFAULTS = {
     "dropout": 0.2,
     "robust_scaling": True,
 }
+# embed_indicators=auto: a table's 0/1 columns are embedded up to this many, and from one more
+# enter the MLP as they are (hotel rates' 396: 7x faster at level MAE; docs/real-data.md).
+PLAIN_INDICATORS_FROM = 65
+# What the two builders take when a stored config does not say: a checkpoint written before the
+# key existed embedded every column, and rebuilds so (conf/model/*.yaml: auto).
+EMBED_INDICATORS_BEFORE = True
 
 
 @checked(
@@ -76,6 +86,7 @@ TABLE_DEFAULTS = {
     hidden_sizes=POSITIVE_INTS,
     dropout=DROPOUT,
     robust_scaling=one_of(True, False),
+    embed_indicators=one_of(True, False, "auto"),
 )
 def tabular(
     input_shape: Sequence[int],
@@ -91,6 +102,8 @@ def tabular(
     robust_scaling: bool = True,
     feature_quantiles: torch.Tensor | None = None,
     train_rows: int | None = None,
+    embed_indicators: bool | str = EMBED_INDICATORS_BEFORE,
+    indicator_features: int | None = None,
 ) -> nn.Module:
     if len(input_shape) != 1:
         raise UserError(
@@ -101,20 +114,26 @@ def tabular(
     grid = fitted_grid(features, feature_quantiles)
     preprocess = RobustScaling(grid) if robust_scaling else nn.Identity()
     frequency_scale = fitted_frequency_scale(frequency_scale, train_rows)
+    plain = 0 if embedding == "none" else plain_indicators(embed_indicators, indicator_features)
+    numbers = features - min(plain, features)  # the first ``numbers`` features are embedded
+    plain = features - numbers
     embed = {
         "none": lambda: nn.Identity(),
-        "linear": lambda: LinearEmbedding(features, d_embedding),
-        "periodic": lambda: PeriodicEmbedding(features, frequencies, frequency_scale, d_embedding),
-        "piecewise": lambda: PiecewiseEmbedding(bin_edges(grid, bins, preprocess), d_embedding),
+        "linear": lambda: LinearEmbedding(numbers, d_embedding),
+        "periodic": lambda: PeriodicEmbedding(numbers, frequencies, frequency_scale, d_embedding),
+        "piecewise": lambda: PiecewiseEmbedding(
+            bin_edges(grid, bins, preprocess)[:numbers], d_embedding
+        ),
     }[embedding]()
-    embedded = features if embedding == "none" else features * d_embedding
+    embedded = features if embedding == "none" else numbers * d_embedding + plain
     layers: list[nn.Module] = []
     width = embedded
     for hidden in hidden_sizes:
         layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout)]
         width = hidden
     members = MemberScale(ensemble, embedded)
-    return EnsembleMLP(preprocess, embed, members, nn.Sequential(*layers), width, num_classes)
+    backbone = nn.Sequential(*layers)
+    return EnsembleMLP(preprocess, embed, members, backbone, width, num_classes, plain)
 
 
 def fitted_frequency_scale(scale: float | str, train_rows: int | None) -> float:
@@ -128,6 +147,17 @@ def fitted_frequency_scale(scale: float | str, train_rows: int | None) -> float:
         return float(scale)
     large = train_rows is not None and train_rows >= LARGE_TABLE_ROWS
     return LARGE_TABLE_SCALE if large else SMALL_TABLE_SCALE
+
+
+def plain_indicators(embed: bool | str, indicators: int | None) -> int:
+    """How many of the table's 0/1 columns (the last ``indicators`` features) enter the MLP as
+    they are: none when ``embed`` is true, all when false; ``auto``: all from
+    :data:`PLAIN_INDICATORS_FROM` of them. A rebuild counts them from the checkpoint's column
+    record as training did, so both build the same shapes."""
+    indicators = indicators or 0
+    if embed == "auto":
+        return indicators if indicators >= PLAIN_INDICATORS_FROM else 0
+    return 0 if embed else indicators
 
 
 def fitted_grid(features: int, quantiles: torch.Tensor | None) -> torch.Tensor:
@@ -258,8 +288,9 @@ class MemberScale(nn.Module):
 
 
 class EnsembleMLP(nn.Module):
-    """``preprocess`` → ``embed`` → the k ``members``' copies of the input through one shared
-    ``backbone`` MLP (Linear, ReLU, Dropout) at once → k output layers."""
+    """``preprocess`` → ``embed`` (of all features but the last ``plain``, which join its output
+    as they are) → the k ``members``' copies of the input through one shared ``backbone`` MLP
+    (Linear, ReLU, Dropout) at once → k output layers."""
 
     def __init__(
         self,
@@ -269,9 +300,10 @@ class EnsembleMLP(nn.Module):
         backbone: nn.Sequential,
         width: int,
         outputs: int,
+        plain: int = 0,
     ) -> None:
         super().__init__()
-        self.preprocess, self.embed = preprocess, embed
+        self.preprocess, self.embed, self.plain = preprocess, embed, plain
         self.member_scale, self.backbone = members, backbone
         self.members = len(members.weight)
         bound = width**-0.5
@@ -280,7 +312,13 @@ class EnsembleMLP(nn.Module):
         self.head_bias = nn.Parameter(torch.empty(self.members, outputs).uniform_(-bound, bound))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.member_scale(self.embed(self.preprocess(x)))  # [N, k, D]
+        x = self.preprocess(x)
+        if self.plain:  # the 0/1 columns after the numbers, as they are
+            numbers = x.shape[1] - self.plain
+            x = torch.cat([self.embed(x[:, :numbers]), x[:, numbers:]], dim=1)
+        else:
+            x = self.embed(x)
+        x = self.member_scale(x)  # [N, k, D]
         x = self.backbone(x)  # the k copies through the one MLP
         out = torch.einsum("nkd,kdo->nko", x, self.head_weight) + self.head_bias
         return out if self.training else out.mean(dim=1)
@@ -294,7 +332,8 @@ class EnsembleMLP(nn.Module):
         start = ""
         if isinstance(self.embed, PeriodicEmbedding):
             start = f", frequencies from N(0, {self.embed.scale:g})"
+        plain = f", {self.plain} 0/1 columns as they are" if self.plain else ""
         return (
-            f"{scaling}{embedding} embeddings, {self.members} members sharing a "
+            f"{scaling}{embedding} embeddings{plain}, {self.members} members sharing a "
             f"{widths or 'linear'} MLP{start}"
         )

@@ -101,7 +101,8 @@ def test_an_image_models_exports_take_png_pixels_and_match_predict(tmp_path):
     assert_same_as_predict(tmp_path, outputs, classes, ordered)
 
 
-def test_a_table_models_exports_take_raw_columns_with_gaps_and_categories(tmp_path):
+@pytest.mark.parametrize("embed", ["auto", "false"])  # false: the 0/1 columns as they are
+def test_a_table_models_exports_take_raw_columns_with_gaps_and_categories(tmp_path, embed):
     colours = ["red", "green", "blue"]
     rows = []
     for i in range(160):
@@ -111,7 +112,10 @@ def test_a_table_models_exports_take_raw_columns_with_gaps_and_categories(tmp_pa
     write_rows(tmp_path / "t.csv", ["size", "offset", "colour", "y"], rows)
     new = [["", "3", "green"], ["7.5", "-4", "purple"], ["1.0", "", "red"], ["9.9", "12", "blue"]]
     write_rows(tmp_path / "new.csv", ["size", "offset", "colour"], new)
-    run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=y", "run_name=r")
+    run = ("data=csv", "data.path=t.csv", "data.target=y", f"model.embed_indicators={embed}")
+    result = run_train(tmp_path, *run, "run_name=r")
+    said = result.stdout + result.stderr
+    assert ("4 0/1 columns as they are" in said) == (embed == "false")  # colour: 3, size: a gap
     outputs, classes = exported_answers(tmp_path)
     assert_same_as_predict(tmp_path, outputs, classes, predicted(tmp_path, "input=new.csv"))
     import onnxruntime

@@ -19,6 +19,7 @@ from models.tabular import (
     RobustScaling,
     fitted_frequency_scale,
     fitted_grid,
+    plain_indicators,
     smooth_clip,
     tabular,
 )
@@ -190,6 +191,45 @@ def test_a_checkpoint_stored_before_the_tabular_model_rebuilds_the_mlp_it_traine
     torch.save(stored, tmp_path / "old.pt")
     result = run_python(tmp_path, str(PREDICT), "ckpt=old.pt", "input=t.csv", "out=p.csv")
     assert result.returncode == 0 and (tmp_path / "p.csv").read_text().count("\n") == 121
+
+
+def test_the_0_1_columns_enter_as_they_are_and_an_older_checkpoint_rebuilds_them_embedded(
+    tmp_path,
+):
+    """With model.embed_indicators=false a table's numbers are embedded and its one-hot
+    categories and gap flags (after them) go to the MLP as they are (auto: once there are
+    more than 64); a checkpoint stored before the key existed embedded them all, and
+    predict.py rebuilds it so, from the same column record."""
+    assert [plain_indicators("auto", n) for n in (None, 3, 64, 65)] == [0, 0, 0, 65]
+    assert plain_indicators(False, 3) == 3 and plain_indicators(True, 400) == 0
+    write_table(tmp_path / "t.csv", rows=120)  # size, weight, colour (r, g, b)
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=2")
+    said = run_train(tmp_path, *run, "model.embed_indicators=false", "run_name=new").stdout
+    assert "periodic embeddings, 3 0/1 columns as they are" in said
+    run_train(tmp_path, *run, "run_name=old")  # auto: 3 columns are embedded
+    new, old = checkpoint(tmp_path, "new"), checkpoint(tmp_path, "old")
+    assert new["model"]["embed.frequencies"].shape == (2, 48)  # the two numbers only
+    assert new["model"]["member_scale.weight"].shape == (8, 2 * 16 + 3)
+    assert old["model"]["member_scale.weight"].shape == (8, 5 * 16)
+    for name in ("new", "old"):
+        out = f"{name}.csv"
+        run_python(tmp_path, str(PREDICT), f"ckpt=checkpoints/{name}", "input=t.csv", f"out={out}")
+    del old["config"]["model"]["embed_indicators"]  # as the code before the key wrote it
+    torch.save(old, tmp_path / "before.pt")
+    run_python(tmp_path, str(PREDICT), "ckpt=before.pt", "input=t.csv", "out=before.csv")
+    assert (tmp_path / "before.csv").read_text() == (tmp_path / "old.csv").read_text()
+    # auto, on a category of 70 values: they go as they are, and predict.py rebuilds that
+    lines = ["size,city,kind", *(f"{i % 13},c{i % 70},{'ab'[i % 3 > 0]}" for i in range(210))]
+    (tmp_path / "wide.csv").write_text("\n".join(lines) + "\n")
+    wide = ("data=csv", "data.path=wide.csv", "data.target=kind", "trainer.max_epochs=1")
+    said = run_train(tmp_path, *wide, "run_name=wide").stdout
+    assert "periodic embeddings, 70 0/1 columns as they are" in said
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/wide", "input=wide.csv", "out=w.csv")
+    assert (tmp_path / "w.csv").read_text().count("\n") == 211
+    # the builder counts the features after the numbers; without a table, all are embedded
+    model = tabular((5,), 3, **{**KEYS, "embed_indicators": False}, indicator_features=3)
+    assert model.plain == 3 and model.member_scale.weight.shape[1] == 2 * KEYS["d_embedding"] + 3
+    assert tabular((5,), 3, **{**KEYS, "embed_indicators": False}).plain == 0
 
 
 @pytest.mark.parametrize(

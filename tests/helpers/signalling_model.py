@@ -43,13 +43,23 @@ def mlp(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.Module:
 
 
 def auto(
-    input_shape, num_classes, hidden_sizes, channels, kernel_size, dropout, table, feature_quantiles
+    input_shape,
+    num_classes,
+    hidden_sizes,
+    channels,
+    kernel_size,
+    dropout,
+    table,
+    embed_indicators,
+    feature_quantiles,
+    indicator_features,
 ) -> nn.Module:
     """model=auto's choice (a table's: models/tabular.py), signalling."""
     from models.auto import auto as plain_auto
 
-    keys = (hidden_sizes, channels, kernel_size, dropout, table)
-    return SignalAt(plain_auto(input_shape, num_classes, *keys, feature_quantiles))
+    keys = (hidden_sizes, channels, kernel_size, dropout, table, feature_quantiles)
+    fitted = {"embed_indicators": embed_indicators, "indicator_features": indicator_features}
+    return SignalAt(plain_auto(input_shape, num_classes, *keys, **fitted))
 
 
 def timm_model(input_shape, num_classes, name, pretrained, drop_rate, drop_path_rate) -> nn.Module:

@@ -45,7 +45,10 @@ def rebuild_model(config: dict, weights: dict, shapes: Any, device: Any, task: A
     anything it asks is allocated, then built on ``device`` with them loaded."""
     model_node = OmegaConf.create(model_config(config["model"]))
     supplied = model_shapes(
-        shapes.input_shape, shapes.num_classes, text=getattr(shapes, "text", None)
+        shapes.input_shape,
+        shapes.num_classes,
+        text=getattr(shapes, "text", None),
+        table=getattr(shapes, "table", None),
     )
     check_stored_model(model_node, supplied, weights)
     modules = Modules.build(model_node, shapes, device, None, task)

@@ -50,6 +50,7 @@ class Modules:
             getattr(data, "feature_quantiles", None),
             text,
             getattr(data, "train_rows", None),
+            getattr(data, "table", None),
         )
         model = build(node, **accepted_by(node["_target_"], shapes))
         layout = wants_channels_last(model, device, channels_last)
@@ -89,13 +90,16 @@ def model_shapes(
     quantiles: Any = None,
     text: dict | None = None,
     rows: int | None = None,
+    table: dict | None = None,
 ) -> dict[str, Any]:
     """What a model builder may take from the data: ``input_shape``, and the width of its
     output as ``num_classes`` (classes, labels or values: the built-in models' name) or
     ``num_outputs`` (the same number, for builders written for any task); for a table's rows,
     ``feature_quantiles``, each feature's training quantiles, and ``train_rows``, how many
     rows the training split holds (models/tabular.py; None when rebuilt from a checkpoint,
-    whose weights hold what was fitted); for texts (``text``: the
+    whose weights hold what was fitted), and ``indicator_features``, how many of the features
+    are a table's 0/1 columns after its numbers (``table``: its column record, kept in every
+    checkpoint, so a rebuild counts the same); for texts (``text``: the
     tokenizer's record), ``vocab_size`` and ``pad_id`` (None for other data)."""
     vocab_size = pad_id = None
     if text is not None:
@@ -107,9 +111,19 @@ def model_shapes(
         "num_outputs": outputs,
         "feature_quantiles": quantiles,
         "train_rows": rows,
+        "indicator_features": indicator_features(input_shape, table),
         "vocab_size": vocab_size,
         "pad_id": pad_id,
     }
+
+
+def indicator_features(input_shape: Any, table: dict | None) -> int | None:
+    """How many of a table's features follow its numbers: the one-hot categories and the gap
+    flags, each 0 or 1 (data/readers/table.py ``Columns``: numbers first); None for other data."""
+    numeric = table.get("numeric") if isinstance(table, dict) else None
+    if not isinstance(numeric, list) or len(input_shape) != 1:
+        return None
+    return max(0, int(input_shape[0]) - len(numeric))
 
 
 def accepted_by(target: str, supplied: dict[str, Any]) -> dict[str, Any]:

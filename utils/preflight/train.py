@@ -217,6 +217,7 @@ SUPPLIED = {
         "num_outputs",
         "feature_quantiles",
         "train_rows",
+        "indicator_features",
         "vocab_size",
         "pad_id",
     ),
