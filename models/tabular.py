@@ -6,16 +6,16 @@
   interquartile range / 1.349 (a standard deviation, for a normal), then
   ``x / sqrt(1 + (x / 3)²)``, so that an outlier cannot dominate a layer;
 - **an embedding of each number** (Gorishniy et al., "On embeddings for numerical features",
-  NeurIPS 2022); a table's 0/1 columns (its categories one-hot, its gap flags: the
-  ``indicator_features`` after the numbers, from the data) are embedded too, or enter the MLP
-  as they are, as the papers feed a category (``embed_indicators``: true, false, or auto:
-  as they are once there are more than 64, where embedding them would make the MLP's input
-  several times as wide and the run as much slower): ``piecewise`` (the piecewise-linear encoding over ``bins`` bins between the
+  NeurIPS 2022): ``piecewise`` (the piecewise-linear encoding over ``bins`` bins between the
   training quantiles, then a linear layer and ReLU per feature), ``periodic`` (cos and sin
   of learned frequencies, then a shared linear layer and ReLU: "PLR lite"; the frequencies
   start from N(0, 0.01) under 8,000 training rows and from N(0, 1) from there, ``train_rows``
   from the data), ``linear``
-  (a linear layer and ReLU per feature) or ``none``;
+  (a linear layer and ReLU per feature) or ``none``; a table's 0/1 columns (its categories
+  one-hot, its gap flags: the ``indicator_features`` after the numbers) are embedded too, or
+  enter the MLP as they are, as the papers feed a category (``embed_indicators``: true,
+  false, or auto: as they are once there are more than 64, where embedding them would make
+  the input several times as wide and the run as much slower);
 - **k members sharing one MLP** (TabM-mini; Gorishniy et al., ICLR 2025): each member scales
   the MLP's input by its own vector (random signs at the start) and has its own output layer;
   the k run as one batched forward. In training the model returns the members' outputs
@@ -65,7 +65,7 @@ TABLE_DEFAULTS = {
     "robust_scaling": True,
 }
 # embed_indicators=auto: a table's 0/1 columns are embedded up to this many, and from one more
-# enter the MLP as they are (hotel rates' 396: 7x faster at level MAE; docs/real-data.md).
+# enter the MLP as they are (hotel rates' 399: 7x faster at level MAE; docs/real-data.md).
 PLAIN_INDICATORS_FROM = 65
 # What the two builders take when a stored config does not say: a checkpoint written before the
 # key existed embedded every column, and rebuilds so (conf/model/*.yaml: auto).
@@ -115,8 +115,8 @@ def tabular(
     preprocess = RobustScaling(grid) if robust_scaling else nn.Identity()
     frequency_scale = fitted_frequency_scale(frequency_scale, train_rows)
     plain = 0 if embedding == "none" else plain_indicators(embed_indicators, indicator_features)
-    numbers = features - min(plain, features)  # the first ``numbers`` features are embedded
-    plain = features - numbers
+    plain = min(plain, features)
+    numbers = features - plain  # the first ``numbers`` features are embedded
     embed = {
         "none": lambda: nn.Identity(),
         "linear": lambda: LinearEmbedding(numbers, d_embedding),
@@ -132,8 +132,7 @@ def tabular(
         layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout)]
         width = hidden
     members = MemberScale(ensemble, embedded)
-    backbone = nn.Sequential(*layers)
-    return EnsembleMLP(preprocess, embed, members, backbone, width, num_classes, plain)
+    return EnsembleMLP(preprocess, embed, members, nn.Sequential(*layers), num_classes, plain)
 
 
 def fitted_frequency_scale(scale: float | str, train_rows: int | None) -> float:
@@ -298,14 +297,15 @@ class EnsembleMLP(nn.Module):
         embed: nn.Module,
         members: MemberScale,
         backbone: nn.Sequential,
-        width: int,
         outputs: int,
         plain: int = 0,
     ) -> None:
         super().__init__()
         self.preprocess, self.embed, self.plain = preprocess, embed, plain
         self.member_scale, self.backbone = members, backbone
-        self.members = len(members.weight)
+        self.members, width = members.weight.shape
+        for layer in backbone:  # the last hidden layer's width, or the input's without one
+            width = layer.out_features if isinstance(layer, nn.Linear) else width
         bound = width**-0.5
         shape = (self.members, width, outputs)
         self.head_weight = nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
