@@ -47,6 +47,9 @@ log = logging.getLogger("torchloom")
 EMBEDDINGS = ("none", "linear", "periodic", "piecewise")
 QUANTILE_LEVELS = 65  # the quantiles the data supplies: 0, 1/64, ..., 1
 CLIP = 3.0  # smooth clipping's scale: x / sqrt(1 + (x / CLIP)²)
+# Smooth clipping first bounds x here: past it the result is ±CLIP to float32's precision, and
+# beyond about 5e19 (x / CLIP)² overflows to inf, which would map the value to 0, the median.
+CLIP_BOUND = 1e6
 STEP = 1e-3  # a piecewise bin narrower than this (in scaled units) is a step
 # frequency_scale=auto: the periodic frequencies start near 0 (an almost linear embedding) on
 # a table of fewer training rows than this, and spread wide from it (docs/real-data.md).
@@ -199,6 +202,7 @@ class RobustScaling(nn.Module):
 
 
 def smooth_clip(x: torch.Tensor) -> torch.Tensor:
+    x = x.clamp(-CLIP_BOUND, CLIP_BOUND)  # a value far out clips to ±3, not to the median
     return x / torch.sqrt(1 + (x / CLIP) ** 2)
 
 

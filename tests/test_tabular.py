@@ -5,6 +5,7 @@ bit. Its exports against predict.py: tests/test_raw_exports.py (model=auto there
 
 from __future__ import annotations
 
+import csv
 import signal
 
 import pytest
@@ -253,3 +254,24 @@ def test_a_checkpoint_edited_to_give_nan_is_refused_in_one_line_and_writes_no_cs
     )
     assert result.returncode == 2 and said in error_line(result)
     assert not (tmp_path / "p.csv").exists()
+
+
+def test_a_value_far_past_the_training_range_clips_to_the_edge_not_to_the_median(tmp_path):
+    """Smooth clipping bounds a scaled value before it squares it: a weight of 1e30 (finite
+    as a float32, its square is not) predicts as 1e8 does, at the clipped edge, where it once
+    overflowed to inf and was read as the median; -1e30 as -1e8, at the other edge."""
+    assert smooth_clip(torch.tensor([1e30, -3e38, 1e8])).tolist() == [3.0, -3.0, 3.0]
+    write_table(tmp_path / "t.csv", rows=120)  # weight: about 500 ± 100
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=2")
+    run_train(tmp_path, *run, "run_name=far")
+    weights = ["500", "1e8", "1e30", "-1e8", "-1e30"]
+    lines = ["size,weight,colour", *(f"0.1,{w},g" for w in weights)]
+    (tmp_path / "far.csv").write_text("\n".join(lines) + "\n")
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/far", "input=far.csv", "out=p.csv")
+    with open(tmp_path / "p.csv", newline="") as f:
+        said = {
+            w: {k: v for k, v in r.items() if k not in ("input", "weight")}
+            for w, r in zip(weights, csv.DictReader(f), strict=True)
+        }
+    assert said["1e30"] == said["1e8"] != said["500"]
+    assert said["-1e30"] == said["-1e8"] != said["500"]
