@@ -143,9 +143,9 @@ def fitted_frequency_scale(scale: float | str, train_rows: int | None) -> float:
     ``train_rows`` rows. Measured on 13 real tables (docs/real-data.md): wide starts (N(0, 1))
     overfit tables of hundreds of rows (breast cancer −3 points, diabetes +14% MAE against
     N(0, 0.01)), are level at 6,000 rows and fit finer detail from 9,000 (hotel prices −14%
-    MAE, diamonds −13%). From there N(0, 3) rather than N(0, 1): UCI adult +0.5 points over
-    two seeds, hotel prices, CPS 1988 and diamonds within 1% either way. A model rebuilt from
-    a checkpoint (no rows) takes its frequencies from the weights."""
+    MAE, diamonds −13%). From there N(0, 3) rather than N(0, 1): UCI adult +0.5 points on
+    each of three seeds, hotel prices, CPS 1988 and diamonds within 1% either way. A model
+    rebuilt from a checkpoint (no rows) takes its frequencies from the weights."""
     if scale != "auto":
         return float(scale)
     large = train_rows is not None and train_rows >= LARGE_TABLE_ROWS
