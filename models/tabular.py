@@ -118,7 +118,6 @@ def tabular(
     preprocess = RobustScaling(grid) if robust_scaling else nn.Identity()
     frequency_scale = fitted_frequency_scale(frequency_scale, train_rows)
     plain = 0 if embedding == "none" else plain_indicators(embed_indicators, indicator_features)
-    plain = min(plain, features)
     numbers = features - plain  # the first ``numbers`` features are embedded
     embed = {
         "none": lambda: nn.Identity(),
