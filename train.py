@@ -144,8 +144,8 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     if trainer.shapes_only:  # debug=shapes
         return debug.show_shapes(modules, out)
     modules.wrap_for_steps(context.processes, trainer, precision.dtype)  # DDP or FSDP, compile
-    placement = context.placement(modules.channels_last)  # and whole steps under accumulation
-    own = data.batches_for(placement, cfg.seed, trainer.accumulate_grad_batches)
+    placement = context.placement(modules.channels_last, modules.batch_members)  # members' rows
+    own = data.batches_for(placement, cfg.seed, trainer.accumulate_grad_batches)  # whole steps
     batches = debug.wrap_batches(own, trainer)
     start = check_start_up(modules.model, data, batches.train, trainer, task, context.processes)
     trainer.max_epochs = start.epochs  # trainer.max_epochs=auto: fitted to the training set

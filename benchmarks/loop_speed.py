@@ -11,6 +11,7 @@ model, optimizer, batch size and seed; and train.py's start-up time against ``im
     python benchmarks/loop_speed.py --cases image_cnn                 # cnn on a 28×28 PNG folder
     python benchmarks/loop_speed.py --cases image_cnn image_cnn_augmented  # crops, colours, erasing
     python benchmarks/loop_speed.py --cases table table_ensemble      # k = 8 members against 1
+    python benchmarks/loop_speed.py --cases table table_ensemble table_ensemble_shared  # own rows
     python benchmarks/loop_speed.py --cases text   # length buckets against padding to max_length
 
 For each case it times, in one process:
@@ -136,8 +137,11 @@ FEATURE_CASES = {
     "mlp_checkpointed": ("mlp", ["trainer.checkpoint_every_n_steps=50"]),
     # ImageNet-style augmentation per image on the cached path (data/augmentation/images.py).
     "image_cnn_augmented": ("image_cnn", IMAGE_AUGMENT),
-    # k = 8 members sharing one MLP, one batched forward (models/tabular.py), against one.
+    # k = 8 members sharing one MLP, one batched forward, each member on rows of its own
+    # (model.share_batches=false, the default: models/tabular.py), against one.
     "table_ensemble": ("table", ["model.ensemble=8"]),
+    # The same 8 members sharing each batch (model.share_batches=true): one embedding pass.
+    "table_ensemble_shared": ("table", ["model.ensemble=8", "model.share_batches=true"]),
 }
 for _case, (_base, _extra) in FEATURE_CASES.items():
     CASES[_case] = [*CASES[_base], *_extra]
@@ -146,7 +150,7 @@ COMMON = ["optim=adamw", "scheduler=none", "precision=fp32", "trainer.device=cpu
 # 2 cores, an MLP epoch 0.3 s, a digits epoch of 19 steps 35 ms).
 EPOCHS = {"mlp": 16, "cnn": 16, "digits": 40, "mlp_ema": 16, "cnn_mix": 16, "mlp_logged": 16}
 EPOCHS.update(mlp_callbacks=16, digits_callbacks=40, image_cnn=8, mlp_checkpointed=16)
-EPOCHS.update(image_cnn_augmented=8, table=8, table_ensemble=8, text=4)
+EPOCHS.update(image_cnn_augmented=8, table=8, table_ensemble=8, table_ensemble_shared=8, text=4)
 
 
 def write_table_file(path: Path) -> Path:
@@ -245,7 +249,10 @@ def normalised_train_split(data) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def cross_entropy(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The hand-written loss; k members' outputs [N, k, C] (model=tabular): each member's."""
+    """The hand-written loss; k members' outputs [N, k, C] (model=tabular): each member's,
+    against its own rows' labels [N, k] where each member draws its own batches."""
+    if outputs.dim() == 3 and labels.dim() == 2:
+        return F.cross_entropy(outputs.flatten(0, 1), labels.flatten())
     if outputs.dim() == 3:
         k = outputs.shape[1]
         outputs, labels = outputs.flatten(0, 1), labels.repeat_interleave(k)
@@ -257,11 +264,13 @@ def floor_epochs(data, model_and_optimizer, seed: int) -> Iterator[float]:
     inputs, labels = normalised_train_split(data)
     model, optimizer = model_and_optimizer()
     batch, n = data.batch_size, len(labels)
+    members = getattr(model, "batch_members", 1)  # k members each on its own rows: [B, k]
     generator = torch.Generator().manual_seed(seed)
     while True:
         start = time.perf_counter()
         model.train()
-        order = torch.randperm(n, generator=generator)
+        order = torch.stack([torch.randperm(n, generator=generator) for _ in range(members)], 1)
+        order = order if members > 1 else order[:, 0]
         for i in range(n // batch):
             rows = order[i * batch : (i + 1) * batch]
             loss = cross_entropy(model(inputs[rows]), labels[rows])
@@ -275,22 +284,33 @@ def dataloader_epochs(data, model_and_optimizer, seed: int) -> Iterator[float]:
     """The same loop over ``DataLoader(TensorDataset)``: one epoch per ``next``."""
     inputs, labels = normalised_train_split(data)
     model, optimizer = model_and_optimizer()
-    loader = DataLoader(
-        TensorDataset(inputs, labels),
-        batch_size=data.batch_size,
-        shuffle=True,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    loaders = [
+        DataLoader(
+            TensorDataset(inputs, labels),
+            batch_size=data.batch_size,
+            shuffle=True,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(seed + member),
+        )
+        for member in range(getattr(model, "batch_members", 1))  # k members: a loader each
+    ]
+    loader = loaders[0]
     while True:
         start = time.perf_counter()
         model.train()
-        for images, targets in loader:
+        for batches in zip(*loaders, strict=True):
+            images = stacked([images for images, _ in batches])
+            targets = stacked([targets for _, targets in batches])
             loss = cross_entropy(model(images), targets)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         yield len(loader) * data.batch_size / (time.perf_counter() - start)
+
+
+def stacked(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The k members' batches side by side, [B, k, ...]; one member's as it is."""
+    return parts[0] if len(parts) == 1 else torch.stack(parts, 1)
 
 
 def alternate(method: Iterator[float], floor: Iterator[float], epochs: int):
@@ -360,6 +380,8 @@ def lightning_run(data, model_and_optimizer, epochs: int, floor: Iterator[float]
         return None
     inputs, labels = normalised_train_split(data)
     model, optimizer = model_and_optimizer()
+    if getattr(model, "batch_members", 1) > 1:  # its Trainer takes one loader's batches
+        return None
     rates: list[float] = []
     floors = [next(floor)]
 

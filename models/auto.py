@@ -32,7 +32,7 @@ from torch import nn
 from models.cnn import cnn
 from models.cnn1d import cnn1d
 from models.mlp import mlp
-from models.tabular import EMBED_INDICATORS_BEFORE, TABLE_DEFAULTS, tabular
+from models.tabular import EMBED_INDICATORS_BEFORE, SHARE_BATCHES_BEFORE, TABLE_DEFAULTS, tabular
 from models.text import text_bag
 from utils.errors import UserError
 
@@ -61,11 +61,12 @@ def auto(
     pad_id: int | None = None,
     embed_indicators: bool | str = EMBED_INDICATORS_BEFORE,
     indicator_features: int | None = None,
+    share_batches: bool = SHARE_BATCHES_BEFORE,
 ) -> nn.Module:
     """The chosen model with the keys it reads (PyTorch's default initialisation). ``table``:
     what a table's rows get, ``tabular`` (conf/model/auto.yaml) or ``mlp`` — the default here,
     so a checkpoint stored before the key existed rebuilds the MLP it trained; likewise
-    ``embed_indicators`` (models/tabular.py)."""
+    ``embed_indicators`` and ``share_batches`` (models/tabular.py)."""
     kind = "text" if vocab_size is not None else kind_of(input_shape)
     if kind == "table" and table not in ("tabular", "mlp"):
         raise UserError(f"model.table={table!r} must be tabular or mlp")
@@ -73,7 +74,7 @@ def auto(
         model = tabular(
             input_shape,
             num_classes,
-            **TABLE_DEFAULTS,
+            **{**TABLE_DEFAULTS, "share_batches": share_batches},
             embed_indicators=embed_indicators,
             feature_quantiles=feature_quantiles,
             train_rows=train_rows,

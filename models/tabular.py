@@ -20,6 +20,10 @@
   the MLP's input by its own vector (random signs at the start) and has its own output layer;
   the k run as one batched forward. In training the model returns the members' outputs
   ``[N, k, outputs]`` and each member's loss counts (utils/tasks); in evaluation, their mean.
+  Each member trains on batches of its own (``share_batches: false``, TabM's
+  ``share_training_batches=False``): the data draws one order per member
+  (data/batching/order.py), and a training batch holds ``[N, k, F]`` rows, member m's in
+  column m; ``true``: one batch ``[N, F]`` for all.
 
 Its preprocessing is fitted on the training split: the data supplies each feature's training
 quantiles (``feature_quantiles``, in the model's input units), from which the median, the
@@ -66,6 +70,7 @@ TABLE_DEFAULTS = {
     "hidden_sizes": (512,),
     "dropout": 0.2,
     "robust_scaling": True,
+    "share_batches": False,
 }
 # embed_indicators=auto: a table's 0/1 columns are embedded up to this many, and from one more
 # enter the MLP as they are (hotel rates' 399: 7x faster at level MAE; docs/real-data.md).
@@ -73,6 +78,7 @@ PLAIN_INDICATORS_FROM = 65
 # What the two builders take when a stored config does not say: a checkpoint written before the
 # key existed embedded every column, and rebuilds so (conf/model/*.yaml: auto).
 EMBED_INDICATORS_BEFORE = True
+SHARE_BATCHES_BEFORE = True  # and its members shared each training batch
 
 
 @checked(
@@ -90,6 +96,7 @@ EMBED_INDICATORS_BEFORE = True
     dropout=DROPOUT,
     robust_scaling=one_of(True, False),
     embed_indicators=one_of(True, False, "auto"),
+    share_batches=one_of(True, False),
 )
 def tabular(
     input_shape: Sequence[int],
@@ -107,6 +114,7 @@ def tabular(
     train_rows: int | None = None,
     embed_indicators: bool | str = EMBED_INDICATORS_BEFORE,
     indicator_features: int | None = None,
+    share_batches: bool = SHARE_BATCHES_BEFORE,
 ) -> nn.Module:
     if len(input_shape) != 1:
         raise UserError(
@@ -133,7 +141,7 @@ def tabular(
     for hidden in hidden_sizes:
         layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout)]
         width = hidden
-    members = MemberScale(ensemble, embedded)
+    members = MemberScale(ensemble, embedded, own_rows=not share_batches)
     return EnsembleMLP(preprocess, embed, members, nn.Sequential(*layers), num_classes, plain)
 
 
@@ -224,7 +232,7 @@ class LinearEmbedding(nn.Module):
         self.bias = nn.Parameter(torch.empty(features, d).uniform_(-bound, bound))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(x[..., None] * self.weight + self.bias).flatten(1)
+        return torch.relu(x[..., None] * self.weight + self.bias).flatten(-2)
 
 
 class PeriodicEmbedding(nn.Module):
@@ -240,7 +248,7 @@ class PeriodicEmbedding(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         angle = 2 * math.pi * self.frequencies * x[..., None]
         periodic = torch.cat([torch.cos(angle), torch.sin(angle)], dim=-1)
-        return torch.relu(self.linear(periodic)).flatten(1)
+        return torch.relu(self.linear(periodic)).flatten(-2)
 
 
 class PiecewiseEmbedding(nn.Module):
@@ -273,27 +281,30 @@ class PiecewiseEmbedding(nn.Module):
                 ],
                 dim=-1,
             )
-        encoded = torch.einsum("nfb,fbd->nfd", ratio, self.weight) + self.bias
-        return torch.relu(encoded).flatten(1)
+        encoded = torch.einsum("...fb,fbd->...fd", ratio, self.weight) + self.bias
+        return torch.relu(encoded).flatten(-2)
 
 
 class MemberScale(nn.Module):
-    """The k members' scaling of the MLP's input, [N, D] → [N, k, D] (random signs at the
-    start, TabM's; one member: ones, a plain MLP)."""
+    """The k members' scaling of the MLP's input, [N, D] (or each member's own rows,
+    [N, k, D]) → [N, k, D] (random signs at the start, TabM's; one member: ones, a plain
+    MLP). ``own_rows``: in training each member takes rows of its own (share_batches=false)."""
 
-    def __init__(self, members: int, width: int) -> None:
+    def __init__(self, members: int, width: int, own_rows: bool = False) -> None:
         super().__init__()
+        self.own_rows = own_rows and members > 1
         signs = torch.randint(0, 2, (members, width)) * 2.0 - 1
         self.weight = nn.Parameter(signs if members > 1 else torch.ones(1, width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x[:, None, :] * self.weight
+        return (x if x.dim() == 3 else x[:, None, :]) * self.weight
 
 
 class EnsembleMLP(nn.Module):
     """``preprocess`` → ``embed`` (of all features but the last ``plain``, which join its output
     as they are) → the k ``members``' copies of the input through one shared ``backbone`` MLP
-    (Linear, ReLU, Dropout) at once → k output layers."""
+    (Linear, ReLU, Dropout) at once → k output layers. It takes rows [N, F], or in training
+    each member's own rows [N, k, F] (``batch_members``: k then, 1 when they share batches)."""
 
     def __init__(
         self,
@@ -308,6 +319,7 @@ class EnsembleMLP(nn.Module):
         self.preprocess, self.embed, self.plain = preprocess, embed, plain
         self.member_scale, self.backbone = members, backbone
         self.members, width = members.weight.shape
+        self.batch_members = self.members if members.own_rows else 1  # what the batches draw
         for layer in backbone:  # the last hidden layer's width, or the input's without one
             width = layer.out_features if isinstance(layer, nn.Linear) else width
         bound = width**-0.5
@@ -318,11 +330,11 @@ class EnsembleMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.preprocess(x)
         if self.plain:  # the 0/1 columns after the numbers, as they are
-            numbers = x.shape[1] - self.plain
-            x = torch.cat([self.embed(x[:, :numbers]), x[:, numbers:]], dim=1)
+            numbers = x.shape[-1] - self.plain
+            x = torch.cat([self.embed(x[..., :numbers]), x[..., numbers:]], dim=-1)
         else:
             x = self.embed(x)
-        x = self.member_scale(x)  # [N, k, D]
+        x = self.member_scale(x)  # [N, k, D]: the members' copies, or their own rows
         x = self.backbone(x)  # the k copies through the one MLP
         out = torch.einsum("nkd,kdo->nko", x, self.head_weight) + self.head_bias
         return out if self.training else out.mean(dim=1)
@@ -337,7 +349,8 @@ class EnsembleMLP(nn.Module):
         if isinstance(self.embed, PeriodicEmbedding):
             start = f", frequencies from N(0, {self.embed.scale:g})"
         plain = f", {self.plain} 0/1 columns as they are" if self.plain else ""
+        own = ", each on batches of its own" if self.batch_members > 1 else ""
         return (
             f"{scaling}{embedding} embeddings{plain}, {self.members} members sharing a "
-            f"{widths or 'linear'} MLP{start}"
+            f"{widths or 'linear'} MLP{own}{start}"
         )

@@ -506,3 +506,23 @@ def test_text_columns_in_shards_are_categories_one_hot_as_the_csv_reader_makes_t
     run_python(tmp_path, str(ROOT / "predict.py"), f"ckpt={run}", "input=rows.csv")
     lines = (tmp_path / "predictions.csv").read_text().splitlines()
     assert [line.split(",")[1] for line in lines[1:3]] == ["warm", "cold"]  # as training read
+
+
+def test_a_table_in_shards_trains_the_tabular_model_its_members_sharing_each_batch(tmp_path):
+    """model=auto on a table's shards: the tabular model, whose members would each draw their
+    own rows from data held whole; shards are read window by window in the one order, so the
+    members share each batch, said in one line, and the run trains to the end."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 3, generator=generator)
+    (tmp_path / "set").mkdir()
+    columns = {f"x{j}": x[:, j].tolist() for j in range(3)}
+    kind = ["ab"[int(v > 0)] for v in x[:, 0].tolist()]
+    pq.write_table(
+        pa.table({**columns, "kind": kind}), tmp_path / "set/p.parquet", row_group_size=20
+    )
+    run = ("data=parquet", "data.path=set", "data.target=kind", "data.num_workers=0")
+    said = run_train(tmp_path, *run, "run_name=t")  # the default epochs: 400 steps
+    out = said.stdout + said.stderr
+    assert "the tabular model" in out and "each on batches of its own" in out
+    assert "the train split is read in batches, not held whole, so the 8 members share" in out
+    assert read_metrics(tmp_path / "runs/t")["test/acc"] > 0.8  # the sign of x0

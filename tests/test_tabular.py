@@ -12,7 +12,8 @@ import pytest
 import torch
 from conftest import PREDICT, checkpoint, error_line, killed_at, run_python, run_train, write_table
 
-from data.batching.splits import feature_quantiles
+from data.batching.batches import BatchPlan, BatchTransform, TensorBatches
+from data.batching.splits import TensorSplit, feature_quantiles
 from models.auto import auto
 from models.tabular import (
     LARGE_TABLE_ROWS,
@@ -24,8 +25,10 @@ from models.tabular import (
     smooth_clip,
     tabular,
 )
+from utils.fit.teacher import Teacher
 from utils.tasks._base import MembersLoss
 from utils.tasks._classification import ClassificationLoss
+from utils.tasks._regression import RegressionLoss, TargetScale
 
 KEYS = dict(
     embedding="piecewise",
@@ -115,6 +118,63 @@ def test_members_train_apart_and_evaluate_as_their_mean(embedding):
     torch.testing.assert_close(loss, torch.stack(each).mean())
 
 
+def numbered_batches(members: int, rank: int = 0, world_size: int = 1, batch: int = 8):
+    """Training batches of 50 rows whose inputs and labels are each row's number."""
+    ids = torch.arange(50)
+    split = TensorSplit(torch.stack([ids, ids], 1).float(), ids)
+    plan = BatchPlan(batch, True, 3, rank, world_size, members=members)
+    return TensorBatches(split, plan, BatchTransform([0.0], [1.0], torch.device("cpu")))
+
+
+def test_each_member_draws_its_own_rows_member_0_the_shared_order():
+    """model.share_batches=false: a training batch holds [B, k, F] rows, member m's from its own
+    permutation of the epoch, member 0's the shared order's; every member sees every row once
+    an epoch; a batch is a pure function of (seed, epoch, index), so a resume at a batch and
+    another world size with the same global batch continue the same stream."""
+    shared = [labels for _, labels in numbered_batches(1).epoch(2)]
+    own = list(numbered_batches(4).epoch(2))
+    assert [tuple(inputs.shape) for inputs, _ in own[:2]] == [(8, 4, 2), (8, 4, 2)]
+    assert tuple(own[-1][0].shape) == (2, 4, 2)  # 50 = 6 × 8 + a partial batch of 2
+    for (inputs, labels), one in zip(own, shared, strict=True):
+        assert torch.equal(labels[:, 0], one) and torch.equal(inputs[..., 0].long(), labels)
+    seen = torch.cat([labels for _, labels in own])  # [50, 4]
+    assert all(sorted(seen[:, m].tolist()) == list(range(50)) for m in range(4))
+    assert len({tuple(seen[:, m].tolist()) for m in range(4)}) == 4  # four orders
+    resumed = list(numbered_batches(4).epoch(2, start=3))
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(resumed, own[3:], strict=True))
+    halves = [list(numbered_batches(4, rank, 2, batch=4).epoch(2)) for rank in (0, 1)]
+    for index, (first, second) in enumerate(zip(*halves, strict=True)):  # drops the partial
+        assert torch.equal(torch.cat([first[1], second[1]]), own[index][1])
+    assert not torch.equal(own[0][1], next(numbered_batches(4).epoch(3))[1])  # epoch by epoch
+
+
+def test_a_member_trains_on_its_own_targets_and_a_teacher_teaches_its_own_rows():
+    """Each member's loss against its own rows' targets ([N, k] classes, [N, k, T] values);
+    shared targets ([N] classes, [N, T] values, even with T = k) are every member's. A teacher
+    is given each member's own rows."""
+    outputs = torch.randn(6, 3, 5, generator=torch.Generator().manual_seed(0))
+    own = torch.randint(0, 5, (6, 3), generator=torch.Generator().manual_seed(1))
+    loss = MembersLoss(ClassificationLoss(0.0, None, 5))(outputs, own)
+    each = [torch.nn.functional.cross_entropy(outputs[:, m], own[:, m]) for m in range(3)]
+    torch.testing.assert_close(loss, torch.stack(each).mean())
+    values, scale = (
+        torch.randn(6, 3, 3),
+        TargetScale([0.0] * 3, [1.0] * 3, [0.0] * 3, torch.device("cpu")),
+    )
+    regression = MembersLoss(RegressionLoss("mse", 1.0, scale))
+    own_values = torch.randn(6, 3, 3)
+    mse = [torch.nn.functional.mse_loss(values[:, m], own_values[:, m]) for m in range(3)]
+    torch.testing.assert_close(regression(values, own_values), torch.stack(mse).mean())
+    shared = torch.randn(6, 3)  # three targets for three members: still everyone's
+    mse = [torch.nn.functional.mse_loss(values[:, m], shared) for m in range(3)]
+    torch.testing.assert_close(regression(values, shared), torch.stack(mse).mean())
+    node = type("Distill", (), {"temperature": 2.0, "alpha": 1.0})
+    teacher = Teacher(torch.nn.Linear(4, 5), None, node, (None, ""))
+    rows = torch.randn(6, 3, 4)
+    kl = [teacher.blend(torch.tensor(0.0), outputs[:, m], rows[:, m]) for m in range(3)]
+    torch.testing.assert_close(teacher.blend(torch.tensor(0.0), outputs, rows), sum(kl) / 3)
+
+
 def test_a_rebuilt_model_takes_its_fitted_preprocessing_from_the_weights():
     x = rows()
     fitted = tabular((5,), 3, **KEYS, feature_quantiles=feature_quantiles(x, [0.0] * 5, [1.0] * 5))
@@ -157,7 +217,9 @@ def test_the_frequencies_start_wide_from_8000_training_rows(tmp_path):
     run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=1")
     said = run_train(tmp_path, *run, "data.batch_size=512", "run_name=wide")
     out = said.stdout + said.stderr
-    assert "8 members sharing a 512 MLP, frequencies from N(0, 3))" in out
+    assert "8 members sharing a 512 MLP, each on batches of its own, frequencies from N(0, 3))" in (
+        out
+    )
     assert "'train': 8050" in out
     wide = checkpoint(tmp_path, "wide")["model"]["embed.frequencies"]
     assert 1.5 < float(wide.std()) < 6  # started wide and stays so after an epoch

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from data.augmentation.images import Draws, ImageAugment, augmented, resized_crops
-from data.batching.order import bucketed, permutation, repeated
+from data.batching.order import bucketed, member_orders, permutation, repeated
 from data.batching.splits import MappedSplit, TensorSplit, shard, shard_bounds
 
 SPATIAL = ("auto", "on", "off")  # data.augment.spatial: crops and flips for which models
@@ -25,13 +25,16 @@ log = logging.getLogger("torchloom")
 
 @dataclass(frozen=True)
 class Placement:
-    """Where batches go: the device, its memory layout, and this process's share (rank of
-    world_size processes). One value for every split of a run, in train.py and evaluate.py."""
+    """Where batches go: the device, its memory layout, this process's share (rank of
+    world_size processes), and the model's members that each take training rows of their own
+    (``members``: models/tabular.py). One value for every split of a run, in train.py and
+    evaluate.py."""
 
     device: torch.device
     channels_last: bool = False
     rank: int = 0
     world_size: int = 1
+    members: int = 1
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class BatchPlan:
     # than a step of whole ones, and accumulation would no longer equal one larger batch.
     keep_partial: bool = True
     repeats: int = 1  # data.augment.repeats: copies of each sample in a row (training only)
+    # An ensemble's members that each train on rows of their own (model.share_batches=false;
+    # training only, data held whole): a batch's inputs [B, members, ...], its targets too.
+    members: int = 1
 
     def batch_count(self, samples: int) -> int:
         """Batches of ``samples``: for training, the global batches of every process, the last
@@ -191,6 +197,9 @@ class TensorBatches:
         return self.plan.batch_count(len(self.labels))
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.train and self.plan.members > 1:
+            yield from self.member_epoch(epoch, start)
+            return
         order, host_order = None, None
         if self.train:
             host_order = permutation(len(self.labels), self.seed, epoch)
@@ -217,6 +226,20 @@ class TensorBatches:
             elif self.train:  # each sample's draws, by (seed, epoch, its index)
                 images = self.transform.augment(images, self.seed, epoch, rows)
             yield images, labels
+
+    def member_epoch(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Training batches of k members that each draw their own rows (TabM's independent
+        batches): row i of member m from member m's order of the epoch (order.member_orders),
+        this process taking its rows of each member's global batch; inputs [B, k, F], targets
+        [B, k, ...]. Only a table's model has members: nothing to augment."""
+        n = len(self.labels)
+        orders = member_orders(n, self.seed, epoch, self.plan.members)
+        orders = torch.stack([repeated(order, self.plan.repeats) for order in orders])
+        orders = orders.to(self.transform.device)
+        for index in range(start, len(self)):
+            lo, hi = batch_bounds(index, self.batch_size, self.rank, self.world_size)
+            rows = orders[:, lo:hi].T % n  # [B, k]: a slot's sample (data.augment.repeats)
+            yield self.inputs[rows], self.labels[rows]
 
 
 def token_lengths(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -259,6 +282,22 @@ class MappedBatches:
             if plan.train:  # each sample's draws, by (seed, epoch, its index)
                 images = self.transform.augment(images, plan.seed, epoch, rows)
             yield images, labels
+
+
+def member_rows(members: int, train: bool, split: object, name: str) -> int:
+    """How many members draw rows of their own from the batches of ``split`` (named ``name``):
+    a model's ``members`` for training on a split held whole (:class:`TensorSplit`); otherwise
+    1 (evaluation; a split read in batches, such as shards, read window by window for the one
+    order: said in one line)."""
+    held = isinstance(split, TensorSplit)
+    if train and members > 1 and not held:
+        log.info(
+            "model.share_batches=false: the %s split is read in batches, not held whole, so "
+            "the %d members share each batch",
+            name,
+            members,
+        )
+    return members if train and held else 1
 
 
 def batch_bounds(index: int, batch_size: int, rank: int, world_size: int) -> tuple[int, int]:

@@ -31,6 +31,7 @@ from data.batching.batches import (
     TensorBatches,
     TokenIds,
     fitted_batch_size,
+    member_rows,
 )
 from data.batching.fingerprint import decoded_hashes, membership, sample_hashes
 from data.batching.loader import LoaderBatches
@@ -316,10 +317,9 @@ class Data:
         train: bool | None = None,
         keep_partial: bool = True,
     ) -> TensorBatches | LoaderBatches:
-        """Batches of ``split``, placed as ``placement`` says. Training batches (by default
-        those of the train split) are shuffled and augmented, and the last partial one is kept
-        unless it holds one sample (or the run has several processes); evaluation batches hold every sample once, in order. Training batches are
-        mixed when ``data.augment`` asks for MixUp/CutMix (data/augmentation/mixing.py)."""
+        """Batches of ``split``, as ``placement`` says: for training (the train split's by default)
+        shuffled, augmented, mixed if ``data.augment`` asks (MixUp/CutMix), the last partial
+        batch kept unless of one sample or several processes; for evaluation, each sample once."""
         if self.splits[split] is None:
             raise UserError(f"{self.name} has no {split} split; choose another split")
         train = split == "train" if train is None else train
@@ -332,9 +332,9 @@ class Data:
         )
         batch_size = self.batch_size if train else self.eval_batch_size
         repeats = self.images.repeats if train else 1  # data.augment.repeats
-        plan = BatchPlan(
-            batch_size, train, seed, placement.rank, placement.world_size, keep_partial, repeats
-        )
+        own = member_rows(placement.members, train, self.splits[split], split)  # share_batches
+        rank, world = placement.rank, placement.world_size
+        plan = BatchPlan(batch_size, train, seed, rank, world, keep_partial, repeats, own)
         if isinstance(self.splits[split], TensorSplit):
             batches = TensorBatches(self.splits[split], plan, transform, self.pad_id)
         elif isinstance(self.splits[split], MappedSplit):

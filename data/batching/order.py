@@ -3,6 +3,8 @@ of (seed, epoch, the data's sizes), so that a resume (on any number of workers, 
 world size with the same global batch) continues the same stream.
 
 - Data held whole (tensors, the image cache): a permutation of every sample an epoch.
+- An ensemble's members training on batches of their own (``model.share_batches=false``, data
+  held whole): one permutation per member, the first the shared one (:func:`member_orders`).
 - Shards (data=parquet): the row groups permuted, then the samples shuffled within each window
   of ``data.shuffle_window`` consecutive row groups of that permutation (a block shuffle: a
   window's row groups are read once, together). A window of every row group is the full
@@ -24,6 +26,20 @@ WINDOW_SALT = 7  # the within-window shuffles draw from another stream than the 
 def permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(mix_seed(seed, epoch))
     return torch.randperm(n, generator=generator)
+
+
+MEMBER_SALT = 13  # each further member's order draws from a stream of its own
+
+
+def member_orders(n: int, seed: int, epoch: int, members: int) -> torch.Tensor:
+    """[members, n]: each member's permutation of ``epoch`` (TabM's independent batches:
+    ``share_training_batches=False``), member 0's the one every other run draws
+    (:func:`permutation`), so one member is the shared order itself."""
+    orders = [permutation(n, seed, epoch)]
+    for member in range(1, members):
+        generator = torch.Generator().manual_seed(mix_seed(seed, epoch, MEMBER_SALT, member))
+        orders.append(torch.randperm(n, generator=generator))
+    return torch.stack(orders)
 
 
 def repeated(order: torch.Tensor, repeats: int) -> torch.Tensor:

@@ -20,6 +20,7 @@ class SignalAt(nn.Module):
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
+        self.batch_members = getattr(inner, "batch_members", 1)  # the batches it trains on
         self.calls = 0
         self.at = int(os.environ.get("SIGNAL_AT_FORWARD", "0"))
         self.signum = getattr(signal, os.environ.get("SIGNAL_NAME", "SIGTERM"))
@@ -53,12 +54,14 @@ def auto(
     embed_indicators,
     feature_quantiles,
     indicator_features,
+    share_batches,
 ) -> nn.Module:
     """model=auto's choice (a table's: models/tabular.py), signalling."""
     from models.auto import auto as plain_auto
 
     keys = (hidden_sizes, channels, kernel_size, dropout, table, feature_quantiles)
     fitted = {"embed_indicators": embed_indicators, "indicator_features": indicator_features}
+    fitted["share_batches"] = share_batches
     return SignalAt(plain_auto(input_shape, num_classes, *keys, **fitted))
 
 
@@ -95,6 +98,7 @@ class Faulty(nn.Module):
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
+        self.batch_members = getattr(inner, "batch_members", 1)  # the batches it trains on
         self.calls = 0
         self.at = int(os.environ.get("FAULT_AT", "0"))
         self.fault = os.environ.get("FAULT", "nan")

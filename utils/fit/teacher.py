@@ -98,14 +98,20 @@ class Teacher:
     def blend(
         self, loss: torch.Tensor, outputs: torch.Tensor, inputs: torch.Tensor
     ) -> torch.Tensor:
-        """``(1 − α)·loss + α·T²·KL``, the teacher's outputs taken on the same ``inputs``."""
+        """``(1 − α)·loss + α·T²·KL``, the teacher's outputs taken on the same ``inputs`` (each
+        member's own rows, ``[N, k, ...]``, where the members draw their own batches)."""
+        own_rows = outputs.dim() == 3 and inputs.dim() == 3  # only a table's model has members
+        if own_rows:
+            inputs = inputs.flatten(0, 1)
         with torch.inference_mode():
             if self.renormalize is not None:
                 scale, shift = self.renormalize
                 inputs = inputs * scale + shift
             taught = self.model(inputs)
         taught = taught.float().clone()  # out of inference mode: autograd may keep it
-        if outputs.dim() == 3:  # k members' outputs (models/tabular.py): each is taught
+        if own_rows:  # k members' outputs, each on its own rows (models/tabular.py)
+            outputs = outputs.flatten(0, 1)
+        elif outputs.dim() == 3:  # k members' outputs (models/tabular.py): each is taught
             k = outputs.shape[1]
             outputs, taught = outputs.flatten(0, 1), taught.repeat_interleave(k, dim=0)
         return (1 - self.alpha) * loss + self.alpha * self.divergence(outputs, taught)

@@ -36,6 +36,12 @@ class Modules:
     eval_model: nn.Module
     flattens_input: bool = False  # its first layer flattens each sample (an MLP): no crops
 
+    @property
+    def batch_members(self) -> int:
+        """How many members each draw their own training rows (models/tabular.py,
+        ``model.share_batches=false``); 1 for every other model."""
+        return getattr(self.model, "batch_members", 1)
+
     @classmethod
     def build(
         cls, node: Any, data: Any, device: torch.device, channels_last: bool | None, task: Any

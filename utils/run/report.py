@@ -102,6 +102,8 @@ def log_sample_grid(tracker, first_batch: tuple, data, task, count: int = 16):
     with their targets as the ``task`` shows them, in the history (TensorBoard's images and
     text): a label that does not match its image shows at once."""
     images, labels = first_batch[0][:count].float().cpu(), first_batch[1][:count].cpu()
+    if images.dim() == 3 and len(data.input_shape) == 1:  # each member's own rows: member 0's
+        images, labels = images[:, 0], labels[:, 0]
     if images.dim() == 4:  # images (a table's rows have no picture)
         mean = torch.tensor(data.mean).view(1, -1, 1, 1)
         std = torch.tensor(data.std).view(1, -1, 1, 1)

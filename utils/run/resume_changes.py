@@ -99,6 +99,7 @@ def _added_later() -> dict[str, Any]:
         "model.drop_path_rate": 0.0,
         "model.drop_rate": 0.0,
         "model.table": "mlp",  # model=auto's choice for a table before the tabular model
+        "model.share_batches": True,  # the tabular model's members shared each batch
         "distill.teacher": None,
         "distill.weights": "auto",
         "distill.temperature": 4.0,

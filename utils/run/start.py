@@ -339,10 +339,12 @@ class RunContext:
         keeps the run's), once the model is built the same way on every process."""
         seed_rank_stream(self.seed, self.processes.rank)
 
-    def placement(self, channels_last: bool = False) -> Placement:
-        """Where this process's batches go."""
+    def placement(self, channels_last: bool = False, members: int = 1) -> Placement:
+        """Where this process's batches go, for a model of ``members`` that each take rows of
+        their own."""
         processes = self.processes
-        return Placement(self.device, channels_last, processes.rank, processes.world_size)
+        world = processes.world_size
+        return Placement(self.device, channels_last, processes.rank, world, members)
 
     def close(self) -> None:
         distributed.close_processes()

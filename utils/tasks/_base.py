@@ -321,8 +321,10 @@ class Calibrated(nn.Module):
 
 class MembersLoss:
     """A training loss that also takes the outputs ``[N, k, ...]`` of a model of k members
-    (models/tabular.py in training): the mean of the members' losses, each against the same
-    targets (TabM's training); ``[N, ...]`` outputs go through as they are."""
+    (models/tabular.py in training): the mean of the members' losses (TabM's training), each
+    against the same targets, or against its own where the batch gave each member its own
+    rows (targets ``[N, k]`` class indices or ``[N, k, ...]`` values:
+    :func:`member_targets`); ``[N, ...]`` outputs go through as they are."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -331,7 +333,19 @@ class MembersLoss:
         return self.inner.training_note(mixing)
 
     def __call__(self, outputs: torch.Tensor, targets: torch.Tensor, *args: Any) -> torch.Tensor:
-        if outputs.dim() == 3 and targets.dim() <= 2:
+        if outputs.dim() == 3 and member_targets(targets, outputs):
+            outputs, targets = outputs.flatten(0, 1), targets.flatten(0, 1)
+        elif outputs.dim() == 3:
             k = outputs.shape[1]
             outputs, targets = outputs.flatten(0, 1), targets.repeat_interleave(k, dim=0)
         return self.inner(outputs, targets, *args)
+
+
+def member_targets(targets: torch.Tensor, outputs: torch.Tensor) -> bool:
+    """Whether ``targets`` hold each of the k members' own (a batch of
+    ``model.share_batches=false``): ``[N, k]`` class indices, or ``[N, k, ...]`` values
+    beside outputs ``[N, k, ...]``; shared targets are ``[N]`` indices or ``[N, ...]`` values."""
+    own_classes = targets.dim() == 2 and not targets.is_floating_point()
+    return tuple(targets.shape[:2]) == tuple(outputs.shape[:2]) and (
+        own_classes or targets.dim() == 3
+    )
