@@ -509,9 +509,10 @@ def test_text_columns_in_shards_are_categories_one_hot_as_the_csv_reader_makes_t
 
 
 def test_a_table_in_shards_trains_the_tabular_model_its_members_sharing_each_batch(tmp_path):
-    """model=auto on a table's shards: the tabular model, whose members would each draw their
-    own rows from data held whole; shards are read window by window in the one order, so the
-    members share each batch, said in one line, and the run trains to the end."""
+    """model=auto on a table's shards with model.share_batches=false: the tabular model's
+    members would each draw their own rows from data held whole; shards are read window by
+    window in the one order, so they share each batch, said in one line, and the run trains
+    to the end."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(200, 3, generator=generator)
     (tmp_path / "set").mkdir()
@@ -521,6 +522,7 @@ def test_a_table_in_shards_trains_the_tabular_model_its_members_sharing_each_bat
         pa.table({**columns, "kind": kind}), tmp_path / "set/p.parquet", row_group_size=20
     )
     run = ("data=parquet", "data.path=set", "data.target=kind", "data.num_workers=0")
+    run += ("model.share_batches=false",)
     said = run_train(tmp_path, *run, "run_name=t")  # the default epochs: 400 steps
     out = said.stdout + said.stderr
     assert "the tabular model" in out and "each on batches of its own" in out
