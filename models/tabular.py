@@ -24,7 +24,7 @@
   on batches of its own (``false``, TabM's ``share_training_batches=False``): the data draws
   one order per member (data/batching/order.py) and a training batch holds ``[N, k, F]``
   rows, member m's in column m. Not the default: each member's rows are embedded apart (8
-  members train 8.6 times slower than one on the benchmark's table of 64 numbers, 3.4 times
+  members train 9.6 times slower than one on the benchmark's table of 64 numbers, 3.5 times
   when they share), for figures within a seed's move on most tables (docs/real-data.md).
 
 Its preprocessing is fitted on the training split: the data supplies each feature's training

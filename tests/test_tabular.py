@@ -209,6 +209,27 @@ def test_a_table_run_says_its_model_and_resumes_bit_for_bit_after_kill_9(tmp_pat
     assert any("member_scale" in k for k in a) and any("center" in k for k in a)  # fitted
 
 
+def test_a_table_checkpoint_stored_before_share_batches_resumes_and_a_change_is_refused(
+    tmp_path,
+):
+    """A last.pt written before model.share_batches existed trained its members on shared
+    batches, as the default still does: it resumes as it is; asked to resume with each member
+    on rows of its own, which would change the data order, the resume is refused in one line
+    naming the key."""
+    write_table(tmp_path / "t.csv", rows=120)
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "data.batch_size=32")
+    run_train(tmp_path, *run, "trainer.max_epochs=1", "run_name=old")
+    stored = checkpoint(tmp_path, "old")
+    del stored["config"]["model"]["share_batches"]  # as the code before the key wrote it
+    torch.save(stored, tmp_path / "checkpoints/old/last.pt")
+    own = ("trainer.max_epochs=2", "model.share_batches=false", "resume=auto", "run_name=old")
+    refused = run_train(tmp_path, *run, *own, ok=False)
+    assert refused.returncode == 2
+    assert "model.share_batches: True -> False" in error_line(refused)
+    run_train(tmp_path, *run, "trainer.max_epochs=2", "resume=auto", "run_name=old")
+    assert checkpoint(tmp_path, "old")["epoch"] == 2
+
+
 def test_the_frequencies_start_wide_from_8000_training_rows(tmp_path):
     """frequency_scale=auto: N(0, 0.01) under LARGE_TABLE_ROWS training rows, N(0, 3) from
     them (docs/real-data.md); a number given is kept; a rebuilt model (no rows) loads its own."""
