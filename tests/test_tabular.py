@@ -254,6 +254,7 @@ def test_the_frequencies_start_wide_from_8000_training_rows(tmp_path):
         ("model.frequency_scale=0", "model.frequency_scale=0 is out of range"),
         ("model.frequency_scale=wide", "model.frequency_scale='wide' is out of range"),
         ("model.embedding=quantile", "model.embedding"),
+        ("model.share_batches=sometimes", "model.share_batches"),
     ],
 )
 def test_a_wrong_tabular_setting_is_one_line(tmp_path, override, said):
