@@ -74,8 +74,9 @@ def auto(
         model = tabular(
             input_shape,
             num_classes,
-            **{**TABLE_DEFAULTS, "share_batches": share_batches},
+            **TABLE_DEFAULTS,
             embed_indicators=embed_indicators,
+            share_batches=share_batches,
             feature_quantiles=feature_quantiles,
             train_rows=train_rows,
             indicator_features=indicator_features,

@@ -72,7 +72,6 @@ TABLE_DEFAULTS = {
     "hidden_sizes": (512,),
     "dropout": 0.2,
     "robust_scaling": True,
-    "share_batches": True,
 }
 # embed_indicators=auto: a table's 0/1 columns are embedded up to this many, and from one more
 # enter the MLP as they are (hotel rates' 399: 7x faster at level MAE; docs/real-data.md).

@@ -333,11 +333,10 @@ class MembersLoss:
         return self.inner.training_note(mixing)
 
     def __call__(self, outputs: torch.Tensor, targets: torch.Tensor, *args: Any) -> torch.Tensor:
-        if outputs.dim() == 3 and member_targets(targets, outputs):
+        if outputs.dim() == 3:
+            if not member_targets(targets, outputs):  # every member against the same ones
+                targets = targets.unsqueeze(1).expand(-1, outputs.shape[1], *targets.shape[1:])
             outputs, targets = outputs.flatten(0, 1), targets.flatten(0, 1)
-        elif outputs.dim() == 3:
-            k = outputs.shape[1]
-            outputs, targets = outputs.flatten(0, 1), targets.repeat_interleave(k, dim=0)
         return self.inner(outputs, targets, *args)
 
 
