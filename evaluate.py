@@ -55,7 +55,11 @@ from utils.config.build import build
 from utils.errors import UserError
 from utils.evaluation import tables
 from utils.evaluation.export import export_evaluated
-from utils.evaluation.fit_calibration import calibrate_on_val, check_can_store
+from utils.evaluation.fit_calibration import (
+    calibrate_on_val,
+    check_can_store,
+    check_val_held_out,
+)
 from utils.evaluation.metrics import evaluate
 from utils.fit.swa import recompute_batchnorm
 from utils.precision import Precision
@@ -114,6 +118,7 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         seen = path.stat()  # a calibration is stored only if no run replaced the file since
         evaluated = rebuilt_on_data(run, path)
         cfg.split = chosen_split(asked, evaluated.data, path)
+        check_val_held_out(path, evaluated.config, cfg.split, plan.fitting)  # a refit's
         if plan.copies is not None:  # average=top_k: BatchNorm refitted on train; then kept
             refit_and_keep_average(run, evaluated, run_dir / "averaged.pt")
         task, metrics, before = judged(run, evaluated, seen)

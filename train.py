@@ -67,6 +67,7 @@ from utils.run import (
     RunContext,
     cross_validate,
     provenance,
+    refit,
     report,
     run_cli,
     save_fold_predictions,
@@ -90,6 +91,7 @@ def main(cfg: DictConfig) -> float:
                 if cfg.cv:  # cv=K: every fold, each a run of train() in runs/<run>/fold-<k>/
                     return cross_validate(cfg, stop, train)
                 value = train(cfg, stop)
+                refit(cfg, stop, train)  # trainer.refit: again on train ∪ val, when it asks
                 if not cfg.trainer.write_outputs and not in_sweep():  # debug=fast_dev_run
                     for folder in remove_unused(run_folders(cfg), DRY_RUN_FILES):
                         log.info("a dry run keeps nothing: %s removed", folder)
@@ -196,7 +198,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
         if data.fold_ids is not None:  # data.split.folds: best.pt's val predictions (oof.csv)
             save_fold_predictions(out, judge.model, batches.val, precision, task, data)
         summary = loop.summary(data)  # throughput and data wait, with advice when it waited
-        metrics = report.final_metrics(state, summary, data.test_split, checkpointer)
+        metrics = report.final_metrics(state, summary, data, checkpointer)
         out.finish({**metrics, **early.summary()}, run.record.resolved, state.metrics)
         callbacks.fit_end(loop.status, metrics)
     context.close()
@@ -212,6 +214,8 @@ def task_and_data(cfg: DictConfig, stored: InputRecord | None, device: Any) -> t
     its data exactly as it started: the same normalisation and target scale."""
     task = build(cfg.task)
     data = build(cfg.data, **task.data_arguments(cfg.data, stored))
+    if cfg.trainer.train_on_val:  # trainer.refit's run (utils/run/refit.py)
+        data.join_val()
     if stored is not None:
         # Its train split's gap fills differ only if the data changed: provenance's to judge.
         data.follow_record(stored, "the resumed checkpoint", use="resume it", fills=False)

@@ -36,7 +36,7 @@ from data.batching.batches import (
 from data.batching.fingerprint import decoded_hashes, membership, sample_hashes
 from data.batching.loader import LoaderBatches
 from data.batching.shards import ShardBatches, ShardSplit
-from data.batching.splits import MappedSplit, TensorSplit, feature_quantiles
+from data.batching.splits import MappedSplit, TensorSplit, feature_quantiles, joined
 from data.batching.targets import Targets
 from utils.config.arguments import POSITIVE_INT, check_values, one_of
 from utils.errors import UserError
@@ -180,13 +180,9 @@ class Data:
         """The inputs are uint8 images (an image cache or files read lazily), not numbers in
         their own units (a table, arrays)."""
         split = self.splits["train"]
-        if isinstance(split, TensorSplit | ShardSplit):
-            return (
-                split.inputs.dtype == torch.uint8
-                if isinstance(split, TensorSplit)
-                else split.pixels
-            )
-        return True
+        if isinstance(split, TensorSplit):
+            return split.inputs.dtype == torch.uint8
+        return split.pixels if isinstance(split, ShardSplit) else True
 
     @property
     def feature_quantiles(self) -> torch.Tensor | None:
@@ -305,6 +301,12 @@ class Data:
             return sample_hashes(inputs, split.labels)
         lazy = split is not None and decode and not isinstance(split, ShardSplit)  # by listing
         return decoded_hashes(split) if lazy else None
+
+    def join_val(self) -> None:
+        """``trainer.train_on_val`` (a refit): val trained on too; batch size and scale as fitted."""
+        self.splits["train"] = joined(
+            self.splits["train"], self.splits["val"], "trainer.train_on_val"
+        )
 
     def sizes(self) -> dict[str, int]:
         return {name: len(split) for name, split in self.splits.items() if split is not None}

@@ -89,6 +89,20 @@ def rows_of(split: TensorSplit | MappedSplit, rows: torch.Tensor) -> TensorSplit
     return MappedSplit(Rows(split.images, rows.numpy()), split.labels[rows], hashes)
 
 
+def joined(first: TensorSplit, second: TensorSplit, why: str) -> TensorSplit:
+    """The samples of ``first`` then ``second``, in memory (``why``: the key that asked)."""
+    held = isinstance(first, TensorSplit) and isinstance(second, TensorSplit)
+    if not held or first.input_shape != second.input_shape:
+        raise UserError(
+            f"{why}: the train and val splits cannot be joined (they must be held in memory "
+            "with one input shape: a table, arrays or a cached image set); leave it out"
+        )
+    both = first.hashes is not None and second.hashes is not None
+    hashes = torch.cat([first.hashes, second.hashes]) if both else None
+    inputs = torch.cat([first.inputs, second.inputs])
+    return TensorSplit(inputs, torch.cat([first.labels, second.labels]), hashes)
+
+
 def shard_bounds(size: int, rank: int, world_size: int) -> tuple[int, int]:
     """This process's contiguous share of ``size`` samples (sizes differ by at most one)."""
     return rank * size // world_size, (rank + 1) * size // world_size

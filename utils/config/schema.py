@@ -80,6 +80,8 @@ class TrainerConfig:
     write_outputs: bool = MISSING
     max_consecutive_skips: int = MISSING
     silence_guards: list[str] = MISSING
+    refit: Any = MISSING  # auto, true or false (utils/run/refit.py)
+    train_on_val: bool = MISSING
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     ema: EmaConfig = field(default_factory=EmaConfig)
     swa: SwaConfig = field(default_factory=SwaConfig)

@@ -66,3 +66,18 @@ def check_can_store(path: Any, inputs: dict | None, test_split: str) -> None:
             "honest figure: give the data a test split (a test/ folder, "
             "data.split.test_path= or data.split.test=) and train again"
         )
+
+
+def check_val_held_out(path: Any, config: Any, split: str, fitting: Any) -> None:
+    """A refit's checkpoint (``trainer.train_on_val``: utils/run/refit.py) trained on its val
+    rows: refuse scoring it there (``split=val``) or fitting a calibration there."""
+    trainer = config.get("trainer") if isinstance(config, dict) else None
+    if not (isinstance(trainer, dict) and trainer.get("train_on_val") is True):
+        return
+    if split == "val" or fitting is not None:
+        asked = "split=val would score" if fitting is None else "calibrate=/threshold= would fit"
+        raise UserError(
+            f"{path} trained on its val rows too (trainer.train_on_val: a refit), so "
+            f"{asked} it on rows it learned; use the run's own best.pt (the folder "
+            "above refit/) for that, and split=test for this one"
+        )

@@ -30,6 +30,7 @@ from utils.fit.swa import check_swa
 from utils.fit.teacher import check_settings
 from utils.model.optim import build_optimizer
 from utils.run.cross_validation import check_cv
+from utils.run.refit import check_refit
 from utils.schedulers import StepCounts
 from utils.system.distributed import processes_from_env
 from utils.system.sharding import check_strategy
@@ -101,6 +102,7 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
         raise UserError(f"tune={cfg.tune!r} is unknown; use tune=lr or tune=batch_size")
     if cfg.cv is not None:
         check_cv(cfg)
+    check_refit(cfg)
     monitor_mode(cfg.trainer.monitor, cfg.trainer.monitor_mode)
     clip = cfg.trainer.gradient_clip_val
     if clip is not None and not (math.isfinite(clip) and clip > 0):

@@ -8,6 +8,7 @@ outputs           who prints and who writes (the history, metrics.json, tables),
 report            what the config tree, model summary, final table and metrics.json hold
 sweep             sweep jobs: skip finished, record failures, the summary table
 cross_validation  cv=K: every fold a run of its own, resumable; oof.csv, pooled metrics
+refit             trainer.refit: the final model trained again on train ∪ val, resumable
 provenance        what produced a run: command, code, packages, machine, data; guards resume
 compare           why two runs differ (compare.py): config, code, packages, machine, data
 """
@@ -17,6 +18,7 @@ from utils.run import provenance
 from utils.run.cli import one_line_errors, run_cli
 from utils.run.cross_validation import cross_validate, save_fold_predictions
 from utils.run.outputs import Outputs, check_output
+from utils.run.refit import refit
 from utils.run.start import RunContext, start_run
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "cross_validate",
     "one_line_errors",
     "provenance",
+    "refit",
     "run_cli",
     "save_fold_predictions",
     "start_run",

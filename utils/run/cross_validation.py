@@ -71,6 +71,11 @@ def check_cv(cfg: DictConfig) -> int:
             f"cv={folds} needs data whose val split is held out of its samples "
             "(data=csv, tensors, image_csv, imagefolder, digits or text)"
         )
+    if cfg.trainer.get("refit") is True:
+        raise UserError(
+            f"trainer.refit=true and cv={folds} do not combine: each fold's val part is what "
+            "its out-of-fold predictions are made on; leave trainer.refit out"
+        )
     given = (cfg.data.get("split") or {}).get("folds")
     if given is not None and given != folds:
         raise UserError(

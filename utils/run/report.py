@@ -37,14 +37,15 @@ def model_summary(model: nn.Module, input_shape, task: Any) -> str:
     )
 
 
-def final_metrics(state, summary: Mapping, test_split: str, checkpointer) -> dict:
+def final_metrics(state, summary: Mapping, data, checkpointer) -> dict:
     """What metrics.json holds for a finished run: the final train/val/test metrics, the
-    run's throughput ``summary``, its best epoch and where best.pt is, and how it was run."""
+    run's throughput ``summary``, the ``data``'s split sizes, its best epoch and where best.pt is, and how it was run."""
     return {
         "status": "completed",
         **state.metrics,
         **summary,
-        "test_split": test_split,
+        "test_split": data.test_split,
+        "samples": data.sizes(),  # each split's
         "monitor": checkpointer.monitor.name,
         "best_metric": state.best_metric,
         "best_epoch": state.best_epoch,

@@ -17,7 +17,13 @@ from utils.errors import UserError
 # What a resume may change. Every key of the new config that differs from the checkpoint's
 # is one of these (docs/resuming.md lists them):
 # refused unless resume_allow_changes=true: the weights or the data order would mean another run;
-CHANGES_NEED_ALLOW = ("model", "data", "trainer.accumulate_grad_batches", "seed")
+CHANGES_NEED_ALLOW = (
+    "model",
+    "data",
+    "trainer.accumulate_grad_batches",
+    "trainer.train_on_val",
+    "seed",
+)
 # refused always: the saved optimizer, schedule or best-so-far state cannot carry over;
 CHANGES_NEVER = (
     "optim._target_",
@@ -100,6 +106,8 @@ def _added_later() -> dict[str, Any]:
         "model.drop_rate": 0.0,
         "model.table": "mlp",  # model=auto's choice for a table before the tabular model
         "model.share_batches": True,  # the tabular model's members shared each batch
+        "trainer.refit": False,  # no run refitted
+        "trainer.train_on_val": False,
         "distill.teacher": None,
         "distill.weights": "auto",
         "distill.temperature": 4.0,
