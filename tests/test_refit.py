@@ -6,6 +6,7 @@ a kill inside it resumed bit for bit, and the settings that cannot refit refused
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 
 import pytest
@@ -24,8 +25,9 @@ from omegaconf import OmegaConf
 
 from data.batching.splits import MappedSplit, TensorSplit, joined
 from utils.errors import UserError
-from utils.run.refit import AUTO_ROWS, _wanted
+from utils.run.refit import AUTO_ROWS, _wanted, check_refit, refit
 from utils.run.resume_changes import config_changes
+from utils.system.signals import EXIT_INTERRUPTED
 
 RUN = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=3")
 
@@ -101,13 +103,12 @@ def test_a_kill_inside_the_refit_resumes_it_bit_for_bit(tmp_path):
     )
 
 
-def _config(refit="auto", target="data.tabular.load_csv", folds=None, joined=False):
-    return OmegaConf.create(
-        {
-            "trainer": {"refit": refit, "train_on_val": joined},
-            "data": {"_target_": target, "split": {"folds": folds}},
-        }
-    )
+def _config(refit="auto", target="data.tabular.load_csv", folds=None, joined=False, **debug):
+    trainer = {"refit": refit, "train_on_val": joined, "write_outputs": True, "shapes_only": False}
+    trainer.update({"overfit_batches": 0, "limit_train_batches": None, "profile_steps": 0})
+    trainer.update(debug)
+    data = {"_target_": target, "split": {"folds": folds}}
+    return OmegaConf.create({"trainer": trainer, "data": data})
 
 
 def _first(train: int, val: int, test_split: str = "test") -> dict:
@@ -124,6 +125,8 @@ def test_auto_refits_a_csv_table_under_10000_rows_and_true_any_held_split():
     assert not _wanted(_config(folds=5), _first(300, 50))  # a fold's val makes its oof
     assert not _wanted(_config(joined=True), _first(300, 50))  # the refit itself
     assert not _wanted(_config(), {**_first(300, 50), "status": "interrupted"})
+    for debug in ({"write_outputs": False}, {"overfit_batches": 2}, {"limit_train_batches": 5}):
+        assert not _wanted(_config(True, **debug), _first(300, 50))  # conf/debug/'s modes
     assert not _wanted(_config(), _first(300, 50, test_split="val"))
     with pytest.raises(UserError, match="no test split apart from val"):
         _wanted(_config(True), _first(300, 50, test_split="val"))
@@ -168,3 +171,44 @@ def test_a_checkpoint_from_before_refit_resumes_and_training_on_val_needs_allowi
     assert changes.applied == ["trainer.refit: False -> auto"]  # says how it ends, not what it is
     joined_now = {**now, "trainer": {**now["trainer"], "train_on_val": True}}
     assert config_changes(stored, joined_now).need_allow == ["trainer.train_on_val: False -> True"]
+
+
+@pytest.mark.parametrize("part", ["refit", "fold-0"])
+def test_a_part_of_a_run_stopped_by_sigterm_says_the_command_that_continues_the_run(tmp_path, part):
+    """A refit or a cv fold is part of its run: the line a stop prints continues the run as a
+    whole (its run_name, resume=auto), not the part's last.pt under the run's name, which the
+    run's own folder refuses; that command, run as printed, finishes it."""
+    write_table(tmp_path / "t.csv", rows=150)
+    run = (*RUN[:3], "trainer.max_epochs=2", "model._target_=signalling_model.auto")
+    run += ("data.batch_size=16", "run_name=p")
+    if part == "refit":
+        run_train(tmp_path, *run, "trainer.refit=false")  # the run finished; its refit next
+        run += ("resume=auto",)
+    else:
+        run += ("cv=2",)
+    stopped = run_train(tmp_path, *run, ok=False, env={"SIGNAL_AT_FORWARD": "5"})
+    assert stopped.returncode == EXIT_INTERRUPTED
+    command = stopped.stdout.split("continue with:")[1].strip().splitlines()[0]
+    given = shlex.split(command)[2:]
+    assert given[-2:] == ["run_name=p", "resume=auto"]
+    assert f"checkpoints/p/{part}/last.pt" not in command
+    resumed = run_train(tmp_path, *given)
+    assert f"resumed from checkpoints/p/{part}/last.pt" in resumed.stdout
+    assert metrics(tmp_path, f"p/{part}")["status"] == "completed"
+
+
+def test_under_torchrun_refit_true_is_refused_and_auto_does_not_refit(monkeypatch):
+    """Each process would have to read the run's metrics.json at once to agree on a refit;
+    refitting is for tables that fit one process, so torchrun's processes never start one."""
+    cfg = _config(True)
+    cfg.cv = None
+    check_refit(cfg)  # one process: fine
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=r"trainer\.refit=true runs in one process"):
+        check_refit(cfg)
+    cfg.trainer.refit = "auto"
+    check_refit(cfg)
+    called = []
+    refit(cfg, None, lambda *args: called.append(args))  # returns before reading any file
+    assert called == []

@@ -344,7 +344,9 @@ class Checkpointer:
             command = (
                 continue_sweep_command(record.resolved["run_name"], redacted_argv(sys.argv))
                 if in_sweep()
-                else continue_command(record.overrides, self.last, context.processes)
+                else continue_command(
+                    record.overrides, self.last, context.processes, self.run.parent
+                )
             )
             log.info(
                 "stopped by %s at epoch %d, batch %d; continue with:\n  %s",

@@ -8,13 +8,15 @@ On a small table the val split is a sixth of scarce rows, and a model trained on
 a better model (scikit-learn's HistGradientBoosting holds nothing out under 10,000 samples; the
 figures are in docs/real-data.md). The run itself is what it always was: it picks its epochs
 and best.pt on val and is tested. Then the refit, a run of its own with the same config and
-seed in ``runs/<run>/refit/`` and ``checkpoints/<run>/refit/``, trains with its val rows joined
-to the training split (``trainer.train_on_val``), the run's batch size and epochs (``auto``:
-its optimizer steps; the epochs it trained when it stopped early); val is in its training now, so it is validated only
-after its last epoch and its ``best.pt`` is its final weights. ``metrics.json`` of the run
-gains ``refit/...`` (its test figures and checkpoint); ``predict.py``, ``evaluate.py`` and the
-exports take ``checkpoints/<run>/refit/best.pt`` as any checkpoint. ``resume=auto`` finishes
-a refit a kill stopped from its ``last.pt``.
+seed in ``runs/<run>/refit/`` and ``checkpoints/<run>/refit/``, trains with its val rows
+joined to the training split (``trainer.train_on_val``), the run's batch size and epochs
+(``auto``: its optimizer steps; the epochs it trained when it stopped early); val is in its
+training now, so it is validated only after its last epoch and its ``best.pt`` is its final
+weights. ``metrics.json`` of the run gains ``refit/...`` (its test figures and checkpoint);
+``predict.py``, ``evaluate.py`` and the exports take ``checkpoints/<run>/refit/best.pt`` as
+any checkpoint. ``resume=auto`` finishes a refit a kill stopped from its ``last.pt``. It runs
+in one process: under torchrun ``auto`` does not refit (each process would need the run's
+metrics.json at once) and ``true`` is refused.
 """
 
 from __future__ import annotations
@@ -46,12 +48,19 @@ def check_refit(cfg: DictConfig) -> None:
     refit = cfg.trainer.refit  # train_on_val: a bool, as the schema types it
     if not (refit == "auto" or isinstance(refit, bool)):
         raise UserError(f"trainer.refit={refit!r} must be auto, true or false")
+    if refit is True and processes_from_env().enabled:
+        raise UserError(
+            "trainer.refit=true runs in one process (it is for tables that fit one); under "
+            "torchrun leave it out, or refit with python train.py"
+        )
 
 
 def refit(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> None:
     """After ``train(cfg)`` finished: the refit when ``trainer.refit`` asks for one (and the
     run's ``metrics.json`` says it fits), ``train(config, stop, run_dir)`` being train.py's
     recipe; its test figures then join the run's ``metrics.json``."""
+    if processes_from_env().enabled:  # torchrun: auto never refits (true is refused)
+        return
     root = Path(HydraConfig.get().runtime.output_dir)
     first = _metrics(root / "metrics.json")
     if first is None or not _wanted(cfg, first):
@@ -59,13 +68,13 @@ def refit(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> None:
     job = refit_config(cfg, first)
     rows = first["samples"]["train"] + first["samples"]["val"]
     log.info(
-        "refit: the run again on train ∪ val (%d rows) -> %s (trainer.refit=false: none)",
+        "refit: the run again on train ∪ val (%d rows) -> %s (trainer.refit=false skips it)",
         rows,
         root / FOLDER,
     )
     train(job, stop, root / FOLDER)
     refitted = _metrics(root / FOLDER / "metrics.json")
-    if refitted is None or not processes_from_env().is_main:
+    if refitted is None:
         return
     split = first.get("test_split", "test")
     figures = {k: v for k, v in refitted.items() if k.startswith(f"{split}/")}
@@ -100,10 +109,13 @@ def refit_config(cfg: DictConfig, first: dict) -> DictConfig:
 
 def _wanted(cfg: DictConfig, first: dict) -> bool:
     """Whether this run refits: asked (true), or auto on a CSV table of under ``AUTO_ROWS``
-    rows; never for a fold, a run that trained on val already, one not completed or one
-    without a test split apart from val (its test would be on rows it trained on)."""
+    rows; never for a fold, a run that trained on val already, a debug mode, one not completed
+    or one without a test split apart from val (its test would be on rows it trained on)."""
     trainer, asked = cfg.trainer, cfg.trainer.refit
     if asked is False or trainer.train_on_val or (cfg.data.get("split") or {}).get("folds"):
+        return False
+    debugging = trainer.overfit_batches or trainer.limit_train_batches or trainer.profile_steps
+    if debugging or not trainer.write_outputs or trainer.shapes_only:  # conf/debug/: no refit
         return False
     samples = first.get("samples") or {}
     if first.get("status") != "completed" or "val" not in samples:

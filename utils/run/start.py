@@ -71,6 +71,7 @@ class RunStart:
     changes: ResumeChanges | None = None  # how the config differs from the checkpoint's
     replaced: list[Path] = field(default_factory=list)  # overwrite=true: remove once set up
     finished: float | None = None  # a re-run sweep's finished job: its value; skip it
+    parent: str | None = None  # a cv fold's or a refit's: the run it is part of, continued whole
 
     @property
     def stored_inputs(self) -> InputRecord | None:
@@ -109,12 +110,15 @@ HYDRA_FILES = ("config", "overrides", "hydra")
 
 
 def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> RunStart:
-    """``run_dir``: where the run lives (a cross-validation's fold); None: Hydra's run dir."""
+    """``run_dir``: where the run lives (a cross-validation's fold, a refit: part of the run
+    ``<run_name>/..``); None: Hydra's run dir."""
     processes = distributed.processes_from_env()
     if not processes.is_main:
         log.setLevel(logging.WARNING)
-    given = run_dir or Path(HydraConfig.get().runtime.output_dir)
-    run_dir, checkpoint_dir = output_dirs(cfg, given)
+    parent = str(cfg.run_name).rsplit("/", 1)[0] if run_dir is not None else None  # a part's
+    run_dir, checkpoint_dir = output_dirs(
+        cfg, run_dir or Path(HydraConfig.get().runtime.output_dir)
+    )
     prepare_dir(run_dir, "the run")
     if trainer.write_outputs:  # debug=fast_dev_run writes no checkpoints or TensorBoard
         made = not checkpoint_dir.exists()
@@ -125,6 +129,7 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
     secrets = secret_values(cfg)
     overrides = redacted_argv(sweep.job_overrides(), secrets)
     run = RunStart(processes, run_dir, checkpoint_dir, RunRecord(recorded(cfg), overrides))
+    run.parent = parent
     if processes.is_main:  # what Hydra wrote of the command line holds no credential either
         hydra_files = [run_dir / ".hydra" / f"{name}.yaml" for name in HYDRA_FILES]
         sweep_file = [run_dir.parent / "multirun.yaml"] if in_sweep() else []

@@ -174,8 +174,14 @@ def until_stopped(call: Callable[[], T], what: str) -> T:
     return outcome["value"]
 
 
-def continue_command(overrides: list[str], checkpoint: object, processes) -> str:
-    """The command that continues a stopped run from ``checkpoint``, with the same launcher."""
+def continue_command(
+    overrides: list[str], checkpoint: object, processes, parent: str | None = None
+) -> str:
+    """The command that continues a stopped run from ``checkpoint``, with the same launcher; a
+    part of the run ``parent`` (a cv fold, a refit) by continuing that run whole."""
+    if parent is not None:  # resume=auto skips what it finished and resumes the part stopped
+        overrides = [o for o in overrides if not o.startswith("run_name=")]
+        overrides, checkpoint = [*overrides, f"run_name={parent}"], "auto"
     launcher = "python"
     if processes.enabled:
         launcher = f"torchrun --nproc_per_node={processes.local_world_size}"
