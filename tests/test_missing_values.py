@@ -266,6 +266,7 @@ def test_the_fill_line_lists_only_the_columns_that_had_gaps(tmp_path):
         "data.na=median",
         "trainer.max_epochs=1",
         "data.batch_size=8",
+        "trainer.refit=false",  # a refit reads the table again and says its line again
     )
     (line,) = [line for line in result.stdout.splitlines() if "gaps filled from the train" in line]
     assert "b=" in line and "a=" not in line and "c=" not in line

@@ -135,16 +135,16 @@ def test_auto_refits_a_csv_table_under_10000_rows_and_true_any_held_split():
 def test_splits_join_in_memory_and_a_lazy_split_is_one_line():
     a = TensorSplit(torch.zeros(3, 2), torch.zeros(3, dtype=torch.long))
     b = TensorSplit(torch.ones(2, 2), torch.ones(2, dtype=torch.long))
-    both = joined(a, b, "trainer.train_on_val")
+    both = joined({"train": a, "val": b}, "trainer.train_on_val")
     assert (
         both.inputs.tolist() == [[0, 0]] * 3 + [[1, 1]] * 2
         and both.labels.tolist() == [0] * 3 + [1] * 2
     )
     mapped = MappedSplit(torch.zeros(2, 2).numpy(), torch.zeros(2, dtype=torch.long))
     with pytest.raises(UserError, match=r"trainer\.train_on_val: the train and val splits cannot"):
-        joined(a, mapped, "trainer.train_on_val")
+        joined({"train": a, "val": mapped}, "trainer.train_on_val")
     with pytest.raises(UserError, match="cannot be joined"):
-        joined(a, TensorSplit(torch.ones(2, 3), torch.ones(2, dtype=torch.long)), "x")
+        joined({"train": a, "val": TensorSplit(torch.ones(2, 3), torch.ones(2))}, "x")
 
 
 @pytest.mark.parametrize(

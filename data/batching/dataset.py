@@ -303,10 +303,8 @@ class Data:
         return decoded_hashes(split) if lazy else None
 
     def join_val(self) -> None:
-        """``trainer.train_on_val`` (a refit): val trained on too; batch size and scale as fitted."""
-        self.splits["train"] = joined(
-            self.splits["train"], self.splits["val"], "trainer.train_on_val"
-        )
+        """``trainer.train_on_val`` (a refit): val trained on too; batch size, scale as fitted."""
+        self.splits["train"] = joined(self.splits, "trainer.train_on_val")
 
     def sizes(self) -> dict[str, int]:
         return {name: len(split) for name, split in self.splits.items() if split is not None}

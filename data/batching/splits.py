@@ -89,8 +89,9 @@ def rows_of(split: TensorSplit | MappedSplit, rows: torch.Tensor) -> TensorSplit
     return MappedSplit(Rows(split.images, rows.numpy()), split.labels[rows], hashes)
 
 
-def joined(first: TensorSplit, second: TensorSplit, why: str) -> TensorSplit:
-    """The samples of ``first`` then ``second``, in memory (``why``: the key that asked)."""
+def joined(splits: Mapping[str, Any], why: str) -> TensorSplit:
+    """The samples of the ``splits`` train then val, in memory (``why``: the key that asked)."""
+    first, second = splits["train"], splits["val"]
     held = isinstance(first, TensorSplit) and isinstance(second, TensorSplit)
     if not held or first.input_shape != second.input_shape:
         raise UserError(

@@ -60,6 +60,13 @@ NULL_ALLOWED = (
 )
 
 
+def check_more_runs(cfg: DictConfig) -> None:
+    """The runs a job trains besides its own: ``cv=K``'s folds, ``trainer.refit``'s refit."""
+    if cfg.cv is not None:
+        check_cv(cfg)
+    check_refit(cfg)
+
+
 def check_config(cfg: DictConfig) -> TrainerConfig:
     """Reject values that have the right type but make no sense, before any data is loaded.
     Returns ``cfg.trainer`` as a plain dataclass (the loop reads it every step)."""
@@ -100,9 +107,7 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
         )
     if cfg.tune not in (None, "lr", "batch_size"):
         raise UserError(f"tune={cfg.tune!r} is unknown; use tune=lr or tune=batch_size")
-    if cfg.cv is not None:
-        check_cv(cfg)
-    check_refit(cfg)
+    check_more_runs(cfg)  # cv=K's folds, trainer.refit
     monitor_mode(cfg.trainer.monitor, cfg.trainer.monitor_mode)
     clip = cfg.trainer.gradient_clip_val
     if clip is not None and not (math.isfinite(clip) and clip > 0):

@@ -39,7 +39,8 @@ def model_summary(model: nn.Module, input_shape, task: Any) -> str:
 
 def final_metrics(state, summary: Mapping, data, checkpointer) -> dict:
     """What metrics.json holds for a finished run: the final train/val/test metrics, the
-    run's throughput ``summary``, the ``data``'s split sizes, its best epoch and where best.pt is, and how it was run."""
+    run's throughput ``summary``, the ``data``'s split sizes, its best epoch and where best.pt
+    is, and how it was run."""
     return {
         "status": "completed",
         **state.metrics,
