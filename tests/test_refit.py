@@ -128,6 +128,8 @@ def test_auto_refits_a_csv_table_under_10000_rows_and_true_any_held_split():
     for debug in ({"write_outputs": False}, {"overfit_batches": 2}, {"limit_train_batches": 5}):
         assert not _wanted(_config(True, **debug), _first(300, 50))  # conf/debug/'s modes
     assert not _wanted(_config(), _first(300, 50, test_split="val"))
+    for edited in ({"train": "300", "val": 50}, {"train": 300}, [300, 50], None):
+        assert not _wanted(_config(True), {**_first(300, 50), "samples": edited})  # no refit
     with pytest.raises(UserError, match="no test split apart from val"):
         _wanted(_config(True), _first(300, 50, test_split="val"))
 

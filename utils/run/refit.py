@@ -100,7 +100,8 @@ def refit_config(cfg: DictConfig, first: dict) -> DictConfig:
         job.resume = "auto" if cfg.resume else None  # a refit a kill stopped goes on
         trainer = job.trainer
         trainer.refit, trainer.train_on_val = False, True
-        if first.get("stopped_by") or first.get("stopped_early_at_epoch") is not None:
+        stopped = first.get("stopped_by") or first.get("stopped_early_at_epoch") is not None
+        if stopped and type(first.get("epochs")) is int and first["epochs"] >= 1:
             trainer.max_epochs = first["epochs"]  # else as the run's: a count, or auto's steps
         trainer.val_every_n_epochs = ONCE
         trainer.early_stopping.patience = None
@@ -117,8 +118,11 @@ def _wanted(cfg: DictConfig, first: dict) -> bool:
     debugging = trainer.overfit_batches or trainer.limit_train_batches or trainer.profile_steps
     if debugging or not trainer.write_outputs or trainer.shapes_only:  # conf/debug/: no refit
         return False
-    samples = first.get("samples") or {}
-    if first.get("status") != "completed" or "val" not in samples:
+    samples = first.get("samples")
+    counts = isinstance(samples, dict) and all(
+        type(samples.get(split)) is int for split in ("train", "val")
+    )
+    if first.get("status") != "completed" or not counts:  # edited or from before the key
         return False
     if first.get("test_split") != "test":
         if asked is True:
@@ -130,7 +134,7 @@ def _wanted(cfg: DictConfig, first: dict) -> bool:
         return False
     if asked is True:
         return True
-    small = samples.get("train", AUTO_ROWS) + samples["val"] < AUTO_ROWS
+    small = samples["train"] + samples["val"] < AUTO_ROWS
     return small and str(cfg.data.get("_target_")) in TABLES
 
 
