@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import csv
 import io
-import json
 import logging
 import statistics
 from collections.abc import Callable
@@ -44,6 +43,7 @@ from utils.errors import UserError
 from utils.evaluation.metrics import outputs_of
 from utils.files import atomic_file, write_json
 from utils.run.folders import output_dirs
+from utils.run.outputs import read_metrics
 from utils.run.resume_changes import config_changes
 from utils.system.distributed import processes_from_env
 from utils.text import cell, console
@@ -137,14 +137,8 @@ def cross_validate(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> f
 
 def finished_fold(fold_dir: Path) -> dict | None:
     """A fold's ``metrics.json`` when it finished (it then holds its predictions too)."""
-    metrics_file = fold_dir / "metrics.json"
-    if not metrics_file.is_file() or not (fold_dir / PREDICTIONS).is_file():
-        return None
-    try:
-        metrics = json.loads(metrics_file.read_text())
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(metrics, dict) and metrics.get("status") == "completed"
+    metrics = read_metrics(fold_dir) if (fold_dir / PREDICTIONS).is_file() else None
+    ok = metrics is not None and metrics.get("status") == "completed"
     return metrics if ok and isinstance(metrics.get("best_metric"), int | float) else None
 
 

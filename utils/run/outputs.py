@@ -10,6 +10,7 @@ What the files hold is formatted in :mod:`utils.run.report`; this module only de
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -81,6 +82,16 @@ class Outputs:
 
     def close(self) -> None:
         self.tracker.end(FINISHED)
+
+
+def read_metrics(run_dir: Path) -> dict | None:
+    """The ``metrics.json`` a run wrote in ``run_dir``; None when it is missing, unreadable or
+    not an object (a run still going, or a file edited by hand)."""
+    try:
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return metrics if isinstance(metrics, dict) else None
 
 
 def check_output(path: Path, key: str, inputs: Sequence[Path], suffixes: Sequence[str]) -> None:

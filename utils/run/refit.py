@@ -22,7 +22,6 @@ metrics.json at once) and ``true`` is refused.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +32,7 @@ from omegaconf import DictConfig, open_dict
 
 from utils.errors import UserError
 from utils.files import write_json
+from utils.run.outputs import read_metrics
 from utils.system.distributed import processes_from_env
 
 log = logging.getLogger("torchloom")
@@ -62,7 +62,7 @@ def refit(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> None:
     if processes_from_env().enabled:  # torchrun: auto never refits (true is refused)
         return
     root = Path(HydraConfig.get().runtime.output_dir)
-    first = _metrics(root / "metrics.json")
+    first = read_metrics(root)
     if first is None or not _wanted(cfg, first):
         return
     job = refit_config(cfg, first)
@@ -73,20 +73,19 @@ def refit(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> None:
         root / FOLDER,
     )
     train(job, stop, root / FOLDER)
-    refitted = _metrics(root / FOLDER / "metrics.json")
+    refitted = read_metrics(root / FOLDER)
     if refitted is None:
         return
-    split = first.get("test_split", "test")
-    figures = {k: v for k, v in refitted.items() if k.startswith(f"{split}/")}
+    figures = {k: v for k, v in refitted.items() if k.startswith("test/")}  # _wanted: a test
     record = {f"refit/{k}": v for k, v in figures.items()}
     record["refit/checkpoint"] = refitted.get("best_checkpoint")
     record["refit/epochs"] = refitted.get("epochs")
     write_json({**first, **record}, root / "metrics.json")
-    said = str(first.get("monitor", "")).replace("val/", f"{split}/", 1)  # the monitor's
+    said = str(first.get("monitor", "")).replace("val/", "test/", 1)  # the monitor's
     shown = "  ".join(
         f"{k} {v:.4f} (the run's {first[k]:.4f})"
         for k, v in figures.items()
-        if isinstance(v, float) and isinstance(first.get(k), float) and k in (said, f"{split}/loss")
+        if isinstance(v, float) and isinstance(first.get(k), float) and k in (said, "test/loss")
     )
     log.info("refit: %s; its weights: %s", shown, record["refit/checkpoint"])
 
@@ -136,11 +135,3 @@ def _wanted(cfg: DictConfig, first: dict) -> bool:
         return True
     small = samples["train"] + samples["val"] < AUTO_ROWS
     return small and str(cfg.data.get("_target_")) in TABLES
-
-
-def _metrics(path: Path) -> dict | None:
-    try:
-        metrics = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return metrics if isinstance(metrics, dict) else None
