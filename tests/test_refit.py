@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from data.batching.splits import MappedSplit, TensorSplit, joined
 from utils.errors import UserError
+from utils.evaluation.fit_calibration import check_val_held_out
 from utils.run.refit import AUTO_ROWS, _wanted, check_refit, refit
 from utils.run.resume_changes import config_changes
 from utils.system.signals import EXIT_INTERRUPTED
@@ -214,3 +215,17 @@ def test_under_torchrun_refit_true_is_refused_and_auto_does_not_refit(monkeypatc
     called = []
     refit(cfg, None, lambda *args: called.append(args))  # returns before reading any file
     assert called == []
+
+
+@pytest.mark.parametrize("stored", [True, "true", 1, "false"])
+def test_a_stored_train_on_val_edited_to_anything_but_false_is_held_to_its_val_rows(stored):
+    """A checkpoint's config is data from elsewhere: only a stored false (or none: a run from
+    before the key) lets evaluate.py score val or calibrate there."""
+    config = {"trainer": {"train_on_val": stored}}
+    with pytest.raises(UserError, match="trained on its val rows too"):
+        check_val_held_out("best.pt", config, "val", None)
+    with pytest.raises(UserError, match="calibrate=/threshold= would fit"):
+        check_val_held_out("best.pt", config, "test", (True, False))
+    check_val_held_out("best.pt", config, "test", None)  # its test split: fine
+    for held_out in ({"trainer": {"train_on_val": False}}, {"trainer": {}}, {}, None):
+        check_val_held_out("best.pt", held_out, "val", (True, False))

@@ -72,8 +72,8 @@ def check_val_held_out(path: Any, config: Any, split: str, fitting: Any) -> None
     """A refit's checkpoint (``trainer.train_on_val``: utils/run/refit.py) trained on its val
     rows: refuse scoring it there (``split=val``) or fitting a calibration there."""
     trainer = config.get("trainer") if isinstance(config, dict) else None
-    if not (isinstance(trainer, dict) and trainer.get("train_on_val") is True):
-        return
+    if not isinstance(trainer, dict) or trainer.get("train_on_val", False) is False:
+        return  # anything but false (an edited "true", 1) is taken as trained on val
     if split == "val" or fitting is not None:
         asked = "split=val would score" if fitting is None else "calibrate=/threshold= would fit"
         raise UserError(
