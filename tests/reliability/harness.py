@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -84,16 +85,18 @@ def unreadable_checkpoints(folder: Path) -> list[str]:
 
 class Ending:
     """Whether two checkpoints end alike (true when they do); its repr says what differs, so
-    a failure names the step, the tensors and how far apart they are."""
+    a failure names the step, the tensors and how far apart they are. ``first``: the unequal
+    ending of a trial tried again (:func:`held`)."""
 
-    def __init__(self, differences: list[str]) -> None:
-        self.differences = differences
+    def __init__(self, differences: list[str], first: Ending | None = None) -> None:
+        self.differences, self.first = differences, first
 
     def __bool__(self) -> bool:
         return not self.differences
 
     def __repr__(self) -> str:
-        return "equal" if self else "; ".join(self.differences[:8])
+        ending = "equal" if self else "; ".join(self.differences[:8])
+        return ending if self.first is None else f"{ending} (first try: {self.first!r})"
 
 
 def same_ending(a: Path, b: Path) -> Ending:
@@ -119,14 +122,40 @@ def same_ending(a: Path, b: Path) -> Ending:
     return Ending(differences)
 
 
+def held(first: Path, again: Callable[[], Path], reference: Path) -> Ending:
+    """Whether a trial's ending ``first`` is the uninterrupted run's; an unequal one is tried
+    once more, ``again()`` repeating the trial's fault points under a new run name, and that
+    ending decides. A defect in resuming comes back at the same fault points; a glitch of the
+    machine does not: on this 2-core VM under 4-way load, 1 of 593 fresh runs took its very
+    first AdamW step from bit-identical weights, gradients and LR to other bits (docs/
+    reliability.md), so a single unequal ending cannot tell the two apart."""
+    ending = same_ending(first, reference)
+    if ending:
+        return ending
+    return Ending(same_ending(again(), reference).differences, first=ending)
+
+
 def report(kind: str, **figures) -> None:
     print("\nreliability:", kind, " ".join(f"{k}={v}" for k, v in figures.items()))
 
 
+def uninterrupted(cwd: Path, *overrides: str) -> Path:
+    """The last.pt of an uninterrupted run of the reliability job (with ``overrides``) which a
+    second one ends bit-identical to; a third decides when they differ (:func:`held` says why
+    one run alone is not enough)."""
+    endings = []
+    for name in ("straight", "straight2", "straight3"):
+        code, _, err = run(cwd, f"run_name={name}", *overrides)
+        assert code == 0, err[-3000:]
+        last = cwd / "checkpoints" / name / "last.pt"
+        agreeing = [earlier for earlier in endings if same_ending(earlier, last)]
+        if agreeing:
+            return agreeing[0]
+        endings.append(last)
+    raise AssertionError(f"three uninterrupted runs ended three ways: {endings}")
+
+
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory) -> Path:
-    """An uninterrupted run of the reliability job: the ending every trial must reach."""
-    cwd = tmp_path_factory.mktemp("reference")
-    code, _, err = run(cwd, "run_name=ref")
-    assert code == 0, err[-3000:]
-    return cwd / "checkpoints" / "ref" / "last.pt"
+    """The ending every trial must reach."""
+    return uninterrupted(tmp_path_factory.mktemp("reference"))

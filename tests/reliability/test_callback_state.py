@@ -5,10 +5,12 @@ through a checkpoint write, between last.pt and best.pt and during validation, e
 
 from __future__ import annotations
 
+import functools
 import signal
+from pathlib import Path
 
 import pytest
-from harness import report, run, same_ending
+from harness import held, report, run, uninterrupted
 
 from utils.checkpoint.load import load_checkpoint
 
@@ -23,20 +25,22 @@ KILLS = ("train_step:50", "checkpoint_write:2", "copies:2", "eval_batch:2")
 
 
 def test_a_killed_run_resumes_its_callbacks_state_exactly(tmp_path):
-    code, _, err = run(tmp_path, "run_name=straight", *CALLBACKS)
-    assert code == 0, err[-3000:]
-    straight = tmp_path / "checkpoints" / "straight" / "last.pt"
+    straight = uninterrupted(tmp_path, *CALLBACKS)
     expected = load_checkpoint(straight)["callbacks"]
     assert expected["count"]["counts"]["epoch_start:3"] == 1
+
+    def killed_and_resumed(name: str, point: str) -> Path:
+        code, _, _ = run(tmp_path, f"run_name={name}", *CALLBACKS, env={"KILL_AT": point})
+        assert code == -signal.SIGKILL, point
+        code, out, err = run(tmp_path, f"run_name={name}", "resume=auto", *CALLBACKS)
+        assert code == 0 and "resumed from" in out, err[-3000:]
+        last = tmp_path / "checkpoints" / name / "last.pt"
+        assert load_checkpoint(last)["callbacks"] == expected, point
+        return last
+
     equal = []
     for index, point in enumerate(KILLS):
-        name = f"run_name=killed{index}"
-        code, _, _ = run(tmp_path, name, *CALLBACKS, env={"KILL_AT": point})
-        assert code == -signal.SIGKILL, point
-        code, out, err = run(tmp_path, name, "resume=auto", *CALLBACKS)
-        assert code == 0 and "resumed from" in out, err[-3000:]
-        last = tmp_path / "checkpoints" / f"killed{index}" / "last.pt"
-        assert load_checkpoint(last)["callbacks"] == expected, point
-        assert same_ending(last, straight), point
+        again = functools.partial(killed_and_resumed, f"again{index}", point)
+        assert held(killed_and_resumed(f"killed{index}", point), again, straight), point
         equal.append(point)
     report("callback_state", kills=len(KILLS), equal_endings=f"{len(equal)}/{len(KILLS)}")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import random
 import signal
+from pathlib import Path
 
 import pytest
-from harness import reference, report, run, same_ending, unreadable_checkpoints
+from harness import held, reference, report, run, unreadable_checkpoints
 
 from utils.checkpoint.load import load_checkpoint
 from utils.system.signals import EXIT_INTERRUPTED
@@ -29,21 +30,28 @@ def stop_plan(rng: random.Random) -> list[str]:
     return plan
 
 
-def test_sigterm_anywhere_saves_exits_3_and_resumes_exactly(tmp_path, reference):
-    folder = tmp_path / "checkpoints" / "term"
-    plan = stop_plan(random.Random(7))
+def stopped_and_resumed(cwd: Path, name: str, plan: list[str]) -> tuple[int, int, Path]:
+    """A run stopped by SIGTERM at each point of ``plan`` in turn, then resumed to its end:
+    how many stops exited 3, how many of them left a loadable ``last.pt``, and its last.pt."""
+    folder = cwd / "checkpoints" / name
     stopped = saved = 0
     for where in plan:
         code, out, err = run(
-            tmp_path, "run_name=term", "resume=auto", signal_at=(signal.SIGTERM, where)
+            cwd, f"run_name={name}", "resume=auto", signal_at=(signal.SIGTERM, where)
         )
         assert code == EXIT_INTERRUPTED, f"SIGTERM at {where} exited {code}: {err[-2000:]}"
         stopped += 1
         assert "continue with:" in out
         saved += (folder / "last.pt").exists() and not unreadable_checkpoints(folder)
-    code, _, err = run(tmp_path, "run_name=term", "resume=auto")
+    code, _, err = run(cwd, f"run_name={name}", "resume=auto")
     assert code == 0, err[-3000:]
-    equal = same_ending(folder / "last.pt", reference)
+    return stopped, saved, folder / "last.pt"
+
+
+def test_sigterm_anywhere_saves_exits_3_and_resumes_exactly(tmp_path, reference):
+    plan = stop_plan(random.Random(7))
+    stopped, saved, last = stopped_and_resumed(tmp_path, "term", plan)
+    equal = held(last, lambda: stopped_and_resumed(tmp_path, "again", plan)[2], reference)
     report(
         "sigterm",
         trials=len(plan),
@@ -55,18 +63,22 @@ def test_sigterm_anywhere_saves_exits_3_and_resumes_exactly(tmp_path, reference)
 
 
 def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path, reference):
-    folder = tmp_path / "checkpoints" / "full"
-    code, _, err = run(tmp_path, "run_name=full", env={"FAIL_SAVE": "2"})  # epoch 2's save
-    assert code == 2
-    line = err.strip().splitlines()[-1]
-    assert line == (
-        "error: could not write checkpoint checkpoints/full/last.pt: No space left on device; "
-        "the previous checkpoint there is intact"
-    )
-    assert load_checkpoint(folder / "last.pt")["epoch"] == 1
-    assert not list(folder.glob(".*.tmp"))
-    code, out, err = run(tmp_path, "run_name=full", "resume=auto")  # space is back
-    assert code == 0 and "resumed from checkpoints/full/last.pt: epoch 2" in out, err[-2000:]
-    equal = same_ending(folder / "last.pt", reference)
+    def full_then_resumed(name: str) -> Path:
+        folder = tmp_path / "checkpoints" / name
+        code, _, err = run(tmp_path, f"run_name={name}", env={"FAIL_SAVE": "2"})  # epoch 2's
+        assert code == 2
+        line = err.strip().splitlines()[-1]
+        assert line == (
+            f"error: could not write checkpoint checkpoints/{name}/last.pt: No space left on "
+            "device; the previous checkpoint there is intact"
+        )
+        assert load_checkpoint(folder / "last.pt")["epoch"] == 1
+        assert not list(folder.glob(".*.tmp"))
+        code, out, err = run(tmp_path, f"run_name={name}", "resume=auto")  # space is back
+        assert code == 0, err[-2000:]
+        assert f"resumed from checkpoints/{name}/last.pt: epoch 2" in out
+        return folder / "last.pt"
+
+    equal = held(full_then_resumed("full"), lambda: full_then_resumed("again"), reference)
     report("disk_full", failed_saves=1, previous_intact=True, resumed=True, equal_ending=equal)
     assert equal
