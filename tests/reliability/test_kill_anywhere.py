@@ -33,12 +33,13 @@ def test_sigkill_anywhere_then_resume_ends_as_an_uninterrupted_run(tmp_path, ref
     chains, resumed, corrupt = [[]], 0, 0  # each chain: its runs' KILL_AT, "" for none
     for kind, value in plan:
         while True:  # a run that finishes before its kill point ends its chain; a new one starts
-            name = f"run_name=chain{len(chains) - 1}"
-            code, out, _ = run(tmp_path, name, "resume=auto", env={"KILL_AT": f"{kind}:{value}"})
+            chain = f"chain{len(chains) - 1}"
+            env = {"KILL_AT": f"{kind}:{value}"}
+            code, out, _ = run(tmp_path, f"run_name={chain}", "resume=auto", env=env)
             assert code in (0, -signal.SIGKILL), f"{kind}:{value} exited {code}"
             chains[-1].append(f"{kind}:{value}")
             resumed += "resumed from" in out
-            corrupt += len(unreadable_checkpoints(tmp_path / "checkpoints" / name[9:]))
+            corrupt += len(unreadable_checkpoints(tmp_path / "checkpoints" / chain))
             if code == -signal.SIGKILL:
                 break
             chains.append([])

@@ -128,8 +128,8 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
             remove_stale_temporary_files(checkpoint_dir)
     secrets = secret_values(cfg)
     overrides = redacted_argv(sweep.job_overrides(), secrets)
-    run = RunStart(processes, run_dir, checkpoint_dir, RunRecord(recorded(cfg), overrides))
-    run.parent = parent
+    record = RunRecord(recorded(cfg), overrides)
+    run = RunStart(processes, run_dir, checkpoint_dir, record, parent=parent)
     if processes.is_main:  # what Hydra wrote of the command line holds no credential either
         hydra_files = [run_dir / ".hydra" / f"{name}.yaml" for name in HYDRA_FILES]
         sweep_file = [run_dir.parent / "multirun.yaml"] if in_sweep() else []
