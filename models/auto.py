@@ -62,19 +62,25 @@ def auto(
     embed_indicators: bool | str = EMBED_INDICATORS_BEFORE,
     indicator_features: int | None = None,
     share_batches: bool = SHARE_BATCHES_BEFORE,
+    table_sizes: bool = False,
 ) -> nn.Module:
     """The chosen model with the keys it reads (PyTorch's default initialisation). ``table``:
     what a table's rows get, ``tabular`` (conf/model/auto.yaml) or ``mlp`` — the default here,
     so a checkpoint stored before the key existed rebuilds the MLP it trained; likewise
-    ``embed_indicators`` and ``share_batches`` (models/tabular.py)."""
+    ``embed_indicators`` and ``share_batches`` (models/tabular.py), and ``table_sizes``: true
+    (conf/model/auto.yaml), the tabular model takes ``hidden_sizes`` and ``dropout``; a
+    checkpoint stored before the key trained the tabular defaults whatever they said."""
     kind = "text" if vocab_size is not None else kind_of(input_shape)
     if kind == "table" and table not in ("tabular", "mlp"):
         raise UserError(f"model.table={table!r} must be tabular or mlp")
+    if table_sizes not in (True, False):
+        raise UserError(f"model.table_sizes={table_sizes!r} must be true or false")
     if kind == "table" and table == "tabular":
+        sizes = {"hidden_sizes": hidden_sizes, "dropout": dropout} if table_sizes else {}
         model = tabular(
             input_shape,
             num_classes,
-            **TABLE_DEFAULTS,
+            **{**TABLE_DEFAULTS, **sizes},
             embed_indicators=embed_indicators,
             share_batches=share_batches,
             feature_quantiles=feature_quantiles,

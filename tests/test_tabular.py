@@ -279,6 +279,74 @@ def test_a_checkpoint_stored_before_the_tabular_model_rebuilds_the_mlp_it_traine
     assert result.returncode == 0 and (tmp_path / "p.csv").read_text().count("\n") == 121
 
 
+def test_model_auto_gives_a_table_the_hidden_sizes_and_dropout_asked_for(tmp_path):
+    """model=auto's hidden_sizes and dropout shape the tabular model it builds for a table
+    (they had been dropped, and the defaults trained, without a word); a wrong one is refused
+    in one line naming the key; a checkpoint stored before model.table_sizes trained the
+    defaults whatever it said, and predict.py rebuilds those."""
+    widths = [
+        m.out_features
+        for m in auto((5,), 3, [24, 12], [8], 5, 0.1, "tabular", table_sizes=True).backbone
+        if hasattr(m, "out_features")
+    ]
+    assert widths == [24, 12]
+    write_table(tmp_path / "t.csv", rows=120)
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "data.batch_size=32")
+    said = run_train(
+        tmp_path,
+        *run,
+        "trainer.max_epochs=1",
+        "model.hidden_sizes=[24,12]",
+        "model.dropout=0.1",
+        "run_name=asked",
+    )
+    assert "8 members sharing a 24-12 MLP" in said.stdout + said.stderr
+    asked = checkpoint(tmp_path, "asked")["model"]
+    assert asked["backbone.0.weight"].shape[0] == 24 and asked["backbone.3.weight"].shape == (
+        12,
+        24,
+    )
+    for wrong, key in (
+        ("model.dropout=1.5", "model.dropout"),
+        ("model.hidden_sizes=[0]", "model.hidden_sizes"),
+    ):
+        assert key in error_line(run_train(tmp_path, *run, wrong, "run_name=wrong", ok=False))
+    # as the code before the key trained it: the defaults' one layer of 512, whatever was asked
+    old = ("model.table_sizes=false", "model.hidden_sizes=[24]", "run_name=old")
+    run_train(tmp_path, *run, "trainer.max_epochs=1", *old)
+    stored = checkpoint(tmp_path, "old")
+    assert stored["model"]["backbone.0.weight"].shape[0] == 512
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/old", "input=t.csv", "out=old.csv")
+    del stored["config"]["model"]["table_sizes"]  # as the code before the key wrote it
+    torch.save(stored, tmp_path / "checkpoints/old/last.pt")
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/old", "input=t.csv", "out=before.csv")
+    assert (tmp_path / "before.csv").read_text() == (tmp_path / "old.csv").read_text()
+
+
+@pytest.mark.parametrize(
+    ("key", "before", "change"),
+    [("table_sizes", "false", "False -> True"), ("embed_indicators", "true", "True -> auto")],
+)
+def test_a_checkpoint_stored_before_a_model_key_resumes_as_it_was_given_the_keys_old_value(
+    tmp_path, key, before, change
+):
+    """A last.pt without a model key added later compares as the value that did what the
+    code before it did: resuming it with the new default is refused in one line naming the
+    key and both values; given the old value, it resumes."""
+    write_table(tmp_path / "t.csv", rows=120)
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "data.batch_size=32")
+    run_train(tmp_path, *run, "trainer.max_epochs=1", f"model.{key}={before}", "run_name=old")
+    stored = checkpoint(tmp_path, "old")
+    del stored["config"]["model"][key]  # as the code before the key wrote it
+    torch.save(stored, tmp_path / "checkpoints/old/last.pt")
+    again = ("trainer.max_epochs=2", "resume=auto", "run_name=old")
+    refused = run_train(tmp_path, *run, *again, ok=False)
+    assert f"model.{key}: {change}" in error_line(refused)
+    assert "give each key its checkpoint's value" in error_line(refused)
+    run_train(tmp_path, *run, *again, f"model.{key}={before}")
+    assert checkpoint(tmp_path, "old")["epoch"] == 2
+
+
 def test_the_0_1_columns_enter_as_they_are_and_an_older_checkpoint_rebuilds_them_embedded(
     tmp_path,
 ):

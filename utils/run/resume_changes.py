@@ -106,6 +106,8 @@ def _added_later() -> dict[str, Any]:
         "model.drop_rate": 0.0,
         "model.table": "mlp",  # model=auto's choice for a table before the tabular model
         "model.share_batches": True,  # the tabular model's members shared each batch
+        "model.embed_indicators": True,  # and it embedded every 0/1 column
+        "model.table_sizes": False,  # model=auto's tabular model: its defaults' sizes
         "trainer.refit": False,  # no run refitted
         "trainer.train_on_val": False,
         "distill.teacher": None,

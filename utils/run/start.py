@@ -288,7 +288,8 @@ def check_resumable(
     if changes.need_allow and not allow:
         raise UserError(
             f"refusing to resume {path}: the config changed ({'; '.join(changes.need_allow)}); "
-            "pass resume_allow_changes=true to resume anyway"
+            "give each key its checkpoint's value to resume the run as it was, or pass "
+            "resume_allow_changes=true to resume anyway"
         )
     return changes
 
