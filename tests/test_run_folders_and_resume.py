@@ -24,6 +24,7 @@ from conftest import (
     run_train,
     scalars,
     write_rows,
+    write_table,
 )
 
 from utils.checkpoint.load import load_checkpoint
@@ -523,6 +524,40 @@ def test_reusing_a_run_name_is_refused_and_overwrite_replaces_the_whole_run(base
     assert sorted(p.name for p in folder.iterdir() if p.suffix == ".pt") == ["best.pt", "last.pt"]
     assert len(list((tmp_path / "runs/base").glob("events.out.tfevents.*"))) == 1
     assert read_metrics(tmp_path / "runs/base")["epochs"] == 1
+
+
+def test_overwrite_replaces_the_earlier_runs_refit_and_folds_and_no_run_takes_a_parts_name(
+    tmp_path,
+):
+    """A run's refit and cv folds live in folders of its own (``<run>/refit``,
+    ``<run>/fold-<k>``): overwrite=true left them behind, an earlier run's refit/best.pt beside
+    the new run as if it were its refit. They go with the rest of the earlier run; folds alone
+    refuse a new run without overwrite=true; a run of the user's named like a part is refused
+    in one line naming run_name."""
+    write_table(tmp_path / "t.csv", rows=120)
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=1")
+    runs, saved = tmp_path / "runs/t", tmp_path / "checkpoints/t"
+    run_train(tmp_path, *run, "run_name=t")  # a small table: it refits
+    assert (saved / "refit/best.pt").is_file() and (runs / "refit/metrics.json").is_file()
+    run_train(tmp_path, *run, "run_name=t", "trainer.refit=false", "overwrite=true")
+    assert not (saved / "refit").exists() and not (runs / "refit").exists()
+    assert "refit/checkpoint" not in read_metrics(runs)
+    run_train(tmp_path, *run, "run_name=t", "cv=3", "overwrite=true")  # over a plain run
+    assert not (saved / "best.pt").exists() and (runs / "fold-2/oof.pt").is_file()
+    run_train(tmp_path, *run, "run_name=t", "cv=2", "overwrite=true")  # one fold fewer
+    assert not (runs / "fold-2").exists() and not (saved / "fold-2").exists()
+    (runs / "metrics.json").unlink()  # as a cv killed before it pooled its folds leaves it
+    (runs / "oof.csv").unlink()
+    refused = run_train(tmp_path, *run, "run_name=t", ok=False)
+    assert "already holds a run (runs/t/fold-0/" in error_line(refused)
+    assert (saved / "fold-1/best.pt").is_file()  # nothing removed
+    run_train(tmp_path, *run, "run_name=t", "trainer.refit=false", "overwrite=true")
+    assert not [*runs.glob("fold-*"), *saved.glob("fold-*")] and (saved / "best.pt").is_file()
+    for name, part in (("t/refit", "refit"), ("x/fold-2", "fold-2"), ("fold-0", "fold-0")):
+        refused = run_train(tmp_path, *run, f"run_name={name}", ok=False)
+        assert f"run_name={name!r}: {part!r} names a run's part" in error_line(refused)
+    refused = run_train(tmp_path, *run, "run_name=y/refit", "cv=2", ok=False)
+    assert "run_name='y/refit': 'refit' names a run's part" in error_line(refused)
 
 
 def test_resume_auto_refuses_when_every_checkpoint_is_unreadable(base, tmp_path):

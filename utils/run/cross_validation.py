@@ -45,6 +45,7 @@ from utils.files import atomic_file, write_json
 from utils.run.folders import output_dirs
 from utils.run.outputs import read_metrics
 from utils.run.resume_changes import config_changes
+from utils.run.start import check_new_run, check_part_name, remove_files
 from utils.system.distributed import processes_from_env
 from utils.text import cell, console
 
@@ -112,6 +113,10 @@ def cross_validate(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> f
     value."""
     folds = check_cv(cfg)
     root = Path(HydraConfig.get().runtime.output_dir)
+    check_part_name(cfg.run_name)
+    replaced = []  # an earlier run of the name (overwrite=true): all but the folds that follow
+    if cfg.resume is None:
+        replaced = check_new_run(*output_dirs(cfg, root), cfg.overwrite, folds=folds)
     values: list[float] = []
     for fold in range(folds):
         fold_dir = root / f"fold-{fold}"
@@ -124,6 +129,9 @@ def cross_validate(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> f
             continue
         log.info("cv: fold %d of %d -> %s", fold + 1, folds, fold_dir)
         values.append(train(job, stop, fold_dir))
+        if replaced and processes_from_env().is_main:  # once a fold of this run stands
+            remove_files(replaced)
+            replaced = []
     if processes_from_env().is_main:
         summary = pool_folds(root, folds, cfg)
         console().print(summary_table(summary))

@@ -12,6 +12,7 @@ device, threads), shared by train.py and evaluate.py.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,8 +138,10 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
     run.finished, resume = sweep.job_start(run_dir, cfg.resume, run.record.overrides)
     if run.finished is not None:
         return run
+    if parent is None:
+        check_part_name(cfg.run_name)
     if resume is None and not trainer.shapes_only:  # never silently over an earlier run
-        run.replaced = check_new_run(run_dir, checkpoint_dir, cfg.overwrite)
+        run.replaced = check_new_run(run_dir, checkpoint_dir, cfg.overwrite, parent is None)
     run.resumed = resume_point(resume, checkpoint_dir, asked=cfg.resume is not None)
     if run.resumed:
         check_same_run(*run.resumed, checkpoint_dir)
@@ -191,23 +194,57 @@ SAVED_FILES = (
     ("checkpoints", "best.old"),
     ("checkpoints", "epoch=*.pt"),
     ("run", "metrics.json"),
+    ("run", "oof.csv"),  # a cross-validation's out-of-fold predictions
 )
 HISTORY_FILES = ("events.out.tfevents.*", "metrics.csv", ".tracking.json")
+# A run's own parts, folders in its run and checkpoint folders: its refit (utils/run/refit.py)
+# and its cv folds (utils/run/cross_validation.py). A run that replaces it replaces them too;
+# so that they are the run's alone, no run of the user's takes such a name (check_part_name).
+PART_NAMES = re.compile(r"refit|fold-\d+")
 
 
-def check_new_run(run_dir: Path, checkpoint_dir: Path, overwrite: bool) -> list[Path]:
+def check_new_run(
+    run_dir: Path, checkpoint_dir: Path, overwrite: bool, parts: bool = True, folds: int = 0
+) -> list[Path]:
     """A run that does not resume starts in folders without another run: an earlier run of
     the same name is refused (it would lose its best.pt and mix two runs' TensorBoard
-    events). Returns the files to remove (with ``overwrite``, the earlier run's) once the new
-    run is set up, so a new run that fails at start-up loses nothing."""
+    events). Returns the files to remove (with ``overwrite``, the earlier run's, and with
+    ``parts`` its refit and folds but the first ``folds``, which a cv's folds replace each
+    in its turn) once the new run is set up, so a new run that fails at start-up loses
+    nothing."""
     folders = {"run": run_dir, "checkpoints": checkpoint_dir}
     saved = [p for where, pattern in SAVED_FILES for p in sorted(folders[where].glob(pattern))]
-    if saved and not overwrite:
+    earlier = earlier_parts(run_dir, checkpoint_dir, folds) if parts else []
+    held = saved or [f for part in earlier for f in sorted(part.rglob("*")) if f.is_file()]
+    if held and not overwrite:
         raise UserError(
-            f"{_shown_path(run_dir)} already holds a run ({_shown_path(saved[0])}); continue "
+            f"{_shown_path(run_dir)} already holds a run ({_shown_path(held[0])}); continue "
             "it with resume=auto, choose a new run_name=..., or pass overwrite=true to replace it"
         )
-    return saved + [p for pattern in HISTORY_FILES for p in sorted(run_dir.glob(pattern))]
+    return saved + earlier + [p for pattern in HISTORY_FILES for p in sorted(run_dir.glob(pattern))]
+
+
+def earlier_parts(run_dir: Path, checkpoint_dir: Path, folds: int = 0) -> list[Path]:
+    """The part folders (:data:`PART_NAMES`) in a run's folders, but folds 0 to ``folds`` − 1."""
+    found = []
+    for folder in (run_dir, checkpoint_dir):
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            fold = re.fullmatch(r"fold-(\d+)", path.name)
+            kept = fold is not None and int(fold[1]) < folds
+            if PART_NAMES.fullmatch(path.name) and path.is_dir() and not kept:
+                found.append(path)
+    return found
+
+
+def check_part_name(run_name: str) -> None:
+    """A run of the user's is not named as a run's part (``<run>/refit``, ``<run>/fold-<k>``):
+    that run would take it for its own, and replace it with itself."""
+    last = str(run_name).rsplit("/", 1)[-1]
+    if PART_NAMES.fullmatch(last):
+        raise UserError(
+            f"run_name={run_name!r}: {last!r} names a run's part (its refit, its cv folds), "
+            "which a run of the name before it would replace; choose another run_name"
+        )
 
 
 def remove_files(paths: list[Path]) -> None:
