@@ -194,6 +194,7 @@ def test_a_table_run_says_its_model_and_resumes_bit_for_bit_after_kill_9(tmp_pat
         "data.batch_size=32",
         "trainer.checkpoint_every_n_steps=3",
         f"model.share_batches={share}",
+        "trainer.refit=false",  # a kill inside a refit: tests/test_refit.py
     )
     said = run_train(tmp_path, *run, "run_name=straight")
     assert "model=auto: the tabular model (robust scaling, periodic embeddings, 8 members" in (
@@ -239,7 +240,7 @@ def test_the_frequencies_start_wide_from_8000_training_rows(tmp_path):
     assert fitted_frequency_scale(0.3, 10**6) == 0.3
     write_table(tmp_path / "t.csv", rows=11500)  # 70% trains: 8,050 rows
     run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=1")
-    said = run_train(tmp_path, *run, "data.batch_size=512", "run_name=wide")
+    said = run_train(tmp_path, *run, "data.batch_size=512", "trainer.refit=false", "run_name=wide")
     out = said.stdout + said.stderr
     assert "8 members sharing a 512 MLP, frequencies from N(0, 3))" in out
     assert "'train': 8050" in out
