@@ -38,6 +38,17 @@ from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
 MIN_CONV_PIXELS = 16 * 16  # smaller images train as well and faster on the MLP
+# What conf/model/auto.yaml gives the keys the models share (tests/test_tabular.py checks they
+# agree), and which of them each kind's model reads: another value of a key the chosen model
+# does not read is said at start-up, never dropped without a word.
+SHARED_KEYS = {"hidden_sizes": [512], "channels": [32, 64, 128], "kernel_size": 5, "dropout": 0.2}
+READ_BY = {
+    "text": (),
+    "table": ("hidden_sizes", "dropout"),  # the MLP's; the tabular model's with table_sizes
+    "tiny_image": ("hidden_sizes", "dropout"),
+    "sequence": ("channels", "kernel_size", "dropout"),
+    "image": ("channels", "dropout"),
+}
 KINDS = {
     "text": "texts",
     "table": "table rows",
@@ -104,7 +115,28 @@ def auto(
         KINDS[kind],
         list(input_shape),
     )
+    read = () if kind == "table" and table == "tabular" and not table_sizes else READ_BY[kind]
+    given = {"hidden_sizes": hidden_sizes, "channels": channels, "kernel_size": kernel_size}
+    unread = [
+        f"model.{key}={_shown(value)}"
+        for key, value in {**given, "dropout": dropout}.items()
+        if key not in read and _shown(value) != _shown(SHARED_KEYS[key])
+    ]
+    if unread:
+        log.warning(
+            "model=auto: %s does nothing here: %s does not read it; name a model that does "
+            "(model=mlp, cnn, cnn1d, tabular) or leave it out",
+            ", ".join(unread),
+            shown.split(" (")[0],
+        )
     return model
+
+
+def _shown(value: object) -> str:
+    """A key's value as the command line writes it: [512] for a list or tuple of 512."""
+    if isinstance(value, str | int | float):
+        return str(value)
+    return "[" + ",".join(str(v) for v in value) + "]"
 
 
 def kind_of(input_shape: Sequence[int]) -> str:

@@ -10,11 +10,21 @@ import signal
 
 import pytest
 import torch
-from conftest import PREDICT, checkpoint, error_line, killed_at, run_python, run_train, write_table
+from conftest import (
+    PREDICT,
+    ROOT,
+    checkpoint,
+    error_line,
+    killed_at,
+    run_python,
+    run_train,
+    write_table,
+)
+from omegaconf import OmegaConf
 
 from data.batching.batches import BatchPlan, BatchTransform, TensorBatches
 from data.batching.splits import TensorSplit, feature_quantiles
-from models.auto import auto
+from models.auto import SHARED_KEYS, auto
 from models.tabular import (
     LARGE_TABLE_ROWS,
     PiecewiseEmbedding,
@@ -299,9 +309,13 @@ def test_model_auto_gives_a_table_the_hidden_sizes_and_dropout_asked_for(tmp_pat
         "trainer.max_epochs=1",
         "model.hidden_sizes=[24,12]",
         "model.dropout=0.1",
+        "model.kernel_size=7",  # the 1-D CNN's: said to do nothing here
         "run_name=asked",
     )
     assert "8 members sharing a 24-12 MLP" in said.stdout + said.stderr
+    assert (
+        "model=auto: model.kernel_size=7 does nothing here: the tabular model does not read it"
+    ) in said.stdout + said.stderr
     asked = checkpoint(tmp_path, "asked")["model"]
     assert asked["backbone.0.weight"].shape[0] == 24 and asked["backbone.3.weight"].shape == (
         12,
@@ -322,6 +336,32 @@ def test_model_auto_gives_a_table_the_hidden_sizes_and_dropout_asked_for(tmp_pat
     torch.save(stored, tmp_path / "checkpoints/old/last.pt")
     run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/old", "input=t.csv", "out=before.csv")
     assert (tmp_path / "before.csv").read_text() == (tmp_path / "old.csv").read_text()
+
+
+def test_model_auto_says_which_keys_the_model_it_chose_does_not_read(caplog):
+    """model=auto's shared keys hold conf/model/auto.yaml's values; another value of one the
+    chosen model does not read (the CNN's channels on a table, an MLP's widths on images, any
+    on texts) is said in one line naming it, and a key it reads, or at its default, is not."""
+    yaml = OmegaConf.load(ROOT / "conf/model/auto.yaml")
+    assert {key: OmegaConf.to_object(yaml)[key] for key in SHARED_KEYS} == SHARED_KEYS
+    cases = [
+        (((3, 32, 32), [64], [32, 64, 128], 5, 0.2), {}, "model.hidden_sizes=[64]"),
+        (((3, 32, 32), [512], [8, 16], 5, 0.5), {}, None),  # the CNN reads both
+        (((3, 100), [512], [32, 64, 128], 9, 0.2), {}, None),  # the 1-D CNN: kernel_size
+        (((3, 32, 32), [512], [32, 64, 128], 9, 0.2), {}, "model.kernel_size=9"),
+        (((12,), [512], [32, 64, 128], 5, 0.3), {"vocab_size": 50, "pad_id": 0}, "dropout=0.3"),
+        (
+            ((5,), [64], [8], 5, 0.2),
+            {"table": "tabular"},
+            "model.hidden_sizes=[64], model.channels=[8]",
+        ),
+    ]
+    for (shape, *keys), more, said in cases:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="torchloom"):
+            auto(shape, 3, *keys, **more)
+        lines = [r.getMessage() for r in caplog.records if "does nothing here" in r.getMessage()]
+        assert (said in lines[0]) if said else not lines, (shape, keys, lines)
 
 
 @pytest.mark.parametrize(
