@@ -76,11 +76,10 @@ def auto(
     table_sizes: bool = False,
 ) -> nn.Module:
     """The chosen model with the keys it reads (PyTorch's default initialisation). ``table``:
-    what a table's rows get, ``tabular`` (conf/model/auto.yaml) or ``mlp`` — the default here,
-    so a checkpoint stored before the key existed rebuilds the MLP it trained; likewise
-    ``embed_indicators`` and ``share_batches`` (models/tabular.py), and ``table_sizes``: true
-    (conf/model/auto.yaml), the tabular model takes ``hidden_sizes`` and ``dropout``; a
-    checkpoint stored before the key trained the tabular defaults whatever they said."""
+    what a table's rows get, ``tabular`` (conf/model/auto.yaml) or ``mlp``, the default here
+    as a checkpoint stored before the key trained it; likewise ``embed_indicators``,
+    ``share_batches`` (models/tabular.py) and ``table_sizes`` (true: the tabular model takes
+    ``hidden_sizes`` and ``dropout``; before the key it trained the defaults whatever they said)."""
     kind = "text" if vocab_size is not None else kind_of(input_shape)
     if kind == "table" and table not in ("tabular", "mlp"):
         raise UserError(f"model.table={table!r} must be tabular or mlp")
@@ -115,11 +114,18 @@ def auto(
         KINDS[kind],
         list(input_shape),
     )
-    read = () if kind == "table" and table == "tabular" and not table_sizes else READ_BY[kind]
+    tabular_defaults = kind == "table" and table == "tabular" and not table_sizes
     given = {"hidden_sizes": hidden_sizes, "channels": channels, "kernel_size": kernel_size}
+    say_unread({**given, "dropout": dropout}, () if tabular_defaults else READ_BY[kind], shown)
+    return model
+
+
+def say_unread(keys: dict, read: Sequence[str], shown: str) -> None:
+    """One warning naming the shared ``keys`` given another value than auto.yaml's that the
+    chosen model (``shown``) does not ``read``."""
     unread = [
         f"model.{key}={_shown(value)}"
-        for key, value in {**given, "dropout": dropout}.items()
+        for key, value in keys.items()
         if key not in read and _shown(value) != _shown(SHARED_KEYS[key])
     ]
     if unread:
@@ -129,7 +135,6 @@ def auto(
             ", ".join(unread),
             shown.split(" (")[0],
         )
-    return model
 
 
 def _shown(value: object) -> str:

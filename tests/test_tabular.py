@@ -10,16 +10,7 @@ import signal
 
 import pytest
 import torch
-from conftest import (
-    PREDICT,
-    ROOT,
-    checkpoint,
-    error_line,
-    killed_at,
-    run_python,
-    run_train,
-    write_table,
-)
+from conftest import PREDICT, checkpoint, error_line, killed_at, run_python, run_train, write_table
 from omegaconf import OmegaConf
 
 from data.batching.batches import BatchPlan, BatchTransform, TensorBatches
@@ -342,7 +333,7 @@ def test_model_auto_says_which_keys_the_model_it_chose_does_not_read(caplog):
     """model=auto's shared keys hold conf/model/auto.yaml's values; another value of one the
     chosen model does not read (the CNN's channels on a table, an MLP's widths on images, any
     on texts) is said in one line naming it, and a key it reads, or at its default, is not."""
-    yaml = OmegaConf.load(ROOT / "conf/model/auto.yaml")
+    yaml = OmegaConf.load(PREDICT.parent / "conf/model/auto.yaml")  # the repository's
     assert {key: OmegaConf.to_object(yaml)[key] for key in SHARED_KEYS} == SHARED_KEYS
     cases = [
         (((3, 32, 32), [64], [32, 64, 128], 5, 0.2), {}, "model.hidden_sizes=[64]"),
