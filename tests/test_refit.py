@@ -229,3 +229,19 @@ def test_a_stored_train_on_val_edited_to_anything_but_false_is_held_to_its_val_r
     check_val_held_out("best.pt", config, "test", None)  # its test split: fine
     for held_out in ({"trainer": {"train_on_val": False}}, {"trainer": {}}, {}, None):
         check_val_held_out("best.pt", held_out, "val", (True, False))
+
+
+def test_a_refits_checkpoint_resumed_over_another_run_is_refused_naming_the_run_it_is_part_of(
+    tmp_path,
+):
+    """Resuming a part's checkpoint into a folder of another run is refused, as any is; the
+    line names the command that continues it, its run's resume (a run_name ending in refit is
+    refused), not the part's own name."""
+    write_table(tmp_path / "t.csv", rows=120)
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=1")
+    run_train(tmp_path, *run, "run_name=a")
+    run_train(tmp_path, *run, "trainer.refit=false", "run_name=b")
+    again = ("run_name=b", "resume=checkpoints/a/refit/last.pt")
+    line = error_line(run_train(tmp_path, *run, "trainer.max_epochs=2", *again, ok=False))
+    assert "that folder holds another run" in line
+    assert "continue the checkpoint's run with run_name=a resume=auto (the run its refit" in line

@@ -284,6 +284,10 @@ def check_same_run(path: Path, checkpoint: dict[str, Any], checkpoint_dir: Path)
             if isinstance(stored, str)
             else ("its own run_name")
         )
+        if isinstance(stored, str) and "/" in stored:  # a part: its run continues it
+            parent, part = stored.rsplit("/", 1)
+            if PART_NAMES.fullmatch(part):
+                named = f"run_name={parent} resume=auto (the run its {part} is part of)"
         raise UserError(
             f"refusing to resume {path} into {_shown_path(checkpoint_dir)}: that folder holds "
             f"another run, which it would overwrite; continue the checkpoint's run with {named}, "
