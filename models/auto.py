@@ -34,6 +34,7 @@ from models.cnn1d import cnn1d
 from models.mlp import mlp
 from models.tabular import EMBED_INDICATORS_BEFORE, SHARE_BATCHES_BEFORE, TABLE_DEFAULTS, tabular
 from models.text import text_bag
+from utils.config.arguments import shown_value
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
@@ -124,9 +125,9 @@ def say_unread(keys: dict, read: Sequence[str], shown: str) -> None:
     """One warning naming the shared ``keys`` given another value than auto.yaml's that the
     chosen model (``shown``) does not ``read``."""
     unread = [
-        f"model.{key}={_shown(value)}"
+        f"model.{key}={shown_value(value)}"
         for key, value in keys.items()
-        if key not in read and _shown(value) != _shown(SHARED_KEYS[key])
+        if key not in read and shown_value(value) != shown_value(SHARED_KEYS[key])
     ]
     if unread:
         log.warning(
@@ -135,13 +136,6 @@ def say_unread(keys: dict, read: Sequence[str], shown: str) -> None:
             ", ".join(unread),
             shown.split(" (")[0],
         )
-
-
-def _shown(value: object) -> str:
-    """A key's value as the command line writes it: [512] for a list or tuple of 512."""
-    if isinstance(value, str | int | float):
-        return str(value)
-    return "[" + ",".join(str(v) for v in value) + "]"
 
 
 def kind_of(input_shape: Sequence[int]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,13 +29,17 @@ class Rule:
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise UserError(f"{key}={_shown(value)} is out of range: it must be {self.expected}")
+            raise UserError(
+                f"{key}={shown_value(value)} is out of range: it must be {self.expected}"
+            )
 
 
-def _shown(value: Any) -> str:
+def shown_value(value: Any) -> str:
+    """A key's value as an error or warning line shows it: a list (a tuple, a ListConfig) as
+    [a, b], a string quoted."""
     if isinstance(value, str):
         return repr(value)
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, Sequence):
         return "[" + ", ".join(map(str, value)) + "]"
     return str(value)
 

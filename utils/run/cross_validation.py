@@ -42,10 +42,10 @@ from utils.config.secrets import recorded
 from utils.errors import UserError
 from utils.evaluation.metrics import outputs_of
 from utils.files import atomic_file, write_json
-from utils.run.folders import output_dirs
+from utils.run.folders import check_part_name, output_dirs
 from utils.run.outputs import read_metrics
 from utils.run.resume_changes import config_changes
-from utils.run.start import check_new_run, check_part_name, remove_files
+from utils.run.start import check_new_run, remove_files
 from utils.system.distributed import processes_from_env
 from utils.text import cell, console
 

@@ -6,6 +6,7 @@ that fails at start-up on bad input leaves neither behind when it made them.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,13 @@ START_FILES |= {".hydra/overrides.yaml"}
 # were printed, and nothing of it is kept.
 DRY_RUN_FILES = START_FILES | {"metrics.json", "provenance.json"}
 _created: set[Path] = set()  # the folders this process made for its run
+
+# A run's own parts, folders in its run and checkpoint folders: its refit (utils/run/refit.py)
+# and its cv folds (utils/run/cross_validation.py). A run that replaces it replaces them too;
+# so that they are the run's alone, no run of the user's takes such a name (check_part_name).
+REFIT_FOLDER = "refit"  # runs/<run>/refit/ and checkpoints/<run>/refit/
+FOLD = re.compile(r"fold-(\d+)")
+PART_NAMES = re.compile(f"{re.escape(REFIT_FOLDER)}|{FOLD.pattern}")
 
 
 def claim_new(folder: Path, what: str, made: bool | None = None) -> RunClaim:
@@ -117,3 +125,32 @@ def output_dirs(cfg: DictConfig, run_dir: Path) -> tuple[Path, Path]:
         relative = Path(check_run_name(cfg.run_name))
     check_run_name(relative.as_posix())
     return run_dir, Path(cfg.paths.checkpoints) / relative
+
+
+def earlier_parts(run_dir: Path, checkpoint_dir: Path, folds: int = 0) -> list[Path]:
+    """The part folders (:data:`PART_NAMES`) in a run's folders, but folds 0 to ``folds`` − 1."""
+    found = []
+    for folder in (run_dir, checkpoint_dir):
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            fold = FOLD.fullmatch(path.name)
+            kept = fold is not None and int(fold[1]) < folds
+            if PART_NAMES.fullmatch(path.name) and path.is_dir() and not kept:
+                found.append(path)
+    return found
+
+
+def part_of(run_name: str) -> tuple[str, str] | None:
+    """``(run, part)`` when ``run_name`` names a run's part (``<run>/refit``,
+    ``<run>/fold-<k>``; ``run`` is empty for a bare part name), else None."""
+    run, _, part = str(run_name).rpartition("/")
+    return (run, part) if PART_NAMES.fullmatch(part) else None
+
+
+def check_part_name(run_name: str) -> None:
+    """A run of the user's is not named as a run's part: the run of the name before it would
+    take it for its own, and replace it with itself."""
+    if (named := part_of(run_name)) is not None:
+        raise UserError(
+            f"run_name={run_name!r}: {named[1]!r} names a run's part (its refit, its cv folds), "
+            "which a run of the name before it would replace; choose another run_name"
+        )

@@ -32,13 +32,13 @@ from omegaconf import DictConfig, open_dict
 
 from utils.errors import UserError
 from utils.files import write_json
+from utils.run.folders import REFIT_FOLDER
 from utils.run.outputs import read_metrics
 from utils.system.distributed import processes_from_env
 
 log = logging.getLogger("torchloom")
 AUTO_ROWS = 10_000  # refit=auto: a CSV table whose train ∪ val hold fewer rows
 TABLES = ("data.tabular.load_csv",)  # what refit=auto refits
-FOLDER = "refit"  # runs/<run>/refit/ and checkpoints/<run>/refit/
 ONCE = 10**9  # the refit's val_every_n_epochs: validated after its last epoch alone
 
 
@@ -70,10 +70,10 @@ def refit(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> None:
     log.info(
         "refit: the run again on train ∪ val (%d rows) -> %s (trainer.refit=false skips it)",
         rows,
-        root / FOLDER,
+        root / REFIT_FOLDER,
     )
-    train(job, stop, root / FOLDER)
-    refitted = read_metrics(root / FOLDER)
+    train(job, stop, root / REFIT_FOLDER)
+    refitted = read_metrics(root / REFIT_FOLDER)
     if refitted is None:
         return
     figures = {k: v for k, v in refitted.items() if k.startswith("test/")}  # _wanted: a test
@@ -95,7 +95,7 @@ def refit_config(cfg: DictConfig, first: dict) -> DictConfig:
     epochs the run trained, validated once at the end, with no early stopping."""
     job = copy.deepcopy(cfg)  # typed as composed (the schema's trainer)
     with open_dict(job):
-        job.run_name = f"{cfg.run_name}/{FOLDER}"
+        job.run_name = f"{cfg.run_name}/{REFIT_FOLDER}"
         job.resume = "auto" if cfg.resume else None  # a refit a kill stopped goes on
         trainer = job.trainer
         trainer.refit, trainer.train_on_val = False, True

@@ -12,7 +12,6 @@ device, threads), shared by train.py and evaluate.py.
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from utils.config.secrets import recorded, redacted_argv, scrub_yaml_files, secr
 from utils.errors import UserError
 from utils.files import prepare_dir, remove_stale_temporary_files
 from utils.run import sweep
-from utils.run.folders import claim_new, output_dirs
+from utils.run.folders import check_part_name, claim_new, earlier_parts, output_dirs, part_of
 from utils.run.resume_changes import ResumeChanges, config_changes
 from utils.system import distributed
 from utils.system.device import configure_device, configure_threads, resolve_device
@@ -197,10 +196,6 @@ SAVED_FILES = (
     ("run", "oof.csv"),  # a cross-validation's out-of-fold predictions
 )
 HISTORY_FILES = ("events.out.tfevents.*", "metrics.csv", ".tracking.json")
-# A run's own parts, folders in its run and checkpoint folders: its refit (utils/run/refit.py)
-# and its cv folds (utils/run/cross_validation.py). A run that replaces it replaces them too;
-# so that they are the run's alone, no run of the user's takes such a name (check_part_name).
-PART_NAMES = re.compile(r"refit|fold-\d+")
 
 
 def check_new_run(
@@ -222,29 +217,6 @@ def check_new_run(
             "it with resume=auto, choose a new run_name=..., or pass overwrite=true to replace it"
         )
     return saved + earlier + [p for pattern in HISTORY_FILES for p in sorted(run_dir.glob(pattern))]
-
-
-def earlier_parts(run_dir: Path, checkpoint_dir: Path, folds: int = 0) -> list[Path]:
-    """The part folders (:data:`PART_NAMES`) in a run's folders, but folds 0 to ``folds`` − 1."""
-    found = []
-    for folder in (run_dir, checkpoint_dir):
-        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-            fold = re.fullmatch(r"fold-(\d+)", path.name)
-            kept = fold is not None and int(fold[1]) < folds
-            if PART_NAMES.fullmatch(path.name) and path.is_dir() and not kept:
-                found.append(path)
-    return found
-
-
-def check_part_name(run_name: str) -> None:
-    """A run of the user's is not named as a run's part (``<run>/refit``, ``<run>/fold-<k>``):
-    that run would take it for its own, and replace it with itself."""
-    last = str(run_name).rsplit("/", 1)[-1]
-    if PART_NAMES.fullmatch(last):
-        raise UserError(
-            f"run_name={run_name!r}: {last!r} names a run's part (its refit, its cv folds), "
-            "which a run of the name before it would replace; choose another run_name"
-        )
 
 
 def remove_files(paths: list[Path]) -> None:
@@ -284,10 +256,8 @@ def check_same_run(path: Path, checkpoint: dict[str, Any], checkpoint_dir: Path)
             if isinstance(stored, str)
             else ("its own run_name")
         )
-        if isinstance(stored, str) and "/" in stored:  # a part: its run continues it
-            parent, part = stored.rsplit("/", 1)
-            if PART_NAMES.fullmatch(part):
-                named = f"run_name={parent} resume=auto (the run its {part} is part of)"
+        if isinstance(stored, str) and (whole := part_of(stored)) and whole[0]:  # its run's
+            named = f"run_name={whole[0]} resume=auto (the run its {whole[1]} is part of)"
         raise UserError(
             f"refusing to resume {path} into {_shown_path(checkpoint_dir)}: that folder holds "
             f"another run, which it would overwrite; continue the checkpoint's run with {named}, "
