@@ -33,6 +33,7 @@ from utils.config.trust import allowed_builders, check_stored_config
 from utils.errors import UserError
 from utils.files import remove_stale_temporary_files, save_atomic
 from utils.fit.top_k import checked_top_k, own_top_k_file, top_k_name
+from utils.system.claim import CLAIM_FILE
 from utils.system.seeding import mix_seed
 
 TINY = ("model.hidden_sizes=[16]", "data.batch_size=128")
@@ -558,6 +559,37 @@ def test_overwrite_replaces_the_earlier_runs_refit_and_folds_and_no_run_takes_a_
         assert f"run_name={name!r}: {part!r} names a run's part" in error_line(refused)
     refused = run_train(tmp_path, *run, "run_name=y/refit", "cv=2", ok=False)
     assert "run_name='y/refit': 'refit' names a run's part" in error_line(refused)
+
+
+def test_resume_auto_with_nothing_to_continue_is_a_new_run_never_beside_another(base, tmp_path):
+    """resume=auto that finds no checkpoint starts a new run, and a new run never starts over
+    another: it started beside a cv's folds (a plain command over a cv killed before it
+    pooled), a cv started its folds beside a plain run's best.pt, and a run killed before its
+    first checkpoint left its TensorBoard events to mix with the next attempt's."""
+    copy_run(base, tmp_path)
+    for path in [*(tmp_path / "checkpoints/base").iterdir(), tmp_path / "runs/base/metrics.json"]:
+        path.unlink()  # as a kill before the first checkpoint leaves it: a history alone
+    run_train(tmp_path, *TINY, "trainer.max_epochs=1", "run_name=base", "resume=auto")
+    assert len(list((tmp_path / "runs/base").glob("events.out.tfevents.*"))) == 1
+
+    write_table(tmp_path / "t.csv", rows=120)
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=1")
+    run_train(tmp_path, *run, "run_name=t", "cv=2")
+    (tmp_path / "runs/t/metrics.json").unlink()  # a cv killed before it pooled its folds
+    saved = sorted((tmp_path / "checkpoints/t").rglob("*.pt"))
+    refused = run_train(tmp_path, *run, "run_name=t", "resume=auto", ok=False)
+    assert "it is a cv run: continue it with cv=K resume=auto" in error_line(refused)
+    assert sorted((tmp_path / "checkpoints/t").rglob("*.pt")) == saved
+    run_train(tmp_path, *run, "run_name=t", "cv=2", "resume=auto")  # what does continue it
+    assert read_metrics(tmp_path / "runs/t")["cv"]["folds"] == 2
+
+    run_train(tmp_path, *run, "run_name=p", "trainer.refit=false")
+    refused = run_train(tmp_path, *run, "run_name=p", "cv=2", "resume=auto", ok=False)
+    assert "cv=2 resume=auto continues a cv's folds, and it has none" in error_line(refused)
+    assert not (tmp_path / "checkpoints/p/fold-0").exists()
+    run_train(tmp_path, *run, "run_name=p", "cv=2", "resume=auto", "overwrite=true")
+    kept = sorted(p.name for p in (tmp_path / "checkpoints/p").iterdir() if p.name != CLAIM_FILE)
+    assert kept == ["fold-0", "fold-1"]
 
 
 def test_resume_auto_refuses_when_every_checkpoint_is_unreadable(base, tmp_path):

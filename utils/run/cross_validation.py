@@ -115,8 +115,10 @@ def cross_validate(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> f
     root = Path(HydraConfig.get().runtime.output_dir)
     check_part_name(cfg.run_name)
     replaced = []  # an earlier run of the name (overwrite=true): all but the folds that follow
-    if cfg.resume is None:
-        replaced = check_new_run(*output_dirs(cfg, root), cfg.overwrite, folds=folds)
+    begun = any((root / f"fold-{fold}").is_dir() for fold in range(folds))
+    if cfg.resume is None or not begun:  # resume=auto with no fold begun: a new cv, too
+        auto = cfg.resume == "auto"
+        replaced = check_new_run(*output_dirs(cfg, root), cfg.overwrite, folds=folds, auto=auto)
     values: list[float] = []
     for fold in range(folds):
         fold_dir = root / f"fold-{fold}"

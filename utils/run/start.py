@@ -31,7 +31,14 @@ from utils.config.secrets import recorded, redacted_argv, scrub_yaml_files, secr
 from utils.errors import UserError
 from utils.files import prepare_dir, remove_stale_temporary_files
 from utils.run import sweep
-from utils.run.folders import check_part_name, claim_new, earlier_parts, output_dirs, part_of
+from utils.run.folders import (
+    FOLD,
+    check_part_name,
+    claim_new,
+    earlier_parts,
+    output_dirs,
+    part_of,
+)
 from utils.run.resume_changes import ResumeChanges, config_changes
 from utils.system import distributed
 from utils.system.device import configure_device, configure_threads, resolve_device
@@ -142,6 +149,10 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
     if resume is None and not trainer.shapes_only:  # never silently over an earlier run
         run.replaced = check_new_run(run_dir, checkpoint_dir, cfg.overwrite, parent is None)
     run.resumed = resume_point(resume, checkpoint_dir, asked=cfg.resume is not None)
+    if resume == "auto" and not run.resumed and not trainer.shapes_only and not in_sweep():
+        run.replaced = check_new_run(  # nothing to continue: a new run, over none of another
+            run_dir, checkpoint_dir, cfg.overwrite, parent is None, auto=True
+        )
     if run.resumed:
         check_same_run(*run.resumed, checkpoint_dir)
         run.changes = check_resumable(
@@ -199,24 +210,45 @@ HISTORY_FILES = ("events.out.tfevents.*", "metrics.csv", ".tracking.json")
 
 
 def check_new_run(
-    run_dir: Path, checkpoint_dir: Path, overwrite: bool, parts: bool = True, folds: int = 0
+    run_dir: Path,
+    checkpoint_dir: Path,
+    overwrite: bool,
+    parts: bool = True,
+    folds: int = 0,
+    auto: bool = False,
 ) -> list[Path]:
     """A run that does not resume starts in folders without another run: an earlier run of
     the same name is refused (it would lose its best.pt and mix two runs' TensorBoard
     events). Returns the files to remove (with ``overwrite``, the earlier run's, and with
     ``parts`` its refit and folds but the first ``folds``, which a cv's folds replace each
     in its turn) once the new run is set up, so a new run that fails at start-up loses
-    nothing."""
+    nothing. ``auto``: resume=auto found nothing this command continues (the earlier run
+    stopped before its first checkpoint leaves only a history, removed)."""
     folders = {"run": run_dir, "checkpoints": checkpoint_dir}
     saved = [p for where, pattern in SAVED_FILES for p in sorted(folders[where].glob(pattern))]
     earlier = earlier_parts(run_dir, checkpoint_dir, folds) if parts else []
     held = saved or [f for part in earlier for f in sorted(part.rglob("*")) if f.is_file()]
     if held and not overwrite:
+        fix = "choose a new run_name=..., or pass overwrite=true to replace it"
+        fix = (
+            f"{_not_continued(earlier, folds)}; {fix}"
+            if auto
+            else f"continue it with resume=auto, {fix}"
+        )
         raise UserError(
-            f"{_shown_path(run_dir)} already holds a run ({_shown_path(held[0])}); continue "
-            "it with resume=auto, choose a new run_name=..., or pass overwrite=true to replace it"
+            f"{_shown_path(run_dir)} already holds a run ({_shown_path(held[0])}); {fix}"
         )
     return saved + earlier + [p for pattern in HISTORY_FILES for p in sorted(run_dir.glob(pattern))]
+
+
+def _not_continued(parts: list[Path], folds: int) -> str:
+    """Why resume=auto (of a cv of ``folds`` when not 0) does not continue the earlier run,
+    whose ``parts`` are found, and what does."""
+    if folds:
+        return f"cv={folds} resume=auto continues a cv's folds, and it has none"
+    if any(FOLD.fullmatch(part.name) for part in parts):
+        return "it is a cv run: continue it with cv=K resume=auto, K its number of folds"
+    return "resume=auto finds no checkpoint of it to continue"
 
 
 def remove_files(paths: list[Path]) -> None:
