@@ -32,7 +32,12 @@ from torch import nn
 from models.cnn import cnn
 from models.cnn1d import cnn1d
 from models.mlp import mlp
-from models.tabular import EMBED_INDICATORS_BEFORE, SHARE_BATCHES_BEFORE, TABLE_DEFAULTS, tabular
+from models.tabular import (
+    EMBED_INDICATORS_BEFORE,
+    SHARE_BATCHES_BEFORE,
+    TABLE_DEFAULTS,
+    tabular,
+)
 from models.text import text_bag
 from utils.config.arguments import shown_value
 from utils.errors import UserError
@@ -40,16 +45,24 @@ from utils.errors import UserError
 log = logging.getLogger("torchloom")
 MIN_CONV_PIXELS = 16 * 16  # smaller images train as well and faster on the MLP
 # What conf/model/auto.yaml gives the keys the models share (tests/test_tabular.py checks they
-# agree), and which of them each kind's model reads: another value of a key the chosen model
-# does not read is said at start-up, never dropped without a word.
+# agree), and which of them each model reads: another value of a key the chosen model does not
+# read is said at start-up, never dropped without a word.
 SHARED_KEYS = {"hidden_sizes": [512], "channels": [32, 64, 128], "kernel_size": 5, "dropout": 0.2}
+SHARED_KEYS |= {"table": "tabular", "embed_indicators": "auto", "share_batches": True}
+SHARED_KEYS |= {"table_sizes": True}
+TABLE_KEYS = ("table", "embed_indicators", "share_batches", "table_sizes")  # a table's alone
 READ_BY = {
     "text": (),
-    "table": ("hidden_sizes", "dropout"),  # the MLP's; the tabular model's with table_sizes
+    "tabular": TABLE_KEYS,  # and hidden_sizes, dropout with table_sizes
+    "table": ("hidden_sizes", "dropout", "table"),  # model.table=mlp: the MLP
     "tiny_image": ("hidden_sizes", "dropout"),
     "sequence": ("channels", "kernel_size", "dropout"),
     "image": ("channels", "dropout"),
 }
+# What a table's keys are when a stored config does not give them (None here): what the code
+# did before the key existed, so a checkpoint of then rebuilds as it trained.
+TABLE_KEYS_BEFORE = {"table": "mlp", "embed_indicators": EMBED_INDICATORS_BEFORE}
+TABLE_KEYS_BEFORE |= {"share_batches": SHARE_BATCHES_BEFORE, "table_sizes": False}
 KINDS = {
     "text": "texts",
     "table": "table rows",
@@ -66,34 +79,34 @@ def auto(
     channels: Sequence[int],
     kernel_size: int,
     dropout: float,
-    table: str = "mlp",
+    table: str | None = None,
     feature_quantiles: torch.Tensor | None = None,
     train_rows: int | None = None,
     vocab_size: int | None = None,
     pad_id: int | None = None,
-    embed_indicators: bool | str = EMBED_INDICATORS_BEFORE,
+    embed_indicators: bool | str | None = None,
     indicator_features: int | None = None,
-    share_batches: bool = SHARE_BATCHES_BEFORE,
-    table_sizes: bool = False,
+    share_batches: bool | None = None,
+    table_sizes: bool | None = None,
 ) -> nn.Module:
     """The chosen model with the keys it reads (PyTorch's default initialisation). ``table``:
-    what a table's rows get, ``tabular`` (conf/model/auto.yaml) or ``mlp``, the default here
-    as a checkpoint stored before the key trained it; likewise ``embed_indicators``,
+    what a table's rows get, ``tabular`` (conf/model/auto.yaml) or ``mlp``; ``embed_indicators``,
     ``share_batches`` (models/tabular.py) and ``table_sizes`` (true: the tabular model takes
-    ``hidden_sizes`` and ``dropout``; before the key it trained the defaults whatever they said)."""
+    ``hidden_sizes`` and ``dropout``; before the key it trained the defaults whatever they said).
+    Not given (None, a config stored before the key): :data:`TABLE_KEYS_BEFORE`, as such a
+    checkpoint trained."""
+    given = {"table": table, "embed_indicators": embed_indicators}
+    given |= {"share_batches": share_batches, "table_sizes": table_sizes}
+    keys = table_keys(given)
     kind = "text" if vocab_size is not None else kind_of(input_shape)
-    if kind == "table" and table not in ("tabular", "mlp"):
-        raise UserError(f"model.table={table!r} must be tabular or mlp")
-    if table_sizes not in (True, False):
-        raise UserError(f"model.table_sizes={table_sizes!r} must be true or false")
-    if kind == "table" and table == "tabular":
-        sizes = {"hidden_sizes": hidden_sizes, "dropout": dropout} if table_sizes else {}
+    if kind == "table" and keys["table"] == "tabular":
+        sizes = {"hidden_sizes": hidden_sizes, "dropout": dropout} if keys["table_sizes"] else {}
         model = tabular(
             input_shape,
             num_classes,
             **{**TABLE_DEFAULTS, **sizes},
-            embed_indicators=embed_indicators,
-            share_batches=share_batches,
+            embed_indicators=keys["embed_indicators"],
+            share_batches=keys["share_batches"],
             feature_quantiles=feature_quantiles,
             train_rows=train_rows,
             indicator_features=indicator_features,
@@ -115,19 +128,38 @@ def auto(
         KINDS[kind],
         list(input_shape),
     )
-    tabular_defaults = kind == "table" and table == "tabular" and not table_sizes
-    given = {"hidden_sizes": hidden_sizes, "channels": channels, "kernel_size": kernel_size}
-    say_unread({**given, "dropout": dropout}, () if tabular_defaults else READ_BY[kind], shown)
+    shared = {"hidden_sizes": hidden_sizes, "channels": channels, "kernel_size": kernel_size}
+    say_unread({**shared, "dropout": dropout, **given}, read_by(kind, keys), shown)
     return model
+
+
+def table_keys(given: dict) -> dict:
+    """A table's own keys, checked; those not ``given`` (None) are
+    :data:`TABLE_KEYS_BEFORE`'s."""
+    keys = {key: TABLE_KEYS_BEFORE[key] if value is None else value for key, value in given.items()}
+    if keys["table"] not in ("tabular", "mlp"):
+        raise UserError(f"model.table={keys['table']!r} must be tabular or mlp")
+    if keys["table_sizes"] not in (True, False):
+        raise UserError(f"model.table_sizes={keys['table_sizes']!r} must be true or false")
+    return keys
+
+
+def read_by(kind: str, keys: dict) -> tuple[str, ...]:
+    """The shared keys the model chosen for ``kind`` with a table's ``keys`` reads."""
+    if kind == "table" and keys["table"] == "tabular":
+        return READ_BY["tabular"] + (("hidden_sizes", "dropout") if keys["table_sizes"] else ())
+    return READ_BY[kind]
 
 
 def say_unread(keys: dict, read: Sequence[str], shown: str) -> None:
     """One warning naming the shared ``keys`` given another value than auto.yaml's that the
-    chosen model (``shown``) does not ``read``."""
+    chosen model (``shown``) does not ``read`` (a key not given, None, is not said)."""
     unread = [
         f"model.{key}={shown_value(value)}"
         for key, value in keys.items()
-        if key not in read and shown_value(value) != shown_value(SHARED_KEYS[key])
+        if key not in read
+        and value is not None
+        and shown_value(value) != shown_value(SHARED_KEYS[key])
     ]
     if unread:
         log.warning(

@@ -26,6 +26,7 @@ from models.tabular import (
     smooth_clip,
     tabular,
 )
+from utils.errors import UserError
 from utils.fit.teacher import Teacher
 from utils.tasks._base import MembersLoss
 from utils.tasks._classification import ClassificationLoss
@@ -332,7 +333,8 @@ def test_model_auto_gives_a_table_the_hidden_sizes_and_dropout_asked_for(tmp_pat
 def test_model_auto_says_which_keys_the_model_it_chose_does_not_read(caplog):
     """model=auto's shared keys hold conf/model/auto.yaml's values; another value of one the
     chosen model does not read (the CNN's channels on a table, an MLP's widths on images, any
-    on texts) is said in one line naming it, and a key it reads, or at its default, is not."""
+    on texts, a table's own keys on images or with model.table=mlp) is said in one line naming
+    it, and a key it reads, at its default or not given (a config stored before it), is not."""
     yaml = OmegaConf.load(PREDICT.parent / "conf/model/auto.yaml")  # the repository's
     assert {key: OmegaConf.to_object(yaml)[key] for key in SHARED_KEYS} == SHARED_KEYS
     cases = [
@@ -346,6 +348,16 @@ def test_model_auto_says_which_keys_the_model_it_chose_does_not_read(caplog):
             {"table": "tabular"},
             "model.hidden_sizes=[64], model.channels=[8]",
         ),
+        # a table's own keys: unread on any other kind, and by model.table=mlp's MLP
+        (((3, 32, 32), [512], [32, 64, 128], 5, 0.2), {"share_batches": False}, "batches=False"),
+        (((3, 100), [512], [32, 64, 128], 5, 0.2), {"table": "mlp"}, "model.table='mlp'"),
+        (
+            ((5,), [64], [32, 64, 128], 5, 0.2),
+            {"table": "mlp", "embed_indicators": False, "table_sizes": True},
+            "model.embed_indicators=False does nothing here: the MLP",
+        ),
+        (((5,), [64], [32, 64, 128], 5, 0.2), {"table": "tabular", "table_sizes": True}, None),
+        (((5,), [64], [32, 64, 128], 5, 0.2), {}, None),  # stored before the keys: the MLP
     ]
     for (shape, *keys), more, said in cases:
         caplog.clear()
@@ -353,6 +365,8 @@ def test_model_auto_says_which_keys_the_model_it_chose_does_not_read(caplog):
             auto(shape, 3, *keys, **more)
         lines = [r.getMessage() for r in caplog.records if "does nothing here" in r.getMessage()]
         assert (said in lines[0]) if said else not lines, (shape, keys, lines)
+    with pytest.raises(UserError, match=r"model.table='trees' must be tabular or mlp"):
+        auto((3, 32, 32), 3, [512], [32, 64, 128], 5, 0.2, table="trees")  # on any kind
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from typing import Any
 
 from data.augmentation.images import IMAGE_AUGMENT_OFF
 from data.augmentation.mixing import MIXING_OFF
+from models.auto import TABLE_KEYS_BEFORE
 from utils.config.build import flatten
 from utils.config.monitor import monitor_mode
 from utils.errors import UserError
@@ -104,10 +105,9 @@ def _added_later() -> dict[str, Any]:
         "scheduler.warmup_epochs": 0,
         "model.drop_path_rate": 0.0,
         "model.drop_rate": 0.0,
-        "model.table": "mlp",  # model=auto's choice for a table before the tabular model
-        "model.share_batches": True,  # the tabular model's members shared each batch
-        "model.embed_indicators": True,  # and it embedded every 0/1 column
-        "model.table_sizes": False,  # model=auto's tabular model: its defaults' sizes
+        # model=auto's MLP for a table before the tabular model, whose members shared each
+        # batch, embedded every 0/1 column and had the defaults' sizes
+        **{f"model.{key}": before for key, before in TABLE_KEYS_BEFORE.items()},
         "trainer.refit": False,  # no run refitted
         "trainer.train_on_val": False,
         "distill.teacher": None,
