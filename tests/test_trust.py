@@ -17,7 +17,7 @@ from conftest import ROOT, read_metrics, run_evaluate, run_train
 from utils.checkpoint import load as checkpoint_module
 from utils.checkpoint.load import load_checkpoint
 from utils.config.trust import check_stored_config
-from utils.errors import EXIT_USER_ERROR, UserError
+from utils.errors import EXIT_USER_ERROR, UserError, print_error
 from utils.files import save_atomic
 from utils.model.weights import load_weights, strip_wrapper_prefixes
 
@@ -284,11 +284,34 @@ def test_evaluate_follows_the_split_training_tested_on(tmp_path):
     assert "has no test split (training tested on val); pass split=val" in line
 
 
+def test_an_error_line_with_a_vast_value_keeps_its_start_and_end(capsys):
+    """Any error line, whatever value from a file it names, stays a line a person can read:
+    its start (the key) and its end (the fix), with the count of characters left out."""
+    print_error(f"key=[{'8, ' * 100_000}8]; pass the fix")
+    line = capsys.readouterr().err
+    assert line.startswith("error: key=[8, 8,") and line.endswith("8]; pass the fix\n")
+    assert "(298,022 characters left out)" in line and len(line) < 2100  # of 300,021
+
+
 def test_a_stored_config_asking_for_a_vast_number_of_layers_is_refused_quickly(trained, tmp_path):
-    # 100,000 hidden layers of 8: a few megabytes of parameters, but a million Python objects
-    # to make; refused by the count of tensors the build makes, before the weights are compared
+    """100,000 hidden layers of 8: a few megabytes of parameters, but a million Python objects
+    to make, and 19 s of config handling before the build's count of tensors refused it: a
+    model list that long is refused as it is read, naming the key; 1,024 layers, within that
+    bound, by the count of tensors the build makes, before the weights are compared. Resuming
+    it is refused in a line that shows the list's start and end, not 300,000 characters."""
     stored = torch.load(trained / "checkpoints" / "base" / "best.pt", weights_only=True)
     stored["config"]["model"]["hidden_sizes"] = [8] * 100_000
     torch.save(stored, tmp_path / "deep.pt")
     line = only_error_line(run_evaluate(trained, f"ckpt={tmp_path / 'deep.pt'}", ok=False))
+    assert "model.hidden_sizes holds 100,000 values, more than a model key takes" in line
+    stored["config"]["model"]["hidden_sizes"] = [8] * 1024
+    torch.save(stored, tmp_path / "deeper.pt")
+    line = only_error_line(run_evaluate(trained, f"ckpt={tmp_path / 'deeper.pt'}", ok=False))
     assert "the stored model config builds more than" in line and "was it edited?" in line
+    stored["config"]["model"]["hidden_sizes"] = [8] * 100_000
+    torch.save(stored, tmp_path / "last.pt")
+    again = ("trainer.max_epochs=4", "model.hidden_sizes=[64]", f"resume={tmp_path / 'last.pt'}")
+    line = only_error_line(run_train(trained, *again, "run_name=deep", ok=False))
+    assert "model.hidden_sizes: [8, 8, 8" in line and "characters left out) ... , 8, 8" in line
+    assert "8, 8] -> [64]" in line
+    assert line.endswith("resume_allow_changes=true to resume anyway") and len(line) < 1000

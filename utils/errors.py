@@ -3,7 +3,7 @@
 import errno
 import re
 
-from utils.text import escaped
+from utils.text import brief, escaped
 
 
 class UserError(Exception):
@@ -71,8 +71,9 @@ def print_error(cause: object) -> None:
     which share one stderr, never interleave their lines (``print`` writes the newline apart,
     and an unbuffered stderr sends the two writes separately). Control characters (an
     exception's ANSI sequence, a line break in a message from elsewhere) are written as
-    escapes: the line stays one line and never drives the terminal."""
+    escapes: the line stays one line and never drives the terminal; a vast one (a value from
+    an edited file) is cut to its start and end."""
     import sys
 
-    sys.stderr.write(f"error: {escaped(str(cause))}\n")
+    sys.stderr.write(f"error: {brief(escaped(str(cause)))}\n")
     sys.stderr.flush()

@@ -6,6 +6,7 @@ checkpoints: from elsewhere. On a terminal, ``[/b]`` would be rich markup (and c
 a spreadsheet, ``=1+1`` or ``@cmd`` would be a live formula.
 
     shown(name)        # for the console: markup escaped, control characters as \\x1b
+    brief(text)        # a long value's start and end, for a line that stays readable
     cell(name)         # for a CSV cell: a leading = + - @ tab or CR made text (OWASP's rule)
     console()          # the console they are shown on: a pipe or a log file is not cut at 80
     LogLines           # every log line, console and file: control characters as escapes
@@ -42,6 +43,15 @@ def first_line(error: BaseException) -> str:
     """An exception's message as one line: its first, or its type's name when it has none."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def brief(text: str, limit: int = 2000) -> str:
+    """``text``, or when longer than ``limit`` its start and end with the count left out
+    between: a value from an edited file (a list of 100,000 layers) keeps a line readable."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 2 // 3, limit // 3
+    return f"{text[:head]} ... ({len(text) - head - tail:,} characters left out) ... {text[-tail:]}"
 
 
 def escaped(text: str, keep: str = "") -> str:

@@ -66,6 +66,10 @@ ENVIRONMENT = re.compile(r"\$\{oc\.env:[A-Za-z_][A-Za-z0-9_]*\}")  # a setting a
 # Hydra's instantiation keys besides _target_ (_partial_, _recursive_, _convert_, _args_) change
 # what building does; a stored config may hold one only as torchloom's own conf/ files do.
 STORED_SPECIAL_KEYS = {"optim._partial_": True}
+# The most values a list of a stored model config holds: layer sizes, channels, stages. No
+# model takes more; an edited one asking for 100,000 layers took 19 s of config handling alone
+# before the build's own tensor budget refused it.
+MAX_MODEL_LIST = 1024
 
 
 # Builders whose module moved since a checkpoint was written: a stored config naming the old
@@ -151,6 +155,12 @@ def check_stored_config(config: Any, source: Path | str) -> None:
     or a ``_target_`` that is not one torchloom's YAML files hold at that key
     (:func:`builders_at`), naming the key."""
     for key, value in _walk(config, ""):
+        if isinstance(value, list) and key.startswith("model.") and len(value) > MAX_MODEL_LIST:
+            raise UserError(
+                f"refusing the config stored in {source}: {key} holds {len(value):,} values, "
+                f"more than a model key takes ({MAX_MODEL_LIST:,}); the file may be hostile "
+                "(edited), so nothing was built"
+            )
         recorded_environment = key.startswith("logger.") and ENVIRONMENT.fullmatch(str(value))
         if isinstance(value, str) and INTERPOLATION in value and not recorded_environment:
             raise UserError(

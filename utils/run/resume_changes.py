@@ -14,6 +14,7 @@ from models.auto import TABLE_KEYS_BEFORE
 from utils.config.build import flatten
 from utils.config.monitor import monitor_mode
 from utils.errors import UserError
+from utils.text import brief
 
 # What a resume may change. Every key of the new config that differs from the checkpoint's
 # is one of these (docs/resuming.md lists them):
@@ -117,6 +118,9 @@ def _added_later() -> dict[str, Any]:
     }
 
 
+LONGEST = 120  # characters of a value a change's line shows: its start and end beyond
+
+
 def config_changes(stored: dict, current: dict) -> ResumeChanges:
     stored_flat, current_flat = _comparable(stored), _comparable(current)
     for key, before in _added_later().items():
@@ -129,7 +133,7 @@ def config_changes(stored: dict, current: dict) -> ResumeChanges:
         before, after = stored_flat.get(key, "<absent>"), current_flat.get(key, "<absent>")
         if before == after:
             continue
-        line = f"{key}: {before} -> {after}"
+        line = f"{key}: {brief(str(before), LONGEST)} -> {brief(str(after), LONGEST)}"
         free_data = key.startswith("data.") and key.split(".")[1] in DATA_KEYS_FREE_TO_CHANGE
         if key in CHANGES_NEVER:
             changes.never.append(line)
