@@ -48,11 +48,13 @@ def run_python(
     """Run ``python ARGS`` in ``cwd``; tests/helpers is importable for test-only models. With
     ``ok``, a non-zero exit fails the test with the output.
 
-    ``train.py`` and ``evaluate.py`` run in this process (:func:`run_in_process`) unless the
-    process boundary is what is tested: ``process=True``, or an ``env`` that makes a helper
-    model send a signal (``SIGNAL_*``: it must reach the run, not pytest)."""
+    ``train.py``, ``evaluate.py`` and ``predict.py`` run in this process
+    (:func:`run_in_process`) unless the process boundary is what is tested: ``process=True``,
+    or an ``env`` that makes a helper model send a signal (``SIGNAL_*``: it must reach the
+    run, not pytest)."""
     signals = any(key.startswith("SIGNAL_") for key in env or {})
-    if not (process or signals) and args and args[0] in (str(TRAIN), str(EVALUATE)):
+    in_process = (str(TRAIN), str(EVALUATE), str(PREDICT))
+    if not (process or signals) and args and args[0] in in_process:
         result = run_in_process(cwd, Path(args[0]), *args[1:], env=env)
     else:
         result = subprocess.run(
