@@ -97,6 +97,7 @@ def test_a_wrong_setting_is_one_line(tmp_path, key):
     assert result.returncode == 2 and key.split("=")[0] in error_line(result)
 
 
+@pytest.mark.slow  # four runs of a timm model (44 s): the kill matrices' company
 def test_a_run_with_every_operation_is_killed_and_resumes_bit_identically(tmp_path):
     """A timm model with drop-path, RandAugment, the crop, jitter, erasing and repeats:
     kill -9 mid-epoch, resume, the same weights bit for bit."""
