@@ -133,6 +133,19 @@ def test_an_interrupted_sweep_job_resumes_when_the_sweep_is_run_again(tmp_path):
     assert [row["status"] for row in rows] == ["completed", "completed"]
 
 
+def test_a_sweep_job_with_nothing_to_continue_starts_a_history_of_its_own(tmp_path):
+    """A job stopped before its first checkpoint leaves its TensorBoard events alone; run again
+    with the sweep, it starts afresh, and its history holds that run alone, not two."""
+    sweep = ("-m", "run_name=fresh", "seed=0,1", *TINY)
+    run_train(tmp_path, *sweep)
+    for path in (tmp_path / "checkpoints" / "fresh" / "0").iterdir():
+        path.unlink()  # as a kill before the first checkpoint leaves the job
+    (tmp_path / "runs" / "fresh" / "0" / "metrics.json").unlink()
+    run_train(tmp_path, *sweep)
+    assert len(list((tmp_path / "runs" / "fresh" / "0").glob("events.out.tfevents.*"))) == 1
+    assert [row["status"] for row in summary(tmp_path, "fresh")[0]] == ["completed"] * 2
+
+
 def test_a_sweep_refuses_a_job_folder_that_holds_another_job(tmp_path):
     run_train(tmp_path, "-m", "run_name=taken", "optim.lr=0.01", *TINY)
     metrics = (tmp_path / "runs" / "taken" / "0" / "metrics.json").read_text()

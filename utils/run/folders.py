@@ -154,3 +154,13 @@ def check_part_name(run_name: str) -> None:
             f"run_name={run_name!r}: {named[1]!r} names a run's part (its refit, its cv folds), "
             "which a run of the name before it would replace; choose another run_name"
         )
+
+
+def not_continued(parts: list[Path], folds: int) -> str:
+    """Why resume=auto (of a cv of ``folds`` when not 0) does not continue the earlier run,
+    whose ``parts`` are found, and what does."""
+    if folds:
+        return f"cv={folds} resume=auto continues a cv's folds, and it has none"
+    if any(FOLD.fullmatch(part.name) for part in parts):
+        return "it is a cv run: continue it with cv=K resume=auto, K its number of folds"
+    return "resume=auto finds no checkpoint of it to continue"

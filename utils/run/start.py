@@ -32,10 +32,10 @@ from utils.errors import UserError
 from utils.files import prepare_dir, remove_stale_temporary_files
 from utils.run import sweep
 from utils.run.folders import (
-    FOLD,
     check_part_name,
     claim_new,
     earlier_parts,
+    not_continued,
     output_dirs,
     part_of,
 )
@@ -149,9 +149,11 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
     if resume is None and not trainer.shapes_only:  # never silently over an earlier run
         run.replaced = check_new_run(run_dir, checkpoint_dir, cfg.overwrite, parent is None)
     run.resumed = resume_point(resume, checkpoint_dir, asked=cfg.resume is not None)
-    if resume == "auto" and not run.resumed and not trainer.shapes_only and not in_sweep():
-        run.replaced = check_new_run(  # nothing to continue: a new run, over none of another
-            run_dir, checkpoint_dir, cfg.overwrite, parent is None, auto=True
+    if resume == "auto" and not run.resumed and not trainer.shapes_only:  # nothing to continue
+        run.replaced = (  # a new run, over none of another; a sweep's job in its own folder
+            history(run_dir)
+            if in_sweep()
+            else check_new_run(run_dir, checkpoint_dir, cfg.overwrite, parent is None, auto=True)
         )
     if run.resumed:
         check_same_run(*run.resumed, checkpoint_dir)
@@ -231,24 +233,20 @@ def check_new_run(
     if held and not overwrite:
         fix = "choose a new run_name=..., or pass overwrite=true to replace it"
         fix = (
-            f"{_not_continued(earlier, folds)}; {fix}"
+            f"{not_continued(earlier, folds)}; {fix}"
             if auto
             else f"continue it with resume=auto, {fix}"
         )
         raise UserError(
             f"{_shown_path(run_dir)} already holds a run ({_shown_path(held[0])}); {fix}"
         )
-    return saved + earlier + [p for pattern in HISTORY_FILES for p in sorted(run_dir.glob(pattern))]
+    return saved + earlier + history(run_dir)
 
 
-def _not_continued(parts: list[Path], folds: int) -> str:
-    """Why resume=auto (of a cv of ``folds`` when not 0) does not continue the earlier run,
-    whose ``parts`` are found, and what does."""
-    if folds:
-        return f"cv={folds} resume=auto continues a cv's folds, and it has none"
-    if any(FOLD.fullmatch(part.name) for part in parts):
-        return "it is a cv run: continue it with cv=K resume=auto, K its number of folds"
-    return "resume=auto finds no checkpoint of it to continue"
+def history(run_dir: Path) -> list[Path]:
+    """The history files in ``run_dir`` (:data:`HISTORY_FILES`): an attempt that ended before
+    its first checkpoint leaves them alone, and the next attempt starts a history of its own."""
+    return [path for pattern in HISTORY_FILES for path in sorted(run_dir.glob(pattern))]
 
 
 def remove_files(paths: list[Path]) -> None:
