@@ -296,14 +296,23 @@ def test_an_error_line_with_a_vast_value_keeps_its_start_and_end(capsys):
 def test_a_stored_config_asking_for_a_vast_number_of_layers_is_refused_quickly(trained, tmp_path):
     """100,000 hidden layers of 8: a few megabytes of parameters, but a million Python objects
     to make, and 19 s of config handling before the build's count of tensors refused it: a
-    model list that long is refused as it is read, naming the key; 1,024 layers, within that
-    bound, by the count of tensors the build makes, before the weights are compared. Resuming
-    it is refused in a line that shows the list's start and end, not 300,000 characters."""
+    stored model node that large is refused as it is read, naming the key (as are 100,000
+    keys of its own, and a million values under data, 111 s before); 1,024 layers, within
+    that bound, by the count of tensors the build makes, before the weights are compared.
+    Resuming it is refused in a line that shows the list's start and end, not 300,000
+    characters."""
     stored = torch.load(trained / "checkpoints" / "base" / "best.pt", weights_only=True)
-    stored["config"]["model"]["hidden_sizes"] = [8] * 100_000
-    torch.save(stored, tmp_path / "deep.pt")
-    line = only_error_line(run_evaluate(trained, f"ckpt={tmp_path / 'deep.pt'}", ok=False))
-    assert "model.hidden_sizes holds 100,000 values, more than a model key takes" in line
+    original = stored["config"]
+    edits = {
+        "model.hidden_sizes": {"model": {**original["model"], "hidden_sizes": [8] * 100_000}},
+        "model.k4083": {"model": {**original["model"], **{f"k{i}": 1 for i in range(10**5)}}},
+        "data.junk": {"data": {**original["data"], "junk": [1] * 10**6}},
+    }
+    for key, edit in edits.items():
+        torch.save({**stored, "config": {**original, **edit}}, tmp_path / "vast.pt")
+        line = only_error_line(run_evaluate(trained, f"ckpt={tmp_path / 'vast.pt'}", ok=False))
+        node = "model node holds more than 4,096" if key != "data.junk" else "config holds"
+        assert f"its {node}" in line and f"keys and values (counted up to {key})" in line
     stored["config"]["model"]["hidden_sizes"] = [8] * 1024
     torch.save(stored, tmp_path / "deeper.pt")
     line = only_error_line(run_evaluate(trained, f"ckpt={tmp_path / 'deeper.pt'}", ok=False))

@@ -66,10 +66,12 @@ ENVIRONMENT = re.compile(r"\$\{oc\.env:[A-Za-z_][A-Za-z0-9_]*\}")  # a setting a
 # Hydra's instantiation keys besides _target_ (_partial_, _recursive_, _convert_, _args_) change
 # what building does; a stored config may hold one only as torchloom's own conf/ files do.
 STORED_SPECIAL_KEYS = {"optim._partial_": True}
-# The most values a list of a stored model config holds: layer sizes, channels, stages. No
-# model takes more; an edited one asking for 100,000 layers took 19 s of config handling alone
-# before the build's own tensor budget refused it.
-MAX_MODEL_LIST = 1024
+# The most keys and values a stored config holds, and its model node: a model takes a few
+# dozen, its lists of layer sizes hundreds at most. Read as data first, they bound the config
+# handling before any build: an edited config of 100,000 hidden layers took 19 s, one with a
+# list of a million values under data 111 s, before the build refused them.
+MAX_STORED_VALUES = 100_000
+MAX_MODEL_VALUES = 4096
 
 
 # Builders whose module moved since a checkpoint was written: a stored config naming the old
@@ -154,13 +156,8 @@ def check_stored_config(config: Any, source: Path | str) -> None:
     """Refuse ``config`` (plain containers read from ``source``) if it holds an interpolation
     or a ``_target_`` that is not one torchloom's YAML files hold at that key
     (:func:`builders_at`), naming the key."""
+    _check_size(config, source)
     for key, value in _walk(config, ""):
-        if isinstance(value, list) and key.startswith("model.") and len(value) > MAX_MODEL_LIST:
-            raise UserError(
-                f"refusing the config stored in {source}: {key} holds {len(value):,} values, "
-                f"more than a model key takes ({MAX_MODEL_LIST:,}); the file may be hostile "
-                "(edited), so nothing was built"
-            )
         recorded_environment = key.startswith("logger.") and ENVIRONMENT.fullmatch(str(value))
         if isinstance(value, str) and INTERPOLATION in value and not recorded_environment:
             raise UserError(
@@ -188,6 +185,25 @@ def check_stored_config(config: Any, source: Path | str) -> None:
                 f"refusing the config stored in {source}: {key}={value!r} changes how it is "
                 "built, and torchloom never stores it so; the file may be hostile, so nothing "
                 "was built"
+            )
+
+
+def _check_size(config: Any, source: Path | str) -> None:
+    """``config`` holds at most :data:`MAX_STORED_VALUES` keys and values, its model node at
+    most :data:`MAX_MODEL_VALUES`: counted as they are walked, so a vast one stops early."""
+    total = model = 0
+    for key, _ in _walk(config, ""):
+        total, model = total + 1, model + key.startswith("model.")
+        if total > MAX_STORED_VALUES or model > MAX_MODEL_VALUES:
+            node, most = (
+                ("model node", MAX_MODEL_VALUES)
+                if model > MAX_MODEL_VALUES
+                else ("config", MAX_STORED_VALUES)
+            )
+            raise UserError(
+                f"refusing the config stored in {source}: its {node} holds more than "
+                f"{most:,} keys and values (counted up to {key.split('[')[0]}), more than "
+                "torchloom writes; the file may be hostile (edited), so nothing was built"
             )
 
 
