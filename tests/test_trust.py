@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import ROOT, read_metrics, run_evaluate, run_train
 
 from utils.checkpoint import load as checkpoint_module
@@ -84,6 +85,31 @@ def test_safetensors_export_round_trips(trained, tmp_path):
         for d in (a, b)
     ]
     assert accuracy[0] == accuracy[1]
+
+
+def test_a_config_file_with_yaml_aliases_or_too_large_is_refused_before_it_is_loaded(
+    trained, tmp_path
+):
+    """config= (an export's config, from elsewhere): a YAML whose aliases expand tenfold a
+    level (seven levels kept the load going past 5 minutes) or a file larger than any config
+    is refused in one line before it is loaded; the same config written plainly is read."""
+    pytest.importorskip("safetensors")
+    exported = tmp_path / "model.safetensors"
+    run_evaluate(trained, "ckpt=checkpoints/base/best.pt", f"export={exported}", "runs=r")
+    config = load_checkpoint(trained / "checkpoints/base/best.pt")["config"]
+    levels = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)]
+    files = {
+        "bomb.yaml": "\n".join(levels) + "\n" + yaml.safe_dump(config),
+        "large.yaml": yaml.safe_dump({**config, "notes": "x" * 2**20}),
+        "plain.yaml": yaml.safe_dump(config),
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    for name in ("bomb.yaml", "large.yaml"):
+        result = run_evaluate(trained, f"ckpt={exported}", f"config={tmp_path / name}", ok=False)
+        assert "not a config torchloom writes" in only_error_line(result)
+    run_evaluate(trained, f"ckpt={exported}", f"config={tmp_path / 'plain.yaml'}", "runs=r")
 
 
 @pytest.mark.parametrize(

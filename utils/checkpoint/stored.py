@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from utils.checkpoint.format import averaged_checkpoint
@@ -243,12 +244,32 @@ def read_safetensors(path: Path) -> tuple[dict, Any, Any]:
         raise UserError(f"not a readable checkpoint: {path}") from None
 
 
+MAX_YAML_BYTES = 2**20  # a run's .hydra/config.yaml: a few kilobytes
+
+
 def read_yaml_config(path: Path) -> Any:
-    """A run's ``.hydra/config.yaml`` as plain containers, parsed but never resolved."""
+    """A run's ``.hydra/config.yaml`` as plain containers, parsed but never resolved. A file
+    from elsewhere larger than a config, or with YAML aliases (which Hydra never writes, and
+    which can expand tenfold a level: seven levels kept the load going past 5 minutes), is
+    refused before it is loaded."""
     try:
-        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        with path.open("rb") as file:
+            data = file.read(MAX_YAML_BYTES + 1)
+        if len(data) > MAX_YAML_BYTES or _aliased(data.decode()):
+            raise UserError(
+                f"config={path}: not a config torchloom writes (larger than "
+                f"{MAX_YAML_BYTES:,} bytes, or with YAML aliases); pass the run's own "
+                ".hydra/config.yaml"
+            )
+        return OmegaConf.to_container(OmegaConf.create(data.decode()), resolve=False)
+    except UserError:
+        raise
     except Exception:
         raise UserError(f"config={path}: not a readable YAML config") from None
+
+
+def _aliased(text: str) -> bool:
+    return any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, yaml.SafeLoader))
 
 
 def data_config(stored: dict, overrides: DictConfig, record: Any = None) -> DictConfig:
