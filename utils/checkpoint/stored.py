@@ -59,7 +59,11 @@ def read_checkpoint(
         if config_path:
             config, source = read_yaml_config(Path(config_path)), Path(config_path)
         elif stored is None:
-            raise UserError(f"{path} carries no config; pass config=<run dir>/.hydra/config.yaml")
+            raise UserError(
+                f"{path} carries no config; export it again with evaluate.py ckpt=<its "
+                f"checkpoint> export={path.name}, which stores it, or pass config=<the "
+                "config as plain YAML>"
+            )
         else:
             config, source = stored, path
     config = without_callbacks(with_current_targets(config))
@@ -244,11 +248,12 @@ def read_safetensors(path: Path) -> tuple[dict, Any, Any]:
         raise UserError(f"not a readable checkpoint: {path}") from None
 
 
-MAX_YAML_BYTES = 2**20  # a run's .hydra/config.yaml: a few kilobytes
+MAX_YAML_BYTES = 2**20  # a run's config: a few kilobytes
 
 
 def read_yaml_config(path: Path) -> Any:
-    """A run's ``.hydra/config.yaml`` as plain containers, parsed but never resolved. A file
+    """A config file (``config=``, for an export without one) as plain containers, parsed but
+    never resolved (its interpolations are refused as a stored config's are). A file
     from elsewhere larger than a config, or with YAML aliases (which Hydra never writes, and
     which can expand tenfold a level: seven levels kept the load going past 5 minutes), is
     refused before it is loaded."""
@@ -258,8 +263,8 @@ def read_yaml_config(path: Path) -> Any:
         if len(data) > MAX_YAML_BYTES or _aliased(data.decode()):
             raise UserError(
                 f"config={path}: not a config torchloom writes (larger than "
-                f"{MAX_YAML_BYTES:,} bytes, or with YAML aliases); pass the run's own "
-                ".hydra/config.yaml"
+                f"{MAX_YAML_BYTES:,} bytes, or with YAML aliases); pass the config as plain "
+                "YAML, or export again with evaluate.py, which stores it in the file"
             )
         return OmegaConf.to_container(OmegaConf.create(data.decode()), resolve=False)
     except UserError:
