@@ -260,13 +260,14 @@ def read_yaml_config(path: Path) -> Any:
     try:
         with path.open("rb") as file:
             data = file.read(MAX_YAML_BYTES + 1)
-        if len(data) > MAX_YAML_BYTES or _aliased(data.decode()):
+        text = data.decode() if len(data) <= MAX_YAML_BYTES else None  # bytes, not characters
+        if text is None or _aliased(text):
             raise UserError(
                 f"config={path}: not a config torchloom writes (larger than "
                 f"{MAX_YAML_BYTES:,} bytes, or with YAML aliases); pass the config as plain "
                 "YAML, or export again with evaluate.py, which stores it in the file"
             )
-        return OmegaConf.to_container(OmegaConf.create(data.decode()), resolve=False)
+        return OmegaConf.to_container(OmegaConf.create(text), resolve=False)
     except UserError:
         raise
     except Exception:

@@ -42,7 +42,7 @@ from utils.config.secrets import recorded
 from utils.errors import UserError
 from utils.evaluation.metrics import outputs_of
 from utils.files import atomic_file, write_json
-from utils.run.folders import check_part_name, output_dirs
+from utils.run.folders import check_part_name, fold_folder, output_dirs
 from utils.run.outputs import read_metrics
 from utils.run.resume_changes import config_changes
 from utils.run.start import check_new_run, remove_files
@@ -102,7 +102,7 @@ def fold_config(cfg: DictConfig, folds: int, fold: int) -> DictConfig:
     job = copy.deepcopy(cfg)  # typed as composed (the schema's trainer)
     with open_dict(job):
         job.cv = None
-        job.run_name = f"{cfg.run_name}/fold-{fold}"
+        job.run_name = f"{cfg.run_name}/{fold_folder(fold)}"
         job.data.split = {**(job.data.get("split") or {}), "folds": folds, "fold": fold}
     return job
 
@@ -115,13 +115,13 @@ def cross_validate(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> f
     root = Path(HydraConfig.get().runtime.output_dir)
     check_part_name(cfg.run_name)
     replaced = []  # an earlier run of the name (overwrite=true): all but the folds that follow
-    begun = any((root / f"fold-{fold}").is_dir() for fold in range(folds))
+    begun = any((root / fold_folder(fold)).is_dir() for fold in range(folds))
     if cfg.resume is None or not begun:  # resume=auto with no fold begun: a new cv, too
         auto = cfg.resume == "auto"
         replaced = check_new_run(*output_dirs(cfg, root), cfg.overwrite, folds=folds, auto=auto)
     values: list[float] = []
     for fold in range(folds):
-        fold_dir = root / f"fold-{fold}"
+        fold_dir = root / fold_folder(fold)
         job = fold_config(cfg, folds, fold)
         finished = finished_fold(fold_dir) if cfg.resume == "auto" else None
         if finished is not None:
@@ -232,8 +232,8 @@ def read_fold_predictions(path: Path) -> dict:
 
 def pool_folds(root: Path, folds: int, cfg: DictConfig) -> dict:
     """``oof.csv`` and ``metrics.json`` of the whole cross-validation under ``root``."""
-    saved = [read_fold_predictions(root / f"fold-{k}" / PREDICTIONS) for k in range(folds)]
-    fold_metrics = [finished_fold(root / f"fold-{k}") or {} for k in range(folds)]
+    saved = [read_fold_predictions(root / fold_folder(k) / PREDICTIONS) for k in range(folds)]
+    fold_metrics = [finished_fold(root / fold_folder(k)) or {} for k in range(folds)]
     write_oof_csv(root / "oof.csv", saved)
     record = InputRecord.read(saved[0]["inputs"], root / "fold-0" / PREDICTIONS)
     task = build(cfg.task).fitted(record, torch.device("cpu"), record)

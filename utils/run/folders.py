@@ -34,6 +34,11 @@ FOLD = re.compile(r"fold-(\d+)")
 PART_NAMES = re.compile(f"{re.escape(REFIT_FOLDER)}|{FOLD.pattern}")
 
 
+def fold_folder(fold: int) -> str:
+    """Fold ``fold``'s folder name in its cv run's folders (:data:`FOLD` reads it back)."""
+    return f"fold-{fold}"
+
+
 def claim_new(folder: Path, what: str, made: bool | None = None) -> RunClaim:
     """Claim ``folder``, noting whether this process made it (``made``; None: it is made now
     when missing) for :func:`remove_unused`."""

@@ -146,14 +146,13 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
         return run
     if parent is None:
         check_part_name(cfg.run_name)
-    if resume is None and not trainer.shapes_only:  # never silently over an earlier run
-        run.replaced = check_new_run(run_dir, checkpoint_dir, cfg.overwrite, parent is None)
     run.resumed = resume_point(resume, checkpoint_dir, asked=cfg.resume is not None)
-    if resume == "auto" and not run.resumed and not trainer.shapes_only:  # nothing to continue
-        run.replaced = (  # a new run, over none of another; a sweep's job in its own folder
-            history(run_dir)
-            if in_sweep()
-            else check_new_run(run_dir, checkpoint_dir, cfg.overwrite, parent is None, auto=True)
+    if not run.resumed and not trainer.shapes_only:  # a new run, never over an earlier one
+        auto = resume == "auto"  # that found nothing to continue
+        run.replaced = (
+            history(run_dir)  # a sweep's job, in a folder of its own
+            if auto and in_sweep()
+            else check_new_run(run_dir, checkpoint_dir, cfg.overwrite, parent is None, auto=auto)
         )
     if run.resumed:
         check_same_run(*run.resumed, checkpoint_dir)
@@ -231,14 +230,10 @@ def check_new_run(
     earlier = earlier_parts(run_dir, checkpoint_dir, folds) if parts else []
     held = saved or [f for part in earlier for f in sorted(part.rglob("*")) if f.is_file()]
     if held and not overwrite:
-        fix = "choose a new run_name=..., or pass overwrite=true to replace it"
-        fix = (
-            f"{not_continued(earlier, folds)}; {fix}"
-            if auto
-            else f"continue it with resume=auto, {fix}"
-        )
+        how = f"{not_continued(earlier, folds)};" if auto else "continue it with resume=auto,"
         raise UserError(
-            f"{_shown_path(run_dir)} already holds a run ({_shown_path(held[0])}); {fix}"
+            f"{_shown_path(run_dir)} already holds a run ({_shown_path(held[0])}); {how} "
+            "choose a new run_name=..., or pass overwrite=true to replace it"
         )
     return saved + earlier + history(run_dir)
 
