@@ -19,6 +19,7 @@ import pytest
 import torch
 from conftest import (
     EVALUATE,
+    HELPERS,
     PREDICT,
     ROOT,
     classes_table,
@@ -83,16 +84,22 @@ def test_a_second_sigterm_ends_whatever_is_running(tmp_path):
 
 def stopped_while_setting_up(cwd: Path, run_name: str, *overrides: str) -> str:
     """``train.py OVERRIDES`` sent SIGTERM once it has claimed its folder (set up, nothing
-    decoded yet: the signal is held until the first long phase reads it); exit 3, its output."""
+    decoded yet: the signal is held until the first long phase reads it); exit 3, its output.
+    The run is held after its claim until the signal is sent (tests/helpers/held_start.py), so
+    no start-up is too quick for it."""
+    go = cwd / f"{run_name}.go"
+    held = ("+hydra.callbacks.held._target_=held_start.HeldStart",)
     run = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *overrides, f"run_name={run_name}"],
+        [sys.executable, str(ROOT / "train.py"), *overrides, f"run_name={run_name}", *held],
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PYTHONPATH": str(HELPERS), "HELD_UNTIL": str(go)},
     )
     wait_for_claim(cwd / "runs" / run_name)
     run.send_signal(signal.SIGTERM)
+    go.touch()
     out, err = run.communicate(timeout=300)
     assert run.returncode == 3, err[-3000:]
     return out + err
