@@ -142,27 +142,97 @@ def test_a_planted_metadata_pickle_runs_nothing_and_is_one_line(runs, tmp_path):
     ]  # nothing deleted
 
 
-def test_metadata_pointing_outside_its_folder_or_at_pickled_objects_is_refused(runs, tmp_path):
-    import shutil
+def _edit_index(metadata, change):
+    """One edit of a sharded checkpoint's index, as a hostile or careless hand would make it."""
+    import dataclasses
 
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    from utils.checkpoint.sharded import read_metadata
+    tensors = metadata.state_dict_metadata
+    entry = tensors[next(key for key in tensors if key.startswith("model."))]
+    chunk = entry.chunks[0]
+    if change == "escape":
+        for info in metadata.storage_data.values():
+            info.relative_path = "../../etc/passwd"
+    elif change == "object":
+        tensors["model.extra"] = BytesStorageMetadata()
+    elif change == "complex":
+        entry.properties = dataclasses.replace(entry.properties, dtype=torch.complex64)
+    elif change == "outside":
+        chunk.sizes = torch.Size(n + 1 for n in chunk.sizes)
+    elif change == "gap":  # chunks that leave most of the tensor unread
+        chunk.sizes = torch.Size(1 for _ in chunk.sizes)
+    elif change == "unstored":  # the second process's chunk moved up a row
+        last = entry.chunks[-1]
+        last.offsets = torch.Size([last.offsets[0] - 1, *last.offsets[1:]])
+    elif change == "long":
+        for info in metadata.storage_data.values():
+            info.length += 10**6
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ("escape", "outside the folder"),
+        ("object", "pickled object"),
+        ("complex", "has the dtype torch.complex64"),
+        ("outside", "has a chunk outside its size"),
+        ("gap", "has chunks of"),
+        ("unstored", "stored nowhere"),
+        ("long", "shorter than its index says"),
+    ],
+)
+def test_an_edited_index_is_refused_in_one_line_before_a_tensor_is_read(
+    runs, tmp_path, change, said
+):
+    """Each part of DCP's index a load relies on is checked first (an edit once gave a
+    traceback, or read a tensor's unread part as zeros in silence)."""
+    import shutil
+
+    from utils.checkpoint.sharded_index import read_metadata
     from utils.errors import UserError
 
-    source = runs / "checkpoints/fsdp/last"
-    for change, said in (("escape", "outside the folder"), ("object", "pickled object")):
-        folder = tmp_path / change
-        shutil.copytree(source, folder)
-        metadata = read_metadata(folder)
-        if change == "escape":
-            for info in metadata.storage_data.values():
-                info.relative_path = "../../etc/passwd"
-        else:
-            metadata.state_dict_metadata["model.extra"] = BytesStorageMetadata()
-        (folder / ".metadata").write_bytes(pickle.dumps(metadata))
-        with pytest.raises(UserError, match=said):
-            read_metadata(folder)
+    folder = tmp_path / "checkpoints" / "run" / "last"
+    shutil.copytree(runs / "checkpoints/fsdp/last", folder)
+    metadata = read_metadata(folder)
+    _edit_index(metadata, change)
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(UserError, match=said):
+        read_metadata(folder)
+    if change in ("complex", "long"):  # and through the entry point, exit 2
+        result = run_evaluate(tmp_path, f"ckpt={folder}", ok=False)
+        assert result.returncode == 2 and said in error_line(result)
+
+
+@pytest.mark.parametrize("damage", ["cut", "overwritten"])
+def test_a_damaged_tensor_file_is_one_line_and_nothing_is_lost(runs, tmp_path, damage):
+    """A .distcp file cut short by a copy, or overwritten in the middle: refused in one line by
+    evaluate.py and by a resume (DCP's own error is a BaseException that once escaped as a
+    traceback), and the folder is left as it was."""
+    import shutil
+
+    folder = tmp_path / "checkpoints" / "run" / "best"
+    shutil.copytree(runs / "checkpoints/fsdp/best", folder)
+    shard = folder / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    if damage == "cut":
+        data = data[:-100]
+    else:
+        data[10:60] = b"x" * 50
+    shard.write_bytes(bytes(data))
+    said = "shorter than its index says" if damage == "cut" else "damaged or were edited"
+    result = run_evaluate(tmp_path, f"ckpt={folder}", ok=False)
+    assert result.returncode == 2 and said in error_line(result), result.stderr[-2000:]
+    job = (*JOB, "data.batch_size=16", "trainer.strategy=fsdp")
+    resumed = run_train(tmp_path, *job, f"resume={folder}", ok=False)
+    assert resumed.returncode == 2 and said in error_line(resumed)
+    assert shard.read_bytes() == bytes(data)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "state.pt",
+    ]
 
 
 def test_a_save_cut_short_leaves_the_previous_checkpoint_whole(tmp_path):

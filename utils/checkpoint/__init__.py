@@ -5,5 +5,6 @@ load     safe loading (weights_only), which file in a folder a command means
 record   InputRecord: how inputs reach the model; new inputs read alike (predict.py)
 stored   what another run stored, read as untrusted data; the average of top-k copies
 rebuild  a model rebuilt from a checkpoint alone (evaluate.py, predict.py, the teacher)
-sharded  sharded checkpoints (FSDP): written whole or not at all, their index read as data
+sharded  sharded checkpoints (FSDP): written whole or not at all, read in one line or refused
+sharded_index  is a sharded checkpoint's index (a pickle) one to read: checked whole, as data
 """

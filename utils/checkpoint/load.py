@@ -22,6 +22,7 @@ import torch
 
 from utils.checkpoint import sharded
 from utils.checkpoint.format import FORMAT_VERSION
+from utils.checkpoint.sharded_index import read_metadata
 from utils.config.trust import with_current_targets
 from utils.errors import UserError
 from utils.files import save_atomic
@@ -129,7 +130,7 @@ def _load_sharded(folder: Path, whole_weights: bool) -> dict[str, Any]:
             f"{folder} is not a whole sharded checkpoint (no {sharded.STATE_FILE} or "
             f"{sharded.METADATA}: a save cut short?); resume from the one beside it"
         )
-    metadata = sharded.read_metadata(folder)  # refused before anything else is read
+    metadata = read_metadata(folder)  # refused before anything else is read
     state = load_checkpoint(folder / sharded.STATE_FILE)
     if whole_weights:
         state["model"] = sharded.whole_tensors(folder, "model.", metadata)

@@ -12,22 +12,15 @@ Writing goes to ``<name>.partial/``; once complete, the earlier folder is rename
 (``<name>.old/``), the new one into place, and the old one removed: a kill at any moment leaves
 a complete checkpoint under ``<name>`` or ``<name>.old`` (:func:`complete_folder` finds it).
 
-Reading: DCP's ``.metadata`` is a pickle. It is read by an unpickler that builds only DCP's own
-metadata classes, ``torch.Size``, dtypes and paths (as ``weights_only`` does for ``torch.load``);
-anything else is refused in one line and nothing runs. Every storage entry must name a plain
-file inside the folder, untransformed; entries of pickled objects (which DCP would load with
-``weights_only=False``) are refused; tensors are read by DCP with ``weights_only=True``; the
-sizes the metadata claims are bounded by the bytes the folder holds before anything is
-allocated.
+Reading: the index (DCP's ``.metadata``, a pickle) is read as data and checked whole first
+(utils/checkpoint/sharded_index.py); tensors are read by DCP with ``weights_only=True`` into
+zeros, and a read that fails is one line.
 """
 
 from __future__ import annotations
 
-import io
 import logging
-import math
 import os
-import pickle
 import shutil
 import warnings
 from pathlib import Path
@@ -35,102 +28,16 @@ from typing import Any
 
 import torch
 
+from utils.checkpoint.sharded_index import METADATA, read_metadata
 from utils.errors import UserError
 from utils.evaluation.export import export_safetensors
-from utils.files import SHARDED_INDEX, SHARDED_STATE, save_atomic, sharded_folder
+from utils.files import SHARDED_STATE, save_atomic, sharded_folder
 from utils.model.weights import load_weights, weights_that_fit
 
 log = logging.getLogger("torchloom")
 
 STATE_FILE = SHARDED_STATE  # everything but the sharded tensors; written last: the folder is whole
-METADATA = SHARDED_INDEX
-MAX_METADATA_BYTES = 2**28  # 256 MiB of index: far more than any model's
 PARTIAL, OLD = ".partial", ".old"
-
-_ALLOWED = {
-    "torch.distributed.checkpoint.metadata": {
-        "Metadata",
-        "TensorStorageMetadata",
-        "TensorProperties",
-        "ChunkStorageMetadata",
-        "BytesStorageMetadata",
-        "MetadataIndex",
-        "StorageMeta",
-        "_MEM_FORMAT_ENCODING",
-    },
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},
-    "torch": {"Size"},
-    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
-    "collections": {"OrderedDict"},
-}
-
-
-class _Allowlisted(pickle.Unpickler):
-    """Builds DCP's metadata classes and plain values only."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if name in _ALLOWED.get(module, ()):
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"{module}.{name}")
-
-
-def read_metadata(folder: Path) -> Any:
-    """The DCP metadata of ``folder``, read as data: one line naming the folder and what it
-    asks for when it is anything but DCP's own index of this folder's files."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import (
-        BytesStorageMetadata,
-        Metadata,
-        TensorStorageMetadata,
-    )
-
-    path = folder / METADATA
-    if not path.is_file():
-        raise UserError(f"{folder}: no {METADATA}; not a sharded checkpoint torchloom wrote")
-    if path.stat().st_size > MAX_METADATA_BYTES:
-        raise UserError(f"{path} is larger than any checkpoint's index; was it replaced?")
-    try:
-        metadata = _Allowlisted(io.BytesIO(path.read_bytes())).load()
-    except pickle.UnpicklingError as error:
-        raise UserError(
-            f"refusing to load {folder}: its {METADATA} would import {error}, which no "
-            "checkpoint needs; it may be hostile, so nothing from it was run"
-        ) from None
-    except Exception:
-        raise UserError(f"{path} is not a checkpoint index torchloom can read") from None
-    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
-        raise UserError(f"{path} is not a checkpoint index torchloom can read")
-    claimed = 0
-    for key, entry in metadata.state_dict_metadata.items():
-        if isinstance(entry, BytesStorageMetadata) or not isinstance(entry, TensorStorageMetadata):
-            raise UserError(
-                f"refusing to load {folder}: {key!r} is a pickled object, which torchloom never "
-                "writes into a sharded checkpoint and would have to run to read"
-            )
-        size = entry.size
-        if not all(isinstance(n, int) and n >= 0 for n in size):
-            raise UserError(f"{path}: {key!r} has a size that is not one")
-        claimed += math.prod(size) * torch.empty(0, dtype=entry.properties.dtype).element_size()
-    held = sum(p.stat().st_size for p in folder.iterdir() if p.suffix == ".distcp")
-    for index, info in (metadata.storage_data or {}).items():
-        if not isinstance(info, _StorageInfo):
-            raise UserError(f"{path}: an entry of {index} is not DCP's")
-        name = info.relative_path
-        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-            raise UserError(
-                f"refusing to load {folder}: an entry points at {name!r}, outside the folder"
-            )
-        if info.transform_descriptors or not (info.offset >= 0 and info.length >= 0):
-            raise UserError(f"{path}: an entry of {name!r} is not one torchloom writes")
-    if claimed > 2 * held + 2**20:  # the index claims more tensor bytes than the files hold
-        raise UserError(
-            f"{folder}: its index claims {claimed} bytes of tensors, its files hold {held}; "
-            "the checkpoint is incomplete or was edited"
-        )
-    return metadata
 
 
 def _reader(folder: Path) -> Any:
@@ -144,6 +51,16 @@ def _reader(folder: Path) -> Any:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
             return metadata
+
+        def read_data(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().read_data(*args, **kwargs)
+            except Exception as error:  # torch's own line would advise loading it unsafely
+                raise UserError(
+                    f"refusing to load {folder}: its tensor files are damaged or were edited "
+                    f"({type(error).__name__}), and nothing from them was run; copy the "
+                    "checkpoint again, or resume from the one beside it"
+                ) from None
 
     return SafeReader(str(folder))
 
@@ -219,6 +136,7 @@ def load_into(folder: Path, tensors: dict) -> None:
     ``folder``: DCP reshards what another number of processes wrote."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     try:
         with warnings.catch_warnings():  # "assuming ... a single process": so it is
@@ -226,7 +144,11 @@ def load_into(folder: Path, tensors: dict) -> None:
             dcp.load(tensors, storage_reader=_reader(folder), no_dist=not dist.is_initialized())
     except UserError:
         raise
-    except Exception as error:
+    except (Exception, CheckpointException) as error:  # DCP's own is a BaseException
+        if isinstance(error, CheckpointException) and error.failures:  # the first process's
+            error = next(iter(error.failures.values()))[0]
+        if isinstance(error, UserError):  # the reader's own
+            raise error from None
         reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
         raise UserError(
             f"cannot read {folder}: {reason or type(error).__name__}; the checkpoint does not "
@@ -240,7 +162,7 @@ def whole_tensors(folder: Path, prefix: str, metadata: Any = None) -> dict[str, 
     folder's index, when read already)."""
     metadata = metadata or read_metadata(folder)
     wanted = {
-        key: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
+        key: torch.zeros(tuple(entry.size), dtype=entry.properties.dtype)
         for key, entry in metadata.state_dict_metadata.items()
         if key.startswith(prefix)
     }

@@ -1,0 +1,170 @@
+"""Is a sharded checkpoint's index one torchloom can read as data?
+
+DCP's ``.metadata`` is a pickle. It is read by an unpickler that builds only DCP's own metadata
+classes, ``torch.Size``, dtypes and paths (as ``weights_only`` does for ``torch.load``); anything
+else is refused in one line and nothing runs. What it built is then checked as a whole before
+DCP reads a byte of the tensors: every tensor entry holds a real dtype, a size of whole numbers
+and chunks inside that size that cover it, each with a storage entry; entries of pickled
+objects (which DCP would load with ``weights_only=False``) are refused; every storage entry
+names a plain file inside the folder, untransformed, and a range within that file's bytes; the
+sizes claimed are bounded by the bytes the folder holds before anything is allocated. An index
+that fails any of these (edited, or a file cut short) is refused in one line naming the entry.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from utils.errors import UserError
+from utils.files import SHARDED_INDEX
+
+METADATA = SHARDED_INDEX
+MAX_METADATA_BYTES = 2**28  # 256 MiB of index: far more than any model's
+# The dtypes a model's and an optimizer's tensors are written in; a complex or quantized one
+# would be cast into the model in silence.
+DTYPES = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.bool}
+DTYPES |= {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
+
+_ALLOWED = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "TensorStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "BytesStorageMetadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _Allowlisted(pickle.Unpickler):
+    """Builds DCP's metadata classes and plain values only."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _ALLOWED.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def read_metadata(folder: Path) -> Any:
+    """The DCP metadata of ``folder``, read as data: one line naming the folder and what it
+    asks for when it is anything but DCP's own index of this folder's files."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = folder / METADATA
+    if not path.is_file():
+        raise UserError(f"{folder}: no {METADATA}; not a sharded checkpoint torchloom wrote")
+    if path.stat().st_size > MAX_METADATA_BYTES:
+        raise UserError(f"{path} is larger than any checkpoint's index; was it replaced?")
+    try:
+        metadata = _Allowlisted(io.BytesIO(path.read_bytes())).load()
+    except pickle.UnpicklingError as error:
+        raise UserError(
+            f"refusing to load {folder}: its {METADATA} would import {error}, which no "
+            "checkpoint needs; it may be hostile, so nothing from it was run"
+        ) from None
+    except Exception:
+        raise UserError(f"{path} is not a checkpoint index torchloom can read") from None
+    tensors, storage = getattr(metadata, "state_dict_metadata", None), metadata.storage_data
+    if not isinstance(metadata, Metadata) or not isinstance(tensors, dict):
+        raise UserError(f"{path} is not a checkpoint index torchloom can read")
+    if not isinstance(storage, dict):
+        raise UserError(f"{path}: it indexes no files; the checkpoint is incomplete or was edited")
+    claimed = sum(_tensor_bytes(path, key, entry, storage) for key, entry in tensors.items())
+    held = sum(_stored_bytes(folder, info) for info in storage.values())
+    if claimed > 2 * held + 2**20:  # the index claims more tensor bytes than the files hold
+        raise UserError(
+            f"{folder}: its index claims {claimed} bytes of tensors, its files hold {held}; "
+            "the checkpoint is incomplete or was edited"
+        )
+    return metadata
+
+
+def _edited(path: Path, key: Any, what: str) -> UserError:
+    return UserError(
+        f"{path}: {key!r} {what}; the checkpoint was edited or is not one torchloom wrote"
+    )
+
+
+def _whole_numbers(values: Any, length: int | None = None) -> bool:
+    return (
+        isinstance(values, tuple)
+        and (length is None or len(values) == length)
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in values)
+    )
+
+
+def _tensor_bytes(path: Path, key: Any, entry: Any, storage: dict) -> int:
+    """The bytes the tensor entry ``key`` claims, once it is one DCP writes for a tensor:
+    a dtype of :data:`DTYPES`, a size of whole numbers, chunks inside it that cover it, each
+    with a storage entry."""
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    if not isinstance(entry, TensorStorageMetadata):
+        raise UserError(
+            f"refusing to load {path.parent}: {key!r} is a pickled object, which torchloom "
+            "never writes into a sharded checkpoint and would have to run to read"
+        )
+    properties, size, chunks = entry.properties, entry.size, entry.chunks
+    if not isinstance(properties, TensorProperties) or properties.dtype not in DTYPES:
+        raise _edited(path, key, f"has the dtype {getattr(properties, 'dtype', None)}")
+    if not _whole_numbers(size):
+        raise _edited(path, key, f"has a size that is not one ({size!r})")
+    covered = 0
+    for chunk in chunks if isinstance(chunks, list) else [None]:
+        if not (
+            isinstance(chunk, ChunkStorageMetadata)
+            and _whole_numbers(chunk.offsets, len(size))
+            and _whole_numbers(chunk.sizes, len(size))
+            and all(o + n <= d for o, n, d in zip(chunk.offsets, chunk.sizes, size, strict=True))
+        ):
+            raise _edited(path, key, f"has a chunk outside its size {list(size)}")
+        if MetadataIndex(key, chunk.offsets) not in storage:
+            raise _edited(path, key, f"has a chunk at {list(chunk.offsets)} stored nowhere")
+        covered += math.prod(chunk.sizes)
+    if covered != math.prod(size):
+        raise _edited(path, key, f"has chunks of {covered} values for a size of {list(size)}")
+    return math.prod(size) * torch.empty(0, dtype=properties.dtype).element_size()
+
+
+def _stored_bytes(folder: Path, info: Any) -> int:
+    """The bytes of a storage entry, once it is a plain range of a file in ``folder``."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    path = folder / METADATA
+    if not isinstance(info, _StorageInfo):
+        raise UserError(f"{path}: an entry is not DCP's; the checkpoint was edited")
+    name = info.relative_path
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+        raise UserError(
+            f"refusing to load {folder}: an entry points at {name!r}, outside the folder"
+        )
+    if info.transform_descriptors or not _whole_numbers((info.offset, info.length)):
+        raise UserError(f"{path}: an entry of {name!r} is not one torchloom writes")
+    file = folder / name
+    if not file.is_file() or info.offset + info.length > file.stat().st_size:
+        raise UserError(
+            f"{folder}: {name} is missing or shorter than its index says (a copy cut short?); "
+            "copy the checkpoint again, or resume from the one beside it"
+        )
+    return info.length
