@@ -26,8 +26,8 @@ from utils.files import SHARDED_INDEX
 
 METADATA = SHARDED_INDEX
 MAX_METADATA_BYTES = 2**28  # 256 MiB of index: far more than any model's
-# The dtypes a model's and an optimizer's tensors are written in; a complex or quantized one
-# would be cast into the model in silence.
+# The dtypes a model's and an optimizer's tensors are written in; a complex one would be cast
+# into the model with no more than torch's warning.
 DTYPES = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.bool}
 DTYPES |= {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
 
