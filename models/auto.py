@@ -1,10 +1,11 @@
 """``model=auto`` (the default): the built-in model that fits the data's kind, chosen from the
 shape of one sample and printed at start-up:
 
-- a table's row ``[F]``: the tabular model (models/tabular.py, with its defaults: robust
-  scaling, periodic embeddings whose frequencies start wider from 8,000 training rows
-  (``train_rows``), 8 members sharing one hidden layer of 512; chosen on 20 real tables,
-  docs/real-data.md; ``model=tabular`` sets its keys, ``model=mlp`` names the plain MLP);
+- a table's row ``[F]``: the tabular model (models/tabular.py, with its defaults: 8 members
+  sharing one hidden layer of 512, fed the inputs as the data standardised them under 8,000
+  training rows (``train_rows``), robustly scaled and periodically embedded (frequencies from
+  N(0, 3)) from there; chosen on 20 real tables, docs/real-data.md; ``model=tabular`` sets
+  its keys, ``model=mlp`` names the plain MLP);
 - a text (token ids ``[L]``, data=text): the fastText-style bag of token and bigram
   embeddings (models/text.py ``text_bag``; ``model=text_transformer`` names the Transformer);
 - a sequence ``[C, L]``: the 1-D CNN (models/cnn1d.py: ``channels``, ``kernel_size``,
@@ -49,8 +50,8 @@ MIN_CONV_PIXELS = 16 * 16  # smaller images train as well and faster on the MLP
 # read is said at start-up, never dropped without a word.
 SHARED_KEYS = {"hidden_sizes": [512], "channels": [32, 64, 128], "kernel_size": 5, "dropout": 0.2}
 SHARED_KEYS |= {"table": "tabular", "embed_indicators": "auto", "share_batches": True}
-SHARED_KEYS |= {"table_sizes": True}
-TABLE_KEYS = ("table", "embed_indicators", "share_batches", "table_sizes")  # a table's alone
+SHARED_KEYS |= {"table_sizes": True, "table_fitted": True}
+TABLE_KEYS = ("table", "embed_indicators", "share_batches", "table_sizes", "table_fitted")
 READ_BY = {
     "text": (),
     "tabular": TABLE_KEYS,  # and hidden_sizes, dropout with table_sizes
@@ -63,6 +64,9 @@ READ_BY = {
 # did before the key existed, so a checkpoint of then rebuilds as it trained.
 TABLE_KEYS_BEFORE = {"table": "mlp", "embed_indicators": EMBED_INDICATORS_BEFORE}
 TABLE_KEYS_BEFORE |= {"share_batches": SHARE_BATCHES_BEFORE, "table_sizes": False}
+TABLE_KEYS_BEFORE |= {"table_fitted": False}
+# table_fitted=false: the tabular model's inputs at any size, as before the key.
+UNFITTED_INPUTS = {"embedding": "periodic", "robust_scaling": True}
 KINDS = {
     "text": "texts",
     "table": "table rows",
@@ -88,23 +92,27 @@ def auto(
     indicator_features: int | None = None,
     share_batches: bool | None = None,
     table_sizes: bool | None = None,
+    table_fitted: bool | None = None,
 ) -> nn.Module:
     """The chosen model with the keys it reads (PyTorch's default initialisation). ``table``:
     what a table's rows get, ``tabular`` (conf/model/auto.yaml) or ``mlp``; ``embed_indicators``,
     ``share_batches`` (models/tabular.py) and ``table_sizes`` (true: the tabular model takes
-    ``hidden_sizes`` and ``dropout``; before the key it trained the defaults whatever they said).
+    ``hidden_sizes`` and ``dropout``; before the key it trained the defaults whatever they said)
+    and ``table_fitted`` (true: its embedding and scaling fitted to the training rows,
+    models/tabular.py ``fitted_inputs``; before the key: periodic and robust at any size).
     Not given (None, a config stored before the key): :data:`TABLE_KEYS_BEFORE`, as such a
     checkpoint trained."""
-    given = {"table": table, "embed_indicators": embed_indicators}
-    given |= {"share_batches": share_batches, "table_sizes": table_sizes}
+    given = {"table": table, "embed_indicators": embed_indicators, "share_batches": share_batches}
+    given |= {"table_sizes": table_sizes, "table_fitted": table_fitted}
     keys = table_keys(given)
     kind = "text" if vocab_size is not None else kind_of(input_shape)
     if kind == "table" and keys["table"] == "tabular":
         sizes = {"hidden_sizes": hidden_sizes, "dropout": dropout} if keys["table_sizes"] else {}
+        inputs = {} if keys["table_fitted"] else UNFITTED_INPUTS
         model = tabular(
             input_shape,
             num_classes,
-            **{**TABLE_DEFAULTS, **sizes},
+            **{**TABLE_DEFAULTS, **sizes, **inputs},
             embed_indicators=keys["embed_indicators"],
             share_batches=keys["share_batches"],
             feature_quantiles=feature_quantiles,
@@ -122,12 +130,8 @@ def auto(
         shown = "the 1-D CNN"
     else:
         model, shown = cnn(input_shape, num_classes, channels, dropout, "default"), "the CNN"
-    log.info(
-        "model=auto: %s for %s %s; model=tabular, mlp, cnn, cnn1d or text_transformer names one",
-        shown,
-        KINDS[kind],
-        list(input_shape),
-    )
+    said = "model=auto: %s for %s %s; model=tabular, mlp, cnn, cnn1d or text_transformer names one"
+    log.info(said, shown, KINDS[kind], list(input_shape))
     shared = {"hidden_sizes": hidden_sizes, "channels": channels, "kernel_size": kernel_size}
     say_unread({**shared, "dropout": dropout, **given}, read_by(kind, keys), shown)
     return model
@@ -139,8 +143,9 @@ def table_keys(given: dict) -> dict:
     keys = {key: TABLE_KEYS_BEFORE[key] if value is None else value for key, value in given.items()}
     if keys["table"] not in ("tabular", "mlp"):
         raise UserError(f"model.table={keys['table']!r} must be tabular or mlp")
-    if keys["table_sizes"] not in (True, False):
-        raise UserError(f"model.table_sizes={keys['table_sizes']!r} must be true or false")
+    for key in ("table_sizes", "table_fitted"):
+        if keys[key] not in (True, False):
+            raise UserError(f"model.{key}={keys[key]!r} must be true or false")
     return keys
 
 

@@ -4,13 +4,16 @@
 - **numbers robustly scaled and smoothly clipped** (RealMLP; Holzmüller et al., "Better by
   default", NeurIPS 2024): each feature centred on its training median and divided by its
   interquartile range / 1.349 (a standard deviation, for a normal), then
-  ``x / sqrt(1 + (x / 3)²)``, so that an outlier cannot dominate a layer;
+  ``x / sqrt(1 + (x / 3)²)``, so that an outlier cannot dominate a layer; or
+  (``robust_scaling=false``) as the data standardised them. ``auto`` (and ``embedding=auto``):
+  under 8,000 training rows, where robust scaling and embeddings overfit, the standardised
+  inputs clamped to the training range and no embedding; from there, robust and periodic
+  (:func:`fitted_inputs`; ``train_rows`` from the data, or the checkpoint's record);
 - **an embedding of each number** (Gorishniy et al., "On embeddings for numerical features",
   NeurIPS 2022): ``piecewise`` (the piecewise-linear encoding over ``bins`` bins between the
   training quantiles, then a linear layer and ReLU per feature), ``periodic`` (cos and sin
   of learned frequencies, then a shared linear layer and ReLU: "PLR lite"; the frequencies
-  start from N(0, 0.01) under 8,000 training rows and from N(0, 3) from there, ``train_rows``
-  from the data), ``linear``
+  start from N(0, 0.01) under 8,000 training rows and from N(0, 3) from there), ``linear``
   (a linear layer and ReLU per feature) or ``none``; a table's 0/1 columns (its categories
   one-hot, its gap flags: the ``indicator_features`` after the numbers) are embedded too, or
   enter the MLP as they are, as the papers feed a category (``embed_indicators``: true,
@@ -63,7 +66,7 @@ LARGE_TABLE_ROWS = 8_000
 SMALL_TABLE_SCALE, LARGE_TABLE_SCALE = 0.01, 3.0
 # What model=auto builds for a table (conf/model/tabular.yaml holds the same, as keys).
 TABLE_DEFAULTS = {
-    "embedding": "periodic",
+    "embedding": "auto",
     "d_embedding": 16,
     "bins": 16,
     "frequencies": 48,
@@ -71,7 +74,7 @@ TABLE_DEFAULTS = {
     "ensemble": 8,
     "hidden_sizes": (512,),
     "dropout": 0.2,
-    "robust_scaling": True,
+    "robust_scaling": "auto",
 }
 # embed_indicators=auto: a table's 0/1 columns are embedded up to this many, and from one more
 # enter the MLP as they are (hotel rates' 399: 7x faster at level MAE; docs/real-data.md).
@@ -84,7 +87,7 @@ SHARE_BATCHES_BEFORE = True  # and its members shared each training batch (the d
 
 @checked(
     "model",
-    embedding=one_of(*EMBEDDINGS),
+    embedding=one_of("auto", *EMBEDDINGS),
     d_embedding=POSITIVE_INT,
     bins=Rule(lambda v: isinstance(v, int) and 2 <= v <= 64, "a whole number from 2 to 64"),
     frequencies=POSITIVE_INT,
@@ -95,7 +98,7 @@ SHARE_BATCHES_BEFORE = True  # and its members shared each training batch (the d
     ensemble=POSITIVE_INT,
     hidden_sizes=POSITIVE_INTS,
     dropout=DROPOUT,
-    robust_scaling=one_of(True, False),
+    robust_scaling=one_of(True, False, "auto"),
     embed_indicators=one_of(True, False, "auto"),
     share_batches=one_of(True, False),
 )
@@ -110,7 +113,7 @@ def tabular(
     ensemble: int,
     hidden_sizes: Sequence[int],
     dropout: float,
-    robust_scaling: bool = True,
+    robust_scaling: bool | str = True,
     feature_quantiles: torch.Tensor | None = None,
     train_rows: int | None = None,
     embed_indicators: bool | str = EMBED_INDICATORS_BEFORE,
@@ -124,7 +127,9 @@ def tabular(
         )
     features = input_shape[0]
     grid = fitted_grid(features, feature_quantiles)
-    preprocess = RobustScaling(grid) if robust_scaling else nn.Identity()
+    embedding, scaling = fitted_inputs(embedding, robust_scaling, train_rows)
+    scalings = {"robust": RobustScaling, "range": TrainingRange}
+    preprocess = scalings[scaling](grid) if scaling in scalings else nn.Identity()
     frequency_scale = fitted_frequency_scale(frequency_scale, train_rows)
     plain = 0 if embedding == "none" else plain_indicators(embed_indicators, indicator_features)
     numbers = features - plain  # the first ``numbers`` features are embedded
@@ -143,7 +148,24 @@ def tabular(
         layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout)]
         width = hidden
     members = MemberScale(ensemble, embedded, own_rows=not share_batches)
-    return EnsembleMLP(preprocess, embed, members, nn.Sequential(*layers), num_classes, plain)
+    model = EnsembleMLP(preprocess, embed, members, nn.Sequential(*layers), num_classes, plain)
+    model.train_rows = train_rows  # said at start-up
+    return model
+
+
+def fitted_inputs(
+    embedding: str, robust_scaling: bool | str, train_rows: int | None
+) -> tuple[str, str]:
+    """The embedding and the scaling (``robust``, ``range`` or ``none``) for a table of
+    ``train_rows`` rows; ``auto``: as the module says (a table's rows not known, as for data
+    read in shards or a checkpoint recorded before its rows were, count as large). Measured
+    on 20 real tables over three seeds (docs/real-data.md)."""
+    small = train_rows is not None and train_rows < LARGE_TABLE_ROWS
+    if embedding == "auto":
+        embedding = "none" if small else "periodic"
+    if robust_scaling == "auto":
+        return embedding, "range" if small else "robust"
+    return embedding, "robust" if robust_scaling else "none"
 
 
 def fitted_frequency_scale(scale: float | str, train_rows: int | None) -> float:
@@ -193,6 +215,8 @@ class RobustScaling(nn.Module):
     """(x − median) / (IQR / 1.349), then smoothly clipped (RealMLP). A feature whose
     interquartile range is 0 (a 0/1 column, mostly one value) is scaled by its range / 2."""
 
+    said = "robust scaling, "  # at start-up
+
     def __init__(self, grid: torch.Tensor) -> None:
         super().__init__()
         q = level(grid, torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0]))
@@ -209,6 +233,23 @@ class RobustScaling(nn.Module):
         return smooth_clip((values - self.center[:, None]) / self.scale[:, None])
 
 
+class TrainingRange(nn.Module):
+    """The inputs as they are, clamped to the training split's range of each feature."""
+
+    said = "inputs clamped to the training range, "
+
+    def __init__(self, grid: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("low", grid[:, 0].clone())
+        self.register_buffer("high", grid[:, -1].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.maximum(torch.minimum(x, self.high), self.low)
+
+    def map(self, values: torch.Tensor) -> torch.Tensor:
+        return torch.maximum(torch.minimum(values, self.high[:, None]), self.low[:, None])
+
+
 def smooth_clip(x: torch.Tensor) -> torch.Tensor:
     x = x.clamp(-CLIP_BOUND, CLIP_BOUND)  # a value far out clips to ±3, not to the median
     return x / torch.sqrt(1 + (x / CLIP) ** 2)
@@ -218,7 +259,7 @@ def bin_edges(grid: torch.Tensor, bins: int, preprocess: nn.Module) -> torch.Ten
     """[F, bins + 1] the edges of equal-frequency bins of each feature's training values, in
     the units the embedding sees (after the scaling)."""
     edges = level(grid, torch.linspace(0, 1, bins + 1))
-    if isinstance(preprocess, RobustScaling):
+    if isinstance(preprocess, RobustScaling | TrainingRange):
         edges = preprocess.map(edges)
     return edges
 
@@ -345,13 +386,15 @@ class EnsembleMLP(nn.Module):
         widths = "-".join(str(m.out_features) for m in self.backbone if isinstance(m, nn.Linear))
         embedding = type(self.embed).__name__.removesuffix("Embedding").lower()
         embedding = "no" if embedding == "identity" else embedding
-        scaling = "robust scaling, " if isinstance(self.preprocess, RobustScaling) else ""
+        scaling = getattr(self.preprocess, "said", "")
         start = ""
         if isinstance(self.embed, PeriodicEmbedding):
             start = f", frequencies from N(0, {self.embed.scale:g})"
         plain = f", {self.plain} 0/1 columns as they are" if self.plain else ""
         own = ", each on batches of its own" if self.batch_members > 1 else ""
+        rows = getattr(self, "train_rows", None)
+        fitted = f"; fitted to {rows:,} training rows" if rows is not None else ""
         return (
             f"{scaling}{embedding} embeddings{plain}, {self.members} members sharing a "
-            f"{widths or 'linear'} MLP{own}{start}"
+            f"{widths or 'linear'} MLP{own}{start}{fitted}"
         )

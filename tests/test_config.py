@@ -83,7 +83,7 @@ def test_every_model_builds_for_every_image_size(model, shape):
     check_forward(net, shape, 10, CPU)
 
 
-@pytest.mark.parametrize("embedding", ["none", "linear", "periodic", "piecewise"])
+@pytest.mark.parametrize("embedding", ["auto", "none", "linear", "periodic", "piecewise"])
 def test_the_tabular_model_builds_for_rows_and_refuses_images(embedding):
     cfg = make_config("model=tabular", f"model.embedding={embedding}")
     check_forward(instantiate(cfg.model, input_shape=(7,), num_classes=3), (7,), 3, CPU)

@@ -101,7 +101,9 @@ def test_an_image_models_exports_take_png_pixels_and_match_predict(tmp_path):
     assert_same_as_predict(tmp_path, outputs, classes, ordered)
 
 
-@pytest.mark.parametrize("embed", ["auto", "false"])  # false: the 0/1 columns as they are
+# the default (under 8,000 rows: inputs clamped to the training range, no embedding), and the
+# periodic embedding with the 0/1 columns as they are
+@pytest.mark.parametrize("embed", ["auto", "false"])
 def test_a_table_models_exports_take_raw_columns_with_gaps_and_categories(tmp_path, embed):
     colours = ["red", "green", "blue"]
     rows = []
@@ -111,8 +113,10 @@ def test_a_table_models_exports_take_raw_columns_with_gaps_and_categories(tmp_pa
         rows.append([size, f"{(i * 53 % 41) - 20}", colours[i % 3], label])
     write_rows(tmp_path / "t.csv", ["size", "offset", "colour", "y"], rows)
     new = [["", "3", "green"], ["7.5", "-4", "purple"], ["1.0", "", "red"], ["9.9", "12", "blue"]]
+    new += [["1e6", "-1e6", "red"]]  # far outside the training range: clamped inside
     write_rows(tmp_path / "new.csv", ["size", "offset", "colour"], new)
     run = ("data=csv", "data.path=t.csv", "data.target=y", f"model.embed_indicators={embed}")
+    run += ("model.table_fitted=false",) if embed == "false" else ()
     result = run_train(tmp_path, *run, "trainer.max_epochs=3", "run_name=r")  # not how well
     said = result.stdout + result.stderr
     assert ("4 0/1 columns as they are" in said) == (embed == "false")  # colour: 3, size: a gap

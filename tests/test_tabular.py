@@ -22,6 +22,7 @@ from models.tabular import (
     RobustScaling,
     fitted_frequency_scale,
     fitted_grid,
+    fitted_inputs,
     plain_indicators,
     smooth_clip,
     tabular,
@@ -244,10 +245,55 @@ def test_the_frequencies_start_wide_from_8000_training_rows(tmp_path):
     run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=1")
     said = run_train(tmp_path, *run, "data.batch_size=512", "trainer.refit=false", "run_name=wide")
     out = said.stdout + said.stderr
-    assert "8 members sharing a 512 MLP, frequencies from N(0, 3))" in out
+    assert "robust scaling, periodic embeddings, 8 members sharing a 512 MLP, " in out
+    assert "frequencies from N(0, 3); fitted to 8,050 training rows)" in out
     assert "'train': 8050" in out
     wide = checkpoint(tmp_path, "wide")["model"]["embed.frequencies"]
     assert 1.5 < float(wide.std()) < 6  # started wide and stays so after an epoch
+
+
+def test_under_8000_rows_the_inputs_are_clamped_unembedded_and_an_older_checkpoint_as_it_was(
+    tmp_path,
+):
+    """embedding=auto, robust_scaling=auto: under LARGE_TABLE_ROWS the standardised inputs
+    clamped to the training range and no embedding, robust and periodic from there and when
+    the rows are not known (docs/real-data.md). The rows go into the inputs record, so
+    predict.py rebuilds what trained; a value far outside the range predicts as its edge. A
+    checkpoint stored before model.table_fitted (robust and periodic on any table) rebuilds
+    so, and a resume of it names the key."""
+    assert fitted_inputs("auto", "auto", LARGE_TABLE_ROWS - 1) == ("none", "range")
+    assert fitted_inputs("auto", "auto", LARGE_TABLE_ROWS) == ("periodic", "robust")
+    assert fitted_inputs("auto", "auto", None) == ("periodic", "robust")
+    assert fitted_inputs("linear", False, 10) == ("linear", "none")
+    write_table(tmp_path / "t.csv", rows=120)
+    run = ("data=csv", "data.path=t.csv", "data.target=size", "task=regression")
+    run += ("trainer.max_epochs=2", "trainer.refit=false")
+    said = run_train(tmp_path, *run, "run_name=new").stdout
+    assert "(inputs clamped to the training range, no embeddings, 8 members sharing" in said
+    assert "fitted to 84 training rows)" in said
+    new = checkpoint(tmp_path, "new", "best.pt")
+    assert new["inputs"]["train_rows"] == 84 and "preprocess.high" in new["model"]
+    assert not any(key.startswith("embed.") for key in new["model"])
+    lines = ["weight,colour,kind", *(f"{w},g,big" for w in ("500", "1e8", "1e30", "-1e8", "-1e30"))]
+    (tmp_path / "far.csv").write_text("\n".join(lines) + "\n")
+    run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/new", "input=far.csv", "out=far.p.csv")
+    with open(tmp_path / "far.p.csv", newline="") as f:
+        far = [row["size"] for row in csv.DictReader(f)]
+    assert far[1] == far[2] != far[0] and far[3] == far[4] != far[0]
+    run_train(tmp_path, *run, "model.table_fitted=false", "run_name=old")
+    old = checkpoint(tmp_path, "old", "best.pt")
+    assert "preprocess.scale" in old["model"] and "embed.frequencies" in old["model"]
+    del old["config"]["model"]["table_fitted"], old["inputs"]["train_rows"]  # as before the key
+    torch.save(old, tmp_path / "before.pt")
+    for name, out in (("checkpoints/old/best.pt", "old.csv"), ("before.pt", "before.csv")):
+        run_python(tmp_path, str(PREDICT), f"ckpt={name}", "input=t.csv", f"out={out}")
+    assert (tmp_path / "before.csv").read_text() == (tmp_path / "old.csv").read_text()
+    resumed = run_train(tmp_path, *run, "resume=before.pt", "run_name=again", ok=False)
+    assert "model.table_fitted: False -> True" in error_line(resumed)
+    old["inputs"]["train_rows"] = -5  # edited: one line
+    torch.save(old, tmp_path / "edited.pt")
+    edited = run_python(tmp_path, str(PREDICT), "ckpt=edited.pt", "input=t.csv", ok=False)
+    assert "train_rows=-5 is not a count" in error_line(edited)
 
 
 @pytest.mark.parametrize(
@@ -404,6 +450,7 @@ def test_the_0_1_columns_enter_as_they_are_and_an_older_checkpoint_rebuilds_them
     assert plain_indicators(False, 3) == 3 and plain_indicators(True, 400) == 0
     write_table(tmp_path / "t.csv", rows=120)  # size, weight, colour (r, g, b)
     run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=2")
+    run += ("model.table_fitted=false",)  # embedded at any size
     said = run_train(tmp_path, *run, "model.embed_indicators=false", "run_name=new").stdout
     assert "periodic embeddings, 3 0/1 columns as they are" in said
     run_train(tmp_path, *run, "run_name=old")  # auto: 3 columns are embedded
@@ -422,6 +469,7 @@ def test_the_0_1_columns_enter_as_they_are_and_an_older_checkpoint_rebuilds_them
     lines = ["size,city,kind", *(f"{i % 13},c{i % 70},{'ab'[i % 3 > 0]}" for i in range(210))]
     (tmp_path / "wide.csv").write_text("\n".join(lines) + "\n")
     wide = ("data=csv", "data.path=wide.csv", "data.target=kind", "trainer.max_epochs=1")
+    wide += ("model.table_fitted=false",)
     said = run_train(tmp_path, *wide, "run_name=wide").stdout
     assert "periodic embeddings, 70 0/1 columns as they are" in said
     run_python(tmp_path, str(PREDICT), "ckpt=checkpoints/wide", "input=wide.csv", "out=w.csv")
@@ -433,20 +481,24 @@ def test_the_0_1_columns_enter_as_they_are_and_an_older_checkpoint_rebuilds_them
 
 
 @pytest.mark.parametrize(
-    ("value", "said"), [(float("nan"), "is not finite (NaN or Inf)"), (0.0, "are NaN or Inf")]
+    ("buffer", "value", "said"),
+    [
+        ("preprocess.scale", float("nan"), "is not finite (NaN or Inf)"),
+        ("preprocess.scale", 0.0, "are NaN or Inf"),
+        ("preprocess.low", float("nan"), "is not finite (NaN or Inf)"),  # the clamp's
+    ],
 )
 def test_a_checkpoint_edited_to_give_nan_is_refused_in_one_line_and_writes_no_csv(
-    tmp_path, value, said
+    tmp_path, buffer, value, said
 ):
     """A fitted buffer edited to NaN is refused as it loads; one edited to 0 (finite, yet a
     division by it) is refused when the outputs come back NaN: never a CSV of NaN."""
     write_table(tmp_path / "t.csv", rows=120)
     run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=2")
-    run_train(tmp_path, *run, "run_name=h")
+    robust = ("model.table_fitted=false",) if buffer == "preprocess.scale" else ()
+    run_train(tmp_path, *run, *robust, "run_name=h")
     stored = torch.load(tmp_path / "checkpoints/h/last.pt", weights_only=True)
-    stored["model"]["preprocess.scale"] = torch.full_like(
-        stored["model"]["preprocess.scale"], value
-    )
+    stored["model"][buffer] = torch.full_like(stored["model"][buffer], value)
     torch.save(stored, tmp_path / "edited.pt")
     result = run_python(
         tmp_path, str(PREDICT), "ckpt=edited.pt", "input=t.csv", "out=p.csv", ok=False

@@ -106,6 +106,7 @@ class Data:
         self.fold_ids = None  # data/batching/folds.py FoldIds: data.split.folds's val samples
         self.input_shape = splits.train.input_shape  # (C, H, W)
         self.crop_pct = 1.0  # images: evaluation's centre share (data.crop_pct; evaluated_at)
+        self.followed: Any = None  # the checkpoint's inputs record it follows (follow_record)
         self.mean, self.std = _per_channel(batching, self.input_shape[0], name)
         self.batch_size = fitted_batch_size(batching.batch_size, len(splits.train), name)
         self.eval_batch_size = batching.eval_batch_size
@@ -177,8 +178,7 @@ class Data:
 
     @property
     def pixels(self) -> bool:
-        """The inputs are uint8 images (an image cache or files read lazily), not numbers in
-        their own units (a table, arrays)."""
+        """The inputs are uint8 images (an image cache, files read lazily), not numbers."""
         split = self.splits["train"]
         if isinstance(split, TensorSplit):
             return split.inputs.dtype == torch.uint8
@@ -192,7 +192,9 @@ class Data:
 
     @property
     def train_rows(self) -> int | None:
-        """A table's rows in memory: how many the training split holds; else None."""
+        """A table's training rows in memory, or those of the record it follows; else None."""
+        if self.followed is not None:  # its model was fitted to the rows it recorded
+            return self.followed.train_rows
         rows = self.table_rows
         return int(rows.shape[0]) if rows is not None else None
 
@@ -232,6 +234,7 @@ class Data:
                 self.name,
             )
         self.mean, self.std = list(record.mean), list(record.std)
+        self.followed = record
 
     def check_encoded_as(self, record: Any, source: Any, use: str, fills: bool = True) -> None:
         """Refuse data whose inputs, classes or table encoding (and gap ``fills``) differ from
@@ -265,8 +268,7 @@ class Data:
             )
 
     def train_targets(self) -> torch.Tensor:
-        """The train split's targets (for class weights, positive weights and the scale of
-        regression targets)."""
+        """The train split's targets (class weights, positive weights, a regression's scale)."""
         split = self.splits["train"]
         return split.labels if isinstance(split, TensorSplit | MappedSplit) else split.targets
 
@@ -372,15 +374,13 @@ class RunBatches:
 
 
 def _encoding(table: dict | None) -> dict | None:
-    """A table record's encoding (columns, categories, classes), without what was fitted to
-    fill its gaps."""
+    """A table record's encoding (columns, categories, classes), less its gaps' fills."""
     return None if table is None else {k: v for k, v in table.items() if k != "na"}
 
 
 def _gap_fills(table: dict, gapped: set[str]) -> tuple[dict, list]:
-    """What a table record says the ``gapped`` columns' gaps were filled with (none for a
-    record written before data.na existed, or with data.na=error), and its indicators: a fill
-    for a column without gaps changed nothing."""
+    """What a table record says the ``gapped`` columns' gaps were filled with (none before
+    data.na existed, or with data.na=error), and its indicators (a fill of no gap is none)."""
     gaps = table.get("na") or {}
     fills = {name: v for name, v in (gaps.get("fills") or {}).items() if name in gapped}
     return fills, gaps.get("indicators") or []

@@ -49,6 +49,7 @@ def rebuild_model(config: dict, weights: dict, shapes: Any, device: Any, task: A
         shapes.num_classes,
         text=getattr(shapes, "text", None),
         table=getattr(shapes, "table", None),
+        rows=getattr(shapes, "train_rows", None),
     )
     check_stored_model(model_node, supplied, weights)
     modules = Modules.build(model_node, shapes, device, None, task)

@@ -49,6 +49,7 @@ class InputRecord:
     pixels: bool = False  # uint8 images (the exports take them so); never stored, read from data
     crop_pct: float = 1.0  # images: the centre share evaluation kept (data.crop_pct)
     text: dict | None = None  # texts: the tokenizer and its settings (data/text/tokenizer.py)
+    train_rows: int | None = None  # a table's training rows, which fitted its model's size
     mixing = None  # a record is never augmented: Task.check reads it like a dataset's
     name = "the checkpoint's inputs record"
 
@@ -68,6 +69,7 @@ class InputRecord:
             data.pixels,
             getattr(data, "crop_pct", 1.0),
             getattr(data, "text", None),
+            getattr(data, "train_rows", None),
         )
 
     def to_dict(self) -> dict:
@@ -83,6 +85,7 @@ class InputRecord:
             **(self.task or {}),
             **({"crop_pct": self.crop_pct} if self.crop_pct != 1.0 else {}),
             **({"text": self.text} if self.text is not None else {}),
+            **({"train_rows": self.train_rows} if self.train_rows is not None else {}),
         }
 
     @classmethod
@@ -139,6 +142,7 @@ class InputRecord:
             task,
             crop_pct=_crop_pct(record, path),
             text=_text(record, path),
+            train_rows=_train_rows(record, path),
         )
 
     def without_calibration(self) -> InputRecord:
@@ -176,6 +180,14 @@ def _text(record: dict, path: Path) -> dict | None:
         return None
     from_record(record["text"], str(path))
     return record["text"]
+
+
+def _train_rows(record: dict, path: Path) -> int | None:
+    """The record's training rows (a whole number), or None: recorded before they were."""
+    rows = record.get("train_rows")
+    if rows is None or (isinstance(rows, int) and not isinstance(rows, bool) and rows > 0):
+        return rows
+    raise UserError(f"{path}: its inputs record's train_rows={str(rows)[:40]} is not a count")
 
 
 def _targets(record: dict, path: Path) -> Any:
