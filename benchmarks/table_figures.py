@@ -24,7 +24,7 @@ the wall times are whole processes (torchloom's includes Python's and torch's st
 
 ``--seeds 0 1 2`` trains the first command with each seed on the same split and reports the
 mean (``per_seed`` keeps each); ``--extra`` adds overrides to it. ``--ablations`` adds, on the chosen sets, ``model=tabular`` with one part off at a time
-(under 8,000 training rows: ``embedding=periodic``, ``robust_scaling=true``,
+(under 1,000 training rows: ``embedding=periodic``, ``robust_scaling=true``,
 ``robust_scaling=false``: no clamp, ``ensemble=1``, the cosine schedule: ``scheduler=none``),
 ``model.table_fitted=false`` (periodic and robust at any size, the default before),
 ``model=mlp`` (all off), and for classes RealMLP's label smoothing 0.1.
@@ -86,7 +86,7 @@ ADULT_COLUMNS = [
     "native-country",
     "income",
 ]
-ABLATIONS = {  # under 8,000 training rows the default embeds nothing and clamps to the range
+ABLATIONS = {  # under 1,000 training rows the default embeds nothing and clamps to the range
     "model=tabular": ["model=tabular"],
     "embedding=periodic": ["model=tabular", "model.embedding=periodic"],
     "robust_scaling=true": ["model=tabular", "model.robust_scaling=true"],

@@ -2,9 +2,9 @@
 shape of one sample and printed at start-up:
 
 - a table's row ``[F]``: the tabular model (models/tabular.py, with its defaults: 8 members
-  sharing one hidden layer of 512, fed the inputs as the data standardised them under 8,000
-  training rows (``train_rows``), robustly scaled and periodically embedded (frequencies from
-  N(0, 3)) from there; chosen on 20 real tables, docs/real-data.md; ``model=tabular`` sets
+  sharing one hidden layer of 512, fed the inputs as the data standardised them under 1,000
+  training rows (``train_rows``), robustly scaled and periodically embedded from there (the
+  frequencies from N(0, 3) from 8,000); chosen on 20 real tables, docs/real-data.md; ``model=tabular`` sets
   its keys, ``model=mlp`` names the plain MLP);
 - a text (token ids ``[L]``, data=text): the fastText-style bag of token and bigram
   embeddings (models/text.py ``text_bag``; ``model=text_transformer`` names the Transformer);

@@ -6,9 +6,8 @@
   interquartile range / 1.349 (a standard deviation, for a normal), then
   ``x / sqrt(1 + (x / 3)²)``, so that an outlier cannot dominate a layer; or
   (``robust_scaling=false``) as the data standardised them. ``auto`` (and ``embedding=auto``):
-  under 8,000 training rows, where robust scaling and embeddings overfit, the standardised
-  inputs clamped to the training range and no embedding; from there, robust and periodic
-  (:func:`fitted_inputs`; ``train_rows`` from the data, or the checkpoint's record);
+  under 1,000 training rows, where the two overfit, the standardised inputs clamped to the
+  training range and no embedding; from there, robust and periodic (:func:`fitted_inputs`);
 - **an embedding of each number** (Gorishniy et al., "On embeddings for numerical features",
   NeurIPS 2022): ``piecewise`` (the piecewise-linear encoding over ``bins`` bins between the
   training quantiles, then a linear layer and ReLU per feature), ``periodic`` (cos and sin
@@ -63,6 +62,7 @@ STEP = 1e-3  # a piecewise bin narrower than this (in scaled units) is a step
 # frequency_scale=auto: the periodic frequencies start near 0 (an almost linear embedding) on
 # a table of fewer training rows than this, and spread wide from it (docs/real-data.md).
 LARGE_TABLE_ROWS = 8_000
+SMALL_TABLE_ROWS = 1_000  # embedding, robust_scaling=auto: under it none, and clamped inputs
 SMALL_TABLE_SCALE, LARGE_TABLE_SCALE = 0.01, 3.0
 # What model=auto builds for a table (conf/model/tabular.yaml holds the same, as keys).
 TABLE_DEFAULTS = {
@@ -160,7 +160,7 @@ def fitted_inputs(
     ``train_rows`` rows; ``auto``: as the module says (a table's rows not known, as for data
     read in shards or a checkpoint recorded before its rows were, count as large). Measured
     on 20 real tables over three seeds (docs/real-data.md)."""
-    small = train_rows is not None and train_rows < LARGE_TABLE_ROWS
+    small = train_rows is not None and train_rows < SMALL_TABLE_ROWS
     if embedding == "auto":
         embedding = "none" if small else "periodic"
     if robust_scaling == "auto":

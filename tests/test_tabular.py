@@ -18,6 +18,7 @@ from data.batching.splits import TensorSplit, feature_quantiles
 from models.auto import SHARED_KEYS, auto
 from models.tabular import (
     LARGE_TABLE_ROWS,
+    SMALL_TABLE_ROWS,
     PiecewiseEmbedding,
     RobustScaling,
     fitted_frequency_scale,
@@ -252,17 +253,17 @@ def test_the_frequencies_start_wide_from_8000_training_rows(tmp_path):
     assert 1.5 < float(wide.std()) < 6  # started wide and stays so after an epoch
 
 
-def test_under_8000_rows_the_inputs_are_clamped_unembedded_and_an_older_checkpoint_as_it_was(
+def test_under_1000_rows_the_inputs_are_clamped_unembedded_and_an_older_checkpoint_as_it_was(
     tmp_path,
 ):
-    """embedding=auto, robust_scaling=auto: under LARGE_TABLE_ROWS the standardised inputs
+    """embedding=auto, robust_scaling=auto: under SMALL_TABLE_ROWS the standardised inputs
     clamped to the training range and no embedding, robust and periodic from there and when
     the rows are not known (docs/real-data.md). The rows go into the inputs record, so
     predict.py rebuilds what trained; a value far outside the range predicts as its edge. A
     checkpoint stored before model.table_fitted (robust and periodic on any table) rebuilds
     so, and a resume of it names the key."""
-    assert fitted_inputs("auto", "auto", LARGE_TABLE_ROWS - 1) == ("none", "range")
-    assert fitted_inputs("auto", "auto", LARGE_TABLE_ROWS) == ("periodic", "robust")
+    assert fitted_inputs("auto", "auto", SMALL_TABLE_ROWS - 1) == ("none", "range")
+    assert fitted_inputs("auto", "auto", SMALL_TABLE_ROWS) == ("periodic", "robust")
     assert fitted_inputs("auto", "auto", None) == ("periodic", "robust")
     assert fitted_inputs("linear", False, 10) == ("linear", "none")
     write_table(tmp_path / "t.csv", rows=120)
