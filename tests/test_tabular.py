@@ -297,6 +297,18 @@ def test_under_1000_rows_the_inputs_are_clamped_unembedded_and_an_older_checkpoi
     assert "train_rows=-5 is not a count" in error_line(edited)
 
 
+def test_a_refit_builds_the_model_its_run_was_fitted_to(tmp_path):
+    """910 training rows, 1,105 with val: the refit trains on the joined rows the model its
+    run validated (unembedded, clamped), as it keeps the run's batch size, not the one that
+    1,105 rows alone would choose; its record keeps the rows that fitted it."""
+    write_table(tmp_path / "t.csv", rows=1300)  # 70% trains, 15% validates
+    run = ("data=csv", "data.path=t.csv", "data.target=kind", "trainer.max_epochs=1")
+    said = run_train(tmp_path, *run, "run_name=r").stdout
+    assert said.count("no embeddings, 8 members sharing a 512 MLP; fitted to 910 training") == 2
+    refit = checkpoint(tmp_path, "r/refit", "best.pt")
+    assert refit["inputs"]["train_rows"] == 910 and "preprocess.high" in refit["model"]
+
+
 @pytest.mark.parametrize(
     ("override", "said"),
     [

@@ -106,7 +106,7 @@ class Data:
         self.fold_ids = None  # data/batching/folds.py FoldIds: data.split.folds's val samples
         self.input_shape = splits.train.input_shape  # (C, H, W)
         self.crop_pct = 1.0  # images: evaluation's centre share (data.crop_pct; evaluated_at)
-        self.followed: Any = None  # the checkpoint's inputs record it follows (follow_record)
+        self.fitted_rows: list = []  # train_rows once fixed: a followed record's, a refit's run's
         self.mean, self.std = _per_channel(batching, self.input_shape[0], name)
         self.batch_size = fitted_batch_size(batching.batch_size, len(splits.train), name)
         self.eval_batch_size = batching.eval_batch_size
@@ -192,9 +192,9 @@ class Data:
 
     @property
     def train_rows(self) -> int | None:
-        """A table's training rows in memory, or those of the record it follows; else None."""
-        if self.followed is not None:  # its model was fitted to the rows it recorded
-            return self.followed.train_rows
+        """A table's training rows in memory (those its model is fitted to); else None."""
+        if self.fitted_rows:  # a checkpoint's, whose model they fitted, or a refit's run's
+            return self.fitted_rows[0]
         rows = self.table_rows
         return int(rows.shape[0]) if rows is not None else None
 
@@ -234,7 +234,7 @@ class Data:
                 self.name,
             )
         self.mean, self.std = list(record.mean), list(record.std)
-        self.followed = record
+        self.fitted_rows = [record.train_rows]
 
     def check_encoded_as(self, record: Any, source: Any, use: str, fills: bool = True) -> None:
         """Refuse data whose inputs, classes or table encoding (and gap ``fills``) differ from
@@ -273,11 +273,10 @@ class Data:
         return split.labels if isinstance(split, TensorSplit | MappedSplit) else split.targets
 
     def fingerprint(self, decode: bool = False) -> dict[str, Any]:
-        """What this data is, by content (data/batching/fingerprint.py): ``splits`` (each
-        split's membership sha256 and count), ``sources`` (this dataset's content sha256),
-        ``samples`` (each split's per-sample hashes, kept in checkpoints only) and ``listings``
-        (image files' names, sizes and times, by split). A split read lazily (no image cache)
-        is recorded by its listing alone, with why, unless ``decode`` (a resume compares it)."""
+        """What this data is, by content (data/batching/fingerprint.py): ``splits`` (each split's
+        membership sha256 and count), ``sources`` (the content's sha256), ``samples`` (per-sample
+        hashes, in checkpoints only), ``listings`` (image files' names, sizes, times). A split
+        read lazily (no image cache) is recorded by its listing alone, unless ``decode``."""
         samples = {
             n: self.split_hashes(n, decode) for n, split in self.splits.items() if split is not None
         }
@@ -305,7 +304,8 @@ class Data:
         return decoded_hashes(split) if lazy else None
 
     def join_val(self) -> None:
-        """``trainer.train_on_val`` (a refit): val trained on too; batch size, scale as fitted."""
+        """A refit's ``trainer.train_on_val``: val trained on too; batch size, scale, model as fitted."""
+        self.fitted_rows = [self.train_rows]
         self.splits["train"] = joined(self.splits, "trainer.train_on_val")
 
     def sizes(self) -> dict[str, int]:
