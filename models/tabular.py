@@ -159,7 +159,7 @@ def fitted_inputs(
     """The embedding and the scaling (``robust``, ``range`` or ``none``) for a table of
     ``train_rows`` rows; ``auto``: as the module says (a table's rows not known, as for data
     read in shards or a checkpoint recorded before its rows were, count as large). Measured
-    on 20 real tables over three seeds (docs/real-data.md)."""
+    on the real tables of docs/real-data.md."""
     small = train_rows is not None and train_rows < SMALL_TABLE_ROWS
     if embedding == "auto":
         embedding = "none" if small else "periodic"

@@ -291,10 +291,11 @@ def test_under_1000_rows_the_inputs_are_clamped_unembedded_and_an_older_checkpoi
     assert (tmp_path / "before.csv").read_text() == (tmp_path / "old.csv").read_text()
     resumed = run_train(tmp_path, *run, "resume=before.pt", "run_name=again", ok=False)
     assert "model.table_fitted: False -> True" in error_line(resumed)
-    old["inputs"]["train_rows"] = -5  # edited: one line
-    torch.save(old, tmp_path / "edited.pt")
-    edited = run_python(tmp_path, str(PREDICT), "ckpt=edited.pt", "input=t.csv", ok=False)
-    assert "train_rows=-5 is not a count" in error_line(edited)
+    for bad in (-5, 2**70, "301"):  # edited: one line
+        old["inputs"]["train_rows"] = bad
+        torch.save(old, tmp_path / "edited.pt")
+        edited = run_python(tmp_path, str(PREDICT), "ckpt=edited.pt", "input=t.csv", ok=False)
+        assert f"train_rows={str(bad)[:40]} is not a count" in error_line(edited)
 
 
 def test_a_refit_builds_the_model_its_run_was_fitted_to(tmp_path):

@@ -185,7 +185,7 @@ def _text(record: dict, path: Path) -> dict | None:
 def _train_rows(record: dict, path: Path) -> int | None:
     """The record's training rows (a whole number), or None: recorded before they were."""
     rows = record.get("train_rows")
-    if rows is None or (isinstance(rows, int) and not isinstance(rows, bool) and rows > 0):
+    if rows is None or (isinstance(rows, int) and not isinstance(rows, bool) and 0 < rows < 2**63):
         return rows
     raise UserError(f"{path}: its inputs record's train_rows={str(rows)[:40]} is not a count")
 
