@@ -40,13 +40,14 @@ STATE_FILE = SHARDED_STATE  # everything but the sharded tensors; written last: 
 PARTIAL, OLD = ".partial", ".old"
 
 
-def _reader(folder: Path) -> Any:
+def _reader(folder: Path, known: Any = None) -> Any:
+    """DCP's reader of ``folder``, whose index is read as data (``known``: read already)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     class SafeReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            metadata = read_metadata(Path(self.path))
+            metadata = known if known is not None else read_metadata(Path(self.path))
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -131,9 +132,10 @@ def copy_sharded(source: Path, folder: Path) -> None:
 # --- Reading ---------------------------------------------------------------------------------
 
 
-def load_into(folder: Path, tensors: dict) -> None:
+def load_into(folder: Path, tensors: dict, metadata: Any = None) -> None:
     """Fill ``tensors`` (a state dict of this process's shards, or of whole tensors) from
-    ``folder``: DCP reshards what another number of processes wrote."""
+    ``folder`` (``metadata``: its index, when read already): DCP reshards what another number
+    of processes wrote."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
@@ -141,13 +143,12 @@ def load_into(folder: Path, tensors: dict) -> None:
     try:
         with warnings.catch_warnings():  # "assuming ... a single process": so it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(tensors, storage_reader=_reader(folder), no_dist=not dist.is_initialized())
-    except UserError:
-        raise
+            reader = _reader(folder, metadata)
+            dcp.load(tensors, storage_reader=reader, no_dist=not dist.is_initialized())
     except (Exception, CheckpointException) as error:  # DCP's own is a BaseException
         if isinstance(error, CheckpointException) and error.failures:  # the first process's
             error = next(iter(error.failures.values()))[0]
-        if isinstance(error, UserError):  # the reader's own
+        if isinstance(error, UserError):  # the index's, or the reader's
             raise error from None
         reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
         raise UserError(
@@ -166,7 +167,7 @@ def whole_tensors(folder: Path, prefix: str, metadata: Any = None) -> dict[str, 
         for key, entry in metadata.state_dict_metadata.items()
         if key.startswith(prefix)
     }
-    load_into(folder, wanted)
+    load_into(folder, wanted, metadata)  # the index read and checked once
     return {key.removeprefix(prefix): value for key, value in wanted.items()}
 
 
