@@ -5,6 +5,8 @@ broken shards refused in one line."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -301,6 +303,42 @@ def test_broken_or_hostile_shards_are_one_line_and_leave_nothing(tmp_path, make,
     assert not (tmp_path / "checkpoints").exists() or not any(
         (tmp_path / "checkpoints").rglob("*.pt")
     )
+
+
+def flip_a_byte(path: Path, at: str) -> None:
+    """One byte changed in the last row group's first column, in its first page's header or
+    amid its values, as a disk's rot leaves it (the size and modification time as they were)."""
+    meta = pq.ParquetFile(path).metadata
+    column = meta.row_group(meta.num_row_groups - 1).column(0)
+    start = column.dictionary_page_offset or column.data_page_offset
+    data, times = bytearray(path.read_bytes()), os.stat(path)
+    data[start + (2 if at == "header" else column.total_compressed_size // 2)] ^= 0x5A
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+
+
+@pytest.mark.parametrize(
+    ("split", "at"), [("train", "values"), ("val", "values"), ("train", "header")]
+)
+def test_a_byte_changed_in_a_shard_is_one_line_and_the_saved_run_is_kept(
+    shards, tmp_path, split, at
+):
+    """shard.py writes a CRC checksum on each page and every read checks it: a byte changed on
+    a disk or in a copy is one line naming the file, at once (it is not tried again), where the
+    run trained on the changed values without a word; a resume that meets it leaves the run's
+    last.pt as it was."""
+    shutil.copytree(shards / "digits", tmp_path / "digits")
+    run = ("data=parquet", "data.path=digits", "model=mlp", "model.hidden_sizes=[32]")
+    run += ("data.num_workers=0", "run_name=r")
+    run_train(tmp_path, *run, "trainer.max_epochs=1")
+    saved = (tmp_path / "checkpoints" / "r" / "last.pt").read_bytes()
+    damaged = sorted((tmp_path / "digits" / split).glob("*.parquet"))[-1]
+    flip_a_byte(damaged, at)
+    result = run_train(tmp_path, *run, "trainer.max_epochs=2", "resume=auto", ok=False)
+    line = error_line(result)
+    assert str(damaged.relative_to(tmp_path)) in line and "damaged" in line, line
+    assert "trying again" not in result.stdout + result.stderr
+    assert (tmp_path / "checkpoints" / "r" / "last.pt").read_bytes() == saved
 
 
 def test_two_processes_on_shards_reach_the_parameters_of_one_with_the_same_global_batch(shards):

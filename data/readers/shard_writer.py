@@ -70,7 +70,7 @@ def write_shards(tables: Any, url: str, rows_per_group: int, rows_per_file: int)
         target = f"{root.rstrip('/')}/part-{number:05d}.parquet"
         partial = f"{target}.partial" if local else target
         with system.open_output_stream(partial) as out:
-            pq.write_table(table, out, row_group_size=rows_per_group)
+            pq.write_table(table, out, row_group_size=rows_per_group, write_page_checksum=True)
         if local:
             system.move(partial, target)
         written.append(target)

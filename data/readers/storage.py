@@ -2,7 +2,10 @@
 listed, described and read through one small door, with retries.
 
 Readers call :func:`files_of`, :func:`parquet_file` and :func:`read_row_group`, and never
-import a client library themselves. An S3-compatible store's endpoint comes from
+import a client library themselves. Every page that carries a CRC checksum (shard.py writes one
+on each) is checked against it when read: a byte changed on a disk or in a copy is one line
+naming the file, never silently different values (a file written without checksums cannot be
+checked). An S3-compatible store's endpoint comes from
 ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` and its credentials from the usual AWS
 variables or config files, read by the client: none of them is ever put into a config, a
 checkpoint, a log or a record. ``pyarrow`` is the ``shards`` extra.
@@ -144,8 +147,13 @@ def parquet_file(shard: Shard) -> Any:
         system, _ = filesystem(shard.where)
         if len(_open) >= MAX_OPEN:
             _open.pop(next(iter(_open)))
-        _open[key] = retried(lambda: pq.ParquetFile(system.open_input_file(shard.path)), shard.name)
+        _open[key] = retried(lambda: _checked_file(pq, system, shard.path), shard.name)
     return _open[key]
+
+
+def _checked_file(pq: Any, system: Any, path: str) -> Any:
+    """The Parquet file at ``path``, each page checked against its CRC checksum when read."""
+    return pq.ParquetFile(system.open_input_file(path), page_checksum_verification=True)
 
 
 def read_row_group(shard: Shard, group: int, columns: list[str]) -> Any:
@@ -181,14 +189,16 @@ def retried(read: Callable[[], Any], name: str) -> Any:
     raise AssertionError("unreachable")
 
 
+# A file whose bytes are damaged: never read right by trying again.
+DAMAGED = ("corrupt", "checksum", "thrift", "snappy", "decompress")
 FINAL_WORDS = (
+    *DAMAGED,
     "access denied",
     "forbidden",
     "not found",
     "no such",
     "parquet magic",
     "invalid",
-    "corrupt",
     "does not exist",
     "is not a parquet",
 )
@@ -204,6 +214,8 @@ def _fix(reason: str) -> str:
         return (
             "; check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...) and the bucket's policy"
         )
-    if "magic" in lowered or "invalid" in lowered or "corrupt" in lowered:
+    if any(word in lowered for word in DAMAGED):
+        return "; the file is damaged (changed on a disk or in a copy): copy or write it again"
+    if "magic" in lowered or "invalid" in lowered:
         return "; it is not a whole Parquet file: write it again, or remove it"
     return "; check the path"
