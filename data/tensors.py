@@ -31,6 +31,7 @@ from data.batching.splits import TensorSplit, channel_statistics
 from data.batching.targets import reads_targets
 from data.readers.target_columns import array_targets, stratifies, target_array
 from utils.errors import UserError
+from utils.intact import check_intact
 
 PAD = (
     "give x as one array [N, C, L]: pad each sequence to the longest with zeros "
@@ -49,6 +50,7 @@ def read_arrays(path: Path) -> dict[str, torch.Tensor]:
             with np.load(path, allow_pickle=False) as arrays:
                 loaded: Any = {key: torch.from_numpy(arrays[key].copy()) for key in arrays.files}
         elif path.suffix == ".pt":
+            check_intact(path, "copy or save it again")
             loaded = torch.load(path, map_location="cpu", weights_only=True)
         else:
             raise UserError(f"{path}: data=tensors reads .npz or .pt files")

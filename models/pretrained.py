@@ -43,6 +43,7 @@ from torch import nn
 from models.layers import by_module_order
 from utils.config.arguments import DROPOUT, NON_NEGATIVE_INT, checked
 from utils.errors import UserError
+from utils.intact import check_intact
 
 IMAGENET_CLASSES = 1000
 
@@ -103,6 +104,7 @@ def pretrained_state(name: str, weights: str) -> dict[str, torch.Tensor]:
             )
     if not path.is_file():
         raise UserError(f"model.weights={weights}: no such file")
+    check_intact(path, f"fetch it again (model.weights={weights})")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:

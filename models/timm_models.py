@@ -25,6 +25,7 @@ from torch import nn
 
 from utils.config.arguments import DROPOUT, checked
 from utils.errors import UserError
+from utils.intact import check_intact
 
 EXTRA = 'pip install -e ".[timm]"'
 
@@ -75,6 +76,8 @@ def weights_file(given: str) -> dict[str, torch.Tensor]:
             "where there is a network (timm.create_model(name, pretrained=True) and "
             "torch.save(model.state_dict(), ...)) and give that file"
         )
+    if path.suffix != ".safetensors":
+        check_intact(path, f"save it again (model.pretrained={given})")
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file

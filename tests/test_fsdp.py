@@ -24,6 +24,7 @@ from conftest import (
 )
 
 from utils.checkpoint.load import load_checkpoint
+from utils.checkpoint.sharded_index import read_metadata
 
 pytestmark = NEEDS_GLOO
 
@@ -189,7 +190,6 @@ def test_an_edited_index_is_refused_in_one_line_before_a_tensor_is_read(
     traceback, or read a tensor's unread part as zeros in silence)."""
     import shutil
 
-    from utils.checkpoint.sharded_index import read_metadata
     from utils.errors import UserError
 
     folder = tmp_path / "checkpoints" / "run" / "last"
@@ -204,11 +204,12 @@ def test_an_edited_index_is_refused_in_one_line_before_a_tensor_is_read(
         assert result.returncode == 2 and said in error_line(result)
 
 
-@pytest.mark.parametrize("damage", ["cut", "overwritten"])
+@pytest.mark.parametrize("damage", ["cut", "overwritten", "a byte changed"])
 def test_a_damaged_tensor_file_is_one_line_and_nothing_is_lost(runs, tmp_path, damage):
-    """A .distcp file cut short by a copy, or overwritten in the middle: refused in one line by
-    evaluate.py and by a resume (DCP's own error is a BaseException that once escaped as a
-    traceback), and the folder is left as it was."""
+    """A .distcp file cut short by a copy, overwritten at its start, or with one byte changed
+    amid a tensor's values (read as another weight without a word before each tensor's
+    checksums were checked): refused in one line by evaluate.py and by a resume (DCP's own
+    error is a BaseException that once escaped as a traceback), the folder as it was."""
     import shutil
 
     folder = tmp_path / "checkpoints" / "run" / "best"
@@ -217,8 +218,12 @@ def test_a_damaged_tensor_file_is_one_line_and_nothing_is_lost(runs, tmp_path, d
     data = bytearray(shard.read_bytes())
     if damage == "cut":
         data = data[:-100]
-    else:
+    elif damage == "overwritten":
         data[10:60] = b"x" * 50
+    else:  # the middle of the file's largest tensor
+        stored = read_metadata(folder).storage_data.values()
+        item = max((i for i in stored if i.relative_path == shard.name), key=lambda i: i.length)
+        data[item.offset + item.length // 2] ^= 0x5A
     shard.write_bytes(bytes(data))
     said = "shorter than its index says" if damage == "cut" else "damaged or were edited"
     result = run_evaluate(tmp_path, f"ckpt={folder}", ok=False)

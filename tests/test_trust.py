@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import ROOT, read_metrics, run_evaluate, run_train
+from conftest import ROOT, error_line, read_metrics, run_evaluate, run_train
 
 from utils.checkpoint import load as checkpoint_module
 from utils.checkpoint.load import load_checkpoint
@@ -171,6 +171,59 @@ def test_resume_auto_falls_back_when_the_newest_checkpoint_is_unreadable(trained
     assert "warning: not a readable checkpoint" in result.stdout
     assert "resumed from checkpoints/base/" in result.stdout
     assert load_checkpoint(tmp_path / "checkpoints" / "base" / "last.pt")["epoch"] == 4
+
+
+def flip_a_byte_of(path: Path, values: torch.Tensor) -> bytes:
+    """``path`` (a torch.save file) with one byte changed amid ``values``' bytes, as a disk's
+    rot or a bad copy leaves it; the file's new bytes."""
+    data = bytearray(path.read_bytes())
+    at = bytes(data).find(values.contiguous().numpy().tobytes()[:64])
+    assert at > 0
+    data[at + 33] ^= 0x5A
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+@pytest.mark.parametrize("command", ["evaluate", "resume", "resume=auto"])
+def test_a_byte_changed_in_a_checkpoint_is_one_line_naming_its_record(trained, tmp_path, command):
+    """torch.load does not check the CRC-32 a checkpoint's archive holds for each record: a
+    byte changed amid a weight was evaluated and resumed as another weight without a word.
+    Now: one line naming the file and the record, exit 2, the file as it was; resume=auto
+    says it and resumes from the checkpoint beside it."""
+    folder = tmp_path / "checkpoints" / "base"
+    shutil.copytree(trained / "checkpoints" / "base", folder)
+    path = folder / ("best.pt" if command == "evaluate" else "last.pt")
+    weight = next(iter(load_checkpoint(path)["model"].values()))
+    damaged = flip_a_byte_of(path, weight)
+    if command == "evaluate":
+        result = run_evaluate(tmp_path, f"ckpt={path}", ok=False)
+    else:
+        resume = "resume=auto" if command == "resume=auto" else f"resume={path}"
+        result = run_train(
+            tmp_path,
+            *SHORT,
+            "run_name=base",
+            resume,
+            "trainer.max_epochs=4",
+            ok=command != "resume",
+        )
+    said = f"{path.relative_to(tmp_path)} is damaged: archive/data/"  # the weight's record
+    if command == "resume=auto":
+        assert said in result.stdout and "trying the previous checkpoint" in result.stdout
+        assert "resumed from checkpoints/base/" in result.stdout
+    else:
+        line = error_line(result)
+        assert said in line and "does not match the checksum" in line, line
+        assert path.read_bytes() == damaged
+
+
+def test_a_byte_changed_in_a_tensors_file_is_one_line(tmp_path):
+    """A data=tensors .pt file is checked as a checkpoint is."""
+    x = torch.randn(64, 5)
+    torch.save({"x": x, "y": torch.arange(64) % 2}, tmp_path / "arrays.pt")
+    flip_a_byte_of(tmp_path / "arrays.pt", x)
+    result = run_train(tmp_path, "data=tensors", "data.path=arrays.pt", ok=False)
+    assert "arrays.pt is damaged: arrays/data/0 in it" in error_line(result)
 
 
 def test_resume_auto_starts_fresh_when_there_is_nothing_to_resume(tmp_path):

@@ -6,6 +6,7 @@ The foundation
     errors       UserError and the exit codes; an OS error on a path as one line
     text         names from data as terminal text and as spreadsheet cells
     files        every file a run writes appears complete or not at all (the one writer)
+    intact       are a file's bytes as torch.save wrote them (the checksums torch.load skips)
     doctor       python -m utils.doctor: is this machine ready?
     system/      the machine and the processes: signals, claims, device, torchrun, seeds
     config/      what was asked and what it means: schemas, resolvers, build, trust

@@ -1,7 +1,8 @@
 """Reading checkpoints safely, and finding the one a command means.
 
 Loading is ``torch.load(..., weights_only=True)``, never anything looser: a file that would
-import code is refused naming what it asks for. Discovery ignores temporary files
+import code is refused naming what it asks for, and one whose bytes changed since they were
+written (the CRC-32 of each record, utils/intact.py) is refused naming the record. Discovery ignores temporary files
 (utils/files.py); ``resume=`` takes last.pt (the exact position), evaluation best.pt.
 """
 
@@ -26,6 +27,7 @@ from utils.checkpoint.sharded_index import read_metadata
 from utils.config.trust import with_current_targets
 from utils.errors import UserError
 from utils.files import save_atomic
+from utils.intact import check_intact
 
 log = logging.getLogger("torchloom")
 
@@ -84,6 +86,7 @@ def load_checkpoint(path: str | Path, whole_weights: bool = True) -> dict[str, A
         return _load_sharded(path, whole_weights)
     if not path.is_file():
         raise UserError(f"no checkpoint file at {path}")
+    check_intact(path, "copy it again, or use the checkpoint beside it")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:

@@ -14,11 +14,13 @@ a complete checkpoint under ``<name>`` or ``<name>.old`` (:func:`complete_folder
 
 Reading: the index (DCP's ``.metadata``, a pickle) is read as data and checked whole first
 (utils/checkpoint/sharded_index.py); tensors are read by DCP with ``weights_only=True`` into
-zeros, and a read that fails is one line.
+zeros, each tensor's bytes checked against the checksums written with them
+(utils/intact.py), and a read that fails is one line.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shutil
@@ -32,6 +34,7 @@ from utils.checkpoint.sharded_index import METADATA, read_metadata
 from utils.errors import UserError
 from utils.evaluation.export import export_safetensors
 from utils.files import SHARDED_STATE, save_atomic, sharded_folder
+from utils.intact import damaged_record
 from utils.model.weights import load_weights, weights_that_fit
 
 log = logging.getLogger("torchloom")
@@ -56,12 +59,27 @@ def _reader(folder: Path, known: Any = None) -> Any:
         def read_data(self, *args: Any, **kwargs: Any) -> Any:
             try:
                 return super().read_data(*args, **kwargs)
+            except UserError:
+                raise
             except Exception as error:  # torch's own line would advise loading it unsafely
-                raise UserError(
-                    f"refusing to load {folder}: its tensor files are damaged or were edited "
-                    f"({type(error).__name__}), and nothing from them was run; copy the "
-                    "checkpoint again, or resume from the one beside it"
-                ) from None
+                raise damaged(type(error).__name__) from None
+
+        def _slice_file(self, file: Any, item: Any) -> Any:
+            """Each tensor's bytes (a ``torch.save`` archive), its records' checksums checked
+            before DCP's ``torch.load`` reads them."""
+            file.seek(item.offset)
+            read = io.BytesIO(file.read(item.length))
+            record = damaged_record(read)
+            if record:
+                raise damaged(f"{item.relative_path}: {record} does not match its checksum")
+            return read
+
+    def damaged(why: str) -> UserError:
+        return UserError(
+            f"refusing to load {folder}: its tensor files are damaged or were edited ({why}), "
+            "and nothing from them was run; copy the checkpoint again, or resume from the one "
+            "beside it"
+        )
 
     return SafeReader(str(folder))
 

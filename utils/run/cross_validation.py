@@ -42,6 +42,7 @@ from utils.config.secrets import recorded
 from utils.errors import UserError
 from utils.evaluation.metrics import outputs_of
 from utils.files import atomic_file, write_json
+from utils.intact import check_intact
 from utils.run.folders import check_part_name, fold_folder, output_dirs
 from utils.run.outputs import read_metrics
 from utils.run.resume_changes import config_changes
@@ -201,6 +202,7 @@ def save_fold_predictions(
 
 def read_fold_predictions(path: Path) -> dict:
     """A fold's ``oof.pt`` (named tensors and strings only; checked)."""
+    check_intact(path, "remove its fold's folder and resume=auto to train that fold again")
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:

@@ -1,0 +1,46 @@
+"""Are a file's bytes as they were written? ``torch.save`` writes a zip archive that holds the
+CRC-32 of each record, and ``torch.load`` does not check them: a byte changed on a disk or in a
+copy loads as other weights or values without a word. :func:`check_intact` checks them (at about
+the speed the file is read) before every ``torch.load`` of a file: checkpoints, each tensor of a
+sharded checkpoint, given weights, ``data=tensors`` files, a cv fold's predictions.
+"""
+
+from __future__ import annotations
+
+import zipfile
+import zlib
+from pathlib import Path
+from typing import BinaryIO
+
+from utils.errors import UserError
+
+
+def damaged_record(archive: Path | BinaryIO) -> str | None:
+    """The first record of the zip archive ``archive`` whose bytes do not match their CRC-32
+    (or a compressed one, which ``torch.save`` never writes: its check could inflate without
+    bound), ``"its directory"`` when the archive does not open; None when every record matches,
+    or for a file that is no zip archive (torch's legacy format: not checked here)."""
+    try:
+        if not zipfile.is_zipfile(archive):
+            return None
+        with zipfile.ZipFile(archive) as opened:
+            for info in opened.infolist():
+                if info.compress_type != zipfile.ZIP_STORED:
+                    return info.filename
+            return opened.testzip()
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError):
+        return "its directory"
+    finally:
+        if not isinstance(archive, Path):
+            archive.seek(0)
+
+
+def check_intact(path: Path, fix: str) -> None:
+    """One line naming ``path`` and its damaged record, and ``fix``, when its bytes are not
+    those written."""
+    record = damaged_record(path)
+    if record:
+        raise UserError(
+            f"{path} is damaged: {record} in it does not match the checksum written with it "
+            f"(changed on a disk or in a copy), and nothing from it was loaded; {fix}"
+        )
