@@ -72,7 +72,7 @@ def test_evaluate_compares_several_checkpoints(trained):
     assert len(json.loads((eval_dir / "metrics.json").read_text())) == 2
 
 
-def test_safetensors_export_round_trips(trained, tmp_path):
+def test_a_safetensors_export_round_trips_and_a_byte_changed_in_it_is_one_line(trained, tmp_path):
     pytest.importorskip("safetensors")
     exported = tmp_path / "model.safetensors"
     run_evaluate(
@@ -85,6 +85,11 @@ def test_safetensors_export_round_trips(trained, tmp_path):
         for d in (a, b)
     ]
     assert accuracy[0] == accuracy[1]
+    weight = next(iter(load_checkpoint(trained / "checkpoints/base/best.pt")["model"].values()))
+    damaged = flip_a_byte_of(exported, weight)  # the format holds no checksum; the export does
+    line = error_line(run_evaluate(trained, f"ckpt={exported}", f"runs={tmp_path}/c", ok=False))
+    assert f"{exported} is damaged: its weights do not match the sha256" in line
+    assert exported.read_bytes() == damaged
 
 
 def test_a_config_file_with_yaml_aliases_or_too_large_is_refused_before_it_is_loaded(

@@ -2,15 +2,20 @@
 CRC-32 of each record, and ``torch.load`` does not check them: a byte changed on a disk or in a
 copy loads as other weights or values without a word. :func:`check_intact` checks them (at about
 the speed the file is read) before every ``torch.load`` of a file: checkpoints, each tensor of a
-sharded checkpoint, given weights, ``data=tensors`` files, a cv fold's predictions.
+sharded checkpoint, given weights, ``data=tensors`` files, a cv fold's predictions. A
+``.safetensors`` file holds no checksum: an export records :func:`tensors_digest` of its weights.
 """
 
 from __future__ import annotations
 
+import hashlib
 import zipfile
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
+
+import torch
 
 from utils.errors import UserError
 
@@ -44,3 +49,13 @@ def check_intact(path: Path, fix: str) -> None:
             f"{path} is damaged: {record} in it does not match the checksum written with it "
             f"(changed on a disk or in a copy), and nothing from it was loaded; {fix}"
         )
+
+
+def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """The sha256 of named tensors (their names, dtypes, shapes and bytes, in name order)."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

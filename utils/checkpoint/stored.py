@@ -27,7 +27,9 @@ from utils.config.trust import (
     without_callbacks,
 )
 from utils.errors import UserError
+from utils.evaluation.export import DIGEST_KEY
 from utils.files import save_atomic
+from utils.intact import tensors_digest
 from utils.model.modules import accepted_by
 from utils.model.weights import weights_that_fit
 
@@ -243,9 +245,15 @@ def read_safetensors(path: Path) -> tuple[dict, Any, Any]:
             weights = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
             metadata = f.metadata() or {}
         stored, inputs = metadata.get("torchloom_config"), metadata.get("torchloom_inputs")
-        return weights, *(None if s is None else json.loads(s) for s in (stored, inputs))
+        read = weights, *(None if s is None else json.loads(s) for s in (stored, inputs))
     except Exception:
         raise UserError(f"not a readable checkpoint: {path}") from None
+    if DIGEST_KEY in metadata and metadata[DIGEST_KEY] != tensors_digest(weights):  # not before
+        raise UserError(
+            f"{path} is damaged: its weights do not match the sha256 written with them (changed "
+            "on a disk or in a copy), and nothing from it was loaded; copy or export it again"
+        )
+    return read
 
 
 MAX_YAML_BYTES = 2**20  # a run's config: a few kilobytes

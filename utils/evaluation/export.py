@@ -36,6 +36,7 @@ from torch import nn
 from utils.errors import UserError
 from utils.evaluation.raw_inputs import raw_inputs
 from utils.files import write_file
+from utils.intact import tensors_digest
 
 log = logging.getLogger("torchloom")
 TOLERANCE = 1e-5  # fp32: the largest absolute difference in an output that is accepted
@@ -45,6 +46,7 @@ EXAMPLE_BATCH = 2  # traced on: 0 and 1 are sizes torch.export specialises
 SUFFIXES = (".pt2", ".onnx")
 METADATA_KEY = "torchloom"  # ONNX metadata_props: the export's record, as JSON
 METADATA_FILE = "torchloom.json"  # the .pt2's extra file: the same record
+DIGEST_KEY = "torchloom_sha256"  # a .safetensors export's metadata: its weights' sha256
 EXPORTERS = ("dynamo", "torchscript")
 
 
@@ -277,13 +279,14 @@ def _difference(expected: torch.Tensor, got: torch.Tensor, batch: int) -> torch.
 
 def export_safetensors(weights: dict, config: dict, inputs: dict | None, path: Path) -> None:
     """The weights (a whole state dict) without pickle, the config and the inputs record (a
-    regression run's target scale) as JSON metadata beside them."""
+    regression run's target scale) as JSON metadata beside them, and the weights' sha256 (the
+    format holds no checksum; utils/checkpoint/stored.py checks it when read)."""
     try:
         from safetensors.torch import save
     except ImportError:
         raise UserError('export needs the extra: pip install -e ".[export]"') from None
     weights = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
-    metadata = {"torchloom_config": json.dumps(config)}
+    metadata = {"torchloom_config": json.dumps(config), DIGEST_KEY: tensors_digest(weights)}
     if inputs is not None:
         metadata["torchloom_inputs"] = json.dumps(inputs)
     write_file(path, save(weights, metadata=metadata), "choose another export=...")
