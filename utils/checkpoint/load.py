@@ -2,8 +2,9 @@
 
 Loading is ``torch.load(..., weights_only=True)``, never anything looser: a file that would
 import code is refused naming what it asks for, and one whose bytes changed since they were
-written (the CRC-32 of each record, utils/intact.py) is refused naming the record. Discovery ignores temporary files
-(utils/files.py); ``resume=`` takes last.pt (the exact position), evaluation best.pt.
+written (the CRC-32 of each record, utils/intact.py) is refused naming the record. Discovery
+ignores temporary files (utils/files.py); ``resume=`` takes last.pt (the exact position),
+evaluation best.pt.
 """
 
 from __future__ import annotations
