@@ -231,6 +231,32 @@ def test_a_byte_changed_in_a_tensors_file_is_one_line(tmp_path):
     assert "arrays.pt is damaged: arrays/data/0 in it" in error_line(result)
 
 
+def test_a_checkpoint_whose_records_overlap_is_refused_before_it_is_read(tmp_path):
+    """A crafted archive whose record "a" holds record "b" whole (both with the right names and
+    checksums): n such records make a check, or torch.load, read the file n times over. The
+    records' sizes together pass the file's: refused unread, as torch.save never writes it."""
+    import copy
+    import io
+    import zipfile
+
+    inner = io.BytesIO()
+    with zipfile.ZipFile(inner, "w") as archive:
+        archive.writestr("b", b"y" * 4096)
+        b = copy.copy(archive.getinfo("b"))
+    inner_bytes = inner.getvalue()[: inner.getvalue().rindex(b"PK\x01\x02")]  # b's header, data
+    path = tmp_path / "crafted.pt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("a", inner_bytes)
+        a = archive.getinfo("a")
+        b.header_offset = a.header_offset + 30 + len(a.filename) + len(a.extra)  # inside a's data
+        archive.filelist.append(b)
+        archive.NameToInfo["b"] = b
+    with zipfile.ZipFile(path) as archive:  # what a check that trusts the directory reads
+        assert archive.read("b") == b"y" * 4096 and archive.testzip() is None
+    with pytest.raises(UserError, match=r"crafted\.pt is damaged: its records overlap"):
+        load_checkpoint(path)
+
+
 def test_resume_auto_starts_fresh_when_there_is_nothing_to_resume(tmp_path):
     result = run_train(tmp_path, "run_name=new", "resume=auto", "trainer.max_epochs=1")
     assert "no checkpoint in checkpoints/new yet; starting fresh" in result.stdout

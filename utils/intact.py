@@ -21,33 +21,39 @@ from utils.errors import UserError
 
 
 def damaged_record(archive: Path | BinaryIO) -> str | None:
-    """The first record of the zip archive ``archive`` whose bytes do not match their CRC-32
-    (or a compressed one, which ``torch.save`` never writes: its check could inflate without
-    bound), ``"its directory"`` when the archive does not open; None when every record matches,
-    or for a file that is no zip archive (torch's legacy format: not checked here)."""
+    """What is wrong with the zip archive ``archive`` (its file or bytes): a record whose bytes
+    do not match their CRC-32, a compressed record (``torch.save`` never writes one; its check
+    could inflate without bound), records that overlap (a crafted file that would be read many
+    times over), or a directory that does not read; None when every record matches, or for a
+    file that is no zip archive (torch's legacy format: not checked here)."""
     try:
         if not zipfile.is_zipfile(archive):
             return None
+        size = archive.stat().st_size if isinstance(archive, Path) else archive.seek(0, 2)
         with zipfile.ZipFile(archive) as opened:
-            for info in opened.infolist():
-                if info.compress_type != zipfile.ZIP_STORED:
-                    return info.filename
-            return opened.testzip()
+            records = opened.infolist()
+            compressed = [r.filename for r in records if r.compress_type != zipfile.ZIP_STORED]
+            if compressed:
+                return f"{compressed[0]} in it is compressed, which torch.save never does"
+            if sum(r.compress_size for r in records) > size:
+                return "its records overlap, which torch.save never writes"
+            damaged = opened.testzip()
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError):
-        return "its directory"
+        return "its directory does not read as a zip archive's"
     finally:
         if not isinstance(archive, Path):
             archive.seek(0)
+    return f"{damaged} in it does not match the checksum written with it" if damaged else None
 
 
 def check_intact(path: Path, fix: str) -> None:
-    """One line naming ``path`` and its damaged record, and ``fix``, when its bytes are not
+    """One line naming ``path`` and what is damaged in it, and ``fix``, when its bytes are not
     those written."""
-    record = damaged_record(path)
-    if record:
+    damaged = damaged_record(path)
+    if damaged:
         raise UserError(
-            f"{path} is damaged: {record} in it does not match the checksum written with it "
-            f"(changed on a disk or in a copy), and nothing from it was loaded; {fix}"
+            f"{path} is damaged: {damaged} (changed on a disk or in a copy?), and nothing from "
+            f"it was loaded; {fix}"
         )
 
 

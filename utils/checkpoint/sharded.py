@@ -69,9 +69,9 @@ def _reader(folder: Path, known: Any = None) -> Any:
             before DCP's ``torch.load`` reads them."""
             file.seek(item.offset)
             read = io.BytesIO(file.read(item.length))
-            record = damaged_record(read)
-            if record:
-                raise damaged(f"{item.relative_path}: {record} does not match its checksum")
+            damage = damaged_record(read)
+            if damage:
+                raise damaged(f"{item.relative_path}: {damage}")
             return read
 
     def damaged(why: str) -> UserError:
