@@ -23,8 +23,8 @@ from utils.errors import UserError
 def damaged_record(archive: Path | BinaryIO) -> str | None:
     """What is wrong with the zip archive ``archive`` (its file or bytes): a record whose bytes
     do not match their CRC-32, a compressed record (``torch.save`` never writes one; its check
-    could inflate without bound), records that overlap (a crafted file that would be read many
-    times over), or a directory that does not read; None when every record matches, or for a
+    could inflate without bound), records that overlap or claim more bytes than the file holds
+    (a crafted file that would be read many times over), or a directory that does not read; None when every record matches, or for a
     file that is no zip archive (torch's legacy format: not checked here)."""
     try:
         if not zipfile.is_zipfile(archive):
@@ -36,7 +36,7 @@ def damaged_record(archive: Path | BinaryIO) -> str | None:
             if compressed:
                 return f"{compressed[0]} in it is compressed, which torch.save never does"
             if sum(r.compress_size for r in records) > size:
-                return "its records overlap, which torch.save never writes"
+                return "its records overlap or pass the file's end, which torch.save never writes"
             damaged = opened.testzip()
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, NotImplementedError):
         return "its directory does not read as a zip archive's"
