@@ -20,6 +20,7 @@ from conftest import (
     free_port,
     killed_at,
     read_metrics,
+    run_evaluate,
     run_python,
     run_train,
     write_imagefolder,
@@ -190,8 +191,10 @@ def test_row_groups_fetched_from_s3_are_kept_on_local_disk_and_read_from_there(
     shards, s3, tmp_path
 ):
     """The second run reads the row groups the first one fetched from the local cache: one
-    entry damaged is fetched again (the same weights), one replaced by other numbers is read as
-    it is (other weights: the entries are what is trained on)."""
+    entry cut short is fetched again (the same weights), and so is every entry replaced by
+    other numbers without the checksum the cache writes (they were trained on before)."""
+    from data.readers.shard_cache import TRAILER_BYTES
+
     run_python(tmp_path, str(SHARD), "out=s3://bucket/digits", "rows_per_group=64", env=s3)
     cache = tmp_path / "cache"
     run = ("data=parquet", *QUICK, "data.num_workers=1", "data.path=s3://bucket/digits")
@@ -209,34 +212,103 @@ def test_row_groups_fetched_from_s3_are_kept_on_local_disk_and_read_from_there(
     assert same_weights(weights(tmp_path, "first"), weights(tmp_path, "again"))
     assert len(list(cache.glob("*.arrow"))) == len(entries)
     for entry in entries:  # each entry's images in reverse row order: other samples
-        table = pa.ipc.open_file(pa.BufferReader(entry.read_bytes())).read_all()
+        arrow = entry.read_bytes()[:-TRAILER_BYTES]  # without the checksum the cache writes
+        table = pa.ipc.open_file(pa.BufferReader(arrow)).read_all()
         backwards = pa.array(list(reversed(range(table.num_rows))))
         other = table.set_column(0, table.column_names[0], table.column(0).take(backwards))
         with pa.OSFile(str(entry), "wb") as sink, pa.ipc.new_file(sink, other.schema) as out:
             out.write_table(other)
     run_train(tmp_path, *run, "run_name=replaced", env=s3)
-    assert not same_weights(weights(tmp_path, "first"), weights(tmp_path, "replaced"))
+    assert same_weights(weights(tmp_path, "first"), weights(tmp_path, "replaced"))
 
 
 def test_the_row_group_cache_keeps_its_bound_least_recently_used_out(tmp_path):
     from data.readers.shard_cache import ShardCache, shard_cache
 
+    a, b, c = (name * 64 for name in "abc")  # entries are named by a sha256
     table = pa.table({"x": list(range(1000))})  # about 8 kB an entry
     cache = ShardCache(str(tmp_path), limit=20_000)
-    for name in ("a", "b"):
+    for name in (a, b):
         cache.put(name, table)
-    (tmp_path / "c.arrow.partial-999999999").write_bytes(b"left by a kill")  # no such process
-    assert cache.get("a", 1000, ["x"]) is not None  # a used again: b is the older
-    cache.put("c", table)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.arrow", "c.arrow"]
+    (tmp_path / f"{c}.arrow.partial-999999999_1").write_bytes(b"left by a kill")  # no such process
+    assert cache.get(a, 1000, ["x"]) is not None  # a used again: b is the older
+    cache.put(c, table)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{a}.arrow", f"{c}.arrow"]
     assert cache.held_bytes() <= 20_000
-    assert cache.get("a", 999, ["x"]) is None and not (tmp_path / "a.arrow").exists()
-    (tmp_path / "mine.txt").write_text("not the cache's")
+    assert cache.get(a, 999, ["x"]) is None and not (tmp_path / f"{a}.arrow").exists()
+    # Files of the user's in the folder, *.arrow ones too, are never the cache's to remove.
+    users = ("mine.txt", "results.arrow", "notes.arrow.partial-1_1", f"{a}.arrow.bak")
+    for name in users:
+        (tmp_path / name).write_text("not the cache's")
     ShardCache(str(tmp_path), limit=0).evict()
-    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(users)
     assert shard_cache("auto", tmp_path, remote=False)[0] is None  # local files: on disk already
-    with pytest.raises(Exception, match=r"data\.shard_cache_gb=-1 must be"):
-        shard_cache(-1, tmp_path, remote=True)
+    for bad in (-1, float("inf"), float("nan"), "1e400"):
+        with pytest.raises(
+            Exception, match=r"data\.shard_cache_gb=.* must be auto, 0 \(no cache\)"
+        ):
+            shard_cache(bad, tmp_path, remote=True)
+
+
+@pytest.mark.parametrize("damage", ["a byte changed", "cut short", "planted without a checksum"])
+def test_a_damaged_cache_entry_is_fetched_again_not_read(tmp_path, caplog, damage):
+    """An entry is checked as a shard's pages are: a byte changed amid its values was read as
+    other values before (a flip in the shard itself is refused)."""
+    from data.readers.shard_cache import ShardCache
+
+    key, table = "d" * 64, pa.table({"x": list(range(1000))})
+    cache = ShardCache(str(tmp_path), limit=10**9)
+    cache.put(key, table)
+    entry = tmp_path / f"{key}.arrow"
+    data = bytearray(entry.read_bytes())
+    if damage == "a byte changed":
+        data[len(data) // 3] ^= 0x01
+    elif damage == "cut short":
+        data = data[:-7]
+    else:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(pa.table({"x": list(reversed(range(1000)))}))
+        data = sink.getvalue().to_pybytes()
+    entry.write_bytes(bytes(data))
+    assert cache.get(key, 1000, ["x"]) is None and not entry.exists()
+    assert "fetching it again" in caplog.text and str(entry) in caplog.text
+    cache.put(key, table)
+    assert cache.get(key, 1000, ["x"]).equals(table)
+
+
+def test_evaluate_follows_no_stored_cache_folder_size_or_worker_count(shards, tmp_path):
+    """A checkpoint from elsewhere named a row-group cache folder and size: evaluate.py wrote
+    entries into that folder and evicted every *.arrow file there, and started the 40 workers
+    it named. Now every key that says where or how much a command writes, deletes or starts is
+    this command line's (LOCAL_DATA_KEYS), and the folder is as it was."""
+    from utils.checkpoint.stored import LOCAL_DATA_KEYS
+
+    run_train(shards, "data=parquet", "data.path=digits", *QUICK, "run_name=stored_cache")
+    path = shards / "checkpoints" / "stored_cache" / "best.pt"
+    stored = torch.load(path, weights_only=True)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / f"{'e' * 64}.arrow").write_bytes(b"someone's")  # named as a cache entry, even
+    (victim / "results.arrow").write_bytes(b"someone's")
+    hostile = {"shard_cache_gb": 1e-9, "shard_cache_dir": str(victim), "num_workers": 40}
+    assert hostile.keys() <= LOCAL_DATA_KEYS.keys()
+    stored["config"]["data"].update(hostile)
+    torch.save(stored, tmp_path / "elsewhere.pt")
+    elsewhere = (f"ckpt={tmp_path / 'elsewhere.pt'}", f"data.path={shards / 'digits'}")
+    said = run_evaluate(tmp_path, *elsewhere)
+    said = said.stdout + said.stderr
+    readers = min(8, os.cpu_count() or 1)
+    assert "no local cache of row groups" in said and f"read ahead by {readers} readers" in said
+    assert sorted(p.name for p in victim.iterdir()) == [f"{'e' * 64}.arrow", "results.arrow"]
+    asked_here = run_evaluate(
+        tmp_path,
+        *elsewhere,
+        f"data.shard_cache_dir={tmp_path / 'mine'}",
+        "data.shard_cache_gb=1",
+    )
+    assert asked_here.returncode == 0 and len(list((tmp_path / "mine").glob("*.arrow"))) > 0
+    assert sorted(p.name for p in victim.iterdir()) == [f"{'e' * 64}.arrow", "results.arrow"]
 
 
 def test_an_image_folder_becomes_encoded_shards_and_trains(tmp_path):

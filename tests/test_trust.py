@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import torch
 import yaml
 from conftest import ROOT, error_line, read_metrics, run_evaluate, run_train
+from omegaconf import OmegaConf
 
 from utils.checkpoint import load as checkpoint_module
 from utils.checkpoint.load import load_checkpoint
@@ -435,3 +437,55 @@ def test_a_stored_config_asking_for_a_vast_number_of_layers_is_refused_quickly(t
     assert "model.hidden_sizes: [8, 8, 8" in line and "characters left out) ... , 8, 8" in line
     assert "8, 8] -> [64]" in line
     assert line.endswith("resume_allow_changes=true to resume anyway") and len(line) < 1000
+
+
+# What a hostile stored config would put at each key that says where, or how much, a command
+# writes, deletes or starts.
+HOSTILE_LOCAL = {
+    "download": True,
+    "cache": "disk",
+    "cache_dir": "/home/someone/important",
+    "cache_max_gb": 10**6,
+    "shard_cache_gb": 10**6,
+    "shard_cache_dir": "/home/someone/important",
+    "num_workers": 40,
+    "tokenizer_cache": "/home/someone/important",
+}
+
+
+def test_every_key_naming_a_folder_a_size_or_a_process_count_is_this_command_lines():
+    """The list is complete: every data key of conf/data/ that names a folder to write, a
+    cache, a download or workers is in it; and each is replaced, unless given here."""
+    import yaml
+
+    from utils.checkpoint.stored import LOCAL_DATA_KEYS, data_config
+
+    local = re.compile(r"cache|dir$|download|workers")
+    keys = {
+        key
+        for path in (ROOT / "conf" / "data").glob("*.yaml")
+        for key in yaml.safe_load(path.read_text())
+        if local.search(key) and key != "cache_size"  # cache_size: pixels, not bytes
+    }
+    assert keys == LOCAL_DATA_KEYS.keys() == HOSTILE_LOCAL.keys()
+    none_given = OmegaConf.create(dict.fromkeys(LOCAL_DATA_KEYS))
+    node = data_config({"_target_": "data.x", **HOSTILE_LOCAL}, none_given)
+    assert OmegaConf.to_container(node) == {"_target_": "data.x", **LOCAL_DATA_KEYS}
+    given = OmegaConf.create({**dict.fromkeys(LOCAL_DATA_KEYS), "num_workers": 3})
+    assert data_config({"_target_": "data.x", **HOSTILE_LOCAL}, given).num_workers == 3
+
+
+def test_a_data_path_read_from_the_environment_is_given_on_the_command_line(tmp_path):
+    """data.path=${oc.env:DIGITS} is recorded as the interpolation: evaluate.py refused the
+    checkpoint, and data.path=... could not replace it. Now it is one line naming the key, and
+    the key given here evaluates it; the environment is never read for it."""
+    from data.digits import BUNDLED
+
+    run_train(tmp_path, "data.path=${oc.env:DIGITS}", *SHORT, env={"DIGITS": str(BUNDLED)})
+    best = next((tmp_path / "checkpoints").rglob("best.pt"))
+    refused = run_evaluate(tmp_path, f"ckpt={best}", ok=False)
+    assert refused.returncode == 2
+    assert error_line(refused).startswith("error: data.path=${oc.env:DIGITS}: training read it")
+    assert "give data.path=... on this command line" in error_line(refused)
+    given = run_evaluate(tmp_path, f"ckpt={best}", f"data.path={BUNDLED}")
+    assert "test/acc" in given.stdout

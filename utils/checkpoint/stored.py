@@ -21,6 +21,7 @@ from utils.checkpoint.load import load_checkpoint
 from utils.config.arguments import POSITIVE_INT
 from utils.config.build import build
 from utils.config.trust import (
+    INTERPOLATION,
     check_stored_config,
     require_keys,
     with_current_targets,
@@ -286,19 +287,32 @@ def _aliased(text: str) -> bool:
     return any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, yaml.SafeLoader))
 
 
+# The data keys that say where, and how much, a command writes, deletes or starts: a cache's
+# folder and size, a download, worker processes. They are this machine's and this command
+# line's to say, never a stored config's (an evaluated checkpoint from elsewhere wrote cache
+# entries into, and evicted files from, the folder it named, and started the 40 workers it
+# named): each is replaced by the value here unless this command line gives one.
+LOCAL_DATA_KEYS = {
+    "download": False,  # a download only for data.download=true given here
+    "cache": "off",  # an image folder's cache: evaluation reads each image once anyway
+    "cache_dir": None,  # <data.root>/.torchloom-cache, for data.cache=... given here
+    "cache_max_gb": None,  # half the memory available here
+    "shard_cache_gb": 0,  # row groups are read once: nothing kept
+    "shard_cache_dir": None,  # ~/.cache/torchloom/shards, for data.shard_cache_gb given here
+    "num_workers": None,  # one per core here, at most 8
+    "tokenizer_cache": None,  # ~/.cache/torchloom/tokenizers (the stored tokenizer is used)
+}
+
+
 def data_config(stored: dict, overrides: DictConfig, record: Any = None) -> DictConfig:
     """The checkpoint's data config with the non-null ``data.*`` overrides applied; ``auto``
     channels and statistics are those its inputs ``record`` (a checked
-    :class:`utils.checkpoint.record.InputRecord`) says training chose, not refitted. A stored
-    ``download: true`` is not followed: only ``data.download=true`` on this command line
-    downloads. Nor is a stored image cache: evaluation reads each image once anyway, and
-    writes a cache (into ``<data.root>/.torchloom-cache``) only for ``data.cache=...`` given
-    here, never into a folder a stored ``cache_dir`` names."""
+    :class:`utils.checkpoint.record.InputRecord`) says training chose, not refitted. The stored
+    values of :data:`LOCAL_DATA_KEYS` are not followed. A value training read from the
+    environment (recorded as ``${oc.env:NAME}``, never resolved from a file) must be given
+    here: one line names the key."""
     merged = dict(stored)
-    if "download" in merged:
-        merged["download"] = False
-    if "cache" in merged:
-        merged["cache"], merged["cache_dir"] = "off", None
+    merged.update({key: value for key, value in LOCAL_DATA_KEYS.items() if key in merged})
     if record is not None:
         chosen = {"channels": record.input_shape[0], "mean": record.mean, "std": record.std}
         merged.update({key: value for key, value in chosen.items() if merged.get(key) == "auto"})
@@ -311,7 +325,24 @@ def data_config(stored: dict, overrides: DictConfig, record: Any = None) -> Dict
         if key not in merged:
             raise UserError(f"data.{key} does not apply to {stored['_target_']}")
         merged[key] = value
+    for key, value in _walk_values(merged, "data"):
+        if isinstance(value, str) and INTERPOLATION in value:  # only ${oc.env:NAME} is let in
+            raise UserError(
+                f"{key}={value}: training read it from the environment, and a stored config's "
+                f"interpolations are never resolved; give {key}=... on this command line"
+            )
     return OmegaConf.create(merged)
+
+
+def _walk_values(node: Any, where: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _walk_values(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _walk_values(value, f"{where}[{index}]")
+    else:
+        yield where, node
 
 
 @contextlib.contextmanager

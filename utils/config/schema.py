@@ -148,6 +148,11 @@ class DataOverrides:
     num_workers: int | None = MISSING
     batch_size: int | None = MISSING
     cache: str | None = MISSING
+    cache_dir: str | None = MISSING
+    cache_max_gb: float | None = MISSING
+    shard_cache_gb: Any = MISSING
+    shard_cache_dir: str | None = MISSING
+    tokenizer_cache: str | None = MISSING
 
 
 @dataclass

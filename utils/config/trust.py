@@ -19,7 +19,8 @@ The check runs before anything in the config is resolved, imported or built. A s
 config's ``callbacks`` (the user's code that train.py ran) are dropped unread first: only
 train.py builds callbacks, from its own command line. A logger's setting read from the
 environment is stored as its ``${oc.env:NAME}`` (utils/config/secrets.py); only train.py builds
-loggers, so that one interpolation is let be there, and never resolved.
+loggers, so that one interpolation is let be there, and never resolved; so is a data value's,
+which evaluate.py replaces with its own command line's or refuses, naming the key.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ ENVIRONMENT = re.compile(r"\$\{oc\.env:[A-Za-z_][A-Za-z0-9_]*\}")  # a setting a
 # Hydra's instantiation keys besides _target_ (_partial_, _recursive_, _convert_, _args_) change
 # what building does; a stored config may hold one only as torchloom's own conf/ files do.
 STORED_SPECIAL_KEYS = {"optim._partial_": True}
+# Where a stored config may hold a value training read from the environment, as the record
+# writes it (``${oc.env:NAME}``, never resolved from a file): a logger's setting, built only by
+# train.py; and a data value (``data.root=${oc.env:DATA}``), which evaluate.py takes only from
+# its own command line (utils/checkpoint/stored.py data_config).
+READ_FROM_ENVIRONMENT = ("logger.", "data.")
 # The most keys and values a stored config holds, and its model node: a model takes a few
 # dozen, its lists of layer sizes hundreds at most. Read as data first, they bound the config
 # handling before any build: an edited config of 100,000 hidden layers took 19 s, one with a
@@ -158,7 +164,9 @@ def check_stored_config(config: Any, source: Path | str) -> None:
     (:func:`builders_at`), naming the key."""
     _check_size(config, source)
     for key, value in _walk(config, ""):
-        recorded_environment = key.startswith("logger.") and ENVIRONMENT.fullmatch(str(value))
+        recorded_environment = key.startswith(READ_FROM_ENVIRONMENT) and ENVIRONMENT.fullmatch(
+            str(value)
+        )
         if isinstance(value, str) and INTERPOLATION in value and not recorded_environment:
             raise UserError(
                 f"refusing the config stored in {source}: {key}={value!r} is an interpolation, "
