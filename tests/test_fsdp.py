@@ -150,7 +150,8 @@ def _edit_index(metadata, change):
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     tensors = metadata.state_dict_metadata
-    entry = tensors[next(key for key in tensors if key.startswith("model."))]
+    key = next(key for key in tensors if key.startswith("model.") and key.endswith("weight"))
+    entry = tensors[key]
     chunk = entry.chunks[0]
     if change == "escape":
         for info in metadata.storage_data.values():
@@ -169,6 +170,27 @@ def _edit_index(metadata, change):
     elif change == "long":
         for info in metadata.storage_data.values():
             info.length += 10**6
+    elif change == "overlap":  # the second process's rows read over the first's: half unread
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+
+        last = entry.chunks[-1]
+        stored = metadata.storage_data.pop(MetadataIndex(key, last.offsets))
+        last.offsets = torch.Size(0 for _ in last.offsets)
+        metadata.storage_data[MetadataIndex(key, last.offsets)] = stored
+        entry.chunks[0].sizes, last.sizes = last.sizes, entry.chunks[0].sizes  # sums kept
+    elif change == "shared":  # every entry names the largest record: counted once per entry
+        largest = max(metadata.storage_data.values(), key=lambda info: info.length)
+        for info in metadata.storage_data.values():
+            info.relative_path, info.offset, info.length = (
+                largest.relative_path,
+                largest.offset,
+                largest.length,
+            )
+    elif change == "vast":  # a size claimed far beyond the record that holds it
+        entry.size = torch.Size([entry.size[0] * 4096, *entry.size[1:]])
+        for chunk in entry.chunks:
+            chunk.offsets = torch.Size([chunk.offsets[0] * 4096, *chunk.offsets[1:]])
+            chunk.sizes = torch.Size([chunk.sizes[0] * 4096, *chunk.sizes[1:]])
 
 
 @pytest.mark.parametrize(
@@ -181,6 +203,9 @@ def _edit_index(metadata, change):
         ("gap", "has chunks of"),
         ("unstored", "stored nowhere"),
         ("long", "shorter than its index says"),
+        ("overlap", "that overlap"),
+        ("shared", "records overlap"),
+        ("vast", "of more values than its record holds"),
     ],
 )
 def test_an_edited_index_is_refused_in_one_line_before_a_tensor_is_read(
@@ -199,7 +224,7 @@ def test_an_edited_index_is_refused_in_one_line_before_a_tensor_is_read(
     (folder / ".metadata").write_bytes(pickle.dumps(metadata))
     with pytest.raises(UserError, match=said):
         read_metadata(folder)
-    if change in ("complex", "long"):  # and through the entry point, exit 2
+    if change in ("complex", "long", "overlap"):  # and through the entry point, exit 2
         result = run_evaluate(tmp_path, f"ckpt={folder}", ok=False)
         assert result.returncode == 2 and said in error_line(result)
 
