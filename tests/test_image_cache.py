@@ -100,10 +100,15 @@ def test_a_touched_removed_or_added_file_rebuilds_the_cache(tmp_path, caplog):
     assert [n for n in cache_files(root) if not n.startswith("train-")] == unchanged  # reused
 
 
-@pytest.mark.parametrize("damage", ["truncate", "header", "cut and padded"])
+@pytest.mark.parametrize(
+    "damage", ["truncate", "header", "cut and padded", "a byte changed", "planted"]
+)
 def test_a_short_or_corrupt_cache_file_is_rebuilt_with_a_warning(tmp_path, caplog, damage):
-    # 60 val images for the padded copy: random checks alone would miss its last most times
-    root = write_imagefolder(tmp_path, per_class=20 if damage == "cut and padded" else 3)
+    """A byte changed amid one image of 60 (not the first or last) was trained on before: the
+    check decoded ten images, at random. A planted file of other images with their own
+    hashes is the variant the random decoding finds."""
+    # 60 val images: random checks alone would miss one wrong image most times
+    root = write_imagefolder(tmp_path, per_class=20 if damage != "truncate" else 3)
     expected = batches(load(root, "disk"), "val")
     path = root / ".torchloom-cache" / next(n for n in cache_files(root) if n.startswith("val-"))
     raw = path.read_bytes()
@@ -113,10 +118,23 @@ def test_a_short_or_corrupt_cache_file_is_rebuilt_with_a_warning(tmp_path, caplo
         # a copy cut short, padded with zeros to the right size: only its end is wrong
         "cut and padded": raw[: len(raw) - 7] + bytes(7),
     }
+    if damage == "a byte changed":
+        changed = bytearray(raw)
+        changed[image_cache.HEADER_BYTES + 31 * 3 * 8 * 8 + 17] ^= 0x01  # image 31's pixels
+        damaged[damage] = bytes(changed)
+    elif damage == "planted":  # every image inverted, each with its own hash: a file that
+        files = load(root, "off").splits["val"]  # checks itself, of other images
+        count, pixels = len(files), len(files) * 3 * 8 * 8
+        start = image_cache.HEADER_BYTES
+        inverted = 255 - torch.frombuffer(bytearray(raw[start : start + pixels]), dtype=torch.uint8)
+        hashes = image_cache.sample_hashes(inverted.view(count, 3, 8, 8), files.targets)
+        damaged[damage] = raw[:start] + inverted.numpy().tobytes() + hashes.numpy().tobytes()
     path.write_bytes(damaged[damage])
     caplog.set_level(logging.WARNING, logger="torchloom")
     again = batches(load(root, "disk"), "val")
     assert "rebuilding it" in caplog.text
+    if damage == "a byte changed":
+        assert "damaged (its image 31 does not match the hash written with it" in caplog.text
     assert all(torch.equal(a[0], b[0]) for a, b in zip(expected, again, strict=True))
     assert image_cache.check_file(path, load(root, "off").splits["val"]) is None
 
@@ -228,3 +246,30 @@ def test_evaluate_follows_no_stored_cache_folder(tmp_path):
     run_python(tmp_path, str(EVALUATE), f"ckpt={best}", "split=val", "data.cache=memory")
     assert not stored_dir.exists()  # asked for here: built under data.root, not where stored
     assert [n.split("-")[0] for n in cache_files(root)] == ["train", "val"]  # every split
+
+
+def test_a_stop_during_a_cache_build_ends_the_decoding_workers_at_once(tmp_path, monkeypatch):
+    """DataLoader's shutdown waits up to 5 s for each busy worker in turn: with workers that
+    never finish their batch, a stop ended the build only after 5 s a worker (35 s once, under
+    load). The workers are ended at once now, and the build stops at the first batch read."""
+    from utils.system.signals import Interrupted
+
+    root = write_imagefolder(tmp_path, per_class=40, size=(8, 8))
+    files = load(root, "off").splits["train"]
+    monkeypatch.setattr(image_cache, "stop_requested", lambda: "SIGTERM")
+    monkeypatch.setattr(image_cache, "DECODED_AT_ONCE", 1)
+    slow = type(files)  # each worker's second image never arrives
+    monkeypatch.setattr(slow, "__getitem__", _stuck_after_the_first(slow.__getitem__))
+    started = time.perf_counter()
+    with pytest.raises(Interrupted):
+        list(image_cache.decoded_batches(files, 3, "train"))
+    assert time.perf_counter() - started < 4.5  # one busy worker's join alone waits 5 s
+
+
+def _stuck_after_the_first(getitem):
+    def stuck(self, index):
+        if index > 0:
+            time.sleep(3600)
+        return getitem(self, index)
+
+    return stuck

@@ -16,8 +16,10 @@ it). ``<source>`` names the image folder (or manifest) the cache is of (:func:`s
 folder moved with its cache keeps it). Its key covers the sorted file list with sizes and
 modification times, the labels, ``image_size``, channels and this module's format version, so
 a changed, added or removed file builds a new cache (and says so) and the stale one of the
-same source is removed. Each start decodes a few random images and compares them with the
-cache's: a file that differs (planted, or written by other code) is rebuilt with a warning. A
+same source is removed. Each start checks every cached image against the hash written with it
+(a byte changed on the disk), then decodes a few random images and compares them with the
+cache's: a file that differs (damaged, planted, or written by other code) is rebuilt with a
+warning. A
 cache is built into a temporary file and renamed; a killed build's temporary file is removed
 by the next, and a stop signal ends a build within a batch of images. A short or corrupt file
 is rebuilt with a warning; an unwritable folder falls back to decoding into memory (or the
@@ -51,7 +53,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.utils.data import Dataset
 
 from data.batching.fingerprint import sample_hashes
-from data.batching.loader import decoding_loader, reraised
+from data.batching.loader import decoding_loader, end_workers, reraised
 from data.batching.splits import MappedSplit, TensorSplit, pixel_statistics
 from utils.errors import UserError
 from utils.files import atomic_file, remove_stale_temporary_files
@@ -71,6 +73,7 @@ CACHE_NAME = re.compile(
 )
 VALUES_PER_CHUNK = 2**24  # pixel values a statistics pass holds as float64 at once (128 MiB)
 SAMPLES_CHECKED = 8  # images decoded again each start and compared with the cache's pixels
+DECODED_AT_ONCE = 64  # images a worker decodes between two looks for a stop signal
 HASHED_AT_ONCE = 32 * 2**20  # pixel bytes of decoded batches hashed in one call
 # What the memory path holds: the uint8 split and its float32 normalised copy, 5 bytes a pixel.
 BYTES_HELD_PER_PIXEL = 5
@@ -267,22 +270,29 @@ def check_file(path: Path, files: Dataset) -> str | None:
 
 
 def differing_sample(path: Path, files: Dataset) -> str | None:
-    """The key covers the file list, not the pixels a cache file claims for it: decode the
-    first and last images and :data:`SAMPLES_CHECKED` chosen at random (unpredictably, so a
-    planted file cannot be right only where it is checked) and compare them with the file's."""
+    """A cache file is a derived file, checked as its images are read: every image's pixels
+    against the hash written after them when it was built (a byte changed on the disk was
+    trained on before), at about 3 GB/s; then, since the key covers the file list, not the
+    pixels a file claims for it, the first and last images and :data:`SAMPLES_CHECKED` chosen
+    at random (unpredictably, so a planted file cannot be right only where it is checked)
+    decoded again and compared with the file's."""
     images_at, _ = _layout(files)
     cached = np.memmap(
         path, dtype=np.uint8, mode="r", offset=images_at, shape=(len(files), *files.input_shape)
     )
+    stored = _stored_hashes(path, files)
+    differs = (sample_hashes(cached, files.targets) != stored).nonzero()
+    if len(differs):
+        return (
+            f"damaged (its image {int(differs[0])} does not match the hash written with it: "
+            "changed on the disk, or planted)"
+        )
     chosen = random.SystemRandom().sample(range(len(files)), min(SAMPLES_CHECKED, len(files)))
     ends = {0, len(files) - 1}  # a copy cut short and padded to size is wrong at its end
-    stored = _stored_hashes(path, files)  # the hashes too: its last bytes are the last's
     for index in sorted(ends | set(chosen)):
         image = files[index][0]
         if not np.array_equal(cached[index], image.numpy()):
             return f"not these images (its image {index} differs from {files.samples[index][0]})"
-        if stored[index] != sample_hashes(image[None], files.targets[index : index + 1])[0]:
-            return f"not these images (the hash stored for image {index} is not its own)"
     return None
 
 
@@ -298,8 +308,9 @@ def decoded_batches(
     # Its own generator: iterating a DataLoader draws a seed, and the global RNG, seeded for
     # the model's initial weights, must not move when a cache is built.
     loader = decoding_loader(
-        files, batch_size=256, num_workers=workers, generator=torch.Generator()
+        files, batch_size=DECODED_AT_ONCE, num_workers=workers, generator=torch.Generator()
     )
+    batches = iter(loader)
     console = Console(quiet=os.environ.get("RANK", "0") != "0")
     bar = Progress(
         TextColumn(f"caching {name}"),
@@ -314,8 +325,9 @@ def decoded_batches(
     done = 0
     log.info("%s: decoding %d images %s (%d processes)", name, len(files), purpose, max(workers, 1))
     with bar if console.is_terminal else contextlib.nullcontext():
-        for images, _ in reraised(loader):
+        for images, _ in reraised(batches):
             if stop_requested():  # the partial file goes with atomic_file; nothing is kept
+                end_workers(batches)  # their batches are not read
                 building = purpose == CACHE_BUILD
                 log.info(
                     "%s received while decoding %s %s (%d/%d images): stopping%s",
