@@ -49,7 +49,7 @@ from data.readers.parquet import (
     targets_of,
 )
 from data.readers.shard_cache import shard_cache
-from data.readers.shard_columns import encoded_column, input_columns, said
+from data.readers.shard_columns import DESCRIPTION, encoded_column, input_columns, said
 from data.readers.storage import (
     SCHEMES,
     Shard,
@@ -64,7 +64,6 @@ from utils.errors import UserError
 log = logging.getLogger("torchloom")
 STATISTICS_SAMPLES = 4096  # training samples data.mean/std=auto reads, in file order
 MAX_DESCRIPTION_BYTES = 2**20  # a torchloom.json larger than this was not written by shard.py
-DESCRIPTION = "torchloom.json"
 
 
 @dataclass(frozen=True)

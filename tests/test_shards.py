@@ -339,6 +339,7 @@ def test_an_image_folder_becomes_encoded_shards_and_trains(tmp_path):
         ("no target", "data.target: 'label' is not a column"),
         ("a path, not bytes", "neither an encoded image nor"),
         ("a gap", "has a gap or a value that is not finite"),
+        ("a vast shape", "torchloom.json's shape=[3, 20000, 20000]: an image is 1 to 64"),
     ],
 )
 def test_broken_or_hostile_shards_are_one_line_and_leave_nothing(tmp_path, make, said):
@@ -366,6 +367,9 @@ def test_broken_or_hostile_shards_are_one_line_and_leave_nothing(tmp_path, make,
             folder / "p.parquet",
             row_group_size=8,
         )
+    elif make == "a vast shape":  # 60 bytes that made every image be resized to 1.2 GB
+        shard_of_pngs(folder / "p.parquet")
+        (folder / "torchloom.json").write_text('{"shape": [3, 20000, 20000]}')
     path = "set/missing" if make == "nothing" else "set"
     extra = ("data.shape=[1,4,4]",) if make == "a path, not bytes" else ()
     result = run_train(
@@ -375,6 +379,22 @@ def test_broken_or_hostile_shards_are_one_line_and_leave_nothing(tmp_path, make,
     assert not (tmp_path / "checkpoints").exists() or not any(
         (tmp_path / "checkpoints").rglob("*.pt")
     )
+
+
+def shard_of_pngs(path: Path, rows: int = 40) -> None:
+    """A shard of ``rows`` 4×4 grey PNG files and their labels."""
+    import io
+
+    from PIL import Image
+
+    def png(value: int) -> bytes:
+        out = io.BytesIO()
+        Image.new("L", (4, 4), value).save(out, format="PNG")
+        return out.getvalue()
+
+    images = [png(i % 256) for i in range(rows)]
+    table = pa.table({"image": images, "label": ["a", "b"] * (rows // 2)})
+    pq.write_table(table, path, row_group_size=8)
 
 
 def flip_a_byte(path: Path, at: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -15,7 +16,11 @@ import torch
 from data.readers.parquet import Columns, target_column, text_categories
 from data.readers.pixels import decoded
 from data.readers.storage import read_row_group
+from utils.config.arguments import MAX_IMAGE_PIXELS
 from utils.errors import UserError
+
+DESCRIPTION = "torchloom.json"  # shard.py's description of the shards (data/parquet.py)
+MAX_CHANNELS = 64  # an image's channels: grey, RGB, RGBA or a multispectral band stack
 
 
 def input_columns(
@@ -41,12 +46,14 @@ def input_columns(
     if image == "auto":
         found = [n for n in others if is_image(schema.field(n))]
         image = found[0] if len(found) == 1 else None
-    shape = described.get("shape") if shape == "auto" and "shape" in described else shape
+    given = "data.shape"
+    if shape == "auto" and "shape" in described:
+        shape, given = described["shape"], f"{DESCRIPTION}'s shape"
     classes = tuple(classes) if classes else None
     if image:
         if image not in schema.names:
             raise UserError(f"data.image={image!r} is not a column ({', '.join(schema.names)})")
-        shape = _image_shape(train, image, shape)
+        shape = _image_shape(train, image, shape, given)
         return Columns("image", (image,), shape, tuple(target), classes)
     arrays = [n for n in others if pa.types.is_fixed_size_list(schema.field(n).type)]
     if features is None and len(arrays) == 1:
@@ -75,11 +82,25 @@ def _is_text(kind: Any) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
-def _image_shape(train: Any, column: str, shape: Any) -> tuple[int, int, int]:
-    """[C, H, W]: ``data.shape`` (or torchloom.json's), else the first image's size and mode."""
+def _image_shape(train: Any, column: str, shape: Any, given: str) -> tuple[int, int, int]:
+    """[C, H, W]: ``data.shape`` (or torchloom.json's: ``given`` names which), else the first
+    image's size and mode. A shape every image of a run is resized to is bounded as an image
+    folder's size is: 60 bytes of torchloom.json claiming [3, 20000, 20000] made every image
+    be resized to 1.2 GB of pixels."""
     if shape != "auto":
-        if len(shape) != 3 or not all(isinstance(v, int) and v > 0 for v in shape):
-            raise UserError(f"data.shape={list(shape)} must be [channels, height, width]")
+        whole = isinstance(shape, Sequence) and not isinstance(shape, str) and len(shape) == 3
+        if not whole or not all(isinstance(v, int) and not isinstance(v, bool) for v in shape):
+            raise UserError(f"{given}={shape!r} must be [channels, height, width]")
+        shape = list(shape)
+        channels, height, width = shape
+        if not (1 <= channels <= MAX_CHANNELS and min(height, width) >= 1) or (
+            height * width > MAX_IMAGE_PIXELS
+        ):
+            raise UserError(
+                f"{given}={list(shape)}: an image is 1 to {MAX_CHANNELS} channels of at most "
+                f"{MAX_IMAGE_PIXELS:,} pixels (4,096 x 4,096), as an image folder's; pass "
+                "data.shape=[channels,height,width] within that (images are resized to it)"
+            )
         return tuple(shape)
     from PIL import Image
 
