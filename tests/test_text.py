@@ -216,6 +216,81 @@ def test_a_stored_or_given_tokenizer_is_untrusted(reviews, tmp_path):
     assert "runs a regular expression ('(a+)+$'" in error_line(result)
 
 
+def _edited_tokenizer(cwd, how: str) -> dict:
+    """The first run's tokenizer JSON, edited as a hostile or careless file would be."""
+    stored = torch.load(cwd / "checkpoints" / "first" / "best.pt", weights_only=True)
+    parsed = json.loads(stored["inputs"]["text"]["tokenizer"])
+    if how == "expanding":  # 12 replacements, each doubling: 4,096 characters of each "e"
+        chain = [{"type": "Replace", "pattern": {"String": "e"}, "content": "ee"}] * 12
+        parsed["normalizer"] = {"type": "Sequence", "normalizers": chain}
+    elif how == "unbounded kind":
+        parsed["normalizer"] = {"type": "SomethingNew"}
+    elif how == "unparsable":  # JSON the library cannot build a tokenizer from
+        parsed["model"]["type"] = "NotAModel"
+    elif how == "padding outside":
+        parsed["padding"] = {
+            "strategy": "BatchLongest",
+            "direction": "Right",
+            "pad_to_multiple_of": None,
+            "pad_id": 10**6,
+            "pad_type_id": 0,
+            "pad_token": "[PAD]",
+        }
+    elif how == "dropout":
+        parsed["model"]["dropout"] = 0.5
+    return parsed
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("expanding", "normalizers can make more than 256 characters of one"),
+        ("unbounded kind", "normalizer 'SomethingNew' is not one torchloom can bound"),
+        ("unparsable", "the tokenizers library cannot read it ("),
+        ("padding outside", "padding id 1000000 is outside its"),
+    ],
+)
+def test_a_given_tokenizer_that_would_blow_up_or_not_build_is_one_line(
+    reviews, tmp_path, how, said
+):
+    """A 3 kB file of chained expanding normalizers exhausted the memory in seconds; one the
+    library cannot parse, and a padding id past the vocabulary, were tracebacks."""
+    cwd, _ = reviews
+    (tmp_path / "tok.json").write_text(json.dumps(_edited_tokenizer(cwd, how)))
+    given = f"data.tokenizer={tmp_path / 'tok.json'}"
+    result = run_train(cwd, *TEXT, *QUICK, "data.path=reviews.csv", given, ok=False)
+    assert result.returncode == 2 and said in error_line(result), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+def test_bpe_dropout_is_switched_off_so_predictions_repeat(reviews, tmp_path):
+    """A given tokenizer with BPE dropout made two predict.py runs on the same texts differ on
+    every row. It is switched off (said), and a stored one holding it is refused as edited."""
+    cwd, _ = reviews
+    (tmp_path / "drop.json").write_text(json.dumps(_edited_tokenizer(cwd, "dropout")))
+    given = f"data.tokenizer={tmp_path / 'drop.json'}"
+    result = run_train(cwd, *TEXT, *QUICK, "data.path=reviews.csv", given, "run_name=dropout")
+    assert "applies BPE dropout (0.5): switched off" in result.stdout + result.stderr
+    best = cwd / "checkpoints" / "dropout" / "best.pt"
+    for out in ("a.csv", "b.csv"):
+        run_python(cwd, str(PREDICT), f"ckpt={best}", "input=test.csv", f"out={out}")
+    assert (cwd / "a.csv").read_text() == (cwd / "b.csv").read_text()
+    stored = torch.load(best, weights_only=True)
+    text = stored["inputs"]["text"]
+    dropped = json.loads(text["tokenizer"])
+    assert dropped["model"]["dropout"] is None
+    dropped["model"]["dropout"] = 0.5
+    again = json.dumps(dropped)
+    import hashlib
+
+    edited = {**text, "tokenizer": again, "sha256": hashlib.sha256(again.encode()).hexdigest()}
+    torch.save({**stored, "inputs": {**stored["inputs"], "text": edited}}, tmp_path / "e.pt")
+    refused = run_python(
+        cwd, str(PREDICT), f"ckpt={tmp_path / 'e.pt'}", "input=test.csv", "out=c.csv", ok=False
+    )
+    assert "applies BPE dropout (model.dropout=0.5)" in error_line(refused)
+
+
 def test_the_transformer_learns_the_same_texts(reviews):
     cwd, _ = reviews
     small = ["model=text_transformer", "model.width=32", "model.layers=1", "model.heads=2"]
