@@ -386,15 +386,28 @@ def _encoder(config: Any, path: str | None) -> nn.Module:
             "safe_serialization=True))"
         )
     try:
-        return auto.from_pretrained(
+        encoder, loading = auto.from_pretrained(
             str(folder),
             config=config,
             local_files_only=True,
             use_safetensors=True,
             trust_remote_code=False,
             attn_implementation="sdpa",
+            output_loading_info=True,
         )
     except Exception as error:  # whatever transformers raises on a folder it cannot load
         raise UserError(
             f"model.path={path}: its weights do not load: {first_line(error)}"
         ) from None
+    # transformers starts what the file lacks from random values, its notice silenced: an
+    # encoder fine-tuned from random weights without a word. BERT's pooler is not used
+    # (HfEncoder drops it), so a folder saved without it is whole.
+    missing = sorted(k for k in loading.get("missing_keys", ()) if not k.startswith("pooler."))
+    if missing:
+        shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
+        raise UserError(
+            f"model.path={path}: its weights lack {len(missing)} of the encoder's tensors "
+            f"({shown}), which would start from random values; save the whole encoder with "
+            "save_pretrained, or give the folder it came from"
+        )
+    return encoder

@@ -196,3 +196,35 @@ def test_what_the_folder_or_a_checkpoint_says_of_the_encoder_is_data(tuned, tmp_
     finally:
         (cwd / "encoder" / "config.json").write_text(saved)
     assert "model.architecture.hidden_dropout_prob: 0.1 -> 0.2" in error_line(resumed)
+
+
+@pytest.mark.parametrize("lacking", ["some", "all"])
+def test_an_encoder_folder_lacking_weights_is_refused_naming_them(tuned, tmp_path, lacking):
+    """transformers starts what a folder's weights lack from random values, its notice
+    silenced: such a folder fine-tuned a (partly) random encoder without a word."""
+    from safetensors.torch import load_file, save_file
+
+    cwd, _ = tuned
+    folder = tmp_path / "partial"
+    shutil.copytree(cwd / "encoder", folder)
+    weights = load_file(folder / "model.safetensors")
+    if lacking == "some":
+        kept = {k: v for k, v in weights.items() if ".layer.1." not in k}
+    else:
+        kept = {"unrelated.weight": torch.zeros(1)}
+    save_file(kept, folder / "model.safetensors", metadata={"format": "pt"})
+    run = [*TEXT, *HF, *QUICK, "data.path=reviews.csv", f"model.path={folder}"]
+    line = error_line(run_train(cwd, *run, ok=False))
+    assert f"model.path={folder}: its weights lack" in line
+    assert "encoder.layer.1." in line if lacking == "some" else "embeddings." in line
+
+
+def test_a_tokenizer_that_is_not_the_encoders_own_is_warned_of(tuned, tmp_path):
+    cwd, _ = tuned
+    shutil.copy(cwd / "encoder" / "tokenizer.json", tmp_path / "other.json")
+    run = [*TEXT, *HF, "trainer.max_epochs=1", "data.path=reviews.csv", "run_name=other"]
+    result = run_train(cwd, *run, f"data.tokenizer={tmp_path / 'other.json'}")
+    said = result.stdout + result.stderr
+    assert f"data.tokenizer={tmp_path / 'other.json'} is not the encoder's own" in said
+    plain = run_train(cwd, *run, "run_name=own")
+    assert "is not the encoder's own" not in plain.stdout + plain.stderr

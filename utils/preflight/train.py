@@ -12,6 +12,7 @@ import difflib
 import inspect
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -249,6 +250,22 @@ def record_architecture(cfg: DictConfig) -> None:
     if node.get("_target_") == HF_TARGET and node.get("architecture") is None:
         with open_dict(cfg):
             node.architecture = read_architecture(node.path)
+    if node.get("_target_") == HF_TARGET:
+        own, used = str(node.get("tokenizer")), str(cfg.data.get("tokenizer"))
+        if _tokenizer_file(used) != _tokenizer_file(own):
+            log.warning(
+                "warning: data.tokenizer=%s is not the encoder's own (model.tokenizer=%s): its "
+                "token ids name other words than the encoder learned; leave data.tokenizer to "
+                "follow model.tokenizer unless this one was made for it",
+                used,
+                own,
+            )
+
+
+def _tokenizer_file(given: str) -> Path:
+    """The tokenizer.json a data.tokenizer (a file, or a folder holding one) names."""
+    path = Path(given).expanduser().resolve()
+    return path / "tokenizer.json" if path.is_dir() else path
 
 
 def check_groups(cfg: DictConfig) -> None:
