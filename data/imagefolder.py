@@ -48,7 +48,12 @@ def find_classes(split_dir: Path) -> list[str]:
         raise UserError(
             f"image folder split not found: {split_dir} (expected {split_dir}/<class>/<images>)"
         )
-    classes = sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
+    # A hidden folder (.ipynb_checkpoints/, a copy of the images beside them) is no class.
+    classes = sorted(
+        entry.name
+        for entry in os.scandir(split_dir)
+        if entry.is_dir() and not entry.name.startswith(".")
+    )
     if not classes:
         raise UserError(f"no class folders in {split_dir} (expected {split_dir}/<class>/<images>)")
     return classes
@@ -104,10 +109,12 @@ def folder_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]
         folder = split_dir / name
         if not folder.is_dir():
             continue  # a class may be absent from val/test
-        files = sorted(
+        files = sorted(  # hidden files (macOS's ._name.png) are not images
             entry.path
             for entry in os.scandir(folder)
-            if entry.is_file() and Path(entry.name).suffix.lower() in EXTENSIONS
+            if entry.is_file()
+            and Path(entry.name).suffix.lower() in EXTENSIONS
+            and not entry.name.startswith(".")
         )
         if not files:
             raise UserError(f"empty class folder: {folder} has no {'/'.join(EXTENSIONS)} files")

@@ -273,3 +273,18 @@ def _stuck_after_the_first(getitem):
         return getitem(self, index)
 
     return stuck
+
+
+def test_hidden_folders_and_files_in_an_image_folder_are_not_classes_or_images(tmp_path):
+    """A .ipynb_checkpoints/ folder beside the class folders became a class, and macOS's
+    ._name.png files images that do not decode."""
+    root = write_imagefolder(tmp_path, per_class=4, size=(8, 8))
+    plain = load(root, "off")
+    hidden = root / "train" / ".ipynb_checkpoints"
+    hidden.mkdir()
+    first = next((root / "train").glob("*/*.png"))
+    shutil.copy(first, hidden / first.name)
+    (first.parent / f"._{first.name}").write_bytes(b"\x00\x05\x16\x07 resource fork")
+    again = load(root, "off")
+    assert again.targets.names == plain.targets.names
+    assert len(again.splits["train"]) == len(plain.splits["train"])

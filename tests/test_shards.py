@@ -311,6 +311,26 @@ def test_evaluate_follows_no_stored_cache_folder_size_or_worker_count(shards, tm
     assert sorted(p.name for p in victim.iterdir()) == [f"{'e' * 64}.arrow", "results.arrow"]
 
 
+def test_a_writers_temporary_files_and_notebook_copies_are_not_read_as_data(shards, tmp_path):
+    """A Spark _temporary/ attempt and a Jupyter .ipynb_checkpoints/ copy under data.path were
+    read as more data (three times the training rows); they are skipped, as pyarrow's own
+    discovery skips them, and counted."""
+    folder = tmp_path / "digits"
+    shutil.copytree(shards / "digits", folder)
+    for hidden in ("_temporary/0/task_1", ".ipynb_checkpoints"):
+        (folder / "train" / hidden).mkdir(parents=True)
+        for part in (folder / "train").glob("*.parquet"):
+            shutil.copy(part, folder / "train" / hidden / part.name)
+    shutil.copy(folder / "val" / "part-00000.parquet", folder / "val" / "_SUCCESS.parquet")
+    run = ("data=parquet", *QUICK, "data.num_workers=0")
+    result = run_train(tmp_path, *run, "data.path=digits", "run_name=with_copies")
+    said = result.stdout + result.stderr
+    assert "data.path=digits/train: 6 .parquet files skipped under names that begin" in said
+    assert "data.split.val_path=digits/val: 1 .parquet files skipped" in said
+    run_train(tmp_path, *run, f"data.path={shards / 'digits'}", "run_name=plain")
+    assert same_weights(weights(tmp_path, "with_copies"), weights(tmp_path, "plain"))
+
+
 def test_an_image_folder_becomes_encoded_shards_and_trains(tmp_path):
     write_imagefolder(tmp_path / "images", per_class=8, size=(12, 10))
     folder = ("data=imagefolder", "data.root=images", "data.image_size=[12,10]")

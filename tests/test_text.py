@@ -111,7 +111,12 @@ def test_class_folders_and_json_lines_read_as_a_csv_does(tmp_path):
             (folder / f"{n}.txt").write_text(text)
             lines.append(json.dumps({"body": text, "tags": [label, "film"]}))
     (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
-    run_train(tmp_path, "data=text", "data.path=folders", *QUICK[1:], "run_name=folders")
+    copies = tmp_path / "folders" / "pos" / ".ipynb_checkpoints"  # a notebook's copies: no data
+    copies.mkdir()
+    for n in range(5):
+        (copies / f"{n}-checkpoint.txt").write_text(review(rng, False))
+    result = run_train(tmp_path, "data=text", "data.path=folders", *QUICK[1:], "run_name=folders")
+    assert "data.path=folders: 5 hidden .txt files skipped" in result.stdout + result.stderr
     assert read_metrics(tmp_path / "runs" / "folders")["test/acc"] >= 0.9
     run_train(
         tmp_path,

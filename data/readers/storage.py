@@ -115,14 +115,32 @@ def _listed(url: str, what: str) -> list[Shard]:
         selector = fs.FileSelector(path, recursive=True)
         entries = retried(lambda: system.get_file_info(selector), url)
     scheme = url.split("://")[0] + "://" if url.startswith(SCHEMES[:-1]) else ""
-    shards = [
-        Shard(f"{scheme}{e.path}", e.path, e.size or 0, _version(e), url)
+    files = [
+        e
         for e in entries
         if e.type == fs.FileType.File
         and e.path.endswith(".parquet")
         and (pattern is None or fnmatch.fnmatch(e.path, pattern))
     ]
+    kept = [e for e in files if not _hidden(e.path, path)]
+    if len(kept) < len(files):
+        log.info(
+            "%s=%s: %d .parquet files skipped under names that begin with '_' or '.' (a "
+            "writer's _temporary/ attempts, .ipynb_checkpoints/ copies: not data, as pyarrow's "
+            "own discovery has it)",
+            what,
+            url,
+            len(files) - len(kept),
+        )
+    shards = [Shard(f"{scheme}{e.path}", e.path, e.size or 0, _version(e), url) for e in kept]
     return sorted(shards, key=lambda shard: shard.name)
+
+
+def _hidden(found: str, listed: str) -> bool:
+    """Whether a file found under the folder ``listed`` lies under a name (a folder's or its
+    own) that begins with ``_`` or ``.``."""
+    inside = found[len(listed) :] if found.startswith(listed) else found.rsplit("/", 1)[-1]
+    return any(part.startswith(("_", ".")) for part in inside.split("/") if part)
 
 
 def _version(info: Any) -> str:

@@ -12,10 +12,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from utils.errors import UserError
+
+log = logging.getLogger("torchloom")
 
 MAX_TEXT_CHARS = 1_000_000  # one text (a cell, a line, a file): about 200 pages
 MAX_FILE_BYTES = 2**31  # one file read whole: 2 GB
@@ -134,11 +137,15 @@ def _cell(value: object) -> str:
 
 
 def _read_folder(root: Path) -> tuple[list[str], list[list[str]], list[str]]:
-    """``root/<class>/*.txt``: each file a text of that class."""
+    """``root/<class>/*.txt``: each file a text of that class. Hidden files and folders (a
+    ``.ipynb_checkpoints/`` copy, read as more texts before) are skipped, and counted."""
     classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    rows, names = [], []
+    rows, names, hidden = [], [], 0
     for folder in classes:
         for file in sorted(folder.rglob("*.txt")):
+            if any(part.startswith(".") for part in file.relative_to(folder).parts):
+                hidden += 1
+                continue
             if not file.is_file():
                 continue
             text = decoded(file, limit=4 * MAX_TEXT_CHARS)
@@ -146,6 +153,10 @@ def _read_folder(root: Path) -> tuple[list[str], list[list[str]], list[str]]:
             _check_cells([text], root, where)
             rows.append([text, folder.name])
             names.append(where)
+    if hidden:
+        log.info(
+            "data.path=%s: %d hidden .txt files skipped (names beginning with '.')", root, hidden
+        )
     if not rows:
         raise UserError(
             f"data.path={root}: no .txt files in class sub-folders ({root}/<class>/<name>.txt)"
