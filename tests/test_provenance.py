@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -375,8 +376,13 @@ def test_no_credential_reaches_a_file_the_run_writes(tmp_path):
     in every file the run writes: provenance (command and attempts), metrics.json, .hydra/,
     the log, the CSV history and the checkpoints. The callback itself gets the real values."""
     from_env, typed = "xoxb-FROM-THE-ENVIRONMENT-31337", "typed-on-the-COMMAND-LINE-4242"
-    env = {"SLACK_TOKEN": from_env, "EXPECTED_TOKENS": f"{from_env},{typed}"}
-    run_train(
+    # A URL's password, in any key, and keys named passphrase, pwd, auth: they leaked before.
+    in_url = "URL-PASSWORD-777"
+    webhook = f"https://bot:{in_url}@hooks.example/x"
+    named = {"passphrase": "PASSPHRASE-1234", "pwd": "PWD-5678", "auth": "AUTH-9012"}
+    expected = ",".join([from_env, typed, webhook, *named.values(), "Ada"])
+    env = {"SLACK_TOKEN": from_env, "EXPECTED_TOKENS": expected}
+    result = run_train(
         tmp_path,
         *QUICK,
         "run_name=secret",
@@ -384,13 +390,18 @@ def test_no_credential_reaches_a_file_the_run_writes(tmp_path):
         "+callbacks.chat._target_=probe_callbacks.Notifier",
         "+callbacks.chat.channel=${oc.env:SLACK_TOKEN}",
         f"+callbacks.chat.api_token={typed}",
+        f"+callbacks.chat.webhook={webhook}",
+        *(f"+callbacks.chat.{key}={value}" for key, value in named.items()),
+        "+callbacks.chat.author=Ada",  # not a credential
         env=env,
     )
+    secrets = [from_env, typed, in_url, *named.values()]
+    assert not [s for s in secrets if s in result.stdout + result.stderr]
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert len(written) > 8
     for path in written:
         data = path.read_bytes()
-        assert from_env.encode() not in data and typed.encode() not in data, path
+        assert not [s for s in secrets if s.encode() in data], path
     record = provenance(tmp_path, "secret")
     assert "+callbacks.chat.api_token=<redacted>" in record["command"]["argv"]
     config = record["attempts"][0]["config"]["callbacks"]["chat"]
@@ -398,6 +409,9 @@ def test_no_credential_reaches_a_file_the_run_writes(tmp_path):
         "_target_": "probe_callbacks.Notifier",
         "channel": "${oc.env:SLACK_TOKEN}",
         "api_token": "<redacted>",
+        "webhook": "https://bot:<redacted>@hooks.example/x",
+        **dict.fromkeys(named, "<redacted>"),
+        "author": "Ada",
     }
     stored = checkpoint(tmp_path, "secret")["config"]["callbacks"]["chat"]
     assert stored["channel"] == "${oc.env:SLACK_TOKEN}" and stored["api_token"] == "<redacted>"
@@ -412,3 +426,19 @@ def test_a_key_named_like_a_tokenizer_or_a_token_id_is_not_a_credential():
         assert not names_a_secret(key), key
     assert names_a_secret("logger.mlflow.token") and names_a_secret("hf_token")
     assert names_a_secret("callbacks.chat.api_token") and names_a_secret("TOKEN")
+
+
+def test_a_urls_password_is_in_no_error_line(tmp_path):
+    """An error naming a path that holds a URL's password printed it whole."""
+    from utils.text import without_url_passwords
+
+    url = "data.path=s3://AKIAEXAMPLE:S3CRET-PASSWORD@bucket/t.csv"
+    result = run_train(tmp_path, "data=csv", "data.target=y", url, ok=False)
+    said = result.stdout + result.stderr
+    assert "no CSV file at s3:/AKIAEXAMPLE:<redacted>@bucket/t.csv" in said  # a path's form
+    assert result.returncode == 2 and "S3CRET-PASSWORD" not in said
+    quoted = "got a URI: 'AKIAEXAMPLE:S3CRET-PASSWORD@bucket/t'"  # as pyarrow quotes it
+    assert "S3CRET-PASSWORD" in without_url_passwords(quoted)  # not on this command line,
+    with pytest.MonkeyPatch.context() as patch:  # but on the one that named it
+        patch.setattr(sys, "argv", ["train.py", url])
+        assert without_url_passwords(quoted) == "got a URI: 'AKIAEXAMPLE:<redacted>@bucket/t'"

@@ -3,7 +3,7 @@
 import errno
 import re
 
-from utils.text import brief, escaped
+from utils.text import brief, escaped, without_url_passwords
 
 
 class UserError(Exception):
@@ -75,5 +75,5 @@ def print_error(cause: object) -> None:
     an edited file) is cut to its start and end."""
     import sys
 
-    sys.stderr.write(f"error: {brief(escaped(str(cause)))}\n")
+    sys.stderr.write(f"error: {brief(escaped(without_url_passwords(str(cause))))}\n")
     sys.stderr.flush()

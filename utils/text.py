@@ -9,12 +9,16 @@ a spreadsheet, ``=1+1`` or ``@cmd`` would be a live formula.
     brief(text)        # a long value's start and end, for a line that stays readable
     cell(name)         # for a CSV cell: a leading = + - @ tab or CR made text (OWASP's rule)
     console()          # the console they are shown on: a pipe or a log file is not cut at 80
-    LogLines           # every log line, console and file: control characters as escapes
+    LogLines           # every log line, console and file: control characters as escapes,
+                       # a URL's password redacted
+    without_url_passwords(text)  # s3://KEY:SECRET@bucket -> s3://KEY:<redacted>@bucket
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import sys
 import unicodedata
 
 from rich.console import Console
@@ -64,13 +68,35 @@ def escaped(text: str, keep: str = "") -> str:
     )
 
 
+REDACTED = "<redacted>"
+# A URL's user information, scheme://user:password@host: the password is what follows the
+# first colon after the scheme, up to the @ before the host (utils/config/secrets.py records
+# it nowhere; here, it is shown nowhere).
+URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)([^\s/@]+)(@)")
+
+
+def url_passwords(text: str) -> list[str]:
+    """The passwords of the URLs in ``text``."""
+    return [found[2] for found in URL_PASSWORD.finditer(text) if found[2] != REDACTED]
+
+
+def without_url_passwords(text: str) -> str:
+    """``text`` with the password of every URL in it redacted, and every password of a URL on
+    this command line wherever it appears: a library's message quotes a URL without its
+    scheme ('KEY:SECRET@bucket/set'), a path's normalisation makes ``s3:/KEY:SECRET@...``."""
+    text = URL_PASSWORD.sub(rf"\1{REDACTED}\3", text)
+    for password in url_passwords(" ".join(sys.argv)):
+        text = text.replace(password, REDACTED)
+    return text
+
+
 class LogLines(logging.Formatter):
     """The log's formatter (conf/hydra/job_logging/torchloom.yaml): a line naming a column, a
-    class or a file from the data never sends a control sequence to the terminal; the line
-    breaks a message holds stay."""
+    class or a file from the data never sends a control sequence to the terminal, nor a URL's
+    password; the line breaks a message holds stay."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return escaped(super().format(record), keep="\n")
+        return without_url_passwords(escaped(super().format(record), keep="\n"))
 
 
 def cell(name: object) -> str:

@@ -190,9 +190,10 @@ class Notifier:
     """Holds credentials, as a chat or webhook callback does; keeps no state. It checks that it
     was built from the real values (the record of the run holds them redacted)."""
 
-    def __init__(self, channel: str, api_token: str) -> None:
+    def __init__(self, channel: str, api_token: str, **more: str) -> None:
         expected = os.environ.get("EXPECTED_TOKENS", "").split(",")
         assert channel in expected and api_token in expected, (channel, api_token)
+        assert all(value in expected for value in more.values()), more  # a webhook URL, ...
         self.channel, self.api_token = channel, api_token
 
     def on_fit_end(self, state, metrics):

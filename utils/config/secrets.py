@@ -4,9 +4,12 @@ A run writes its config and command line into checkpoints, ``provenance.json``,
 ``metrics.json``, ``.hydra/``, the log and every tracker (MLflow params and artifacts, W&B).
 A value the config reads from the environment (``${oc.env:SLACK_TOKEN}``) is recorded as that
 interpolation, unresolved, and the value of any key that names a secret (``*token*``,
-``*secret*``, ``*password*``, ``*api_key*``, ``*credential*``, ...) as :data:`REDACTED`, in the
-config and on the command line alike (``logger.mlflow.token=abc`` is recorded
-``logger.mlflow.token=<redacted>``). The process itself still builds from the real values.
+``*secret*``, ``*password*``, ``*passphrase*``, ``pwd``, ``*auth*``, ``*api_key*``,
+``*credential*``, ...) as :data:`REDACTED`, in the config and on the command line alike
+(``logger.mlflow.token=abc`` is recorded ``logger.mlflow.token=<redacted>``); so is the password
+of a URL in any value or argument (``data.path=s3://KEY:SECRET@bucket/set`` is recorded
+``s3://KEY:<redacted>@bucket/set``; log and error lines redact it too, utils/text.py). The
+process itself still builds from the real values.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from utils.files import write_file
+from utils.text import REDACTED, url_passwords, without_url_passwords
 
-REDACTED = "<redacted>"
 # "token", but not "tokenizer" (data.tokenizer names a file), nor a token's id or count
 # (pad_token_id, token_type_ids, max_new_tokens: an encoder's architecture, model=hf).
+# "auth", but not "author"; "pwd", but not as part of another word.
 SECRET_KEY = re.compile(
-    r"token(?!iz|s\b|_?(type_)?ids?\b)|secret|passw(or)?d|api[_-]?key|credential|private[_-]?key|access[_-]?key",
+    r"token(?!iz|s\b|_?(type_)?ids?\b)|secret|passw(or)?d|passphrase|(?<![a-z])pwd(?![a-z])"
+    r"|auth(?!ors?\b)|api[_-]?key|credential|private[_-]?key|access[_-]?key",
     re.IGNORECASE,
 )
 ENVIRONMENT = re.compile(r"\$\{\s*oc\.env\s*:")
@@ -66,6 +71,9 @@ def _recorded(cfg: DictConfig) -> tuple[dict, set[str]]:
             found.add(str(resolved))
         if from_environment:
             return raw
+        if isinstance(resolved, str) and not secret:  # a URL's password, wherever it is
+            found.update(url_passwords(resolved))
+            return without_url_passwords(resolved)
         return REDACTED if secret and not isinstance(resolved, dict | list) else resolved
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -73,10 +81,11 @@ def _recorded(cfg: DictConfig) -> tuple[dict, set[str]]:
 
 
 def scrubbed(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with each of ``secrets`` replaced by :data:`REDACTED`."""
+    """``text`` with each of ``secrets``, and every URL's password, replaced by
+    :data:`REDACTED`."""
     for secret in secrets:
         text = text.replace(secret, REDACTED)
-    return text
+    return without_url_passwords(text)
 
 
 def redacted_argv(argv: Iterable[str], secrets: Iterable[str] = ()) -> list[str]:
