@@ -128,7 +128,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     run = start_run(cfg, trainer, run_dir)  # folders; a finished sweep job, a resume or a new run
     if run.finished is not None:
         return run.finished
-    context = RunContext.for_training(run.processes, trainer, cfg.seed)  # seed, device, writes
+    context = RunContext.for_training(run.processes, trainer, cfg.seed, run.stored_numerics)
     callbacks = Callbacks.build(cfg.callbacks, run.processes)  # yours, by name (conf/callbacks/)
     tracker = Tracker.of(cfg.logger, context.writes, Path(cfg.paths.runs))  # connects meanwhile
     out = Outputs(run.run_dir, context.is_main, tracker)

@@ -17,6 +17,7 @@ from conftest import (
     TRAIN,
     assert_same_run,
     checkpoint,
+    error_line,
     interrupt_and_resume,
     killed_at,
     read_metrics,
@@ -274,3 +275,35 @@ def test_mkl_multiplies_in_its_run_to_run_reproducible_mode(tmp_path):
             if line.startswith("MKL_VERBOSE SGEMM")
         }
         assert modes == {expected}, modes  # every product, none in another mode
+
+
+def test_a_resume_runs_on_the_cpu_threads_the_run_trained_on(tmp_path):
+    """A sum's and a product's last bits follow torch's thread count (a CNN's BatchNorm
+    statistics here), and a resume took whatever count its process got (OMP_NUM_THREADS, a
+    library in the process, the cores torchrun shares out): killed on 1 thread and resumed on
+    2, the run ended apart from an uninterrupted one. The count is recorded and followed."""
+    run = ["data=synthetic", "data.num_samples=384", "data.shape=[3,32,32]", "model=cnn"]
+    run += ["model._target_=signalling_model.cnn", "model.channels=[8,16]", "data.batch_size=128"]
+    run += ["trainer.max_epochs=2", "model.dropout=0", "trainer.log_every_n_steps=1"]
+    one, two = {"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2"}
+    run_train(tmp_path, *run, "run_name=straight", env=one, process=True)
+    killed = run_train(tmp_path, *run, "run_name=killed", ok=False, env={**one, **killed_at(4)})
+    assert killed.returncode in (-9, 137), killed.stderr[-2000:]
+    resumed = run_train(tmp_path, *run, "run_name=killed", "resume=auto", env=two, process=True)
+    assert_same_run(tmp_path, "straight", "killed")  # apart before the count was followed
+    assert "resuming on 1 CPU threads, as the run trained" in resumed.stdout + resumed.stderr
+    # The cause, shown: trainer.cpu_threads=2 given, the resume runs on it, says so, and ends
+    # apart from the uninterrupted run.
+    again = run_train(tmp_path, *run, "run_name=other", ok=False, env={**one, **killed_at(4)})
+    assert again.returncode in (-9, 137), again.stderr[-2000:]
+    asked = ("run_name=other", "resume=auto", "trainer.cpu_threads=2")
+    resumed = run_train(tmp_path, *run, *asked, env=two, process=True)
+    said = resumed.stdout + resumed.stderr
+    assert "the run trained on 1 CPU threads and resumes on 2 (trainer.cpu_threads)" in said
+    straight, other = checkpoint(tmp_path, "straight")["model"], checkpoint(tmp_path, "other")
+    assert any(not torch.equal(straight[k], other["model"][k]) for k in straight)
+    # an edited count (a billion threads) is one line, before anything starts
+    edited = {**other, "numerics": {**other["numerics"], "cpu_threads": 10**9}}
+    torch.save(edited, tmp_path / "edited.pt")
+    refused = run_train(tmp_path, *run, "run_name=e", f"resume={tmp_path / 'edited.pt'}", ok=False)
+    assert "its numerics record is not what torchloom writes" in error_line(refused)

@@ -115,7 +115,7 @@ def test_the_readme_lists_every_key_a_checkpoint_holds_and_no_other():
 
 
 # Keys written since the fixtures were: optional, so the fixtures resume without them.
-ADDED_SINCE_THE_FIXTURES = {"stopped_by", "callbacks", "provenance", "global_batch"}
+ADDED_SINCE_THE_FIXTURES = {"stopped_by", "callbacks", "provenance", "global_batch", "numerics"}
 
 
 def test_a_checkpoint_holds_exactly_the_declared_keys_and_older_ones_still_fit():

@@ -175,6 +175,12 @@ def dropout_probe(input_shape, num_classes, hidden_sizes, dropout, init) -> nn.M
     return DropoutProbe(plain_mlp(input_shape, num_classes, hidden_sizes, dropout, init))
 
 
+def cnn(input_shape, num_classes, channels, dropout, init, drop_path_rate=0.0) -> nn.Module:
+    from models.cnn import cnn as plain_cnn
+
+    return SignalAt(plain_cnn(input_shape, num_classes, channels, dropout, init, drop_path_rate))
+
+
 def cnn1d(input_shape, num_classes, channels, kernel_size, dropout, init) -> nn.Module:
     from models.cnn1d import cnn1d as plain_cnn1d
 

@@ -42,6 +42,7 @@ from utils.fit.top_k import (
 from utils.model.optim import hyperparameters
 from utils.model.weights import load_weights, unwrap
 from utils.system import distributed
+from utils.system.cpu_math import cpu_numerics
 from utils.system.seeding import all_rng_states, restore_rng
 from utils.system.signals import Interrupted, continue_command, continue_sweep_command
 
@@ -251,6 +252,7 @@ class Checkpointer:
             tracking=self.history.checkpoint_record() if self.history else None,
             callbacks=parts.callbacks.state_dict(),
             provenance=record.provenance,
+            numerics=cpu_numerics(),  # a resume runs on the same threads (cpu_math.py)
         )
 
     def save(self) -> None:

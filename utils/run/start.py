@@ -41,6 +41,7 @@ from utils.run.folders import (
 )
 from utils.run.resume_changes import ResumeChanges, config_changes
 from utils.system import distributed
+from utils.system.cpu_math import resumed_threads, say_resumed_threads
 from utils.system.device import configure_device, configure_threads, resolve_device
 from utils.system.seeding import configure_determinism, seed_everything, seed_rank_stream
 from utils.tracking.tracker import TrackedRun
@@ -90,6 +91,14 @@ class RunStart:
             return None
         path, checkpoint = self.resumed
         return InputRecord.read(checkpoint["inputs"], path).without_calibration()
+
+    @property
+    def stored_numerics(self) -> tuple[Path, Any] | None:
+        """(the resumed checkpoint, its record of the CPU settings it trained with), or None
+        for a fresh run (utils/system/cpu_math.py)."""
+        if not self.resumed or "numerics" not in self.resumed[1]:
+            return None
+        return self.resumed[0], self.resumed[1]["numerics"]
 
     @property
     def stored_tracking(self) -> dict | None:
@@ -362,13 +371,25 @@ class RunContext:
         return cls(processes, joined, threads, writes=processes.is_main)
 
     @classmethod
-    def for_training(cls, processes: distributed.Processes, trainer: Any, seed: int) -> RunContext:
+    def for_training(
+        cls,
+        processes: distributed.Processes,
+        trainer: Any,
+        seed: int,
+        resumed: tuple[Path, Any] | None = None,
+    ) -> RunContext:
         """Seeded (the model's initial weights come from ``seed``), deterministic kernels if
-        asked, then opened; it writes files when rank 0 and ``trainer.write_outputs``."""
+        asked, then opened, on the CPU threads a ``resumed`` run (its checkpoint, and the
+        settings it recorded) trained on unless trainer.cpu_threads says otherwise; it writes
+        files when rank 0 and ``trainer.write_outputs``."""
         seed_everything(seed)
         configure_determinism(trainer.deterministic)
         sharded = trainer.strategy == "fsdp"
-        opened = cls.open(processes, trainer.device, trainer.cpu_threads, sharded)
+        path, recorded = resumed or (None, None)
+        threads = resumed_threads(recorded, trainer.cpu_threads, path)
+        opened = cls.open(processes, trainer.device, threads, sharded)
+        if recorded is not None:
+            say_resumed_threads(recorded, opened.threads, trainer.cpu_threads)
         writes = processes.is_main and trainer.write_outputs
         return cls(processes, opened.device, opened.threads, writes, seed)
 
