@@ -61,7 +61,10 @@ HOSTILE_CONFIGS = [
         {"model": {"dropout": "${oc.create:{_target_: os.system}}"}},
         "model.dropout=.*interpolation",
     ),
-    ("env read", {"data": {"root": "${oc.env:HOME}"}}, "data.root=.*interpolation"),
+    # data.root=${oc.env:DATA} as the record writes it is evaluate.py's to replace or refuse
+    # (utils/checkpoint/stored.py data_config); anything more, or elsewhere, is refused here
+    ("env read", {"model": {"path": "${oc.env:HOME}"}}, "model.path=.*interpolation"),
+    ("env in a path", {"data": {"root": "${oc.env:HOME}/x"}}, "data.root=.*interpolation"),
     (
         "interpolation in a list",
         {"model": {"hidden_sizes": [8, "${oc.decode:'1'}"]}},

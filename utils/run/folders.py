@@ -25,6 +25,7 @@ START_FILES |= {".hydra/overrides.yaml"}
 # were printed, and nothing of it is kept.
 DRY_RUN_FILES = START_FILES | {"metrics.json", "provenance.json"}
 _created: set[Path] = set()  # the folders this process made for its run
+_created_above: set[Path] = set()  # and the folders above them it made (runs/, checkpoints/)
 
 # A run's own parts, folders in its run and checkpoint folders: its refit (utils/run/refit.py)
 # and its cv folds (utils/run/cross_validation.py). A run that replaces it replaces them too;
@@ -39,11 +40,23 @@ def fold_folder(fold: int) -> str:
     return f"fold-{fold}"
 
 
-def claim_new(folder: Path, what: str, made: bool | None = None) -> RunClaim:
-    """Claim ``folder``, noting whether this process made it (``made``; None: it is made now
-    when missing) for :func:`remove_unused`."""
-    if made or (made is None and not folder.exists()):
-        _created.add(folder.resolve())
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and the folders above it that do not exist yet, nearest first."""
+    missing, path = [], folder.resolve()
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def claim_new(folder: Path, what: str, made: list[Path] | None = None) -> RunClaim:
+    """Claim ``folder``, noting which folders this process made for it (``made``, from
+    :func:`missing_folders` before they were made; None: those missing now, made by the
+    claim) for :func:`remove_unused`."""
+    made = missing_folders(folder) if made is None else made
+    if made:
+        _created.add(made[0])
+        _created_above.update(made[1:])
     return RunClaim.take(folder, what)
 
 
@@ -51,7 +64,8 @@ def remove_unused(folders: list[Path], expected: set[str] = START_FILES) -> list
     """A run that failed at start-up leaves no empty folder behind: each of ``folders`` that
     this process made and that holds only the ``expected`` files (:data:`START_FILES`; a dry
     run's :data:`DRY_RUN_FILES`) is removed (anything else in it, a checkpoint or a history,
-    keeps it). Returns the folders removed."""
+    keeps it), and so are the folders above it that this process made for it and that are
+    empty then (``runs/`` of a first command with a typo). Returns the folders removed."""
     removed = []
     for folder in folders:
         if folder.resolve() not in _created or not folder.is_dir():
@@ -66,6 +80,14 @@ def remove_unused(folders: list[Path], expected: set[str] = START_FILES) -> list
         folder.rmdir()
         _created.discard(folder.resolve())
         removed.append(folder)
+        for above in folder.resolve().parents:  # runs/ made for it, if nothing else is there
+            if above not in _created_above:
+                break
+            try:
+                above.rmdir()
+            except OSError:
+                break
+            _created_above.discard(above)
     return removed
 
 

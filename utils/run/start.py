@@ -35,6 +35,7 @@ from utils.run.folders import (
     check_part_name,
     claim_new,
     earlier_parts,
+    missing_folders,
     not_continued,
     output_dirs,
     part_of,
@@ -137,7 +138,7 @@ def start_run(cfg: DictConfig, trainer: Any, run_dir: Path | None = None) -> Run
     )
     prepare_dir(run_dir, "the run")
     if trainer.write_outputs:  # debug=fast_dev_run writes no checkpoints or TensorBoard
-        made = not checkpoint_dir.exists()
+        made = missing_folders(checkpoint_dir)  # removed again if the start fails
         prepare_dir(checkpoint_dir, "checkpoints")
         if processes.is_main:  # another paths.runs with these checkpoints: one run at a time
             claim_new(checkpoint_dir, "run", made)
