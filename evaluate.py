@@ -101,6 +101,7 @@ class Evaluated:
     task: Any  # fitted to the data, with the target scale it trained on
     data: Any
     modules: Any
+    checkpoint: dict  # the file as loaded once (its provenance); {} for an export
 
 
 def evaluate_checkpoints(cfg: DictConfig) -> None:
@@ -124,7 +125,7 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
         task, metrics, before = judged(run, evaluated, seen)
         where = (str(path), index if len(plan.files) > 1 else None)  # title; the files' number
         results[str(path)] = result = task.tables(out, where, metrics, cfg.split)
-        checkpoint = load_checkpoint(path) if path.suffix != ".safetensors" else {}
+        checkpoint = evaluated.checkpoint
         result.update(provenance.split_check(checkpoint, path, evaluated.data, cfg.split))
         if task.calibrated is not None:  # what every figure above applied
             result.update(calibration=task.calibrated.record())
@@ -150,10 +151,11 @@ def rebuilt_on_data(run: Evaluation, path: Path) -> Evaluated:
     names), its data read as it was trained on (normalised by its record, even moved or new
     files) and its model rebuilt from the file alone."""
     cfg, plan = run.cfg, run.plan
+    checkpoint = load_checkpoint(path) if path.suffix != ".safetensors" else {}  # read once
     config, weights, inputs, which = (
         average_checkpoints(plan.copies, cfg.weights)
         if plan.copies is not None
-        else read_checkpoint(path, cfg.config, cfg.weights)
+        else read_checkpoint(path, cfg.config, cfg.weights, checkpoint or None)
     )
     task = build(task_config(config))  # what it was trained to predict
     if plan.fitting is not None and isinstance(inputs, dict):  # replaced, even if unreadable
@@ -166,7 +168,7 @@ def rebuilt_on_data(run: Evaluation, path: Path) -> Evaluated:
         data.follow_record(stored, path)
     task = task.fitted(data, run.context.device, stored)  # the target scale it trained on
     modules = rebuild_model(config, weights, data, run.context.device, task)
-    return Evaluated(path, config, inputs, which, task, data, modules)
+    return Evaluated(path, config, inputs, which, task, data, modules, checkpoint)
 
 
 def chosen_split(asked: str, data: Any, path: Path) -> str:

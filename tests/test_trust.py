@@ -489,3 +489,19 @@ def test_a_data_path_read_from_the_environment_is_given_on_the_command_line(tmp_
     assert "give data.path=... on this command line" in error_line(refused)
     given = run_evaluate(tmp_path, f"ckpt={best}", f"data.path={BUNDLED}")
     assert "test/acc" in given.stdout
+
+
+def test_evaluate_reads_each_checkpoint_once(trained, monkeypatch):
+    """It read the file twice: once to rebuild, once more for its provenance."""
+    from utils.checkpoint import stored as stored_module
+
+    read, real = [], checkpoint_module.load_checkpoint
+
+    def counted(path, *args, **kwargs):
+        read.append(Path(path).name)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module, "load_checkpoint", counted)
+    monkeypatch.setattr(stored_module, "load_checkpoint", counted)
+    result = run_evaluate(trained, "ckpt=checkpoints/base/best.pt")
+    assert "test/acc" in result.stdout and read == ["best.pt"]

@@ -39,19 +39,20 @@ WEIGHTS = ("auto", "swa", "ema", "raw")
 
 
 def read_checkpoint(
-    path: Path, config_path: str | None, which: str = "auto"
+    path: Path, config_path: str | None, which: str = "auto", loaded: dict | None = None
 ) -> tuple[dict, dict, dict | None, str]:
     """(stored config, model weights, inputs record, which weights: ema, raw or export) from a
     torchloom checkpoint or a .safetensors export (which may have no inputs record: None). The
     config is checked as untrusted data before anything is built from it. ``which`` weights of
     a checkpoint: ``swa`` or ``ema`` (trainer.swa's or trainer.ema's average), ``raw`` (the
     trained weights), or ``auto`` (what validation judged: :func:`judged_averages`). A calibration fitted on the other weights is
-    left out of the record, with a warning (utils/evaluation/calibration.py)."""
+    left out of the record, with a warning (utils/evaluation/calibration.py). ``loaded``: the
+    checkpoint at ``path`` as the caller loaded it already (load_checkpoint), not read again."""
     if which not in WEIGHTS:
         raise UserError(f"weights={which!r} must be auto, swa, ema or raw")
     inputs, name = None, "export"
     if path.suffix != ".safetensors":
-        checkpoint = load_checkpoint(path)
+        checkpoint = load_checkpoint(path) if loaded is None else loaded
         config, source = checkpoint.get("config"), path
         weights, name = chosen_weights(checkpoint, which, path)
         inputs = calibration_for(checkpoint.get("inputs"), name, path)
