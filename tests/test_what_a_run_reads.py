@@ -113,6 +113,9 @@ def test_a_stop_during_an_image_cache_build_ends_it_and_keeps_nothing(tmp_path):
     )
     assert "SIGTERM received while decoding train once into the cache (0/" in said
     assert "the next run builds the cache again" in said
+    # no step ran, and none is finished: the line at the signal said one was
+    assert "SIGTERM received during set-up, before any step" in said
+    assert "finishing this step" not in said
     assert not list((tmp_path / "cache").iterdir())  # no cache, no temporary file
     assert not (tmp_path / "checkpoints" / "c" / "last.pt").exists()
 

@@ -154,6 +154,7 @@ class Loop:
                 "init_from=... to start from its weights"
             )
         self.stopped = distributed.agree(self.stop.requested, device)  # a signal at start-up
+        self.stop.stepping = True  # a signal from now on finishes a step
         with self.progress, cycle_collection_by_the_loop():
             while self.going_on(done):
                 if not self.epoch(batches, batch_size):

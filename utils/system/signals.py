@@ -74,6 +74,7 @@ class Interrupted(Exception):
 class StopRequest:
     def __init__(self) -> None:
         self.signal: int | None = None
+        self.stepping = False  # the loop has begun its steps (utils/fit/loop.py)
         self._previous: dict[int, object] = {}
 
     @property
@@ -90,7 +91,17 @@ class StopRequest:
             say(f"second {what}: exiting now, without a checkpoint")
             raise SystemExit(128 + signum)
         self.signal = signum
-        say(f"{signal.Signals(signum).name} received: finishing this step, then saving last.pt")
+        say(self._received())
+
+    def _received(self) -> str:
+        """What the signal received does now: in the loop, it finishes the step; before it
+        (set-up), it stops at set-up's next safe point (a cache build ends keeping nothing; a
+        set-up that ends saves the start), where no step ran to finish."""
+        if self.stepping:
+            return f"{self.name} received: finishing this step, then saving last.pt"
+        return (
+            f"{self.name} received during set-up, before any step: stopping at its next safe point"
+        )
 
     def hand_on(self) -> None:
         """Call the handler that was installed for the received signal before ours (a job
@@ -108,6 +119,7 @@ class StopRequest:
             self._previous[signum] = _before_early.get(signum) if previous is _hold else previous
         if _early:
             self.signal = _early[0]
+            say(self._received())
         return self
 
     def __exit__(self, *exc: object) -> None:
