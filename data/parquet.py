@@ -43,6 +43,7 @@ from data.readers.parquet import (
     RowGroups,
     classes_of,
     footprint,
+    footprints,
     label_names,
     row_groups,
     target_column,
@@ -84,6 +85,10 @@ class Source:
         groups it takes of them (data/batching/fingerprint.py listings)."""
         described = [footprint(list(self.shards)), [list(g) for g in self.groups]]
         return hashlib.sha256(json.dumps(described).encode()).hexdigest()
+
+    def objects(self) -> dict[str, str]:
+        """Each object's footprint by name: which objects a changed listing changed."""
+        return footprints(list(self.shards))
 
 
 @reads_targets("label_sets", "values")
@@ -129,7 +134,9 @@ def load_parquet(
     targets = Targets(kind, len(classes) if classes else len(names), classes or tuple(names))
     splits = Splits(held["train"], held["val"], held.get("test"))
     data = Data(f"parquet {_shown(path)}", splits, targets.count, batching, targets)
+    data.num_workers = workers  # the readers ahead of the step (the data-wait advice names them)
     data.listings = {name: source.listing() for name, source in sources.items()}
+    data.objects = {name: source.objects() for name, source in sources.items()}
     data.table = _table_record(columns, kind) if columns.kind == "features" else None
     log.info(
         "parquet %s: %s; %d training rows in %d row groups of %d files, shuffled in windows "

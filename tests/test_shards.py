@@ -93,6 +93,26 @@ def test_a_kill_9_inside_an_epoch_resumes_bit_identically_on_other_workers(shard
     assert same_weights(weights(shards, "straight"), weights(shards, "killed"))
 
 
+def test_a_resume_on_a_changed_shard_names_the_object(shards, tmp_path):
+    """A shard rewritten since the checkpoint was refused with a line about "image files"
+    (names, sizes or modification times) that named no object."""
+    shutil.copytree(shards / "digits", tmp_path / "digits")
+    run = ("data=parquet", "data.path=digits", *QUICK, "model._target_=signalling_model.mlp")
+    run += ("model=mlp", "trainer.checkpoint_every_n_steps=3", "data.num_workers=0")
+    killed = run_train(tmp_path, *run, "run_name=k", ok=False, env=killed_at(5))
+    assert killed.returncode == -signal.SIGKILL
+    recorded = (tmp_path / "runs" / "k" / "provenance.json").read_text()
+    assert "read lazily (from shards, a row group at a time)" in recorded  # not data.cache=off
+    assert "data.cache" not in recorded
+    changed = tmp_path / "digits" / "train" / "part-00001.parquet"
+    table = pq.read_table(changed)
+    pq.write_table(table.slice(0, table.num_rows - 1), changed, row_group_size=64)
+    refused = run_train(tmp_path, *run, "run_name=k", "resume=auto", ok=False)
+    line = error_line(refused)
+    assert "train: these objects differ (name, size, version or Parquet footer): " in line
+    assert "part-00001.parquet" in line and "part-00000" not in line and "image files" not in line
+
+
 def test_one_process_and_two_take_the_same_global_batches():
     """The order is global: each process takes its rows of every global batch, so two
     processes of batch 8 consume exactly the stream one process of batch 16 does."""
@@ -678,3 +698,17 @@ def test_a_table_in_shards_trains_the_tabular_model_its_members_sharing_each_bat
     assert "the tabular model" in out and "each on batches of its own" in out
     assert "the train split is read in batches, not held whole, so the 8 members share" in out
     assert read_metrics(tmp_path / "runs/t")["test/acc"] > 0.8  # the sign of x0
+
+
+def test_the_data_wait_advice_on_shards_names_the_shards_keys(shards):
+    """It named data.cache, a key data=parquet lacks."""
+    from omegaconf import OmegaConf
+
+    from utils.config.build import build
+    from utils.fit.progress import data_wait_advice
+
+    node = OmegaConf.load(ROOT / "conf" / "data" / "parquet.yaml")
+    node.path, node.num_workers = str(shards / "digits"), 3
+    advice = data_wait_advice(0.4, build(node))
+    assert "data.num_workers (now 3: readers ahead of the step)" in advice
+    assert "data.shard_cache_gb" in advice and "data.cache=" not in advice

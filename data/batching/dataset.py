@@ -101,6 +101,8 @@ class Data:
         # Image files by split: the sha256 of their listing (data/batching/fingerprint.py
         # listing_sha256), what a split read lazily is compared by on resume.
         self.listings: dict[str, str] = {}
+        # Shards by split: each object's footprint by name, so a change names its objects.
+        self.objects: dict[str, dict[str, str]] = {}
         self.splits = {"train": splits.train, "val": splits.val, "test": splits.test}
         self.num_classes = self.targets.count
         self.fold_ids = None  # data/batching/folds.py FoldIds: data.split.folds's val samples
@@ -216,6 +218,11 @@ class Data:
         return isinstance(self.splits["train"], MappedSplit)
 
     @property
+    def from_shards(self) -> bool:
+        """The training split is read from Parquet shards a row group at a time."""
+        return isinstance(self.splits["train"], ShardSplit)
+
+    @property
     def test_split(self) -> str:
         """The split a run is finally tested on: test, or val when the dataset has none."""
         return "test" if self.splits["test"] is not None else "val"
@@ -286,9 +293,15 @@ class Data:
         content = hashlib.sha256(" ".join(s["sha256"] for s in splits.values()).encode())
         source = {"content_sha256": content.hexdigest(), "samples": sum(map(len, samples.values()))}
         if lazy:
-            source = {"unavailable": f"the {', '.join(lazy)} split is read lazily (data.cache=off)"}
+            source = {"unavailable": f"the {', '.join(lazy)} split is read lazily ({self.lazily})"}
         record = {"sources": {self.name: source}, "splits": splits, "samples": samples}
-        return {**record, "listings": dict(self.listings)}
+        objects = {"objects": dict(self.objects)} if self.objects else {}
+        return {**record, "listings": dict(self.listings), **objects}
+
+    @property
+    def lazily(self) -> str:
+        """How a split read lazily is read, in the keys of this kind of data."""
+        return "from shards, a row group at a time" if self.from_shards else "data.cache=off"
 
     def split_hashes(self, name: str, decode: bool = False) -> torch.Tensor | None:
         """Each sample's content hash in split ``name``: stored with its image cache, or

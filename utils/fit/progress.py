@@ -140,6 +140,13 @@ def data_wait_advice(fraction: float, data) -> str:
             "data.cache=memory (or a larger data.cache_max_gb), or keep images small "
             "(data.image_size)"
         )
+    if data.from_shards:
+        return (
+            f"{share}: batches are read from shards a row group at a time; raise "
+            f"data.num_workers (now {data.num_workers}: readers ahead of the step), keep row "
+            "groups fetched from an object store on local disk (data.shard_cache_gb), or write "
+            "images as uint8 pixels (shard.py images=pixels), which need no decoding"
+        )
     if not data.in_memory:
         return (
             f"{share}: raise data.num_workers (now {data.num_workers}), keep images small "

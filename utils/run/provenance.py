@@ -206,6 +206,8 @@ def record_at_start(cfg: Any, data: Any, run: Any, processes: Any) -> dict[str, 
     # A resume compares the data with the checkpoint's: a split read lazily is decoded for it.
     fingerprint = data.fingerprint(decode=bool(run.resumed))
     now = {key: fingerprint[key] for key in ("sources", "splits", "samples", "listings")}
+    if "objects" in fingerprint:  # shards: each object's footprint, to name what changed
+        now["objects"] = fingerprint["objects"]
     diff = Path(run.run_dir) / "code.diff" if cfg.provenance.save_diff else None
     code = code_record(diff if processes.is_main else None)
     stored = checked(run.resumed[1].get("provenance"), run.resumed[0]) if run.resumed else None
@@ -260,6 +262,9 @@ def data_changes(before: dict, now: dict) -> dict | None:
                 log.info("%s split: the checkpoint's record cannot be compared with it", split)
             elif listings[0] != listings[1]:
                 changed[split] = {"added": None, "removed": None, "by": "listing"}
+                objects = _objects_changed(before, now, split)
+                if objects is not None:
+                    changed[split]["objects"] = objects
             continue
         old_hashes, new_hashes = before["samples"].get(split), now["samples"].get(split)
         if old_hashes is None or new_hashes is None:
@@ -270,11 +275,28 @@ def data_changes(before: dict, now: dict) -> dict | None:
     return changed or None
 
 
+def _objects_changed(before: dict, now: dict, split: str) -> list[str] | None:
+    """The objects (shards) of ``split`` that changed, were added or were removed, by name,
+    where both records name them (None where either predates it)."""
+    old = (before.get("objects") or {}).get(split)
+    new = (now.get("objects") or {}).get(split)
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return None
+    return sorted(name for name in set(old) | set(new) if old.get(name) != new.get(name))
+
+
 def describe(changed: dict) -> str:
     """``train: 1 sample added, 0 removed; val: ...`` (a changed sample counts as both)."""
     parts = []
     for split, counts in changed.items():
-        if counts.get("by") == "listing":
+        if counts.get("objects"):  # shards: name the objects (a list read from a record)
+            names = [shown(str(name)) for name in counts["objects"][:3]]
+            more = len(counts["objects"]) - len(names)
+            parts.append(
+                f"{split}: these objects differ (name, size, version or Parquet footer): "
+                f"{', '.join(names)}{f' and {more} more' if more > 0 else ''}"
+            )
+        elif counts.get("by") == "listing":
             parts.append(
                 f"{split}: its image files differ (names, sizes or modification times; read "
                 "with data.cache=off, their content was not recorded)"
