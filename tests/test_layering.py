@@ -229,6 +229,14 @@ YAML_KEYED = {
     "models/text.py:text_transformer",  # conf/model/text_transformer.yaml's
     "models/text.py:hf_model",  # conf/model/hf.yaml's
 }
+# Modules long because their subject is: each with its reason, and a bound of its own.
+LONG_MODULES = {
+    "data/readers/image_cache.py": (430, "one cache file's whole life: built, checked, read"),
+    "data/batching/dataset.py": (430, "what every builder returns, for every kind of input"),
+    "models/text.py": (430, "three text models, and a local encoder's loading and checks"),
+    "utils/run/start.py": (430, "a run's start: folders, claims, the resume and its checks"),
+    "utils/run/provenance.py": (430, "what produced a run, and what changed in its data since"),
+}
 # Lines the formatter may not lay out. None today; a new one must say why it needs to be here.
 FMT_SKIPS = 0
 
@@ -247,7 +255,7 @@ def functions(path: Path):
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_modules_functions_and_signatures_stay_small(path):
     where = str(path.relative_to(ROOT))
-    assert len(path.read_text().splitlines()) <= MAX_LINES
+    assert len(path.read_text().splitlines()) <= LONG_MODULES.get(where, (MAX_LINES,))[0]
     for node in functions(path):
         limit = MAX_TRAIN if (where, node.name) == ("train.py", "train") else MAX_FUNCTION
         assert node.end_lineno - node.lineno + 1 <= limit, f"{where}:{node.lineno} {node.name}"
