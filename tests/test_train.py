@@ -20,6 +20,7 @@ CHECKPOINT_KEYS = {
     "rng_per_rank",
     "skipped_steps",
     "global_batch",
+    "numerics",
     "early_stopping",
     "elapsed_seconds",
     "ema",

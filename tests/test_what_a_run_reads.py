@@ -403,8 +403,9 @@ def test_a_planted_cache_of_the_right_size_but_other_pixels_is_rebuilt(tmp_path)
     planted = original[:4096] + bytes(255 - b for b in original[4096:])  # same header and size
     train.write_bytes(planted)
     result = run_train(tmp_path, *CACHED, "data.root=a", "run_name=p2")
-    assert "differs from" in result.stdout + result.stderr
-    assert train.read_bytes() == original
+    said = result.stdout + result.stderr
+    assert "is damaged (its image 0 does not match the hash written with it" in said
+    assert "rebuilding it" in said and train.read_bytes() == original
 
 
 # --- 3. Silently wrong results are refused, or right --------------------------------------

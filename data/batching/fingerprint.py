@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from collections import Counter
 from functools import cache
 from typing import Any
@@ -80,9 +81,10 @@ def sample_hashes(inputs: Any, labels: torch.Tensor) -> torch.Tensor:
     targets = _words_hash(_row_words(labels), 1) if count else out
     for start in range(0, count, step):
         part = inputs[start : start + step]
-        part = (
-            torch.from_numpy(np.ascontiguousarray(part)) if isinstance(part, np.ndarray) else part
-        )
+        if isinstance(part, np.ndarray):
+            with warnings.catch_warnings():  # a read-only memory map: read here, never written
+                warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+                part = torch.from_numpy(np.ascontiguousarray(part))
         sums = _words_hash(_row_words(part), 0)
         out[start : start + step] = _mixed(sums ^ targets[start : start + step])
     return out
