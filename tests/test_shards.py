@@ -712,3 +712,12 @@ def test_the_data_wait_advice_on_shards_names_the_shards_keys(shards):
     advice = data_wait_advice(0.4, build(node))
     assert "data.num_workers (now 3: readers ahead of the step)" in advice
     assert "data.shard_cache_gb" in advice and "data.cache=" not in advice
+
+
+@pytest.mark.parametrize("size", ["inf", "nan"])
+def test_a_cache_size_that_is_no_size_is_one_line(shards, size):
+    """data.shard_cache_gb=inf was a traceback, and nan's line did not say what it may be."""
+    run = ("data=parquet", "data.path=digits", f"data.shard_cache_gb={size}", "run_name=no_size")
+    line = error_line(run_train(shards, *run, ok=False))
+    assert line.startswith("error: data.shard_cache_gb=")
+    assert "must be auto, 0 (no cache) or a size in GB from 0 to 1,000,000" in line
