@@ -211,6 +211,7 @@ def test_a_prediction_is_traced_to_its_checkpoint_and_inputs(tmp_path):
     assert traced["inputs"]["count"] == 1 and len(traced["inputs"]["content_sha256"]) == 64
 
 
+@pytest.mark.slow  # 20 s: four runs; the record it reads is checked in the quick suite
 def test_compare_prints_exactly_what_differs(tmp_path):
     run_train(tmp_path, *QUICK, "run_name=a")
     run_train(tmp_path, *QUICK, "run_name=b", "optim.lr=0.001")

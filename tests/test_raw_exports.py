@@ -9,7 +9,15 @@ import csv
 import json
 
 import pytest
-from conftest import PREDICT, run_evaluate, run_python, run_train, write_imagefolder, write_rows
+from conftest import (
+    PREDICT,
+    run_evaluate,
+    run_python,
+    run_train,
+    slow,
+    write_imagefolder,
+    write_rows,
+)
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -103,7 +111,7 @@ def test_an_image_models_exports_take_png_pixels_and_match_predict(tmp_path):
 
 # the default (under 8,000 rows: inputs clamped to the training range, no embedding), and the
 # periodic embedding with the 0/1 columns as they are
-@pytest.mark.parametrize("embed", ["auto", "false"])
+@pytest.mark.parametrize("embed", ["auto", *slow("false")])
 def test_a_table_models_exports_take_raw_columns_with_gaps_and_categories(tmp_path, embed):
     colours = ["red", "green", "blue"]
     rows = []

@@ -192,6 +192,7 @@ def test_image_folders_resume_bit_identically_cached_or_not(tmp_path, cache, wor
     assert_same_run(tmp_path, "straight", "cut")
 
 
+@pytest.mark.slow  # 13 s; the quick suite's resumes after SIGTERM send it from inside the run
 def test_sigterm_from_outside_mid_epoch_resumes_bit_identically(tmp_path):
     """A real SIGTERM from another process, at whatever moment it lands."""
     run = [
@@ -252,6 +253,7 @@ def test_a_checkpoint_of_the_first_format_still_resumes(tmp_path):
     assert read_metrics(tmp_path / "runs" / "old")["epochs"] == 2
 
 
+@pytest.mark.slow  # 11 s of MKL_VERBOSE output from two fresh processes
 @pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="this torch has no MKL")
 def test_mkl_multiplies_in_its_run_to_run_reproducible_mode(tmp_path):
     """MKL promises the same bits from one run to the next only with conditional numerical
@@ -277,33 +279,49 @@ def test_mkl_multiplies_in_its_run_to_run_reproducible_mode(tmp_path):
         assert modes == {expected}, modes  # every product, none in another mode
 
 
+# A CNN whose BatchNorm statistics and products are split by the thread count; killed on 1
+# thread at its 4th step.
+THREADED = ["data=synthetic", "data.num_samples=384", "data.shape=[3,32,32]", "model=cnn"]
+THREADED += ["model._target_=signalling_model.cnn", "model.channels=[8,16]", "data.batch_size=128"]
+THREADED += ["trainer.max_epochs=2", "model.dropout=0", "trainer.log_every_n_steps=1"]
+ONE, TWO = {"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2"}
+
+
+def killed_on_one_thread(cwd, run_name: str) -> None:
+    killed = run_train(
+        cwd, *THREADED, f"run_name={run_name}", ok=False, env={**ONE, **killed_at(4)}
+    )
+    assert killed.returncode in (-9, 137), killed.stderr[-2000:]
+
+
 def test_a_resume_runs_on_the_cpu_threads_the_run_trained_on(tmp_path):
     """A sum's and a product's last bits follow torch's thread count (a CNN's BatchNorm
     statistics here), and a resume took whatever count its process got (OMP_NUM_THREADS, a
     library in the process, the cores torchrun shares out): killed on 1 thread and resumed on
     2, the run ended apart from an uninterrupted one. The count is recorded and followed."""
-    run = ["data=synthetic", "data.num_samples=384", "data.shape=[3,32,32]", "model=cnn"]
-    run += ["model._target_=signalling_model.cnn", "model.channels=[8,16]", "data.batch_size=128"]
-    run += ["trainer.max_epochs=2", "model.dropout=0", "trainer.log_every_n_steps=1"]
-    one, two = {"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2"}
-    run_train(tmp_path, *run, "run_name=straight", env=one, process=True)
-    killed = run_train(tmp_path, *run, "run_name=killed", ok=False, env={**one, **killed_at(4)})
-    assert killed.returncode in (-9, 137), killed.stderr[-2000:]
-    resumed = run_train(tmp_path, *run, "run_name=killed", "resume=auto", env=two, process=True)
+    run_train(tmp_path, *THREADED, "run_name=straight", env=ONE, process=True)
+    killed_on_one_thread(tmp_path, "killed")
+    resume = ("run_name=killed", "resume=auto")
+    resumed = run_train(tmp_path, *THREADED, *resume, env=TWO, process=True)
     assert_same_run(tmp_path, "straight", "killed")  # apart before the count was followed
     assert "resuming on 1 CPU threads, as the run trained" in resumed.stdout + resumed.stderr
-    # The cause, shown: trainer.cpu_threads=2 given, the resume runs on it, says so, and ends
-    # apart from the uninterrupted run.
-    again = run_train(tmp_path, *run, "run_name=other", ok=False, env={**one, **killed_at(4)})
-    assert again.returncode in (-9, 137), again.stderr[-2000:]
+    # an edited count (a billion threads) is one line, before anything starts
+    stored = checkpoint(tmp_path, "killed")
+    torch.save({**stored, "numerics": {"cpu_threads": 10**9}}, tmp_path / "edited.pt")
+    edited = ("run_name=e", f"resume={tmp_path / 'edited.pt'}")
+    refused = run_train(tmp_path, *THREADED, *edited, ok=False)
+    assert "its numerics record is not what torchloom writes" in error_line(refused)
+
+
+@pytest.mark.slow  # three more runs; the quick test above shows the count followed
+def test_a_resume_on_other_threads_asked_for_says_so_and_ends_apart(tmp_path):
+    """The cause, shown: trainer.cpu_threads=2 given, the resume runs on it, says so, and ends
+    apart from the uninterrupted run."""
+    run_train(tmp_path, *THREADED, "run_name=straight", env=ONE, process=True)
+    killed_on_one_thread(tmp_path, "other")
     asked = ("run_name=other", "resume=auto", "trainer.cpu_threads=2")
-    resumed = run_train(tmp_path, *run, *asked, env=two, process=True)
+    resumed = run_train(tmp_path, *THREADED, *asked, env=TWO, process=True)
     said = resumed.stdout + resumed.stderr
     assert "the run trained on 1 CPU threads and resumes on 2 (trainer.cpu_threads)" in said
     straight, other = checkpoint(tmp_path, "straight")["model"], checkpoint(tmp_path, "other")
     assert any(not torch.equal(straight[k], other["model"][k]) for k in straight)
-    # an edited count (a billion threads) is one line, before anything starts
-    edited = {**other, "numerics": {**other["numerics"], "cpu_threads": 10**9}}
-    torch.save(edited, tmp_path / "edited.pt")
-    refused = run_train(tmp_path, *run, "run_name=e", f"resume={tmp_path / 'edited.pt'}", ok=False)
-    assert "its numerics record is not what torchloom writes" in error_line(refused)

@@ -49,6 +49,8 @@ def same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # 17 s: three runs of 20 epochs; the order's worker independence is also
+# asserted by the kill test below (other workers on resume)
 def test_shards_of_the_digits_train_as_the_digits_do_on_any_number_of_workers(shards):
     files = sorted(p.name for p in (shards / "digits" / "train").iterdir())
     assert files == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
