@@ -108,6 +108,7 @@ def test_its_checkpoint_predicts_and_exports_without_the_folder(tuned, suffix):
         shutil.move(moved, cwd / "encoder")
 
 
+@pytest.mark.slow  # 12 s; the text resume test in the quick suite resumes on a stored tokenizer
 def test_a_killed_fine_tuning_resumes_to_the_same_weights(tmp_path):
     write_reviews(tmp_path / "reviews.csv", rows=96)
     with open(tmp_path / "reviews.csv") as f:

@@ -256,6 +256,7 @@ IMAGES_DDP = (
 )
 
 
+@pytest.mark.slow  # 12 s: torchrun with two processes
 def test_under_torchrun_the_cache_is_built_once_and_both_ranks_train_on_it(tmp_path):
     write_imagefolder(tmp_path / "images", per_class=8)
     builds = tmp_path / "builds.txt"

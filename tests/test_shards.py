@@ -382,6 +382,7 @@ def test_an_image_folder_becomes_encoded_shards_and_trains(tmp_path):
         ("a path, not bytes", "neither an encoded image nor"),
         ("a gap", "has a gap or a value that is not finite"),
         ("a vast shape", "torchloom.json's shape=[3, 20000, 20000]: an image is 1 to 64"),
+        ("an array's vast shape", "torchloom.json's shape=[1000000, 1000000]: 1,000,000,000,000"),
     ],
 )
 def test_broken_or_hostile_shards_are_one_line_and_leave_nothing(tmp_path, make, said):
@@ -409,6 +410,14 @@ def test_broken_or_hostile_shards_are_one_line_and_leave_nothing(tmp_path, make,
             folder / "p.parquet",
             row_group_size=8,
         )
+    elif make == "an array's vast shape":  # rows of 4 numbers claimed to be 10^12
+        arrays = pa.array([[1.0, 2.0, 3.0, 4.0]] * 40, type=pa.list_(pa.float32(), 4))
+        pq.write_table(
+            pa.table({"x": arrays, "label": ["a", "b"] * 20}),
+            folder / "p.parquet",
+            row_group_size=8,
+        )
+        (folder / "torchloom.json").write_text('{"shape": [1000000, 1000000]}')
     elif make == "a vast shape":  # 60 bytes that made every image be resized to 1.2 GB
         shard_of_pngs(folder / "p.parquet")
         (folder / "torchloom.json").write_text('{"shape": [3, 20000, 20000]}')

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,7 +59,7 @@ def input_columns(
     arrays = [n for n in others if pa.types.is_fixed_size_list(schema.field(n).type)]
     if features is None and len(arrays) == 1:
         width = schema.field(arrays[0]).type.list_size
-        shape = tuple(shape) if shape != "auto" else (width,)
+        shape = _array_shape(shape, width, given, arrays[0])
         return Columns("array", (arrays[0],), shape, tuple(target), classes)
     chosen = list(features) if features is not None else others
     unknown = [n for n in chosen if n not in schema.names]
@@ -72,6 +73,23 @@ def input_columns(
     columns = Columns("features", tuple(chosen), (0,), tuple(target), classes)
     columns = dataclasses.replace(columns, categories=categories)
     return dataclasses.replace(columns, shape=(columns.width,))
+
+
+def _array_shape(shape: Any, width: int, given: str, column: str) -> tuple[int, ...]:
+    """An array column's shape: ``data.shape`` (or torchloom.json's: ``given``), which must
+    hold exactly the column's ``width`` values, else ``(width,)``."""
+    if shape == "auto":
+        return (width,)
+    whole = isinstance(shape, Sequence) and not isinstance(shape, str) and len(shape) >= 1
+    dims = list(shape) if whole else []
+    if not dims or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in dims):
+        raise UserError(f"{given}={shape!r} must be a list of whole numbers, each 1 or more")
+    if math.prod(dims) != width:
+        raise UserError(
+            f"{given}={dims}: {math.prod(dims):,} values, and column {column!r} holds {width:,} "
+            "a row; give a shape of exactly that many values"
+        )
+    return tuple(dims)
 
 
 def _is_text(kind: Any) -> bool:
