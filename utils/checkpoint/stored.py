@@ -24,6 +24,7 @@ from utils.config.trust import (
     INTERPOLATION,
     check_stored_config,
     require_keys,
+    walk_keys,
     with_current_targets,
     without_callbacks,
 )
@@ -326,24 +327,13 @@ def data_config(stored: dict, overrides: DictConfig, record: Any = None) -> Dict
         if key not in merged:
             raise UserError(f"data.{key} does not apply to {stored['_target_']}")
         merged[key] = value
-    for key, value in _walk_values(merged, "data"):
+    for key, value in walk_keys(merged, "data"):
         if isinstance(value, str) and INTERPOLATION in value:  # only ${oc.env:NAME} is let in
             raise UserError(
                 f"{key}={value}: training read it from the environment, and a stored config's "
                 f"interpolations are never resolved; give {key}=... on this command line"
             )
     return OmegaConf.create(merged)
-
-
-def _walk_values(node: Any, where: str) -> Iterator[tuple[str, Any]]:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _walk_values(value, f"{where}.{key}")
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from _walk_values(value, f"{where}[{index}]")
-    else:
-        yield where, node
 
 
 @contextlib.contextmanager

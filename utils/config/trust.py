@@ -129,7 +129,7 @@ def builders_at() -> dict[str, frozenset[str]]:
         nodes = [yaml.safe_load(p.read_text()) for p in sorted((CONF / group).glob("*.yaml"))]
         nodes += [preset.get(group) for preset in presets if isinstance(preset, dict)]
         for node in nodes:
-            for key, value in _walk(node, group):
+            for key, value in walk_keys(node, group):
                 if key.endswith("._target_") and isinstance(value, str):
                     places.setdefault(key, set()).add(value)
     return {key: frozenset(targets) for key, targets in places.items()}
@@ -163,7 +163,7 @@ def check_stored_config(config: Any, source: Path | str) -> None:
     or a ``_target_`` that is not one torchloom's YAML files hold at that key
     (:func:`builders_at`), naming the key."""
     _check_size(config, source)
-    for key, value in _walk(config, ""):
+    for key, value in walk_keys(config, ""):
         recorded_environment = key.startswith(READ_FROM_ENVIRONMENT) and ENVIRONMENT.fullmatch(
             str(value)
         )
@@ -185,7 +185,7 @@ def check_stored_config(config: Any, source: Path | str) -> None:
                 f"torchloom's builders {which}; the file may be hostile, so nothing was "
                 "built or imported"
             )
-    for key, value in _walk(config, ""):
+    for key, value in walk_keys(config, ""):
         name = key.rsplit(".", 1)[-1]
         special = len(name) > 2 and name.startswith("_") and name.endswith("_")
         if special and name != "_target_" and STORED_SPECIAL_KEYS.get(key, ...) is not value:
@@ -200,7 +200,7 @@ def _check_size(config: Any, source: Path | str) -> None:
     """``config`` holds at most :data:`MAX_STORED_VALUES` keys and values, its model node at
     most :data:`MAX_MODEL_VALUES`: counted as they are walked, so a vast one stops early."""
     total = model = 0
-    for key, _ in _walk(config, ""):
+    for key, _ in walk_keys(config, ""):
         total, model = total + 1, model + key.startswith("model.")
         if total > MAX_STORED_VALUES or model > MAX_MODEL_VALUES:
             node, most = (
@@ -215,7 +215,7 @@ def _check_size(config: Any, source: Path | str) -> None:
             )
 
 
-def _walk(node: Any, where: str):
+def walk_keys(node: Any, where: str):
     """(dotted key, value) for every key and leaf of plain containers."""
     if isinstance(node, dict):
         for key, value in node.items():
@@ -226,12 +226,12 @@ def _walk(node: Any, where: str):
                     "the file may be hostile, so nothing was built"
                 )
             yield path, value
-            yield from _walk(value, path)
+            yield from walk_keys(value, path)
     elif isinstance(node, list):
         for index, value in enumerate(node):
             path = f"{where}[{index}]"
             yield path, value
-            yield from _walk(value, path)
+            yield from walk_keys(value, path)
 
 
 def require_keys(config: Any, source: Path | str, keys: dict[str, type]) -> None:

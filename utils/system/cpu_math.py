@@ -49,15 +49,14 @@ def cpu_numerics() -> dict:
 
 def resumed_threads(recorded: Any, asked: int | None, where: Any) -> int | None:
     """The thread count a resume asks for: ``trainer.cpu_threads`` when given (``asked``),
-    else the count the checkpoint ``recorded`` (:func:`cpu_numerics`; None before it was
-    recorded: this machine's choice). A recorded setting this process cannot follow (MKL's,
-    read as torch loaded) is said."""
+    else the count the checkpoint ``recorded`` (:func:`cpu_numerics`, a dict as the checkpoint
+    check found it; None before it was recorded: this machine's choice). A recorded setting
+    this process cannot follow (MKL's, read as torch loaded) is said."""
     if recorded is None:
         return asked
-    threads = recorded.get("cpu_threads") if isinstance(recorded, dict) else None
-    if not (isinstance(threads, int) and not isinstance(threads, bool)):
-        threads = 0
-    if not 1 <= threads <= MAX_THREADS:
+    threads = recorded.get("cpu_threads")
+    whole = isinstance(threads, int) and not isinstance(threads, bool)
+    if not (whole and 1 <= threads <= MAX_THREADS):
         raise UserError(
             f"cannot resume from {where}: its numerics record is not what torchloom writes "
             f"(cpu_threads={threads!r}; was it edited?); use init_from={where} for its weights"
@@ -80,9 +79,7 @@ def resumed_threads(recorded: Any, asked: int | None, where: Any) -> int | None:
 def say_resumed_threads(recorded: Any, threads: int, asked: int | None) -> None:
     """One line when the resume's thread count is the checkpoint's rather than this
     machine's, or differs from the checkpoint's because trainer.cpu_threads said so."""
-    trained = recorded.get("cpu_threads") if isinstance(recorded, dict) else None
-    if trained is None:
-        return
+    trained = recorded["cpu_threads"]  # checked by resumed_threads
     if asked is not None and asked != trained:
         log.warning(
             "warning: the run trained on %d CPU threads and resumes on %d (trainer.cpu_threads):"
