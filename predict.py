@@ -30,7 +30,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from data.readers.table import unseen_line
+from data.tables.table import unseen_line
 from utils.checkpoint.rebuild import rebuild
 from utils.checkpoint.record import read_inputs
 from utils.errors import UserError

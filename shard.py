@@ -1,5 +1,5 @@
 """Write any data torchloom reads as Parquet shards, locally or to object storage, so a run
-can read it with ``data=parquet`` (data/parquet.py; pip install -e ".[shards]").
+can read it with ``data=parquet`` (data/shards/parquet.py; pip install -e ".[shards]").
 
     python shard.py out=digits-shards rows_per_group=256           # the bundled digits
     python shard.py data=imagefolder data.root=flowers data.image_size=[96,96] \\
@@ -23,8 +23,8 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from data.readers.shard_writer import split_table, write_shards
-from data.readers.storage import arrow, filesystem, retried
+from data.shards.storage import arrow, filesystem, retried
+from data.shards.writer import split_table, write_shards
 from utils.config.build import build
 from utils.errors import UserError
 from utils.run.cli import one_line_errors, run_cli

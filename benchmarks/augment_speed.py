@@ -116,7 +116,7 @@ def timm_batches(root: Path, workers: int):
 
 def torchloom_batches(root: Path, workers: int):
     from data.batching.batches import Placement
-    from data.imagefolder import load_imagefolder
+    from data.images.imagefolder import load_imagefolder
 
     augment = {
         "spatial": "on",

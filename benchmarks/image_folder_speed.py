@@ -96,7 +96,7 @@ def write_floor(root: Path, side: int, channels: int) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from data.imagefolder import load_imagefolder
+    from data.images.imagefolder import load_imagefolder
 
     keys = {
         "batch_size": 128,

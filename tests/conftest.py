@@ -440,7 +440,7 @@ def raw_columns(path: Path, table: dict) -> torch.Tensor:
     """A CSV's rows as a table model's export takes them (utils/evaluation/raw_inputs.py): the
     number columns as written, NaN at a gap, then each categorical column's code in the
     recorded vocabulary (-1 for a value training never saw)."""
-    from data.readers.missing import is_gap
+    from data.tables.missing import is_gap
 
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))

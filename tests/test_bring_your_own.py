@@ -113,7 +113,7 @@ def test_a_csv_table_trains_evaluates_and_keeps_its_class_names(tmp_path):
 
 
 def test_csv_features_are_standardised_with_the_train_split_alone(tmp_path):
-    from data.tabular import load_csv
+    from data.tables.tabular import load_csv
 
     write_table(tmp_path / "table.csv")
     split = {"val_path": None, "test_path": None, "val": 0.25, "test": 0.25, "seed": 0}
@@ -440,7 +440,7 @@ def test_svhn_reads_its_mat_files_and_names_the_extra_when_scipy_is_missing(tmp_
                 "y": rng.integers(1, 11, (n, 1)),
             },
         )
-    from data.torchvision_datasets import read_svhn
+    from data.images.torchvision_datasets import read_svhn
 
     split, classes = read_svhn("svhn", root, "train", download=False)
     assert split.inputs.shape == (48, 3, 32, 32) and classes == [str(d) for d in range(10)]

@@ -255,7 +255,8 @@ def test_the_default_config_is_valid_and_resolves():
     cfg = make_config()
     check_config(cfg)
     assert (
-        cfg.data._target_ == "data.digits.load_digits" and cfg.model._target_ == "models.auto.auto"
+        cfg.data._target_ == "data.images.digits.load_digits"
+        and cfg.model._target_ == "models.auto.auto"
     )
     assert cfg.trainer.monitor == "val/acc" and cfg.trainer.monitor_mode == "auto"
     assert not math.isnan(cfg.optim.lr)

@@ -16,8 +16,8 @@ import pytest
 import torch
 from conftest import HELPERS, TRAIN, checkpoint, error_line, run_python, run_train, write_rows
 
-from data.tabular import load_csv
-from data.tensors import load_tensors
+from data.arrays.tensors import load_tensors
+from data.tables.tabular import load_csv
 
 BATCHING = {
     "batch_size": 16,
@@ -301,7 +301,7 @@ def test_cv_on_an_image_folder_decodes_it_once_and_a_moved_folder_keeps_its_cach
 
     from conftest import write_imagefolder
 
-    from data.readers import image_cache
+    from data.images import image_cache
 
     built, build_file = [], image_cache.build_file
 

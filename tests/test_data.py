@@ -10,14 +10,14 @@ import pytest
 import torch
 from conftest import write_cifar10, write_imagefolder, write_mnist
 
+from data.arrays.synthetic import load_synthetic
 from data.augmentation.images import Draws
 from data.batching.batches import Placement, random_crop
 from data.batching.splits import TensorSplit
-from data.cifar10 import load_cifar10
-from data.digits import load_digits
-from data.imagefolder import load_imagefolder
-from data.mnist import load_mnist
-from data.synthetic import load_synthetic
+from data.images.cifar10 import load_cifar10
+from data.images.digits import load_digits
+from data.images.imagefolder import load_imagefolder
+from data.images.mnist import load_mnist
 from utils.errors import UserError
 
 BATCHING = dict(

@@ -89,7 +89,7 @@ def test_the_lr_finder_suggests_a_sane_lr_and_leaves_the_model_as_it_was(tmp_pat
 
 
 def test_lr_range_test_restores_weights_and_optimizer():
-    from data.synthetic import load_synthetic
+    from data.arrays.synthetic import load_synthetic
 
     data = load_synthetic(
         num_samples=512,

@@ -1,4 +1,4 @@
-"""Image folders decoded once into a uint8 cache (data/readers/image_cache.py): batches bitwise those of
+"""Image folders decoded once into a uint8 cache (data/images/image_cache.py): batches bitwise those of
 the DataLoader path in the same order, a cache rebuilt when the folder changes or the file is
 broken, concurrent builders, an unwritable folder, a full disk, runs that are the same cached
 or not, and an evaluation that follows no stored cache folder."""
@@ -17,10 +17,10 @@ import pytest
 import torch
 from conftest import EVALUATE, ROOT, read_metrics, run_python, run_train, write_imagefolder
 
-import data.readers.image_cache as image_cache
+import data.images.image_cache as image_cache
 from data.batching.batches import MappedBatches, Placement, TensorBatches
 from data.batching.loader import LoaderBatches
-from data.imagefolder import load_imagefolder
+from data.images.imagefolder import load_imagefolder
 from utils.errors import UserError
 
 KEYS = {
@@ -143,7 +143,7 @@ def test_two_builders_at_once_end_with_one_valid_cache(tmp_path):
     root = write_imagefolder(tmp_path, per_class=30, size=(32, 32))
     build = (
         "import sys; sys.path.insert(0, sys.argv[1]); "
-        "from data.imagefolder import load_imagefolder; "
+        "from data.images.imagefolder import load_imagefolder; "
         "load_imagefolder(sys.argv[2], [16, 16], 3, cache='disk', batch_size=4, "
         "eval_batch_size=4, mean=[0.5], std=[0.5], num_workers=0, "
         "augment={'crop_padding': 0, 'horizontal_flip': False})"

@@ -25,8 +25,8 @@ from conftest import (
 from PIL import Image
 
 from data.batching.batches import Placement
-from data.image_manifest import load_image_csv
-from data.imagefolder import load_imagefolder
+from data.images.image_manifest import load_image_csv
+from data.images.imagefolder import load_imagefolder
 from utils.checkpoint.load import load_checkpoint
 
 BATCHING = {

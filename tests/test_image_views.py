@@ -23,7 +23,7 @@ from conftest import (
 )
 from PIL import Image
 
-from data.readers.pixels import decoded
+from data.images.pixels import decoded
 
 
 @pytest.mark.parametrize(("size", "crop_pct"), [((16, 16), 0.875), ((15, 20), 0.9), ((8, 8), 1.0)])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,10 @@ LAYERS = (
     ("utils.config",),
     ("data.augmentation",),
     ("data.batching", "models"),
-    ("data.readers",),
-    ("data", "data.text"),
+    ("data.tables",),
+    ("data.images",),
+    ("data.text", "data.arrays", "data.shards"),
+    ("data",),
     ("utils.precision", "utils.schedulers"),
     ("utils.model", "utils.evaluation", "utils.tracking", "utils.diagnose"),
     ("utils.tasks",),
@@ -212,38 +215,37 @@ def test_the_architecture_page_links_every_package_map():
     assert missing == []
 
 
-# --- Small pieces -----------------------------------------------------------------------------
+# --- Sizes describe the code -----------------------------------------------------------------
 
-# train.py's train: 80 before callbacks (their build and four events show in the recipe) and
-# the provenance record (one line), the run's length fitted to its data (one line) and whole
-# steps under accumulation (one line).
-MAX_MODULES, MAX_LINES, MAX_FUNCTION, MAX_TRAIN, MAX_PARAMETERS = 11, 400, 60, 87, 6
-# Builders whose parameters are the YAML keys of their config group (one key, one parameter).
-YAML_KEYED = {
-    "data/imagefolder.py:load_imagefolder",
-    "utils/schedulers.py:plateau",
-    "models/tabular.py:tabular",  # its keys are conf/model/tabular.yaml's
-    "models/auto.py:auto",  # conf/model/auto.yaml's, and the table's quantiles
-    "data/text/dataset.py:load_text",  # conf/data/text.yaml's
-    "models/text.py:text_bag",  # conf/model/text_bag.yaml's
-    "models/text.py:text_transformer",  # conf/model/text_transformer.yaml's
-    "models/text.py:hf_model",  # conf/model/hf.yaml's
-}
-# Modules long because their subject is: each with its reason, and a bound of its own.
+# Past these sizes a piece is named below with the reason it is as long as it is; nothing is
+# squeezed, merged or split to stay under them. An entry that no longer applies is removed (the
+# test fails on a stale one), so the lists say what is long today, and why.
+MODULES_PER_PACKAGE, MODULE_LINES, FUNCTION_LINES, PARAMETERS = 11, 400, 60, 6
+BIG_PACKAGES: dict[str, str] = {}
 LONG_MODULES = {
-    "data/readers/image_cache.py": (430, "one cache file's whole life: built, checked, read"),
-    "data/batching/dataset.py": (430, "what every builder returns, for every kind of input"),
-    "models/text.py": (430, "three text models, and a local encoder's loading and checks"),
-    "utils/run/start.py": (430, "a run's start: folders, claims, the resume and its checks"),
-    "utils/run/provenance.py": (430, "what produced a run, and what changed in its data since"),
+    "data/images/image_cache.py": "one cache file's whole life: built, checked, read",
+    "data/images/imagefolder.py": "a folder of images: listed, split, cached or read lazily",
+    "data/batching/dataset.py": "what every builder returns, and each split's batches",
+    "models/text.py": "three text models, and a local encoder's loading and checks",
+    "utils/run/start.py": "a run's start: folders, claims, the resume and its checks",
+    "utils/run/provenance.py": "what produced a run, and what changed in its data since",
+}
+LONG_FUNCTIONS = {
+    "train.py:train": "the recipe: read top to bottom, its shape checked below",
+}
+# Builders whose parameters are the YAML keys of their config group (one key, one parameter).
+MANY_PARAMETERS = {
+    "data/images/imagefolder.py:load_imagefolder": "conf/data/imagefolder.yaml's keys",
+    "utils/schedulers.py:plateau": "conf/scheduler/plateau.yaml's keys",
+    "models/tabular.py:tabular": "conf/model/tabular.yaml's keys",
+    "models/auto.py:auto": "conf/model/auto.yaml's keys, and the table's quantiles",
+    "data/text/dataset.py:load_text": "conf/data/text.yaml's keys",
+    "models/text.py:text_bag": "conf/model/text_bag.yaml's keys",
+    "models/text.py:text_transformer": "conf/model/text_transformer.yaml's keys",
+    "models/text.py:hf_model": "conf/model/hf.yaml's keys",
 }
 # Lines the formatter may not lay out. None today; a new one must say why it needs to be here.
 FMT_SKIPS = 0
-
-
-@pytest.mark.parametrize("folder", PACKAGES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_package_is_a_drawer(folder):
-    assert len([p for p in folder.glob("*.py") if p.stem != "__init__"]) <= MAX_MODULES
 
 
 def functions(path: Path):
@@ -252,18 +254,73 @@ def functions(path: Path):
             yield node
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_modules_functions_and_signatures_stay_small(path):
-    where = str(path.relative_to(ROOT))
-    assert len(path.read_text().splitlines()) <= LONG_MODULES.get(where, (MAX_LINES,))[0]
-    for node in functions(path):
-        limit = MAX_TRAIN if (where, node.name) == ("train.py", "train") else MAX_FUNCTION
-        assert node.end_lineno - node.lineno + 1 <= limit, f"{where}:{node.lineno} {node.name}"
-        arguments = node.args
-        named = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
-        count = len([a for a in named if a.arg not in ("self", "cls")])
-        if f"{where}:{node.name}" not in YAML_KEYED:
-            assert count <= MAX_PARAMETERS, f"{where}:{node.lineno} {node.name}"
+def long_pieces() -> dict[str, set[str]]:
+    """What is past each size today: packages, modules, functions, signatures."""
+    found: dict[str, set[str]] = {"packages": set(), "modules": set(), "functions": set()}
+    found["parameters"] = set()
+    for folder in PACKAGES:
+        if len([p for p in folder.glob("*.py") if p.stem != "__init__"]) > MODULES_PER_PACKAGE:
+            found["packages"].add(str(folder.relative_to(ROOT)))
+    for path in SOURCES:
+        where = str(path.relative_to(ROOT))
+        if len(path.read_text().splitlines()) > MODULE_LINES:
+            found["modules"].add(where)
+        for node in functions(path):
+            if node.end_lineno - node.lineno + 1 > FUNCTION_LINES:
+                found["functions"].add(f"{where}:{node.name}")
+            arguments = node.args
+            named = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+            if len([a for a in named if a.arg not in ("self", "cls")]) > PARAMETERS:
+                found["parameters"].add(f"{where}:{node.name}")
+    return found
+
+
+def test_what_is_long_is_named_with_its_reason_and_nothing_else_is():
+    found = long_pieces()
+    named = {
+        "packages": BIG_PACKAGES,
+        "modules": LONG_MODULES,
+        "functions": LONG_FUNCTIONS,
+        "parameters": MANY_PARAMETERS,
+    }
+    for size, pieces in named.items():
+        assert found[size] == set(pieces), size
+        assert all(reason.strip() for reason in pieces.values())
+
+
+def statements(body: list[ast.stmt]):
+    for node in body:
+        yield node
+        for field in ("body", "orelse", "finalbody"):
+            yield from statements(getattr(node, field, []) or [])
+
+
+def test_train_reads_as_a_recipe():
+    # Its shape, not its length: phases under "# ---" headings, one loop (the epochs), nothing
+    # defined or caught inside it, each branch a line or two, each statement one call's worth.
+    source = (ROOT / "train.py").read_text()
+    train = next(n for n in functions(ROOT / "train.py") if n.name == "train")
+    inside = list(statements(train.body[1:]))  # after its docstring
+    assert len([n for n in inside if isinstance(n, ast.For | ast.While)]) == 1
+    nested = [n for s in train.body for n in ast.walk(s)]
+    assert not [n for n in nested if isinstance(n, ast.Try | ast.FunctionDef | ast.Lambda)]
+    assert all(len(n.body) <= 4 for n in inside if isinstance(n, ast.If))
+    assert all(n.end_lineno - n.lineno <= 1 for n in inside if not hasattr(n, "body"))
+    lines = source.splitlines()[train.lineno : train.end_lineno]
+    assert len([line for line in lines if line.strip().startswith("# ---")]) >= 3
+
+
+def test_the_size_check_finds_what_is_long(tmp_path, monkeypatch):
+    # The test above would pass on a check that finds nothing: it finds these.
+    probe = tmp_path / "probe.py"
+    body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES))
+    probe.write_text(f"def long(a, b, c, d, e, f, g):\n{body}\n" + "\n" * MODULE_LINES)
+    monkeypatch.setattr(sys.modules[__name__], "SOURCES", [probe])
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGES", [])
+    found = long_pieces()
+    assert found["modules"] == {"probe.py"}
+    assert found["functions"] == found["parameters"] == {"probe.py:long"}
 
 
 def test_the_formatter_lays_out_the_code():
@@ -278,15 +335,15 @@ def test_the_formatter_lays_out_the_code():
 # --- The task owns what outputs mean ----------------------------------------------------------
 
 # The task owns what the model's outputs mean (utils/tasks/). data/batching/targets.py defines
-# the kinds of target; data/readers/target_columns.py reads a file's target column by kind
+# the kinds of target; data/tables/target_columns.py reads a file's target column by kind
 # (tables, texts, image manifests) and an array's y (tensors); the shards' reader parses its
 # Arrow columns itself. Nothing else asks which kind of task it is: a
 # new task is a module in utils/tasks/ and its YAML.
 KINDS = {"classes", "label_sets", "values"}
 KIND_OWNERS = {
     "data/batching/targets.py",
-    "data/readers/target_columns.py",  # how targets are read: tables, texts, manifests, arrays
-    "data/parquet.py",  # a class column, or number columns for task=regression
+    "data/tables/target_columns.py",  # how targets are read: tables, texts, manifests, arrays
+    "data/shards/parquet.py",  # a class column, or number columns for task=regression
 }
 TASK_CLASSES = {"Classification", "MultiLabel", "Regression"}
 
@@ -348,9 +405,13 @@ def test_the_import_reader_sees_imports_inside_functions_and_their_layers(tmp_pa
     probe = tmp_path / "probe.py"
     probe.write_text(
         "from utils.errors import UserError\n"
-        "def f():\n    from utils.fit.loop import Loop\n    import data.tabular\n"
+        "def f():\n    from utils.fit.loop import Loop\n    import data.tables.tabular\n"
     )
     found = [(module, inside) for module, _, inside in imports(probe)]
-    assert found == [("utils.errors", False), ("utils.fit.loop", True), ("data.tabular", True)]
+    assert found == [
+        ("utils.errors", False),
+        ("utils.fit.loop", True),
+        ("data.tables.tabular", True),
+    ]
     assert LEVEL[package("utils.run.start")] == LEVEL[package("utils.fit.loop")]  # sideways
-    assert LEVEL[package("data.tabular")] < LEVEL[package("utils.fit.loop")]
+    assert LEVEL[package("data.tables.tabular")] < LEVEL[package("utils.fit.loop")]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import EVALUATE, PREDICT, error_line, run_python, run_train, write_rows
 
-from data.tabular import load_csv
+from data.tables.tabular import load_csv
 
 AUGMENT = {"crop_padding": 0, "horizontal_flip": False}
 TRAIN_ROWS = [  # a, b, colour, y: a has gaps in three spellings, b in one
@@ -224,7 +224,7 @@ def test_a_gap_in_a_column_training_dropped_rows_for_is_refused_at_predict(tmp_p
     ],
 )
 def test_an_edited_gaps_record_is_refused(edit):
-    from data.readers.missing import MissingValues
+    from data.tables.missing import MissingValues
     from utils.errors import UserError
 
     record = {

@@ -104,7 +104,7 @@ def test_a_kill_inside_the_refit_resumes_it_bit_for_bit(tmp_path):
     )
 
 
-def _config(refit="auto", target="data.tabular.load_csv", folds=None, joined=False, **debug):
+def _config(refit="auto", target="data.tables.tabular.load_csv", folds=None, joined=False, **debug):
     trainer = {"refit": refit, "train_on_val": joined, "write_outputs": True, "shapes_only": False}
     trainer.update({"overfit_batches": 0, "limit_train_batches": None, "profile_steps": 0})
     trainer.update(debug)
@@ -120,8 +120,8 @@ def _first(train: int, val: int, test_split: str = "test") -> dict:
 def test_auto_refits_a_csv_table_under_10000_rows_and_true_any_held_split():
     assert _wanted(_config(), _first(AUTO_ROWS - 1001, 1000))
     assert not _wanted(_config(), _first(AUTO_ROWS - 1000, 1000))  # large enough to hold out
-    assert not _wanted(_config(target="data.tensors.load_tensors"), _first(300, 50))
-    assert _wanted(_config(True, target="data.tensors.load_tensors"), _first(30000, 50))
+    assert not _wanted(_config(target="data.arrays.tensors.load_tensors"), _first(300, 50))
+    assert _wanted(_config(True, target="data.arrays.tensors.load_tensors"), _first(30000, 50))
     assert not _wanted(_config(False), _first(300, 50))
     assert not _wanted(_config(folds=5), _first(300, 50))  # a fold's val makes its oof
     assert not _wanted(_config(joined=True), _first(300, 50))  # the refit itself

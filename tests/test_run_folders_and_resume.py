@@ -85,17 +85,17 @@ HOSTILE_CONFIGS = [
         "a group's builder where its group holds none",  # a loader inside data.augment
         {
             "data": {
-                "_target_": "data.digits.load_digits",
-                "augment": {"_target_": "data.tabular.load_csv", "path": "/etc/passwd"},
+                "_target_": "data.images.digits.load_digits",
+                "augment": {"_target_": "data.tables.tabular.load_csv", "path": "/etc/passwd"},
             }
         },
-        "data.augment._target_='data.tabular.load_csv' is not one of torchloom's builders",
+        "data.augment._target_='data.tables.tabular.load_csv' is not one of torchloom's builders",
     ),
     (
         "target inside _args_",
         {
             "data": {
-                "_target_": "data.digits.load_digits",
+                "_target_": "data.images.digits.load_digits",
                 "_args_": [{"_target_": "builtins.eval"}],
             }
         },
@@ -127,7 +127,7 @@ def test_only_the_exact_builders_of_our_own_yaml_files_are_allowed():
     assert {
         "models.mlp.mlp",
         "models.cnn.cnn",
-        "data.digits.load_digits",
+        "data.images.digits.load_digits",
         "utils.precision.Precision",
         "utils.schedulers.cosine",
         "torch.optim.AdamW",
@@ -173,9 +173,9 @@ def test_evaluate_runs_nothing_from_an_interpolation_or_a_chained_target(base, t
 @pytest.mark.parametrize(
     ("group", "target", "extra"),
     [
-        ("model", "data.tabular.load_csv", {"path": "SECRET", "target": "x"}),
+        ("model", "data.tables.tabular.load_csv", {"path": "SECRET", "target": "x"}),
         ("task", "utils.tracking.local.CsvLog", {}),
-        ("precision", "data.tabular.load_csv", {"path": "SECRET"}),
+        ("precision", "data.tables.tabular.load_csv", {"path": "SECRET"}),
         ("optim", "models.mlp.mlp", {"_partial_": True}),
     ],
 )
@@ -624,7 +624,7 @@ def test_a_cifar_batch_with_fewer_labels_than_images_is_refused(tmp_path):
 
     from conftest import write_cifar10
 
-    from data.cifar10 import read_batch
+    from data.images.cifar10 import read_batch
 
     folder = write_cifar10(tmp_path) / "cifar-10-batches-py"
     with open(folder / "data_batch_1", "rb") as f:

@@ -120,7 +120,7 @@ def test_one_process_and_two_take_the_same_global_batches():
     processes of batch 8 consume exactly the stream one process of batch 16 does."""
     from data.batching.batches import BatchPlan, BatchTransform
     from data.batching.order import block_order
-    from data.batching.shards import ShardBatches, ShardSplit
+    from data.shards.batches import ShardBatches, ShardSplit
 
     sizes = (7, 5, 9, 6, 8)
     starts = torch.tensor([0, *sizes]).cumsum(0)
@@ -215,7 +215,7 @@ def test_row_groups_fetched_from_s3_are_kept_on_local_disk_and_read_from_there(
     """The second run reads the row groups the first one fetched from the local cache: one
     entry cut short is fetched again (the same weights), and so is every entry replaced by
     other numbers without the checksum the cache writes (they were trained on before)."""
-    from data.readers.shard_cache import TRAILER_BYTES
+    from data.shards.cache import TRAILER_BYTES
 
     run_python(tmp_path, str(SHARD), "out=s3://bucket/digits", "rows_per_group=64", env=s3)
     cache = tmp_path / "cache"
@@ -245,7 +245,7 @@ def test_row_groups_fetched_from_s3_are_kept_on_local_disk_and_read_from_there(
 
 
 def test_the_row_group_cache_keeps_its_bound_least_recently_used_out(tmp_path):
-    from data.readers.shard_cache import ShardCache, shard_cache
+    from data.shards.cache import ShardCache, shard_cache
 
     a, b, c = (name * 64 for name in "abc")  # entries are named by a sha256
     table = pa.table({"x": list(range(1000))})  # about 8 kB an entry
@@ -276,7 +276,7 @@ def test_the_row_group_cache_keeps_its_bound_least_recently_used_out(tmp_path):
 def test_a_damaged_cache_entry_is_fetched_again_not_read(tmp_path, caplog, damage):
     """An entry is checked as a shard's pages are: a byte changed amid its values was read as
     other values before (a flip in the shard itself is refused)."""
-    from data.readers.shard_cache import ShardCache
+    from data.shards.cache import ShardCache
 
     key, table = "d" * 64, pa.table({"x": list(range(1000))})
     cache = ShardCache(str(tmp_path), limit=10**9)
@@ -539,7 +539,7 @@ def test_a_stop_signal_while_a_row_group_never_arrives_ends_the_wait():
     import threading
 
     from data.batching.batches import BatchPlan, BatchTransform
-    from data.batching.shards import ShardBatches, ShardSplit
+    from data.shards.batches import ShardBatches, ShardSplit
     from utils.system.signals import Interrupted, StopRequest
 
     never = threading.Event()
@@ -566,7 +566,7 @@ def test_each_process_decodes_only_the_rows_it_takes_and_batches_stay_the_same()
     """Encoded images: of each row group a process of two decodes only the rows its part of
     the global batches takes, and its batches are what decoding everything gives."""
     from data.batching.batches import BatchPlan, BatchTransform
-    from data.batching.shards import ShardBatches, ShardSplit
+    from data.shards.batches import ShardBatches, ShardSplit
 
     sizes = (7, 5, 9, 6, 8)
     starts = torch.tensor([0, *sizes]).cumsum(0)

@@ -112,10 +112,10 @@ def test_the_slurm_launcher_config_warns_before_the_time_limit_and_requeues():
 @pytest.mark.parametrize(
     ("experiment", "model", "data"),
     [
-        ("digits_mlp", "models.mlp.mlp", "data.digits.load_digits"),
-        ("digits_cnn", "models.cnn.cnn", "data.digits.load_digits"),
-        ("mnist_cnn", "models.cnn.cnn", "data.mnist.load_mnist"),
-        ("cifar10_resnet18", "models.resnet.resnet18", "data.cifar10.load_cifar10"),
+        ("digits_mlp", "models.mlp.mlp", "data.images.digits.load_digits"),
+        ("digits_cnn", "models.cnn.cnn", "data.images.digits.load_digits"),
+        ("mnist_cnn", "models.cnn.cnn", "data.images.mnist.load_mnist"),
+        ("cifar10_resnet18", "models.resnet.resnet18", "data.images.cifar10.load_cifar10"),
     ],
 )
 def test_each_experiment_preset_composes_and_overrides_still_apply(experiment, model, data):

@@ -488,8 +488,8 @@ def test_a_lazy_model_of_the_right_width_trains_saves_and_evaluates(tmp_path):
 
 
 def test_zero_one_columns_are_label_sets_and_tensors_hold_every_kind(tmp_path):
-    from data.tabular import load_csv
-    from data.tensors import load_tensors
+    from data.arrays.tensors import load_tensors
+    from data.tables.tabular import load_csv
 
     write_houses(tmp_path / "houses.csv", rows=100)
     split = {"val_path": None, "test_path": None, "val": 0.2, "test": 0.2, "seed": 0}
@@ -536,7 +536,7 @@ def test_zero_one_columns_are_label_sets_and_tensors_hold_every_kind(tmp_path):
         (
             ["task=regression"],
             "task=regression learns numbers (data=csv, data=tensors or "
-            "data=image_csv), and data.digits.load_digits reads class labels only",
+            "data=image_csv), and data.images.digits.load_digits reads class labels only",
         ),
         (
             ["task=regression", "data=csv", "data.path=houses.csv", "data.target=tags"],

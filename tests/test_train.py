@@ -335,17 +335,17 @@ class VirtualClock:
 def test_a_data_bound_run_measures_its_waiting_and_says_what_to_change(tmp_path, monkeypatch):
     from conftest import write_imagefolder
 
-    import data.imagefolder
+    import data.images.imagefolder
     import utils.fit.loop
     import utils.fit.progress
 
-    decode, clock = data.imagefolder.decode, VirtualClock()
+    decode, clock = data.images.imagefolder.decode, VirtualClock()
 
     def slow_decode(*args):  # 10 ms an image on the loop's clock: the loop waits for batches
         clock.now += 0.01
         return decode(*args)
 
-    monkeypatch.setattr(data.imagefolder, "decode", slow_decode)  # in-process run below
+    monkeypatch.setattr(data.images.imagefolder, "decode", slow_decode)  # in-process run below
     monkeypatch.setattr(utils.fit.loop, "time", clock)
     monkeypatch.setattr(utils.fit.progress, "time", clock)
     root = write_imagefolder(tmp_path / "images", per_class=40, size=(16, 16), test=False)

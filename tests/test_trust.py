@@ -138,7 +138,7 @@ def test_untrusted_targets_are_refused_naming_the_key(target):
 
 def test_project_and_torch_targets_are_trusted():
     check_stored_config({"model": {"_target_": "models.cnn.cnn"}}, "x.pt")
-    check_stored_config({"data": {"_target_": "data.digits.load_digits"}}, "x.pt")
+    check_stored_config({"data": {"_target_": "data.images.digits.load_digits"}}, "x.pt")
     check_stored_config({"optim": {"_target_": "torch.optim.SGD"}}, "x.pt")
 
 
@@ -375,7 +375,7 @@ def test_evaluate_finds_moved_data_through_data_root(tmp_path, mnist_root):
     line = only_error_line(
         run_evaluate(tmp_path, "ckpt=checkpoints/m", "data.path=x.csv", ok=False)
     )
-    assert "data.path does not apply to data.mnist.load_mnist" in line
+    assert "data.path does not apply to data.images.mnist.load_mnist" in line
 
 
 def test_evaluate_follows_the_split_training_tested_on(tmp_path):
@@ -479,7 +479,7 @@ def test_a_data_path_read_from_the_environment_is_given_on_the_command_line(tmp_
     """data.path=${oc.env:DIGITS} is recorded as the interpolation: evaluate.py refused the
     checkpoint, and data.path=... could not replace it. Now it is one line naming the key, and
     the key given here evaluates it; the environment is never read for it."""
-    from data.digits import BUNDLED
+    from data.images.digits import BUNDLED
 
     run_train(tmp_path, "data.path=${oc.env:DIGITS}", *SHORT, env={"DIGITS": str(BUNDLED)})
     best = next((tmp_path / "checkpoints").rglob("best.pt"))

@@ -126,7 +126,7 @@ def probe() -> Facts:
         nccl=nccl,
         triton=find_spec("triton") is not None,
         cpu_cores=cores,
-        worker_count=min(8, cores),  # data/imagefolder.py's default
+        worker_count=min(8, cores),  # data/images/imagefolder.py's default
         torch_installs=torch_installs(),
         shadowing_libraries=shadowing_libraries(),
     )

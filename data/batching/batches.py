@@ -289,7 +289,7 @@ def member_rows(members: int, train: bool, split: object, name: str) -> int:
     a model's ``members`` for training on a split held whole (:class:`TensorSplit`); otherwise
     1 (evaluation; a split read in batches, such as shards, read window by window for the one
     order: said in one line)."""
-    held = isinstance(split, TensorSplit)
+    held = split.held == "memory"
     if train and members > 1 and not held:
         log.info(
             "model.share_batches=false: the %s split is read in batches, not held whole, so "

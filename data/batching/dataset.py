@@ -35,7 +35,6 @@ from data.batching.batches import (
 )
 from data.batching.fingerprint import decoded_hashes, membership, sample_hashes
 from data.batching.loader import LoaderBatches
-from data.batching.shards import ShardBatches, ShardSplit
 from data.batching.splits import MappedSplit, TensorSplit, feature_quantiles, joined
 from data.batching.targets import Targets
 from utils.config.arguments import POSITIVE_INT, check_values, one_of
@@ -94,7 +93,7 @@ class Data:
             else Targets("classes", num_classes, tuple(classes) if classes is not None else None)
         )
         self.classes = self.targets.class_names  # what a checkpoint's inputs record calls them
-        self.table: dict | None = None  # a table's column encoding (data/tabular.py)
+        self.table: dict | None = None  # a table's column encoding (data/tables/tabular.py)
         self.text: dict | None = None  # texts: the tokenizer's record (data/text/tokenizer.py)
         self.pad_id: int | None = None  # texts: the token id that pads (data/text/dataset.py)
         self.gapped: set[str] = set()  # a table's columns with gaps this data filled
@@ -184,7 +183,7 @@ class Data:
         split = self.splits["train"]
         if isinstance(split, TensorSplit):
             return split.inputs.dtype == torch.uint8
-        return split.pixels if isinstance(split, ShardSplit) else True
+        return split.pixels if split.held == "shards" else True
 
     @property
     def feature_quantiles(self) -> torch.Tensor | None:
@@ -220,7 +219,7 @@ class Data:
     @property
     def from_shards(self) -> bool:
         """The training split is read from Parquet shards a row group at a time."""
-        return isinstance(self.splits["train"], ShardSplit)
+        return self.splits["train"].held == "shards"
 
     @property
     def test_split(self) -> str:
@@ -313,7 +312,7 @@ class Data:
         if isinstance(split, TensorSplit | MappedSplit):
             inputs = split.inputs if isinstance(split, TensorSplit) else split.images
             return sample_hashes(inputs, split.labels)
-        lazy = split is not None and decode and not isinstance(split, ShardSplit)  # by listing
+        lazy = split is not None and decode and split.held == "files"  # by listing
         return decoded_hashes(split) if lazy else None
 
     def join_val(self) -> None:
@@ -354,10 +353,8 @@ class Data:
             batches = TensorBatches(self.splits[split], plan, transform, self.pad_id)
         elif isinstance(self.splits[split], MappedSplit):
             batches = MappedBatches(self.splits[split], plan, transform)
-        elif isinstance(self.splits[split], ShardSplit):  # data=parquet: read ahead, in our order
-            batches = ShardBatches(self.splits[split], plan, transform)
-        else:
-            batches = LoaderBatches(self.splits[split], plan, transform, self.num_workers)
+        else:  # a split that reads itself: shards read ahead, image files decoded by workers
+            batches = self.splits[split].batches(plan, transform, self.num_workers)
         if train and self.mixing:
             return MixedBatches(batches, self.mixing, self.num_classes, plan)
         return batches

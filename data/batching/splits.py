@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ class TensorSplit:
     inputs: torch.Tensor
     labels: torch.Tensor
     hashes: torch.Tensor | None = None  # per-sample content hashes, when stored with a cache
+    held: ClassVar[str] = "memory"  # how a split is held: memory, disk, files or shards
 
     def __post_init__(self) -> None:
         if len(self.inputs) != len(self.labels):  # the extra images would be dropped unseen
@@ -42,12 +43,13 @@ class TensorSplit:
 
 @dataclass(frozen=True)
 class MappedSplit:
-    """A split cached on disk (data/readers/image_cache.py): uint8 images [N, C, H, W] memory-mapped,
+    """A split cached on disk (data/images/image_cache.py): uint8 images [N, C, H, W] memory-mapped,
     targets (data/batching/targets.py) in memory."""
 
     images: np.ndarray  # an np.memmap: pages are read as batches need them
     labels: torch.Tensor
     hashes: torch.Tensor | None = None  # per-sample content hashes, stored with the cache
+    held: ClassVar[str] = "disk"
 
     def __len__(self) -> int:
         return len(self.labels)

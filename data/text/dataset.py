@@ -29,7 +29,7 @@ from data.batching.dataset import Batching, Data, Splits
 from data.batching.folds import FoldIds, FoldPlan, tensor_splits
 from data.batching.splits import TensorSplit
 from data.batching.targets import Targets, reads_targets
-from data.readers.target_columns import TargetColumns
+from data.tables.target_columns import TargetColumns
 from data.text import tokenizer as tokenizers
 from data.text.files import decoded, read_rows, texts_of
 from utils.config.arguments import POSITIVE_INT, check_values

@@ -1,7 +1,7 @@
 """Texts and their targets read from files (``data=text``): a CSV or TSV file, a JSON-lines
 file (``.jsonl``: one object a line), or a folder with one sub-folder of ``.txt`` files per
 class (the layout of the public review sets: ``train/pos/1.txt``). Each becomes a header and
-rows of strings, so the targets are read by data/readers/target_columns.py as a table's are.
+rows of strings, so the targets are read by data/tables/target_columns.py as a table's are.
 
 Files from elsewhere are read strictly: UTF-8 only (a BOM is allowed), and an undecodable byte,
 a NUL byte or a text longer than :data:`MAX_TEXT_CHARS` is one line naming the file and line.

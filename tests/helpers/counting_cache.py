@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from data.readers import image_cache  # noqa: E402
+from data.images import image_cache  # noqa: E402
 
 build_file = image_cache.build_file
 

@@ -19,8 +19,8 @@ import torch
 
 from data.batching.batches import BatchTransform, TokenIds
 from data.batching.targets import KINDS, Targets
-from data.imagefolder import decode, is_crop_pct
-from data.readers.table import Columns, read_table
+from data.images.imagefolder import decode, is_crop_pct
+from data.tables.table import Columns, read_table
 from data.text.dataset import predicted_texts
 from data.text.tokenizer import from_record
 from utils.config.trust import stored_floats
@@ -35,7 +35,7 @@ MAX_SAMPLE_ELEMENTS = 2**26  # values in one input (3 × 4,729 × 4,729): a boun
 class InputRecord:
     """How the training data reached the model: ``input_shape``, per-channel ``mean`` and
     ``std``, ``num_classes`` (the output's width) and their names, for a table its columns
-    (data/tabular.py), and the ``targets`` with what the task stored (a multi-label threshold,
+    (data/tables/tabular.py), and the ``targets`` with what the task stored (a multi-label threshold,
     a regression target scale). A record written before other tasks existed is a classifier's."""
 
     input_shape: tuple[int, ...]

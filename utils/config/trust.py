@@ -83,12 +83,23 @@ MAX_MODEL_VALUES = 4096
 # Builders whose module moved since a checkpoint was written: a stored config naming the old
 # path means the builder at the new one. Applied as the config is read (load_checkpoint, an
 # export's or a YAML file's config), before the allowlist check and before a resume compares
-# configs. Only the loggers moved (conf/logger); every other stored path is where it was.
+# configs. The loggers moved (conf/logger), and the data builders into their families' folders
+# (data/images/, data/tables/, data/arrays/, data/shards/); every other stored path is where it was.
 MOVED_TARGETS = {
     "utils.trackers.TensorBoard": "utils.tracking.local.TensorBoard",
     "utils.trackers.CsvLog": "utils.tracking.local.CsvLog",
     "utils.tracker_mlflow.Mlflow": "utils.tracking.mlflow.Mlflow",
     "utils.tracker_wandb.Wandb": "utils.tracking.wandb.Wandb",
+    "data.digits.load_digits": "data.images.digits.load_digits",
+    "data.mnist.load_mnist": "data.images.mnist.load_mnist",
+    "data.cifar10.load_cifar10": "data.images.cifar10.load_cifar10",
+    "data.torchvision_datasets.load_torchvision": "data.images.torchvision_datasets.load_torchvision",
+    "data.imagefolder.load_imagefolder": "data.images.imagefolder.load_imagefolder",
+    "data.image_manifest.load_image_csv": "data.images.image_manifest.load_image_csv",
+    "data.tabular.load_csv": "data.tables.tabular.load_csv",
+    "data.tensors.load_tensors": "data.arrays.tensors.load_tensors",
+    "data.synthetic.load_synthetic": "data.arrays.synthetic.load_synthetic",
+    "data.parquet.load_parquet": "data.shards.parquet.load_parquet",
 }
 
 

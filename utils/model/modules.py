@@ -125,7 +125,7 @@ def model_shapes(
 
 def indicator_features(input_shape: Any, table: dict | None) -> int | None:
     """How many of a table's features follow its numbers: the one-hot categories and the gap
-    flags, each 0 or 1 (data/readers/table.py ``Columns``: numbers first); None for other data."""
+    flags, each 0 or 1 (data/tables/table.py ``Columns``: numbers first); None for other data."""
     numeric = table.get("numeric") if isinstance(table, dict) else None
     if not isinstance(numeric, list) or len(input_shape) != 1:
         return None

@@ -52,11 +52,11 @@ from utils.text import cell, console
 
 log = logging.getLogger("torchloom")
 FOLDED_DATA = (
-    "data.tabular.load_csv",
-    "data.tensors.load_tensors",
-    "data.image_manifest.load_image_csv",
-    "data.imagefolder.load_imagefolder",
-    "data.digits.load_digits",
+    "data.tables.tabular.load_csv",
+    "data.arrays.tensors.load_tensors",
+    "data.images.image_manifest.load_image_csv",
+    "data.images.imagefolder.load_imagefolder",
+    "data.images.digits.load_digits",
     "data.text.dataset.load_text",
 )
 PREDICTIONS = "oof.pt"  # a fold's val predictions, in its run dir

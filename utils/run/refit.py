@@ -38,7 +38,7 @@ from utils.system.distributed import processes_from_env
 
 log = logging.getLogger("torchloom")
 AUTO_ROWS = 10_000  # refit=auto: a CSV table whose train ∪ val hold fewer rows
-TABLES = ("data.tabular.load_csv",)  # what refit=auto refits
+TABLES = ("data.tables.tabular.load_csv",)  # what refit=auto refits
 ONCE = 10**9  # the refit's val_every_n_epochs: validated after its last epoch alone
 
 

@@ -29,7 +29,7 @@ from data.batching.dataset import Batching, Data, Splits
 from data.batching.folds import FoldIds, FoldPlan, tensor_splits
 from data.batching.splits import TensorSplit, channel_statistics
 from data.batching.targets import reads_targets
-from data.readers.target_columns import array_targets, stratifies, target_array
+from data.tables.target_columns import array_targets, stratifies, target_array
 from utils.errors import UserError
 from utils.intact import check_intact
 

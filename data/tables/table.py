@@ -16,9 +16,9 @@ import torch
 
 from data.batching.splits import TensorSplit
 from data.batching.targets import KINDS
-from data.readers.column_kinds import auto_columns
-from data.readers.missing import FLOAT32_MAX, MissingValues, is_gap
-from data.readers.target_columns import TargetColumns
+from data.tables.column_kinds import auto_columns
+from data.tables.missing import FLOAT32_MAX, MissingValues, is_gap
+from data.tables.target_columns import TargetColumns
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
@@ -187,7 +187,7 @@ class Columns:
 
     def fit_gaps(self, train: TensorSplit, path: Path) -> None:
         """What the gaps of every split become, fitted on the ``train`` split alone
-        (data/readers/missing.py)."""
+        (data/tables/missing.py)."""
         self.missing.fit(train.inputs, self.numeric, path)
 
     def filled(self, split: TensorSplit, name: str) -> TensorSplit:

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from data.batching.targets import SET_SEPARATOR, sorted_names
-from data.readers.pixels import decoded
-from data.readers.shard_cache import ShardCache
-from data.readers.storage import (
+from data.images.pixels import decoded
+from data.shards.cache import ShardCache
+from data.shards.storage import (
     Shard,
     arrow,
     endpoint,
@@ -71,7 +71,7 @@ class Columns:
 @dataclass(frozen=True)
 class RowGroups:
     """Reads and decodes a split's row group ``g`` (numbered in file order): picklable, so the
-    DataLoader workers of data/batching/shards.py call it in their own processes."""
+    DataLoader workers of data/shards/batches.py call it in their own processes."""
 
     shards: tuple[Shard, ...]
     groups: tuple[tuple[int, int], ...]  # (shard, row group within it), in file order

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from data.readers.storage import arrow, filesystem
+from data.shards.storage import arrow, filesystem
 
 
 def split_table(inputs: torch.Tensor, targets: torch.Tensor, names: Any, images: str) -> Any:

@@ -156,7 +156,7 @@ def parquet_file(shard: Shard) -> Any:
     """The ``pyarrow.parquet.ParquetFile`` of ``shard`` (its footer read once per process);
     a file that is no Parquet is one line naming it."""
     # Per process (a file opened before a fork shares its connection) and per reading thread
-    # (data/batching/shards.py's each read through their own; a thread of the next epoch in
+    # (data/shards/batches.py's each read through their own; a thread of the next epoch in
     # the same slot has the same name, and reuses it rather than reading the footer again).
     key = (os.getpid(), threading.current_thread().name, endpoint(), shard.where, shard.path)
     key += (shard.size, shard.version)  # a rewritten object is opened anew

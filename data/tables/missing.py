@@ -15,7 +15,7 @@ column has a mode, ``data.na`` unless ``data.na_columns`` names the column:
 
 ``data.na_indicator=true`` adds a 0/1 column ``<column>=missing`` for each column that has gaps
 in the train split, so the model can tell a filled value from a measured one. A categorical
-column needs none of this: its empty cell is a category of its own (data/tabular.py). What was
+column needs none of this: its empty cell is a category of its own (data/tables/tabular.py). What was
 fitted (the fill values, the indicator columns) goes into the checkpoint's table record, so
 ``predict.py`` fills a row's gaps exactly as training did.
 """

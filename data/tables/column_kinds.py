@@ -8,7 +8,7 @@ import itertools
 import logging
 from pathlib import Path
 
-from data.readers.missing import is_gap
+from data.tables.missing import is_gap
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")

@@ -20,7 +20,7 @@ from data.batching.folds import FoldIds, FoldPlan, tensor_splits
 from data.batching.splits import TensorSplit, holdout
 from utils.errors import UserError
 
-BUNDLED = Path(__file__).parent / "assets" / "digits.csv.gz"
+BUNDLED = Path(__file__).parents[1] / "assets" / "digits.csv.gz"
 
 
 def read_digits_csv(path: Path) -> TensorSplit:

@@ -25,7 +25,7 @@ by the next, and a stop signal ends a build within a batch of images. A short or
 is rebuilt with a warning; an unwritable folder falls back to decoding into memory (or the
 DataLoader path) with one warning; a full disk leaves no partial file and says so.
 
-A cached image is exactly what the DataLoader path decodes (:func:`data.imagefolder.decode`),
+A cached image is exactly what the DataLoader path decodes (:func:`data.images.imagefolder.decode`),
 so a cached and an uncached run see bitwise the same batches in the same order.
 """
 

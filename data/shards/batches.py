@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -44,9 +44,14 @@ class ShardSplit:
     workers: int  # data.num_workers: reading threads
     pixels: bool  # uint8 images (normalised from [0, 255]), else numbers in their own units
     decodes: bool = False  # encoded images, decoded in Python: read by worker processes
+    held: ClassVar[str] = "shards"
 
     def __len__(self) -> int:
         return sum(self.sizes)
+
+    def batches(self, plan: BatchPlan, transform: BatchTransform, workers: int) -> ShardBatches:
+        """This split's batches, read ahead in our order (``workers``: its own, data.num_workers)."""
+        return ShardBatches(self, plan, transform)
 
     @property
     def starts(self) -> torch.Tensor:
@@ -151,7 +156,7 @@ class _ReadAhead:
         self.turn = threading.Condition()
         self.depth = workers * PREFETCH_GROUPS
         for slot in range(min(workers, len(groups))):  # named by slot: each epoch's reader
-            # of a slot reuses the files the last one opened (data/readers/storage.py)
+            # of a slot reuses the files the last one opened (data/shards/storage.py)
             name = f"torchloom-shards-{slot}"
             threading.Thread(target=self._work, name=name, daemon=True).start()
 

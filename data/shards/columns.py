@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
-from data.readers.parquet import Columns, target_column, text_categories
-from data.readers.pixels import decoded
-from data.readers.storage import read_row_group
+from data.images.pixels import decoded
+from data.shards.row_groups import Columns, target_column, text_categories
+from data.shards.storage import read_row_group
 from utils.config.arguments import MAX_IMAGE_PIXELS
 from utils.errors import UserError
 
-DESCRIPTION = "torchloom.json"  # shard.py's description of the shards (data/parquet.py)
+DESCRIPTION = "torchloom.json"  # shard.py's description of the shards (data/shards/parquet.py)
 MAX_CHANNELS = 64  # an image's channels: grey, RGB, RGBA or a multispectral band stack
 
 

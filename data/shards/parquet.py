@@ -35,10 +35,12 @@ from typing import Any
 import torch
 
 from data.batching.dataset import Batching, Data, Splits
-from data.batching.shards import ShardSplit
 from data.batching.splits import channel_statistics, pixel_statistics
 from data.batching.targets import Targets, reads_targets
-from data.readers.parquet import (
+from data.shards.batches import ShardSplit
+from data.shards.cache import shard_cache
+from data.shards.columns import DESCRIPTION, encoded_column, input_columns, said
+from data.shards.row_groups import (
     Columns,
     RowGroups,
     classes_of,
@@ -49,9 +51,7 @@ from data.readers.parquet import (
     target_column,
     targets_of,
 )
-from data.readers.shard_cache import shard_cache
-from data.readers.shard_columns import DESCRIPTION, encoded_column, input_columns, said
-from data.readers.storage import (
+from data.shards.storage import (
     SCHEMES,
     Shard,
     arrow,
@@ -174,7 +174,7 @@ def _classes(labels: Any, column: str, where: str, kind: str) -> tuple[str, ...]
 
 
 def _table_record(columns: Columns, kind: str) -> dict:
-    """A table's encoding as the CSV reader records it (data/readers/table.py ``Columns``):
+    """A table's encoding as the CSV reader records it (data/tables/table.py ``Columns``):
     numbers first, then each text column one-hot in its sorted values; gaps refused. So
     predict.py and the raw-input exports read a CSV of new rows as training read the shards."""
     target = columns.target[0] if len(columns.target) == 1 else list(columns.target)

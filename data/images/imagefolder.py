@@ -1,5 +1,5 @@
 """Images in class folders: decoded once into a cache and batched by slicing (data.cache,
-data/readers/image_cache.py), or read lazily through a DataLoader (data.cache=off).
+data/images/image_cache.py), or read lazily through a DataLoader (data.cache=off).
 
 <root>/train/<class>/*.png|jpg|...
 <root>/val/<class>/...
@@ -16,19 +16,21 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from data.batching.batches import BatchPlan, BatchTransform
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.fingerprint import listing_sha256
 from data.batching.folds import FoldIds, FoldPlan
+from data.batching.loader import LoaderBatches
 from data.batching.splits import rows_of
 from data.batching.targets import Targets
-from data.readers.image_cache import MODES, ImageCache
-from data.readers.pixels import decoded
+from data.images.image_cache import MODES, ImageCache
+from data.images.pixels import decoded
 from utils.config.arguments import (
     POSITIVE_OR_NULL,
     Rule,
@@ -61,9 +63,11 @@ def find_classes(split_dir: Path) -> list[str]:
 
 class ImageList(Dataset):
     """(uint8 image [C, H, W], target) pairs of the files in ``samples``, decoded on access;
-    ``root`` is what their cache key names them relative to (data/readers/image_cache.py). A sample's
+    ``root`` is what their cache key names them relative to (data/images/image_cache.py). A sample's
     label is a class index, or a tuple of floats (a 0/1 label-set row, or values): ``targets``
     holds them all as one tensor (data/batching/targets.py)."""
+
+    held: ClassVar[str] = "files"
 
     def __init__(
         self,
@@ -91,6 +95,10 @@ class ImageList(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image = decode(self.samples[index][0], self.image_size, self.channels, self.crop_pct)
         return image, self.targets[index]
+
+    def batches(self, plan: BatchPlan, transform: BatchTransform, workers: int) -> LoaderBatches:
+        """This split's batches, decoded by ``workers`` DataLoader processes (data.num_workers)."""
+        return LoaderBatches(self, plan, transform, workers)
 
     @property
     def geometry(self) -> tuple[tuple[int, ...], float]:
@@ -170,7 +178,7 @@ def choose_channels(channels: int | str, train: list[tuple[str, Any]], name: str
 def decode(
     path: str, image_size: Sequence[int], channels: int, crop_pct: float = 1.0
 ) -> torch.Tensor:
-    """One image file as uint8 [C, H, W], resized to ``image_size`` (data/readers/pixels.py)."""
+    """One image file as uint8 [C, H, W], resized to ``image_size`` (data/images/pixels.py)."""
     return decoded(path, image_size, channels, path, crop_pct)
 
 
@@ -256,7 +264,7 @@ def load_imagefolder(
 ) -> Data:
     """``channels``: 1, 3 or ``auto`` (:func:`choose_channels`); ``mean`` and ``std`` in
     ``batching`` may be ``auto``, the train split's own (:func:`held_data`). ``cache``: how the
-    decoded images are held (data/readers/image_cache.py): ``auto``, ``memory``,
+    decoded images are held (data/images/image_cache.py): ``auto``, ``memory``,
     ``disk`` or ``off``; ``cache_max_gb``: the memory ``auto`` may use (null: half of what is
     available); ``cache_dir``: where cache files go (null: ``<root>/.torchloom-cache``).
     ``batching`` holds the keys of :class:`data.batching.dataset.Batching`; ``num_workers``, the

@@ -13,7 +13,7 @@ Each is read where torchvision keeps it under ``data.root`` and downloaded when 
   in ``<root>/KMNIST/raw/`` and ``<root>/EMNIST/raw/``, parsed by torchvision's IDX reader
   (no pickle). EMNIST's images are stored transposed; they are turned upright here.
 - ``cifar100``: ``<root>/cifar-100-python/{train,test,meta}``, pickles read with the same
-  arrays-only unpickler as CIFAR-10 (data/cifar10.py), so a tampered file cannot run code; the
+  arrays-only unpickler as CIFAR-10 (data/images/cifar10.py), so a tampered file cannot run code; the
   100 fine labels and their names.
 - ``svhn``: ``<root>/{train,test}_32x32.mat``, read by scipy (the ``svhn`` extra); label 10 is
   digit 0, as torchvision maps it.
@@ -34,7 +34,7 @@ import torch
 
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.splits import TensorSplit, channel_statistics, holdout
-from data.cifar10 import read_batch, read_pickle
+from data.images.cifar10 import read_batch, read_pickle
 from utils.errors import UserError
 
 EMNIST_SPLITS = ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")

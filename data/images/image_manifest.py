@@ -1,5 +1,5 @@
 """Images listed in a CSV manifest of ``path,label`` rows (``data=image_csv``), decoded and
-cached exactly as an image folder's are (data/imagefolder.py, data/readers/image_cache.py).
+cached exactly as an image folder's are (data/images/imagefolder.py, data/images/image_cache.py).
 
     python train.py data=image_csv data.root=photos data.manifest=labels.csv
     python train.py data=image_csv data.root=photos data.manifest=train.csv \\
@@ -25,15 +25,15 @@ from typing import Any
 from data.batching.dataset import Data
 from data.batching.folds import FoldIds, FoldPlan, group_values
 from data.batching.targets import Targets, reads_targets
-from data.imagefolder import (
+from data.images.imagefolder import (
     ImageList,
     check_image_keys,
     choose_channels,
     geometries,
     held_data,
 )
-from data.readers.table import read_table
-from data.readers.target_columns import TargetColumns, stratifies
+from data.tables.table import read_table
+from data.tables.target_columns import TargetColumns, stratifies
 from utils.errors import UserError
 
 
@@ -69,7 +69,7 @@ def manifest_targets(
     pool: Sequence[str] = ("train",),
 ) -> tuple[dict[str, list], Targets]:
     """Each split's (file, target) samples from its manifest rows, and the targets, read as
-    every file's target column is (data/readers/target_columns.py): a class index, a 0/1
+    every file's target column is (data/tables/target_columns.py): a class index, a 0/1
     tuple over the labels (``a;b``) or a tuple of values (``1.5`` or ``1.5;-2``). Classes and
     labels are those of the ``pool`` splits' rows (the train rows; with folds, train and val,
     so every fold has the same classes)."""

@@ -1,7 +1,7 @@
 """How a file's target column (or columns) becomes targets, by the kind the task learns
 (data/batching/targets.py): one owner for every reader of rows with a header — a table
-(data/readers/table.py), texts (data/text/files.py) and an image manifest
-(data/image_manifest.py) — so a new kind of data reads its targets with no branch of its own.
+(data/tables/table.py), texts (data/text/files.py) and an image manifest
+(data/images/image_manifest.py) — so a new kind of data reads its targets with no branch of its own.
 
 - ``classes``: one column of class names or integers; the train file's distinct values are the
   classes (integers numerically, names alphabetically); a gap is refused, never a class.
@@ -10,8 +10,8 @@
 - ``values``: one or more columns of numbers, or one column of ``a;b`` numbers (the same count
   in every row).
 
-An array's ``y`` (data/tensors.py) is read by kind here too (:func:`target_array`,
-:func:`array_targets`). Parquet shards' Arrow columns are read by data/parquet.py.
+An array's ``y`` (data/arrays/tensors.py) is read by kind here too (:func:`target_array`,
+:func:`array_targets`). Parquet shards' Arrow columns are read by data/shards/parquet.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from data.batching.targets import SET_SEPARATOR, Targets, label_set, multi_hot, sorted_names
-from data.readers.missing import FLOAT32_MAX, is_gap
+from data.tables.missing import FLOAT32_MAX, is_gap
 from utils.errors import UserError
 
 

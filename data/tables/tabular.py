@@ -15,7 +15,7 @@ the ``features`` listed; each must hold numbers, except the ``categorical`` ones
 which are one-hot encoded with the categories of the ``path`` file (a category only a separate
 val or test file holds encodes as all zeros; an empty cell is a category of its own). A value
 that is not a number is refused naming its file, column and line; a gap (an empty cell, ``NA``,
-``?``...) is too, unless ``data.na`` says what it becomes (data/readers/missing.py: dropped, or filled
+``?``...) is too, unless ``data.na`` says what it becomes (data/tables/missing.py: dropped, or filled
 with a statistic of the train split alone). Features are standardised with the mean and standard deviation of
 the train split alone, so no statistic of val or test leaks into training. Splits: separate
 files (``split.val_path``, ``split.test_path``), or fractions of ``path`` held out by the
@@ -34,9 +34,9 @@ from data.batching.dataset import Batching, Data, Splits
 from data.batching.folds import FoldIds, FoldPlan, group_values, tensor_splits
 from data.batching.splits import channel_statistics
 from data.batching.targets import Targets, reads_targets
-from data.readers.missing import NA_KEYS
-from data.readers.table import Columns, read_table, unseen_line
-from data.readers.target_columns import stratifies
+from data.tables.missing import NA_KEYS
+from data.tables.table import Columns, read_table, unseen_line
+from data.tables.target_columns import stratifies
 
 log = logging.getLogger("torchloom")
 
@@ -51,10 +51,10 @@ def load_csv(
     **options,
 ) -> Data:
     """conf/data/csv.yaml. ``options``: the keys of :class:`data.batching.dataset.Batching` but ``mean``
-    and ``std``, which come from the train split; the ``na`` keys (data/readers/missing.py); and ``targets``, the kind of target the task
+    and ``std``, which come from the train split; the ``na`` keys (data/tables/missing.py); and ``targets``, the kind of target the task
     learns (data/batching/targets.py; train.py passes it)."""
     kind = options.pop("targets", "classes")
-    gaps = {key: options.pop(key) for key in NA_KEYS if key in options}  # data/readers/missing.py
+    gaps = {key: options.pop(key) for key in NA_KEYS if key in options}  # data/tables/missing.py
     target = target if isinstance(target, str) else list(target)
     train_path = Path(path)
     header, rows = read_table(train_path)
