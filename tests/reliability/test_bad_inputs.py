@@ -137,7 +137,7 @@ ROWS = [
     # (case, entry point, arguments, what the message must contain)
     ("unknown group option", TRAIN, ["model=transformer"], "model=transformer is not an option"),
     ("unknown key", TRAIN, ["trainer.max_epoch=3"], "did you mean trainer.max_epochs"),
-    ("unknown nested key", TRAIN, ["data.images.imagefolder=1"], "unknown key data.images.imagefolder"),
+    ("unknown nested key", TRAIN, ["data.imagefolder=1"], "unknown key data.imagefolder"),
     ("wrong value type", TRAIN, ["trainer.log_every_n_steps=ten"], "trainer.log_every_n_steps: Value 'ten'"),
     ("epochs not a number", TRAIN, ["trainer.max_epochs=ten"], "trainer.max_epochs='ten' must be a whole"),
     ("wrong bool", TRAIN, ["trainer.compile=maybe"], "trainer.compile: Value 'maybe'"),
