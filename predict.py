@@ -32,7 +32,6 @@ from omegaconf import DictConfig
 
 from data.tables.table import unseen_line
 from utils.checkpoint.rebuild import rebuild
-from utils.checkpoint.record import read_inputs
 from utils.errors import UserError
 from utils.files import write_file
 from utils.preflight.predict import check_predict
@@ -57,7 +56,7 @@ def predict(cfg: DictConfig) -> None:
     out = Outputs(Path(HydraConfig.get().runtime.output_dir), True)
     rebuilt = rebuild(path, cfg.weights, context.device)  # as evaluate.py reads: untrusted
     model, record, task = rebuilt.model, rebuilt.record, rebuilt.task
-    names, inputs, unseen = read_inputs(Path(str(cfg.input)), record)
+    names, inputs, unseen = record.read_inputs(Path(str(cfg.input)))  # as its kind reads them
     unseen = unseen_categories(Path(str(cfg.input)), unseen, cfg.unseen)
     outputs, transform = [], record.transform(context.device)
     with torch.inference_mode():

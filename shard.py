@@ -51,15 +51,16 @@ def shard(cfg: DictConfig) -> None:
     task = build(cfg.task)
     data = build(cfg.data, **task.data_arguments(cfg.data))
     names = data.targets.class_names  # class or label names; None for values
-    counts = {}
+    counts, written = {}, set()  # written: the columns the shards hold (an image, or x)
     for name, split in data.splits.items():
         if split is None:
             continue
         tables = (split_table(*chunk, names, cfg.images) for chunk in samples_of(split))
+        tables = (written.update(table.column_names) or table for table in tables)
         files = write_shards(tables, f"{out}/{name}", cfg.rows_per_group, cfg.rows_per_file)
         counts[name] = (len(split), len(files))
         print(f"{name}: {len(split):,} samples in {len(files)} files under {out}/{name}/")
-    uint8 = data.pixels
+    uint8 = "image" in written
     described = {
         "image": "image" if uint8 else None,
         "shape": list(data.input_shape),

@@ -84,11 +84,12 @@ def load_floor(root: str, image_size, channels: int, **keys):
 
     from data.batching.dataset import Batching, Data, Splits
     from data.batching.splits import TensorSplit
+    from data.images.inputs import Pixels
 
     saved = torch.load(Path(root) / "floor.pt", weights_only=True)
     splits = Splits(*(TensorSplit(*saved[name]) for name in ("train", "val")))
     batching = {k: keys[k] for k in ("batch_size", "eval_batch_size", "mean", "std", "augment")}
-    return Data("floor", splits, 10, Batching(**batching))
+    return Data("floor", splits, 10, Batching(**batching), inputs=Pixels())
 
 
 def write_floor(root: Path, side: int, channels: int) -> None:

@@ -222,7 +222,7 @@ def build_case(overrides: list[str]):
 
     from utils.model.modules import accepted_by, model_shapes
 
-    shapes = model_shapes(data.input_shape, data.num_classes, text=data.text)  # texts: vocabulary
+    shapes = model_shapes(data.input_shape, data.num_classes, data.model_hints())  # as train.py
 
     def model_and_optimizer():
         torch.manual_seed(cfg.seed)
@@ -236,8 +236,9 @@ def normalised_train_split(data) -> tuple[torch.Tensor, torch.Tensor]:
     """What a hand-written loop would hold: the training split as normalised floats (images
     per channel, a table's rows per feature)."""
     split = data.splits["train"]
-    if data.text is not None:  # token ids, padded to data.max_length as fixed-size tensors are
-        ids = torch.full((len(split.inputs), data.input_shape[0]), data.pad_id)
+    pad_id = getattr(data.inputs, "pad_id", None)  # texts: token ids
+    if pad_id is not None:  # padded to data.max_length as fixed-size tensors are
+        ids = torch.full((len(split.inputs), data.input_shape[0]), pad_id)
         ids[:, : split.inputs.shape[1]] = split.inputs
         return ids, split.labels
     per_channel = (1, -1) + (1,) * (split.inputs.dim() - 2)

@@ -437,7 +437,7 @@ def write_table(path: Path, rows: int = 240, seed: int = 0, delimiter: str = ","
 
 
 def raw_columns(path: Path, table: dict) -> torch.Tensor:
-    """A CSV's rows as a table model's export takes them (utils/evaluation/raw_inputs.py): the
+    """A CSV's rows as a table model's export takes them (data/tables/inputs.py RawColumns): the
     number columns as written, NaN at a gap, then each categorical column's code in the
     recorded vocabulary (-1 for a value training never saw)."""
     from data.tables.missing import is_gap

@@ -202,7 +202,9 @@ def test_every_sample_draws_the_same_whatever_batch_or_process_it_is_in():
 
     def batches(batch, rank, world, epoch=1, seed=7):
         transform = BatchTransform([0.5] * 3, [0.25] * 3, torch.device("cpu"), augment)
-        plan = BatchPlan(batch, True, seed, rank, world, keep_partial=False)
+        plan = BatchPlan(
+            batch_size=batch, train=True, seed=seed, rank=rank, world_size=world, keep_partial=False
+        )
         return list(TensorBatches(split, plan, transform).epoch(epoch))
 
     one = batches(16, 0, 1)
@@ -230,7 +232,15 @@ def test_repeated_augmentation_puts_each_samples_copies_in_one_global_batch_draw
 
     def batches(batch, rank, world):
         transform = BatchTransform([0.5] * 3, [0.25] * 3, torch.device("cpu"), augment)
-        plan = BatchPlan(batch, True, 7, rank, world, keep_partial=False, repeats=3)
+        plan = BatchPlan(
+            batch_size=batch,
+            train=True,
+            seed=7,
+            rank=rank,
+            world_size=world,
+            keep_partial=False,
+            repeats=3,
+        )
         return list(TensorBatches(split, plan, transform).epoch(0))
 
     one = batches(6, 0, 1)

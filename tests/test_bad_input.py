@@ -46,7 +46,7 @@ def test_a_shape_the_model_cannot_take_names_the_layer():
     with pytest.raises(
         UserError, match=r"inputs of shape \[1, 8, 8\]: layer '1' \(Linear\) failed"
     ):
-        check_forward(model, (1, 8, 8), 4, torch.device("cpu"))
+        check_forward(model, torch.zeros(2, 1, 8, 8), 4)
 
 
 def test_evaluation_and_the_start_up_check_leave_batchnorm_untouched():
@@ -56,7 +56,7 @@ def test_evaluation_and_the_start_up_check_leave_batchnorm_untouched():
     model.train()
     model(torch.randn(16, 1, 8, 8))  # some running statistics to protect
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    check_forward(model, (1, 8, 8), 10, torch.device("cpu"))
+    check_forward(model, torch.zeros(2, 1, 8, 8), 10)
     batches = [(torch.randn(8, 1, 8, 8) * 5 + 3, torch.randint(0, 10, (8,))) for _ in range(3)]
     metrics = evaluate(model, batches, Precision("float32", torch.device("cpu")), ClassScores(10))
     assert set(metrics) == {"loss", "acc", "acc_top5"}

@@ -17,6 +17,7 @@ from data.batching.splits import TensorSplit
 from data.images.cifar10 import load_cifar10
 from data.images.digits import load_digits
 from data.images.imagefolder import load_imagefolder
+from data.images.inputs import Pixels
 from data.images.mnist import load_mnist
 from utils.errors import UserError
 
@@ -229,6 +230,7 @@ def test_normalisation_uses_the_configured_mean_and_std():
     from data.batching.dataset import Batching, Data, Splits
 
     augment = {"crop_padding": 0, "horizontal_flip": False}
-    data = Data("white", Splits(split, split), 2, Batching(4, 4, [0.5], [0.25], augment))
+    batching = Batching(4, 4, [0.5], [0.25], augment)
+    data = Data("white", Splits(split, split), 2, batching, inputs=Pixels())
     images, _ = next(data.batches("val", Placement(CPU), seed=0).epoch(0))
     assert torch.allclose(images, torch.full_like(images, 2.0))  # (1 - 0.5) / 0.25

@@ -108,9 +108,9 @@ def test_a_missing_onnxscript_is_one_line_naming_the_extra(cnn_run, monkeypatch)
 
 
 def test_an_export_that_differs_from_the_model_is_not_written(tmp_path):
+    from data.batching.inputs import RawValues
     from utils.errors import UserError
     from utils.evaluation.export import export_model
-    from utils.evaluation.raw_inputs import RawValues
 
     class Drifts(torch.nn.Module):  # traced on one path, run eagerly on another
         def forward(self, x):

@@ -31,7 +31,8 @@ LAYERS = (
     ("data.batching", "models"),
     ("data.tables",),
     ("data.images",),
-    ("data.text", "data.arrays", "data.shards"),
+    ("data.text", "data.arrays"),
+    ("data.shards",),
     ("data",),
     ("utils.precision", "utils.schedulers"),
     ("utils.model", "utils.evaluation", "utils.tracking", "utils.diagnose"),
@@ -225,7 +226,6 @@ BIG_PACKAGES: dict[str, str] = {}
 LONG_MODULES = {
     "data/images/image_cache.py": "one cache file's whole life: built, checked, read",
     "data/images/imagefolder.py": "a folder of images: listed, split, cached or read lazily",
-    "data/batching/dataset.py": "what every builder returns, and each split's batches",
     "models/text.py": "three text models, and a local encoder's loading and checks",
     "utils/run/start.py": "a run's start: folders, claims, the resume and its checks",
     "utils/run/provenance.py": "what produced a run, and what changed in its data since",
@@ -415,3 +415,93 @@ def test_the_import_reader_sees_imports_inside_functions_and_their_layers(tmp_pa
     ]
     assert LEVEL[package("utils.run.start")] == LEVEL[package("utils.fit.loop")]  # sideways
     assert LEVEL[package("data.tables.tabular")] < LEVEL[package("utils.fit.loop")]
+
+
+# --- Only a kind of input asks which kind of input it holds -----------------------------------
+
+# A kind of input (pixels, rows, tokens, values) answers every question that depends on it in
+# its family's inputs.py (data/batching/inputs.py's protocol), registered in data/kinds.py. The
+# families' own modules (their builders and readers) know their kind; models take the hints
+# their builders name. Nothing else reads a kind's own record (a table's columns, a tokenizer,
+# the padding id, an image's centre share, the rows a model was fitted to), names a kind's
+# class or compares with a kind's name: a new kind is a folder, not edits across the project.
+KIND_FOLDERS = ("data/images/", "data/tables/", "data/text/", "data/arrays/", "data/shards/")
+KIND_MODULES = {"data/kinds.py"}
+KIND_ATTRIBUTES = {
+    "table",
+    "text",
+    "pixels",
+    "pad_id",
+    "crop_pct",
+    "train_rows",
+    "table_rows",
+    "feature_quantiles",
+    "vocab_size",
+    "gapped",
+    "fitted_rows",
+}
+KIND_CLASSES = {"Pixels", "Rows", "Tokens", "Values", "TokenIds"}
+KIND_NAMES = {"pixels", "rows", "tokens"}  # "values" is a kind of target too
+# What holds data or its record where the project reads it.
+DATA_HOLDERS = {"data", "record", "stored", "shapes", "evaluated", "rebuilt"}
+
+
+def holder(node: ast.AST) -> str | None:
+    """The name that ends ``node``: ``data`` of ``data`` or ``run.data``."""
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else None
+
+
+def input_kind_branches(path: Path) -> list[str]:
+    """Where a file reads a kind of input's own record off data or a record, names a kind's
+    class, or compares with a kind's name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in KIND_ATTRIBUTES:
+            if holder(node.value) in DATA_HOLDERS:
+                found.append(f"{path.name}:{node.lineno} reads {node.attr}")
+        elif isinstance(node, ast.Call) and holder(node.func) in ("getattr", "hasattr"):
+            arguments = node.args
+            named = len(arguments) > 1 and isinstance(arguments[1], ast.Constant)
+            if named and arguments[1].value in KIND_ATTRIBUTES:
+                found.append(f"{path.name}:{node.lineno} reads {arguments[1].value}")
+        elif isinstance(node, ast.Name) and node.id in KIND_CLASSES:
+            found.append(f"{path.name}:{node.lineno} names {node.id}")
+        elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(isinstance(o, ast.Constant) and o.value in KIND_NAMES for o in operands):
+                found.append(f"{path.name}:{node.lineno} compares a kind's name")
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_a_kind_of_input_asks_which_kind_of_input_it_is(path):
+    where = str(path.relative_to(ROOT))
+    if where.startswith((*KIND_FOLDERS, "models/")) or where in KIND_MODULES:
+        return
+    assert input_kind_branches(path) == []
+
+
+def test_the_input_kind_check_finds_a_branch_on_the_kind(tmp_path):
+    # The test above would pass on a check that finds nothing: it finds what the code before
+    # the families asked (shard.py, tune.py, record.py, modules.py), and not these lookalikes.
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "uint8 = data.pixels\n"
+        "if data.pad_id is not None:\n    pass\n"
+        "table = record.table\n"
+        'text = getattr(data, "text", None)\n'
+        "kind = TokenIds if text else BatchTransform\n"
+        'if inputs.name == "pixels":\n    pass\n'
+        'tracker.text("train/sample_labels", "x")\n'
+        "rows = Table(title='x')\n"
+    )
+    found = sorted(line.split(" ", 1)[0] for line in input_kind_branches(probe))
+    assert found == [f"probe.py:{n}" for n in (1, 2, 4, 5, 6, 7)]
+
+
+def test_the_docs_index_links_every_page():
+    index = (ROOT / "docs" / "README.md").read_text()
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
+    assert [page for page in pages if f"]({page})" not in index] == []

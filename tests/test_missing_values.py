@@ -57,7 +57,7 @@ def test_each_fill_mode_fills_with_the_train_splits_statistic(tmp_path, mode, a_
     val = data.splits["val"].inputs  # val's gaps get train's values; its own never count
     assert val[:, 0].tolist() == pytest.approx([1000, a_fill])
     assert val[:, 1].tolist() == pytest.approx([b_fill, 5000])
-    assert data.table["na"]["fills"] == pytest.approx({"a": a_fill, "b": b_fill})
+    assert data.inputs.table["na"]["fills"] == pytest.approx({"a": a_fill, "b": b_fill})
 
 
 def test_drop_leaves_out_the_rows_with_gaps_in_every_split(tmp_path):
@@ -74,7 +74,9 @@ def test_per_column_modes_and_indicator_columns(tmp_path):
     data = load(tmp_path, na="mean", na_columns={"b": "median"}, na_indicator=True)
     train = data.splits["train"].inputs
     assert train[:, 1].tolist() == pytest.approx([10, 20, 40, 40, 50, 60])
-    names = data.table  # the encoding: a, b, colour one-hot (empty is its own category), gaps
+    names = (
+        data.inputs.table
+    )  # the encoding: a, b, colour one-hot (empty is its own category), gaps
     assert names["categories"]["colour"] == ["", "g", "r"]
     assert train.shape[1] == 2 + 3 + 2
     assert train[:, -2].tolist() == [0, 1, 0, 1, 0, 0]  # a=missing

@@ -30,7 +30,10 @@ def series(path, count: int = 31, length: int = 40, seed: int = 0):
 def test_the_last_partial_batch_is_kept_unless_one_sample_or_several_processes(
     samples, batch, world, batches
 ):
-    assert BatchPlan(batch, True, 0, 0, world).batch_count(samples) == batches
+    assert (
+        BatchPlan(batch_size=batch, train=True, seed=0, world_size=world).batch_count(samples)
+        == batches
+    )
 
 
 def test_auto_sizes_follow_the_training_set():

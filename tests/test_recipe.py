@@ -231,7 +231,7 @@ def batches_of(n: int, batch_size: int, mixing: Mixing, seed: int = 0) -> MixedB
         torch.randint(0, 256, (n, 1, 6, 6), dtype=torch.uint8, generator=generator),
         torch.randint(0, 5, (n,), generator=generator),
     )
-    plan = BatchPlan(batch_size, train=True, seed=seed)
+    plan = BatchPlan(batch_size=batch_size, train=True, seed=seed)
     transform = BatchTransform([0.5], [0.25], torch.device("cpu"))
     return MixedBatches(TensorBatches(split, plan, transform), mixing, 5, plan)
 

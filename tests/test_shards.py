@@ -133,7 +133,9 @@ def test_one_process_and_two_take_the_same_global_batches():
     transform = BatchTransform([0.0], [1.0], torch.device("cpu"))
 
     def stream(batch, rank, world, start=0):
-        plan = BatchPlan(batch, True, 3, rank, world, keep_partial=False)
+        plan = BatchPlan(
+            batch_size=batch, train=True, seed=3, rank=rank, world_size=world, keep_partial=False
+        )
         return [labels for _, labels in ShardBatches(split, plan, transform).epoch(1, start)]
 
     one = stream(16, 0, 1)
@@ -552,7 +554,7 @@ def test_a_stop_signal_while_a_row_group_never_arrives_ends_the_wait():
         return torch.zeros(8, 1), torch.zeros(8, dtype=torch.long)
 
     split = ShardSplit(sizes, read, torch.zeros(24), (1,), 1, 2, False)
-    plan = BatchPlan(8, False, 0, 0, 1, keep_partial=True)  # evaluation: row groups in order
+    plan = BatchPlan(batch_size=8, train=False, seed=0)  # evaluation: row groups in order
     batches = ShardBatches(split, plan, BatchTransform([0.0], [1.0], torch.device("cpu")))
     with StopRequest() as stop:
         stream = batches.epoch(0)
@@ -584,7 +586,9 @@ def test_each_process_decodes_only_the_rows_it_takes_and_batches_stay_the_same()
 
     def stream(decodes, rank):
         split = ShardSplit(sizes, read, torch.zeros(35), (1,), 2, 0, False, decodes)
-        plan = BatchPlan(8, True, 3, rank, 2, keep_partial=False)
+        plan = BatchPlan(
+            batch_size=8, train=True, seed=3, rank=rank, world_size=2, keep_partial=False
+        )
         return list(ShardBatches(split, plan, transform).epoch(1))
 
     for rank in (0, 1):

@@ -126,7 +126,9 @@ def numbered_batches(members: int, rank: int = 0, world_size: int = 1, batch: in
     """Training batches of 50 rows whose inputs and labels are each row's number."""
     ids = torch.arange(50)
     split = TensorSplit(torch.stack([ids, ids], 1).float(), ids)
-    plan = BatchPlan(batch, True, 3, rank, world_size, members=members)
+    plan = BatchPlan(
+        batch_size=batch, train=True, seed=3, rank=rank, world_size=world_size, members=members
+    )
     return TensorBatches(split, plan, BatchTransform([0.0], [1.0], torch.device("cpu")))
 
 

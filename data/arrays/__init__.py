@@ -2,4 +2,5 @@
 
 tensors    arrays in .pt, .npy or .npz files (data=tensors)
 synthetic  random images of a given shape (data=synthetic)
+inputs     Values: what other arrays answer (sequences, float images)
 """

@@ -15,6 +15,7 @@ import torch
 
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.splits import TensorSplit, holdout
+from data.images.inputs import Pixels
 from utils.errors import UserError
 from utils.system.memory import check_fits
 
@@ -51,4 +52,5 @@ def load_synthetic(
     )
     samples = make_samples(total, shape, num_classes, noise, seed)
     train, val, test = holdout(samples, [val_size, test_size], seed)
-    return Data("synthetic", Splits(train, val, test), num_classes, Batching(**options))
+    splits = Splits(train, val, test)
+    return Data("synthetic", splits, num_classes, Batching(**options), inputs=Pixels())

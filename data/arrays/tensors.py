@@ -25,10 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from data.arrays.inputs import Values
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.folds import FoldIds, FoldPlan, tensor_splits
 from data.batching.splits import TensorSplit, channel_statistics
 from data.batching.targets import reads_targets
+from data.images.inputs import Pixels
+from data.tables.inputs import Rows
 from data.tables.target_columns import array_targets, stratifies, target_array
 from utils.errors import UserError
 from utils.intact import check_intact
@@ -160,7 +163,10 @@ def load_tensors(
     if mean is None or std is None:
         mean, std = channel_statistics(train.inputs)
     batching = Batching(mean=list(mean), std=list(std), **options)
-    data = Data(f"tensors {file.name}", Splits(train, val, test), targets.count, batching, targets)
+    splits = Splits(train, val, test)
+    held = train.inputs  # the kind of input the arrays hold, by their type and axes
+    inputs = Pixels() if held.dtype == torch.uint8 else Rows() if held.dim() == 2 else Values()
+    data = Data(f"tensors {file.name}", splits, targets.count, batching, targets, inputs=inputs)
     if plan.folds is not None:  # cv=K's oof.csv names each val sample by its row of x
         data.fold_ids = FoldIds(plan.fold, [f"row {i}" for i in val_rows.tolist()])
     return data

@@ -8,4 +8,5 @@ targets   the kinds of target (classes, label sets, values) and their checks
 folds     which samples are train, val and test; K folds and groups
 fingerprint  what the data is by content: each sample's hash, each split's membership
 order     which sample comes next: the permutation, and the block shuffle of shards
+inputs    what every kind of input answers (pixels, rows, tokens, values): one owner each
 """

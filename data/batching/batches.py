@@ -37,7 +37,7 @@ class Placement:
     members: int = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchPlan:
     """How one split is cut into batches: their size; for training (shuffled by ``seed``,
     augmented, the last partial batch kept when it can be trained on and ``keep_partial``) or
@@ -71,7 +71,9 @@ class BatchPlan:
 
 class BatchTransform:
     """Normalisation (uint8 → float) and, for training batches, augmentation: batched tensor
-    ops on the batch's device."""
+    ops on the batch's device. Each kind of input makes its own (data/batching/inputs.py)."""
+
+    pad_id: int | None = None  # token ids: the id that pads (data/text/inputs.py TokenIds)
 
     def __init__(
         self,
@@ -139,13 +141,6 @@ class BatchTransform:
         return self.fitted(images).contiguous(memory_format=self.memory_format)
 
 
-class TokenIds(BatchTransform):
-    """Token ids (data=text): indices, moved to the device and never normalised."""
-
-    def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        return images.to(self.device)
-
-
 def random_crop(images: torch.Tensor, padding: int, draws: Draws) -> torch.Tensor:
     """Pad with zeros by ``padding`` and crop back at a random offset per image, as one gather."""
     n, c, h, w = images.shape
@@ -175,15 +170,15 @@ class TensorBatches:
         split: TensorSplit,
         plan: BatchPlan,
         transform: BatchTransform,
-        pad_id: int | None = None,
     ) -> None:
         if not plan.train:
             split = shard(split, plan.rank, plan.world_size)
         # Normalised once, up front: each batch is then a gather, as in a hand-written loop
         # (4 bytes a pixel instead of 1; datasets on this path fit in memory by definition).
-        # Token ids (``pad_id`` given: data=text) are indices, never normalised; each batch is
+        # Token ids (the transform's ``pad_id``: data=text) are indices, never normalised; each batch is
         # cut to its longest text, and training batches are drawn by length (order.bucketed).
         self.inputs = transform.normalize(split.inputs)
+        pad_id = transform.pad_id
         self.lengths = None if pad_id is None else token_lengths(split.inputs, pad_id)
         self.labels = split.labels.to(transform.device)
         self.batch_size = plan.batch_size

@@ -25,17 +25,16 @@ from data.augmentation.mixing import MixedBatches, Mixing
 from data.batching.batches import (
     SPATIAL,
     BatchPlan,
-    BatchTransform,
     MappedBatches,
     Placement,
     TensorBatches,
-    TokenIds,
     fitted_batch_size,
     member_rows,
 )
 from data.batching.fingerprint import decoded_hashes, membership, sample_hashes
+from data.batching.inputs import HINTS, Inputs
 from data.batching.loader import LoaderBatches
-from data.batching.splits import MappedSplit, TensorSplit, feature_quantiles, joined
+from data.batching.splits import MappedSplit, TensorSplit, joined
 from data.batching.targets import Targets
 from utils.config.arguments import POSITIVE_INT, check_values, one_of
 from utils.errors import UserError
@@ -83,20 +82,21 @@ class Data:
         num_classes: int,
         batching: Batching,
         classes: Sequence[str] | Targets | None = None,
+        *,
+        inputs: Inputs,
     ) -> None:
         """``num_classes``: the width of the model's output (classes, labels or values);
-        ``classes``: the class names, or the :class:`Targets` of label sets or values."""
+        ``classes``: the class names, or the :class:`Targets` of label sets or values;
+        ``inputs``: the kind of input the splits hold (data/batching/inputs.py), which answers
+        every question that depends on it."""
         self.name = name
+        self.inputs = inputs
         self.targets = (
             classes
             if isinstance(classes, Targets)
             else Targets("classes", num_classes, tuple(classes) if classes is not None else None)
         )
         self.classes = self.targets.class_names  # what a checkpoint's inputs record calls them
-        self.table: dict | None = None  # a table's column encoding (data/tables/tabular.py)
-        self.text: dict | None = None  # texts: the tokenizer's record (data/text/tokenizer.py)
-        self.pad_id: int | None = None  # texts: the token id that pads (data/text/dataset.py)
-        self.gapped: set[str] = set()  # a table's columns with gaps this data filled
         # Image files by split: the sha256 of their listing (data/batching/fingerprint.py
         # listing_sha256), what a split read lazily is compared by on resume.
         self.listings: dict[str, str] = {}
@@ -106,8 +106,6 @@ class Data:
         self.num_classes = self.targets.count
         self.fold_ids = None  # data/batching/folds.py FoldIds: data.split.folds's val samples
         self.input_shape = splits.train.input_shape  # (C, H, W)
-        self.crop_pct = 1.0  # images: evaluation's centre share (data.crop_pct; evaluated_at)
-        self.fitted_rows: list = []  # train_rows once fixed: a followed record's, a refit's run's
         self.mean, self.std = _per_channel(batching, self.input_shape[0], name)
         self.batch_size = fitted_batch_size(batching.batch_size, len(splits.train), name)
         self.eval_batch_size = batching.eval_batch_size
@@ -141,12 +139,11 @@ class Data:
                 "set it to 0 (MixUp works on any input)"
             )
 
-    def evaluated_at(self, image_size: Sequence[int], crop_pct: float) -> None:
-        """Images: what the model takes is ``image_size``, evaluation's view the centre
-        ``crop_pct`` of a larger resize (data.crop_pct); the train split may be held larger
-        (data.cache_size), for random resized crops to cut ``image_size`` from."""
+    def evaluated_at(self, image_size: Sequence[int]) -> None:
+        """Images: what the model takes is ``image_size`` (evaluation's view: data.crop_pct,
+        data/images/inputs.py); the train split may be held larger (data.cache_size), for
+        random resized crops to cut ``image_size`` from."""
         self.input_shape = (self.input_shape[0], *image_size)
-        self.crop_pct = crop_pct
 
     def fit_augmentation(self, flattens_input: bool) -> None:
         """``data.augment.spatial`` for a model whose first layer flattens each sample (an
@@ -177,35 +174,15 @@ class Data:
                 asked,
             )
 
-    @property
-    def pixels(self) -> bool:
-        """The inputs are uint8 images (an image cache, files read lazily), not numbers."""
-        split = self.splits["train"]
-        if isinstance(split, TensorSplit):
-            return split.inputs.dtype == torch.uint8
-        return split.pixels if split.held == "shards" else True
+    def model_hints(self) -> dict[str, Any]:
+        """What this data hands a model's builder besides its shapes (data/batching/inputs.py
+        HINTS; None where the kind of input has none)."""
+        hints = self.inputs.model_hints(self.input_shape, self.splits["train"], self.mean, self.std)
+        return {**dict.fromkeys(HINTS), **hints}
 
-    @property
-    def feature_quantiles(self) -> torch.Tensor | None:
-        """A table's rows in memory: each feature's training quantiles (splits.py); else None."""
-        rows = self.table_rows
-        return feature_quantiles(rows, self.mean, self.std) if rows is not None else None
-
-    @property
-    def train_rows(self) -> int | None:
-        """A table's training rows in memory (those its model is fitted to); else None."""
-        if self.fitted_rows:  # a checkpoint's, whose model they fitted, or a refit's run's
-            return self.fitted_rows[0]
-        rows = self.table_rows
-        return int(rows.shape[0]) if rows is not None else None
-
-    @property
-    def table_rows(self) -> torch.Tensor | None:
-        """The training split's rows [N, F] when they are a table's, in memory; else None."""
-        split = self.splits["train"]
-        rows = isinstance(split, TensorSplit) and split.inputs.dim() == 2 and not self.pixels
-        rows = rows and self.text is None  # token ids are not features
-        return split.inputs if rows else None
+    def record(self) -> dict[str, Any]:
+        """The kind of input's part of a checkpoint's inputs record (data/batching/inputs.py)."""
+        return self.inputs.record(self.splits["train"])
 
     @property
     def in_memory(self) -> bool:
@@ -240,13 +217,13 @@ class Data:
                 self.name,
             )
         self.mean, self.std = list(record.mean), list(record.std)
-        self.fitted_rows = [record.train_rows]
+        self.inputs = self.inputs.following(record.inputs)
 
     def check_encoded_as(self, record: Any, source: Any, use: str, fills: bool = True) -> None:
-        """Refuse data whose inputs, classes or table encoding (and gap ``fills``) differ from
-        those the checkpoint ``source`` recorded: evaluating moved or new files, or distilling
-        from a teacher, then feeds the trained model what it was trained on, never a silently
-        re-mapped input."""
+        """Refuse data whose inputs, classes or encoding (a table's, and its gap ``fills``)
+        differ from those the checkpoint ``source`` recorded: evaluating moved or new files, or
+        distilling from a teacher, then feeds the trained model what it was trained on, never a
+        silently re-mapped input."""
         kinds = (
             (record.targets.kind, record.targets.count),
             (self.targets.kind, self.targets.count),
@@ -255,23 +232,13 @@ class Data:
             ("shape", list(record.input_shape), list(self.input_shape)),
             ("targets (kind, count)", *kinds),
             ("classes", record.classes, self.classes),
-            ("table", _encoding(record.table), _encoding(self.table)),
         ):
             if theirs is not None and ours is not None and theirs != ours:
-                shown = theirs if what != "table" else "its columns, categories and classes"
                 raise UserError(
-                    f"{source} was trained on {what} {shown}, and {self.name} holds "
+                    f"{source} was trained on {what} {theirs}, and {self.name} holds "
                     f"other ones; {use} on data encoded as it was trained"
                 )
-        tables = (record.table, self.table)
-        gaps = [_gap_fills(table, self.gapped) for table in tables if table is not None]
-        if fills and len(gaps) == 2 and gaps[0] != gaps[1]:
-            raise UserError(
-                f"{source} filled a table's gaps with statistics of its own train "
-                f"split, and {self.name}'s train split gives others; {use} with the "
-                "train file it was trained on (data.split.test_path=... for new "
-                "rows; predict.py fills rows' gaps as training did)"
-            )
+        self.inputs.check_encoded_as(record.inputs, source, self.name, use, fills)
 
     def train_targets(self) -> torch.Tensor:
         """The train split's targets (class weights, positive weights, a regression's scale)."""
@@ -317,7 +284,7 @@ class Data:
 
     def join_val(self) -> None:
         """A refit's ``trainer.train_on_val``: val trained on too; batch size, scale, model as fitted."""
-        self.fitted_rows = [self.train_rows]
+        self.inputs = self.inputs.joined(self.splits["train"])
         self.splits["train"] = joined(self.splits, "trainer.train_on_val")
 
     def sizes(self) -> dict[str, int]:
@@ -339,18 +306,30 @@ class Data:
         train = split == "train" if train is None else train
         crops = {"crop_padding": self.crop_padding, "horizontal_flip": self.horizontal_flip}
         augment = dataclasses.replace(self.images, **crops) if train else None  # data.augment
-        view = (self.input_shape[1:], self.crop_pct) if len(self.input_shape) == 3 else None
-        kind = TokenIds if self.text is not None else BatchTransform  # ids: passed through
-        transform = kind(
-            self.mean, self.std, placement.device, augment, placement.channels_last, view
+        transform = self.inputs.transform(
+            self.mean,
+            self.std,
+            placement.device,
+            shape=self.input_shape,
+            augment=augment,
+            channels_last=placement.channels_last,
         )
         batch_size = self.batch_size if train else self.eval_batch_size
         repeats = self.images.repeats if train else 1  # data.augment.repeats
         own = member_rows(placement.members, train, self.splits[split], split)  # share_batches
         rank, world = placement.rank, placement.world_size
-        plan = BatchPlan(batch_size, train, seed, rank, world, keep_partial, repeats, own)
+        plan = BatchPlan(
+            batch_size=batch_size,
+            train=train,
+            seed=seed,
+            rank=rank,
+            world_size=world,
+            keep_partial=keep_partial,
+            repeats=repeats,
+            members=own,
+        )
         if isinstance(self.splits[split], TensorSplit):
-            batches = TensorBatches(self.splits[split], plan, transform, self.pad_id)
+            batches = TensorBatches(self.splits[split], plan, transform)
         elif isinstance(self.splits[split], MappedSplit):
             batches = MappedBatches(self.splits[split], plan, transform)
         else:  # a split that reads itself: shards read ahead, image files decoded by workers
@@ -381,19 +360,6 @@ class RunBatches:
     test: Callable[[], TensorBatches | LoaderBatches]
     # every train sample once, in order, unaugmented: trainer.swa's BatchNorm statistics
     train_in_order: Callable[[], TensorBatches | LoaderBatches]
-
-
-def _encoding(table: dict | None) -> dict | None:
-    """A table record's encoding (columns, categories, classes), less its gaps' fills."""
-    return None if table is None else {k: v for k, v in table.items() if k != "na"}
-
-
-def _gap_fills(table: dict, gapped: set[str]) -> tuple[dict, list]:
-    """What a table record says the ``gapped`` columns' gaps were filled with (none before
-    data.na existed, or with data.na=error), and its indicators (a fill of no gap is none)."""
-    gaps = table.get("na") or {}
-    fills = {name: v for name, v in (gaps.get("fills") or {}).items() if name in gapped}
-    return fills, gaps.get("indicators") or []
 
 
 def _per_channel(batching: Batching, channels: int, name: str) -> tuple[list, list]:

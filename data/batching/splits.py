@@ -59,7 +59,7 @@ class MappedSplit:
         return tuple(self.images.shape[1:])
 
 
-class Rows:
+class MappedRows:
     """Rows ``rows`` of a memory-mapped array, indexed as that array is: a slice gives the rows
     it covers, an index array gathers them from the file (a fold's split of a folder's cache)."""
 
@@ -75,7 +75,7 @@ class Rows:
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, slice):
-            return Rows(self.array, self.rows[key])
+            return MappedRows(self.array, self.rows[key])
         return self.array[self.rows[key]]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -88,7 +88,7 @@ def rows_of(split: TensorSplit | MappedSplit, rows: torch.Tensor) -> TensorSplit
     hashes = None if split.hashes is None else split.hashes[rows]
     if isinstance(split, TensorSplit):
         return TensorSplit(split.inputs[rows], split.labels[rows], hashes)
-    return MappedSplit(Rows(split.images, rows.numpy()), split.labels[rows], hashes)
+    return MappedSplit(MappedRows(split.images, rows.numpy()), split.labels[rows], hashes)
 
 
 def joined(splits: Mapping[str, Any], why: str) -> TensorSplit:

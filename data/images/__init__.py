@@ -9,4 +9,5 @@ image cache, or decoded lazily by DataLoader workers.
     image_manifest        images listed in a CSV, with classes, label sets or values
     image_cache           decoded images kept as one uint8 tensor on disk, checked before reuse
     pixels                an image's bytes as uint8 pixels: one decoder for files and shards
+    inputs                Pixels: what images answer (batches, the record, predict.py, exports)
 """

@@ -18,6 +18,7 @@ import torch
 
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.splits import TensorSplit, holdout
+from data.images.inputs import Pixels
 from utils.errors import UserError
 
 FOLDER = "cifar-10-batches-py"
@@ -98,4 +99,4 @@ def load_cifar10(root: str, download: bool, val_size: int, split_seed: int, **ba
         )
     train, val = holdout(read_files(folder, TRAIN_FILES), [val_size], split_seed)
     test = read_files(folder, TEST_FILES)
-    return Data("cifar10", Splits(train, val, test), 10, Batching(**batching))
+    return Data("cifar10", Splits(train, val, test), 10, Batching(**batching), inputs=Pixels())

@@ -18,6 +18,7 @@ import torch
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.folds import FoldIds, FoldPlan, tensor_splits
 from data.batching.splits import TensorSplit, holdout
+from data.images.inputs import Pixels
 from utils.errors import UserError
 
 BUNDLED = Path(__file__).parents[1] / "assets" / "digits.csv.gz"
@@ -64,9 +65,9 @@ def load_digits(
     plan = FoldPlan.of(split, True, split_seed)
     if plan.folds is None:
         train, val, test = holdout(samples, [val_size, test_size], split_seed)
-        return Data("digits", Splits(train, val, test), 10, Batching(**batching))
+        return Data("digits", Splits(train, val, test), 10, Batching(**batching), inputs=Pixels())
     shares = {"val": 0, "test": test_size / len(samples)}  # val: a fold
     train, val, test, val_rows = tensor_splits(samples, {}, shares, plan)
-    data = Data("digits", Splits(train, val, test), 10, Batching(**batching))
+    data = Data("digits", Splits(train, val, test), 10, Batching(**batching), inputs=Pixels())
     data.fold_ids = FoldIds(plan.fold, [f"row {i}" for i in val_rows.tolist()])
     return data

@@ -30,7 +30,8 @@ from data.batching.loader import LoaderBatches
 from data.batching.splits import rows_of
 from data.batching.targets import Targets
 from data.images.image_cache import MODES, ImageCache
-from data.images.pixels import decoded
+from data.images.inputs import Pixels
+from data.images.pixels import decoded, is_crop_pct
 from utils.config.arguments import (
     POSITIVE_OR_NULL,
     Rule,
@@ -199,11 +200,6 @@ def check_image_keys(image_size: Any, channels: Any, cache: Any, cache_max_gb: A
             "cache_max_gb": POSITIVE_OR_NULL,
         },
     )
-
-
-def is_crop_pct(value: Any) -> bool:
-    """A centre share ``data.crop_pct`` may be (a config's, or a checkpoint's record)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0.1 <= value <= 1
 
 
 def geometries(image_size: Any, batching: dict) -> dict[str, tuple[list[int], float]]:
@@ -397,7 +393,10 @@ def held_data(
             len(splits.train),
         )
     count = classes.count if isinstance(classes, Targets) else len(classes)
-    data = Data(name, splits, count, Batching(**batching), classes)
+    image_size, crop_pct = files["val"].geometry  # evaluation's view (data.crop_pct)
+    data = Data(
+        name, splits, count, Batching(**batching), classes, inputs=Pixels(crop_pct=crop_pct)
+    )
     data.listings = listings
-    data.evaluated_at(*files["val"].geometry)
+    data.evaluated_at(image_size)
     return data

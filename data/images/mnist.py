@@ -15,6 +15,7 @@ from pathlib import Path
 
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.splits import TensorSplit, holdout
+from data.images.inputs import Pixels
 from utils.errors import UserError
 
 VARIANTS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}
@@ -57,4 +58,4 @@ def load_mnist(
         raise UserError(f"data.variant={variant!r} is unknown; use one of {list(VARIANTS)}")
     train, val = holdout(read_split(root, variant, True, download), [val_size], split_seed)
     test = read_split(root, variant, False, download)
-    return Data(variant, Splits(train, val, test), 10, Batching(**batching))
+    return Data(variant, Splits(train, val, test), 10, Batching(**batching), inputs=Pixels())

@@ -47,3 +47,8 @@ def decoded(
         reason = str(error).split(":")[0] or type(error).__name__
         raise UserError(f"cannot decode image {name} ({reason}); remove or replace it") from None
     return pixels.view(height, width, -1).permute(2, 0, 1).contiguous()
+
+
+def is_crop_pct(value: Any) -> bool:
+    """A centre share ``data.crop_pct`` may be (a config's, or a checkpoint's record)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0.1 <= value <= 1

@@ -35,6 +35,7 @@ import torch
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.splits import TensorSplit, channel_statistics, holdout
 from data.images.cifar10 import read_batch, read_pickle
+from data.images.inputs import Pixels
 from utils.errors import UserError
 
 EMNIST_SPLITS = ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
@@ -55,7 +56,8 @@ def load_torchvision(
     train, val = holdout(train, [val_size], split_seed)
     if batching["mean"] is None or batching["std"] is None:
         batching["mean"], batching["std"] = channel_statistics(train.inputs)
-    return Data(name, Splits(train, val, test), len(classes), Batching(**batching), classes)
+    splits = Splits(train, val, test)
+    return Data(name, splits, len(classes), Batching(**batching), classes, inputs=Pixels())
 
 
 def read_idx(name: str, root: Path, split: str, download: bool) -> tuple[TensorSplit, list[str]]:

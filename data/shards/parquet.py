@@ -34,9 +34,11 @@ from typing import Any
 
 import torch
 
+from data.arrays.inputs import Values
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.splits import channel_statistics, pixel_statistics
 from data.batching.targets import Targets, reads_targets
+from data.images.inputs import Pixels
 from data.shards.batches import ShardSplit
 from data.shards.cache import shard_cache
 from data.shards.columns import DESCRIPTION, encoded_column, input_columns, said
@@ -59,6 +61,7 @@ from data.shards.storage import (
     filesystem,
     retried,
 )
+from data.tables.inputs import Rows
 from utils.config.trust import plain_data
 from utils.errors import UserError
 
@@ -133,11 +136,12 @@ def load_parquet(
     batching = Batching(mean=mean, std=std, **options)
     targets = Targets(kind, len(classes) if classes else len(names), classes or tuple(names))
     splits = Splits(held["train"], held["val"], held.get("test"))
-    data = Data(f"parquet {_shown(path)}", splits, targets.count, batching, targets)
+    table = _table_record(columns, kind) if columns.kind == "features" else None
+    inputs = Pixels() if held["train"].pixels else Rows(table=table) if table else Values()
+    data = Data(f"parquet {_shown(path)}", splits, targets.count, batching, targets, inputs=inputs)
     data.num_workers = workers  # the readers ahead of the step (the data-wait advice names them)
     data.listings = {name: source.listing() for name, source in sources.items()}
     data.objects = {name: source.objects() for name, source in sources.items()}
-    data.table = _table_record(columns, kind) if columns.kind == "features" else None
     log.info(
         "parquet %s: %s; %d training rows in %d row groups of %d files, shuffled in windows "
         "of %d row groups (data.shuffle_window), read ahead by %d readers; %s",

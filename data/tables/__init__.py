@@ -5,4 +5,5 @@ table           a CSV's rows as columns encoded into one float tensor, read alik
 target_columns  a file's target column(s) read by the task's kind, for every reader of rows
 missing         gaps in a table: refused, filled, or flagged (data.na_*)
 column_kinds    data.categorical=auto: which columns are categories, which identifiers
+inputs          Rows: what rows of features answer (model hints, the record, predict.py)
 """

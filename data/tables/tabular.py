@@ -34,6 +34,7 @@ from data.batching.dataset import Batching, Data, Splits
 from data.batching.folds import FoldIds, FoldPlan, group_values, tensor_splits
 from data.batching.splits import channel_statistics
 from data.batching.targets import Targets, reads_targets
+from data.tables.inputs import Rows
 from data.tables.missing import NA_KEYS
 from data.tables.table import Columns, read_table, unseen_line
 from data.tables.target_columns import stratifies
@@ -87,10 +88,9 @@ def load_csv(
     _describe(train_path, columns, kind)
     batching = Batching(mean=mean, std=std, **options)
     targets = Targets(kind, len(columns.classes), tuple(columns.classes))
-    data = Data(
-        f"csv {train_path.name}", Splits(train, val, test), targets.count, batching, targets
-    )
-    data.table, data.gapped = columns.record(), columns.gapped
+    inputs = Rows(table=columns.record(), gapped=frozenset(columns.gapped))
+    splits = Splits(train, val, test)
+    data = Data(f"csv {train_path.name}", splits, targets.count, batching, targets, inputs=inputs)
     if plan.folds is not None:  # cv=K's oof.csv names each val row by its line in the file
         kept = val_rows[columns.kept["val"]].tolist()
         data.fold_ids = FoldIds(plan.fold, [f"line {i + 2}" for i in kept])

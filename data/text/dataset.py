@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.utils.rnn import pad_sequence
 
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.folds import FoldIds, FoldPlan, tensor_splits
@@ -31,7 +30,8 @@ from data.batching.splits import TensorSplit
 from data.batching.targets import Targets, reads_targets
 from data.tables.target_columns import TargetColumns
 from data.text import tokenizer as tokenizers
-from data.text.files import decoded, read_rows, texts_of
+from data.text.files import read_rows, texts_of
+from data.text.inputs import Tokens
 from utils.config.arguments import POSITIVE_INT, check_values
 from utils.errors import UserError
 
@@ -88,9 +88,11 @@ def load_text(
     names = targets_read.names
     targets = Targets(kind, len(names), tuple(names))
     batching = Batching(mean=[0.0], std=[1.0], **options)
-    data = Data(f"text {source.name}", Splits(*encoded), targets.count, batching, targets)
     columns = [text] if isinstance(text, str) else list(text)
-    data.text, data.pad_id = {**chosen.record(), "columns": columns}, chosen.pad_id
+    inputs = Tokens(text={**chosen.record(), "columns": columns}, pad_id=chosen.pad_id)
+    data = Data(
+        f"text {source.name}", Splits(*encoded), targets.count, batching, targets, inputs=inputs
+    )
     data.input_shape = (max_length,)  # a text's ids: at most this many (each split is cut shorter)
     data.mean, data.std = [0.0] * max_length, [1.0] * max_length  # ids are never normalised
     if plan.folds is not None:  # cv=K's oof.csv names each val row by where it is
@@ -149,41 +151,6 @@ def _encoded(
     if part is None:
         return None
     return TensorSplit(
-        _ids([texts[i] for i in part.inputs[:, 0].tolist()], chosen, name), part.labels
+        tokenizers.token_ids([texts[i] for i in part.inputs[:, 0].tolist()], chosen, name),
+        part.labels,
     )
-
-
-def _ids(texts: list[str], chosen: Any, name: str) -> torch.Tensor:
-    """``texts`` as token ids [N, L], padded on the right to the longest; how many were cut
-    at data.max_length is said."""
-    ids, cut = chosen.encode(texts)
-    if cut:
-        log.info(
-            "text %s split: %d of %d texts are longer than data.max_length=%d tokens and were cut",
-            name,
-            cut,
-            len(ids),
-            chosen.max_length,
-        )
-    rows = [torch.tensor(seq or [chosen.pad_id], dtype=torch.long) for seq in ids]
-    return pad_sequence(rows, batch_first=True, padding_value=chosen.pad_id)
-
-
-def predicted_texts(path: Path, record: Mapping) -> tuple[list[str], torch.Tensor]:
-    """predict.py's input for a text model (``record``: the checkpoint's checked text record):
-    a CSV/TSV/JSON-lines file holding the text column(s) training read (each row named by its
-    number), a ``.txt`` file, or a folder of ``.txt`` files (named by their paths in it);
-    tokenized as training did. Returns (names, ids [N, L])."""
-    chosen = tokenizers.from_record(record, "the checkpoint")
-    if path.is_dir() or path.suffix.lower() == ".txt":
-        base = path if path.is_dir() else path.parent
-        files = [path] if path.is_file() else sorted(f for f in path.rglob("*.txt") if f.is_file())
-        if not files:
-            raise UserError(f"input={path}: no .txt files")
-        names = [str(f.relative_to(base)) for f in files]
-        texts = [decoded(f).strip() for f in files]
-    else:
-        header, rows, _ = read_rows(path)
-        texts = texts_of(header, rows, record.get("columns") or ["text"], path)
-        names = [str(n) for n in range(1, len(rows) + 1)]
-    return names, _ids(texts, chosen, "input")

@@ -24,6 +24,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
 from data.text.tokenizer_trust import (
     MAX_VOCAB,
     check_size,
@@ -230,3 +233,19 @@ def default_cache() -> Path:
     """Where trained tokenizers are kept: ``$XDG_CACHE_HOME/torchloom/tokenizers``."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "torchloom" / "tokenizers"
+
+
+def token_ids(texts: list[str], chosen: Any, name: str) -> torch.Tensor:
+    """``texts`` as token ids [N, L], padded on the right to the longest; how many were cut
+    at data.max_length is said."""
+    ids, cut = chosen.encode(texts)
+    if cut:
+        log.info(
+            "text %s split: %d of %d texts are longer than data.max_length=%d tokens and were cut",
+            name,
+            cut,
+            len(ids),
+            chosen.max_length,
+        )
+    rows = [torch.tensor(seq or [chosen.pad_id], dtype=torch.long) for seq in ids]
+    return pad_sequence(rows, batch_first=True, padding_value=chosen.pad_id)

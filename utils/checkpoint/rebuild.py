@@ -44,13 +44,9 @@ def rebuild_model(config: dict, weights: dict, shapes: Any, device: Any, task: A
     or the data it is evaluated on), checked on the meta device that ``weights`` fit before
     anything it asks is allocated, then built on ``device`` with them loaded."""
     model_node = OmegaConf.create(model_config(config["model"]))
-    supplied = model_shapes(
-        shapes.input_shape,
-        shapes.num_classes,
-        text=getattr(shapes, "text", None),
-        table=getattr(shapes, "table", None),
-        rows=getattr(shapes, "train_rows", None),
-    )
+    # Quantiles left out: the weights hold those the model was fitted to.
+    hints = {**shapes.model_hints(), "feature_quantiles": None}
+    supplied = model_shapes(shapes.input_shape, shapes.num_classes, hints)
     check_stored_model(model_node, supplied, weights)
     modules = Modules.build(model_node, shapes, device, None, task)
     load_weights(modules.model, weights)

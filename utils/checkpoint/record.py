@@ -1,11 +1,13 @@
 """What predict.py needs besides the weights: the checkpoint's record of its inputs (shape,
-normalisation, targets, a table's columns, the task's own part), and the inputs to predict on,
-read as the training data was.
+normalisation, targets, the kind of input's own part — a table's columns, a tokenizer, an
+image's centre share — and the task's own part), and the inputs to predict on, read as the
+training data was.
 
 :class:`InputRecord` is the record's one schema: :meth:`InputRecord.from_run` and
 :meth:`InputRecord.to_dict` are its one writer (train.py, evaluate.py's safetensors export),
 :meth:`InputRecord.read` its one reader, which checks it as untrusted data (train.py's resume,
-evaluate.py and predict.py all read through it)."""
+evaluate.py and predict.py all read through it); the kind of input (data/kinds.py) checks
+and reads its own part."""
 
 from __future__ import annotations
 
@@ -17,39 +19,32 @@ from typing import Any
 
 import torch
 
-from data.batching.batches import BatchTransform, TokenIds
+from data.batching.inputs import HINTS
 from data.batching.targets import KINDS, Targets
-from data.images.imagefolder import decode, is_crop_pct
-from data.tables.table import Columns, read_table
-from data.text.dataset import predicted_texts
-from data.text.tokenizer import from_record
+from data.kinds import stored_inputs
 from utils.config.trust import stored_floats
 from utils.errors import UserError
 
-IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
-TABLE_EXTENSIONS = {".csv", ".tsv", ".tab"}
 MAX_SAMPLE_ELEMENTS = 2**26  # values in one input (3 × 4,729 × 4,729): a bound on what is decoded
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class InputRecord:
     """How the training data reached the model: ``input_shape``, per-channel ``mean`` and
-    ``std``, ``num_classes`` (the output's width) and their names, for a table its columns
-    (data/tables/tabular.py), and the ``targets`` with what the task stored (a multi-label threshold,
-    a regression target scale). A record written before other tasks existed is a classifier's."""
+    ``std``, ``num_classes`` (the output's width) and their names, the kind of input
+    (``inputs``, data/batching/inputs.py: what it records, how it is read and exported), and
+    the ``targets`` with what the task stored (a multi-label threshold, a regression target
+    scale). A record written before other tasks existed is a classifier's."""
 
     input_shape: tuple[int, ...]
     mean: list[float]
     std: list[float]
     num_classes: int
     classes: list[str] | None
-    table: dict | None
+    inputs: Any  # data/batching/inputs.py Inputs
     targets: Any = None  # data/batching/targets.py Targets
     task: dict | None = None  # the task's own record (Task.record): threshold, target_scale
-    pixels: bool = False  # uint8 images (the exports take them so); never stored, read from data
-    crop_pct: float = 1.0  # images: the centre share evaluation kept (data.crop_pct)
-    text: dict | None = None  # texts: the tokenizer and its settings (data/text/tokenizer.py)
-    train_rows: int | None = None  # a table's training rows, which fitted its model's size
+    kind_record: dict = dataclasses.field(default_factory=dict)  # the kind's part, as written
     mixing = None  # a record is never augmented: Task.check reads it like a dataset's
     name = "the checkpoint's inputs record"
 
@@ -58,34 +53,30 @@ class InputRecord:
         """How ``data`` reaches the model (data/batching/dataset.py Data), and what the fitted ``task``
         (utils/tasks.py) needs to read the outputs back."""
         return cls(
-            tuple(data.input_shape),
-            list(data.mean),
-            list(data.std),
-            data.num_classes,
-            data.classes,
-            data.table,
-            data.targets,
-            task.record(),
-            data.pixels,
-            getattr(data, "crop_pct", 1.0),
-            getattr(data, "text", None),
-            getattr(data, "train_rows", None),
+            input_shape=tuple(data.input_shape),
+            mean=list(data.mean),
+            std=list(data.std),
+            num_classes=data.num_classes,
+            classes=data.classes,
+            inputs=data.inputs,
+            targets=data.targets,
+            task=task.record(),
+            kind_record=data.record(),
         )
 
     def to_dict(self) -> dict:
-        """What a checkpoint's ``inputs`` holds; :meth:`read` reads it back."""
+        """What a checkpoint's ``inputs`` holds; :meth:`read` reads it back. ``table`` keeps
+        its place for every kind (None but for a table's rows), as records always held it."""
         return {
             "shape": list(self.input_shape),
             "mean": list(self.mean),
             "std": list(self.std),
             "num_classes": self.num_classes,
             "classes": self.classes,
-            "table": self.table,
+            "table": None,
             "targets": self.targets.record(),
             **(self.task or {}),
-            **({"crop_pct": self.crop_pct} if self.crop_pct != 1.0 else {}),
-            **({"text": self.text} if self.text is not None else {}),
-            **({"train_rows": self.train_rows} if self.train_rows is not None else {}),
+            **self.kind_record,
         }
 
     @classmethod
@@ -131,18 +122,17 @@ class InputRecord:
             for key in ("threshold", "target_scale", "calibration")
             if key in record
         }
+        inputs = stored_inputs(record, path)
         return cls(
-            tuple(shape),
-            list(record["mean"]),
-            list(record["std"]),
-            record["num_classes"],
-            classes,
-            record["table"],
-            targets,
-            task,
-            crop_pct=_crop_pct(record, path),
-            text=_text(record, path),
-            train_rows=_train_rows(record, path),
+            input_shape=tuple(shape),
+            mean=list(record["mean"]),
+            std=list(record["std"]),
+            num_classes=record["num_classes"],
+            classes=classes,
+            inputs=inputs,
+            targets=targets,
+            task=task,
+            kind_record=inputs.record(),
         )
 
     def without_calibration(self) -> InputRecord:
@@ -155,39 +145,24 @@ class InputRecord:
     def class_names(self) -> list[str]:
         return self.targets.shown_names
 
+    def model_hints(self) -> dict[str, Any]:
+        """What the recorded data hands a model's builder (no train split: the weights hold
+        what was fitted to it)."""
+        hints = self.inputs.model_hints(self.input_shape, None, self.mean, self.std)
+        return {**dict.fromkeys(HINTS), **hints}
+
     def transform(self, device: torch.device) -> Any:
         """What normalises inputs on ``device`` as the evaluation batches were
         (data/batching/dataset.py)."""
+        return self.inputs.transform(self.mean, self.std, device)
 
-        kind = TokenIds if self.text is not None else BatchTransform
-        return kind(self.mean, self.std, device)
-
-
-def _crop_pct(record: dict, path: Path) -> float:
-    """The record's centre share of images (data.crop_pct; absent: the whole image)."""
-    crop_pct = record.get("crop_pct", 1.0)
-    if not is_crop_pct(crop_pct):
-        raise UserError(
-            f"{path}: its inputs record's crop_pct={crop_pct!r} is not a share in [0.1, 1] "
-            "(was it edited?)"
-        )
-    return float(crop_pct)
-
-
-def _text(record: dict, path: Path) -> dict | None:
-    """The record's tokenizer (texts), checked as untrusted data (data/text/tokenizer.py)."""
-    if record.get("text") is None:
-        return None
-    from_record(record["text"], str(path))
-    return record["text"]
-
-
-def _train_rows(record: dict, path: Path) -> int | None:
-    """The record's training rows (a whole number), or None: recorded before they were."""
-    rows = record.get("train_rows")
-    if rows is None or (isinstance(rows, int) and not isinstance(rows, bool) and 0 < rows < 2**63):
-        return rows
-    raise UserError(f"{path}: its inputs record's train_rows={str(rows)[:40]} is not a count")
+    def read_inputs(self, path: Path) -> tuple[list[str], torch.Tensor, list | None]:
+        """(names, inputs, unseen) of ``path``, read as this record's kind of input reads
+        a file (an image or a folder of them, a table, texts): inputs [N, ...] as the model's
+        data held them, and for a table each row's categorical values training never saw."""
+        if not path.exists():
+            raise UserError(f"input={path}: no such file or folder")
+        return self.inputs.read_raw(path, self.input_shape)
 
 
 def _targets(record: dict, path: Path) -> Any:
@@ -214,45 +189,3 @@ def _targets(record: dict, path: Path) -> Any:
     if not ok:
         raise UserError(f"{path}: its targets record is not what torchloom writes (was it edited?)")
     return Targets(stored["kind"], stored["count"], tuple(names) if names else None)
-
-
-def read_inputs(path: Path, record: InputRecord) -> tuple[list[str], torch.Tensor, list | None]:
-    """(names, inputs, unseen) of ``path``: an image, a folder of images, or a table; uint8
-    images [N, C, H, W] decoded as an image folder's are, or a table's features [N, F] with
-    each row's categorical values training never saw (None for images)."""
-    if not path.exists():
-        raise UserError(f"input={path}: no such file or folder")
-    if record.text is not None:  # texts: tokenized as training did (data/text/dataset.py)
-        return (*predicted_texts(path, record.text), None)
-    if path.is_file() and path.suffix.lower() in TABLE_EXTENSIONS:
-        if record.table is None:
-            raise UserError(
-                f"input={path} is a table, but the checkpoint's model takes images "
-                f"of shape {list(record.input_shape)}; give an image or a folder"
-            )
-
-        header, rows = read_table(path)
-        columns = Columns.from_record(record.table)
-        features = columns.features(header, rows, path)
-        return [str(n) for n in range(1, len(rows) + 1)], features, columns.unseen(header, rows)
-    if record.table is not None or len(record.input_shape) != 3:
-        raise UserError(
-            f"input={path}: the checkpoint's model takes a table's rows "
-            f"({record.input_shape[0]} features); give a CSV file"
-        )
-
-    files = (
-        [path]
-        if path.is_file()
-        else sorted(
-            p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
-        )
-    )
-    if not files:
-        raise UserError(f"input={path}: no image files ({', '.join(sorted(IMAGE_EXTENSIONS))})")
-    channels, height, width = record.input_shape
-    images = torch.stack(
-        [decode(str(f), (height, width), channels, record.crop_pct) for f in files]
-    )
-    base = path if path.is_dir() else path.parent
-    return [str(f.relative_to(base)) for f in files], images, None

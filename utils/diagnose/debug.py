@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +151,7 @@ class Debugging:
 
 def show_shapes(modules: Any, out: Any) -> float:
     """``debug=shapes``: each layer's output shape and parameters; nothing is trained."""
-    out.print(shape_table(modules.model, modules.input_shape, modules.device))
+    out.print(shape_table(modules.model, modules.example))
     return NO_RESULT
 
 
@@ -195,8 +195,9 @@ def profile_table(profiler: torch.profiler.profile, rows: int = 15) -> Table:
     return table
 
 
-def shape_table(model: nn.Module, input_shape: Sequence[int], device: torch.device) -> Table:
-    """Each layer's output shape and parameter count, from one dummy forward (hooks)."""
+def shape_table(model: nn.Module, example: torch.Tensor) -> Table:
+    """Each layer's output shape and parameter count, from one forward of ``example`` (a
+    batch of what the data gives the model: data/batching/inputs.py), through hooks."""
     rows: list[tuple[str, str, str, int]] = []
 
     def record(name: str):
@@ -218,12 +219,13 @@ def shape_table(model: nn.Module, input_shape: Sequence[int], device: torch.devi
     model.eval()
     try:
         with torch.inference_mode():
-            model(torch.zeros(2, *input_shape, device=device))
+            model(example)
     finally:
         for hook in hooks:
             hook.remove()
         model.train(was_training)
-    table = Table(title=f"layers for input [N, {', '.join(map(str, input_shape))}]")
+    shape = example.shape[1:]
+    table = Table(title=f"layers for input [N, {', '.join(map(str, shape))}]")
     for column in ("layer", "type", "output shape", "parameters"):
         table.add_column(column, justify="right" if column == "parameters" else "left")
     for name, kind, shape, own in rows:

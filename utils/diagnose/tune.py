@@ -151,9 +151,8 @@ def batch_fits(parts: Any, data: Any):
 
     def fits(batch_size: int) -> bool:
         try:
-            images = torch.randn(batch_size, *data.input_shape, device=device)
-            if data.pad_id is not None:  # texts: ids of max_length tokens, none padding
-                images = torch.full_like(images, int(data.pad_id == 0), dtype=torch.long)
+            generator = torch.Generator(device=device).manual_seed(0)  # not the training RNG
+            images = data.inputs.example(data.input_shape, batch_size, device, generator)
             labels = data.targets.random(batch_size, device)
             with precision.autocast():
                 loss = parts.loss(model(images), labels)

@@ -34,7 +34,6 @@ import torch
 from torch import nn
 
 from utils.errors import UserError
-from utils.evaluation.raw_inputs import raw_inputs
 from utils.files import write_file
 from utils.intact import tensors_digest
 
@@ -58,7 +57,7 @@ def export_model(
     exporter: str = "dynamo",
     metadata: dict | None = None,
 ) -> float:
-    """Write ``model`` (a wrapper of utils/evaluation/raw_inputs.py: it draws its own example
+    """Write ``model`` (an export's front, data/batching/inputs.py Normalised: it draws its own example
     inputs) to ``path`` (.pt2 or .onnx), its outputs named ``outputs``, with ``metadata`` as
     JSON under the key ``torchloom`` (ONNX ``metadata_props``; the .pt2's extra file
     ``torchloom.json``), and return the largest absolute difference between the written
@@ -293,7 +292,8 @@ def export_safetensors(weights: dict, config: dict, inputs: dict | None, path: P
 
 
 def export_record(raw: nn.Module, outputs: Sequence[str], record: Any, task: Any) -> dict:
-    """What an exported program carries as metadata: what it takes (raw_inputs.py), what its
+    """What an exported program carries as metadata: what it takes (its kind of input's front:
+    data/batching/inputs.py), what its
     outputs are (their names, the classes or target columns, in the targets' own units) and
     the calibration it holds."""
     targets = record.targets
@@ -309,16 +309,8 @@ def export_record(raw: nn.Module, outputs: Sequence[str], record: Any, task: Any
         "calibration": task.calibrated.record() if task.calibrated else None,
         "mean": list(record.mean),
         "std": list(record.std),
-        **_tokenizer_of(record),
+        **raw.carries(),  # texts: the tokenizer, so a program can tokenize as predict.py does
     }
-
-
-def _tokenizer_of(record: Any) -> dict:
-    """A text model's record: its tokenizer's JSON text, ``max_length`` and ``pad_id``."""
-    text = getattr(record, "text", None)
-    if text is None:
-        return {}
-    return {k: text[k] for k in ("tokenizer", "max_length", "pad_id", "columns") if k in text}
 
 
 def export_evaluated(
@@ -337,7 +329,8 @@ def export_evaluated(
     if suffix in SUFFIXES:
         model, outputs, unit = task.exportable(modules.model)
         config, record = stored
-        raw = raw_inputs(model.float(), record, record.pixels)  # the inputs a user has
+        front = record.inputs.front  # the inputs a user has, prepared inside
+        raw = front(model.float(), record.mean, record.std, record.input_shape)
         metadata = export_record(raw, outputs, record, task)
         difference = export_model(raw, path, outputs, unit, exporter, metadata)
         units = "" if unit is None else ", in the model's scaled units"

@@ -14,13 +14,13 @@ from utils.errors import UserError
 
 def check_forward(
     model: nn.Module,
-    input_shape: Sequence[int],
+    example: torch.Tensor,
     num_classes: int,
-    device: torch.device,
     builder: str = "the model",
     outputs: str = "class scores (the dataset's classes)",
 ) -> bool:
-    """Run a 2-sample dummy batch through ``model`` so an input shape it cannot take fails now,
+    """Run ``example``, a 2-sample batch of what the data's kind of input gives the model
+    (data/batching/inputs.py), through ``model`` so an input shape it cannot take fails now,
     naming the layer, instead of at the first training step. ``num_classes`` is the width the
     output must have, ``outputs`` what those columns are. Returns whether the first layer the
     forward calls flattens each sample (:func:`flattens`): a model with no spatial structure,
@@ -38,6 +38,7 @@ def check_forward(
         for name, module in model.named_modules()
         if name and not any(module.children())
     ]
+    input_shape = tuple(example.shape[1:])
     was_training = model.training
     model.eval()  # no BatchNorm statistics are updated by the dummy batch
     try:
@@ -45,8 +46,9 @@ def check_forward(
         # first forward, and parameters made under inference mode can never train or be read
         # outside it.
         with torch.no_grad():
-            dtype = torch.long if takes_ids(model) else torch.float32
-            output = model(torch.zeros(2, *input_shape, device=device, dtype=dtype))
+            if takes_ids(model) and example.is_floating_point():  # ids of a model's own
+                example = torch.zeros_like(example, dtype=torch.long)
+            output = model(example)
     except RuntimeError as error:
         name, module = entered[-1] if entered else ("(model)", model)
         reason = str(error).strip().splitlines()[0]

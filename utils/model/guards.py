@@ -196,7 +196,13 @@ def check_start_up(
     )
     # Fitted to whole epochs of the data: a debug limit shortens each epoch, not their count.
     samples = data.sizes()["train"]
-    plan = BatchPlan(data.batch_size, True, 0, 0, world_size, keep_partial=accumulate == 1)
+    plan = BatchPlan(
+        batch_size=data.batch_size,
+        train=True,
+        seed=0,
+        world_size=world_size,
+        keep_partial=accumulate == 1,
+    )
     whole_epoch = plan.batch_count(samples)
     epochs = epochs_for(trainer.max_epochs, max(whole_epoch // accumulate, 1))
     steps = StepCounts(steps_per_epoch, steps_per_epoch * epochs)

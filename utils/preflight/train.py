@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from data.augmentation.mixing import Mixing
+from data.batching.inputs import HINTS
 from models.text import read_architecture
 from utils.config.arguments import check_node
 from utils.config.build import build
@@ -219,16 +220,7 @@ def unread(override: str, key: str, name: str, known: list[str], parent: str = "
 
 # Arguments train.py passes to each group's builder itself (the rest come from the YAML).
 SUPPLIED = {
-    "model": (
-        "input_shape",
-        "num_classes",
-        "num_outputs",
-        "feature_quantiles",
-        "train_rows",
-        "indicator_features",
-        "vocab_size",
-        "pad_id",
-    ),
+    "model": ("input_shape", "num_classes", "num_outputs", *HINTS),  # and the kind's hints
     "data": ("targets",),  # the kind the task learns, to builders that read several kinds
     "optim": ("params",),
     "scheduler": (),  # finished with the optimizer and step counts by what it returns

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -14,11 +13,10 @@ from utils.text import first_line
 log = logging.getLogger("torchloom")
 
 
-def compile_or_eager(
-    model: nn.Module, input_shape: Sequence[int], device: torch.device, mode: str
-) -> nn.Module:
-    """The compiled model, proven on a dummy batch now; the eager model, with one warning, if
-    compilation fails (no C++ compiler, an unsupported op, an old GPU)."""
+def compile_or_eager(model: nn.Module, example: torch.Tensor, mode: str) -> nn.Module:
+    """The compiled model, proven now on ``example`` (a batch of what the data gives it:
+    data/batching/inputs.py); the eager model, with one warning, if compilation fails (no C++
+    compiler, an unsupported op, an old GPU)."""
     try:
         compiled = torch.compile(model, mode=mode)
     except RuntimeError as error:  # an unknown mode is refused here, before any compiling
@@ -27,7 +25,7 @@ def compile_or_eager(
     model.eval()
     try:
         with torch.no_grad():
-            compiled(torch.zeros(2, *input_shape, device=device))
+            compiled(example)
     except Exception as error:  # any compiler failure: train eagerly rather than not at all
         log.warning("warning: torch.compile failed (%s); training without it", first_line(error))
         return model

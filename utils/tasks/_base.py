@@ -55,18 +55,19 @@ class Task:
 
     def data_arguments(self, node: Any, stored: Any = None) -> dict[str, Any]:
         """What the data builder of config ``node`` is passed besides its keys: the kind of
-        ``targets`` to read, when it reads several (data/batching/targets.py), and to a builder
-        that takes ``stored_text`` the text record of the checkpoint ``stored`` (its checked
-        inputs record; data/text/dataset.py then tokenizes with the stored tokenizer). A builder that
-        cannot read this task's kind is refused before any data is read."""
+        ``targets`` to read, when it reads several (data/batching/targets.py), and what the
+        kind of input of the checkpoint ``stored`` (its checked inputs record, when a run
+        resumes) hands a builder that takes it (data/batching/inputs.py builder_hints: texts'
+        stored tokenizer, never one refitted). A builder that cannot read this task's kind is
+        refused before any data is read."""
         import inspect
 
         from hydra._internal.utils import _locate
 
         builder = _locate(node["_target_"])
-        supplied = {}
-        if "stored_text" in inspect.signature(builder).parameters:
-            supplied["stored_text"] = getattr(stored, "text", None)
+        hints = stored.inputs.builder_hints() if stored is not None else {}
+        taken = inspect.signature(builder).parameters
+        supplied = {key: value for key, value in hints.items() if key in taken}
         kinds = target_kinds(builder)
         if self.targets not in kinds:
             raise UserError(
@@ -98,10 +99,8 @@ class Task:
         least = 2 if targets.kind == "classes" else 1  # one class is a constant, 100% "right"
         if targets.count < least:
             shown = f" ({', '.join(map(repr, targets.names))})" if targets.names else ""
-            table = getattr(data, "table", None)
-            where = f"column {table['target']!r}" if table else "the labels"
             raise UserError(
-                f"{data.name}: {where} hold {targets.count} "
+                f"{data.name}: {data.inputs.targets_in()} hold {targets.count} "
                 f"{targets.kind.replace('_', ' ')}{shown}, and task={self.name} needs "
                 f"{least} or more; check data.target or the data"
             )
