@@ -137,7 +137,7 @@ FEATURE_CASES = {
     "mlp_checkpointed": ("mlp", ["trainer.checkpoint_every_n_steps=50"]),
     # ImageNet-style augmentation per image on the cached path (data/augmentation/images.py).
     "image_cnn_augmented": ("image_cnn", IMAGE_AUGMENT),
-    # k = 8 members sharing one MLP, one batched forward (models/tabular.py), against one.
+    # k = 8 members sharing one MLP, one batched forward (models/tabular/), against one.
     "table_ensemble": ("table", ["model.ensemble=8"]),
     # The same 8 members each on rows of its own (model.share_batches=false): 8 embeddings.
     "table_ensemble_own": ("table", ["model.ensemble=8", "model.share_batches=false"]),

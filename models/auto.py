@@ -1,13 +1,13 @@
 """``model=auto`` (the default): the built-in model that fits the data's kind, chosen from the
 shape of one sample and printed at start-up:
 
-- a table's row ``[F]``: the tabular model (models/tabular.py, with its defaults: 8 members
+- a table's row ``[F]``: the tabular model (models/tabular/, with its defaults: 8 members
   sharing one hidden layer of 512, fed the inputs as the data standardised them under 1,000
   training rows (``train_rows``), robustly scaled and periodically embedded from there (the
   frequencies from N(0, 3) from 8,000); chosen on 20 real tables and checked on 12 more,
   docs/real-data.md; ``model=tabular`` sets its keys, ``model=mlp`` names the plain MLP);
 - a text (token ids ``[L]``, data=text): the fastText-style bag of token and bigram
-  embeddings (models/text.py ``text_bag``; ``model=text_transformer`` names the Transformer);
+  embeddings (models/text/ ``text_bag``; ``model=text_transformer`` names the Transformer);
 - a sequence ``[C, L]``: the 1-D CNN (models/cnn1d.py: ``channels``, ``kernel_size``,
   ``dropout``);
 - an image ``[C, H, W]``: the CNN (models/cnn.py: ``channels``, ``dropout``); an image of
@@ -96,10 +96,10 @@ def auto(
 ) -> nn.Module:
     """The chosen model with the keys it reads (PyTorch's default initialisation). ``table``:
     what a table's rows get, ``tabular`` (conf/model/auto.yaml) or ``mlp``; ``embed_indicators``,
-    ``share_batches`` (models/tabular.py) and ``table_sizes`` (true: the tabular model takes
+    ``share_batches`` (models/tabular/) and ``table_sizes`` (true: the tabular model takes
     ``hidden_sizes`` and ``dropout``; before the key it trained the defaults whatever they said)
     and ``table_fitted`` (true: its embedding and scaling fitted to the training rows,
-    models/tabular.py ``fitted_inputs``; before the key: periodic and robust at any size).
+    models/tabular/ ``fitted_inputs``; before the key: periodic and robust at any size).
     Not given (None, a config stored before the key): :data:`TABLE_KEYS_BEFORE`, as such a
     checkpoint trained."""
     given = {"table": table, "embed_indicators": embed_indicators, "share_batches": share_batches}

@@ -27,7 +27,7 @@ log = logging.getLogger("torchloom")
 class Placement:
     """Where batches go: the device, its memory layout, this process's share (rank of
     world_size processes), and the model's members that each take training rows of their own
-    (``members``: models/tabular.py). One value for every split of a run, in train.py and
+    (``members``: models/tabular/). One value for every split of a run, in train.py and
     evaluate.py."""
 
     device: torch.device

@@ -172,7 +172,7 @@ def pixel_statistics(chunks: Iterator[torch.Tensor]) -> tuple[list[float], list[
 
 def feature_quantiles(inputs: torch.Tensor, mean: Sequence[float], std: Sequence[float]):
     """[F, 65] each feature's quantiles at 0, 1/64, ..., 1 (linear between ranks) of a table's
-    rows ``inputs`` [N, F], in normalised units ((x − mean) / std): what models/tabular.py
+    rows ``inputs`` [N, F], in normalised units ((x − mean) / std): what models/tabular/
     fits its scaling and bins to."""
     values = (inputs.float() - torch.tensor(mean)) / torch.tensor(std)
     ordered = values.sort(dim=0).values

@@ -71,7 +71,7 @@ class Rows:
     def model_hints(
         self, shape: Sequence[int], train: Any, mean: Sequence[float], std: Sequence[float]
     ) -> dict[str, Any]:
-        """For models/tabular.py: each feature's training quantiles (rows held in memory),
+        """For models/tabular/: each feature's training quantiles (rows held in memory),
         the training rows (those the model is fitted to), and how many features follow the
         numbers (a table's 0/1 columns: one-hot categories and gap flags)."""
         held = _held(train)

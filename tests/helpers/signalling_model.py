@@ -56,7 +56,7 @@ def auto(
     indicator_features,
     share_batches,
 ) -> nn.Module:
-    """model=auto's choice (a table's: models/tabular.py), signalling."""
+    """model=auto's choice (a table's: models/tabular/), signalling."""
     from models.auto import auto as plain_auto
 
     keys = (hidden_sizes, channels, kernel_size, dropout, table, feature_quantiles)
@@ -188,7 +188,7 @@ def cnn1d(input_shape, num_classes, channels, kernel_size, dropout, init) -> nn.
 
 
 def text_bag(input_shape, num_classes, vocab_size, pad_id, dim, hidden, dropout, bigram_buckets):
-    """model=text_bag (models/text.py), signalling."""
+    """model=text_bag (models/text/), signalling."""
     from models.text import text_bag as plain_text_bag
 
     keys = (dim, hidden, dropout, bigram_buckets)
@@ -198,7 +198,7 @@ def text_bag(input_shape, num_classes, vocab_size, pad_id, dim, hidden, dropout,
 def hf_model(
     input_shape, num_classes, path, architecture, tokenizer, vocab_size, pad_id, pooling, dropout
 ) -> nn.Module:
-    """model=hf (models/text.py), signalling."""
+    """model=hf (models/text/), signalling."""
     from models.text import hf_model as plain_hf
 
     keys = (path, architecture, tokenizer, vocab_size, pad_id, pooling, dropout)

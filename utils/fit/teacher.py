@@ -109,9 +109,9 @@ class Teacher:
                 inputs = inputs * scale + shift
             taught = self.model(inputs)
         taught = taught.float().clone()  # out of inference mode: autograd may keep it
-        if own_rows:  # k members' outputs, each on its own rows (models/tabular.py)
+        if own_rows:  # k members' outputs, each on its own rows (models/tabular/)
             outputs = outputs.flatten(0, 1)
-        elif outputs.dim() == 3:  # k members' outputs (models/tabular.py): each is taught
+        elif outputs.dim() == 3:  # k members' outputs (models/tabular/): each is taught
             k = outputs.shape[1]
             outputs, taught = outputs.flatten(0, 1), taught.repeat_interleave(k, dim=0)
         return (1 - self.alpha) * loss + self.alpha * self.divergence(outputs, taught)

@@ -38,7 +38,7 @@ class Modules:
 
     @property
     def batch_members(self) -> int:
-        """How many members each draw their own training rows (models/tabular.py,
+        """How many members each draw their own training rows (models/tabular/,
         ``model.share_batches=false``); 1 for every other model."""
         return getattr(self.model, "batch_members", 1)
 

@@ -236,7 +236,7 @@ OPTIM_KEYS_OF_OURS = (
 
 def record_architecture(cfg: DictConfig) -> None:
     """model=hf: the encoder's config.json into ``model.architecture`` before the run records
-    its config, so its checkpoints rebuild the model without the folder (models/text.py), and a
+    its config, so its checkpoints rebuild the model without the folder (models/text/), and a
     resume on a folder whose encoder changed is refused as a changed config."""
     node = cfg.model
     if node.get("_target_") == HF_TARGET and node.get("architecture") is None:

@@ -320,7 +320,7 @@ class Calibrated(nn.Module):
 
 class MembersLoss:
     """A training loss that also takes the outputs ``[N, k, ...]`` of a model of k members
-    (models/tabular.py in training): the mean of the members' losses (TabM's training), each
+    (models/tabular/ in training): the mean of the members' losses (TabM's training), each
     against the same targets, or against its own where the batch gave each member its own
     rows (targets ``[N, k]`` class indices or ``[N, k, ...]`` values:
     :func:`member_targets`); ``[N, ...]`` outputs go through as they are."""
