@@ -381,3 +381,13 @@ def test_calibration_callbacks_and_trackers_work_on_texts_unchanged(tmp_path):
     stored = checkpoint(tmp_path, "t", "best.pt")["inputs"]["calibration"]
     assert stored["split"] == "val" and stored["temperature"] != 1.0
     export_matches_predict(tmp_path, "t", "onnx", "review")
+
+
+@pytest.mark.slow  # a compile of the text model on the CPU
+def test_trainer_compile_compiles_a_text_model_on_its_token_ids(tmp_path):
+    # The compile was proven on a float batch of zeros, which a text model's embedding cannot
+    # look up: it fell back to eager with a warning. It is proven on the kind's example now.
+    write_reviews(tmp_path / "reviews.csv", rows=160)
+    run = [*TEXT, *QUICK[:2], "data.path=reviews.csv", "model=text_bag", "trainer.compile=true"]
+    result = run_train(tmp_path, *run, "run_name=compiled")
+    assert "torch.compile failed" not in result.stdout + result.stderr
