@@ -120,6 +120,14 @@ class BatchTransform:
         out = resized_crops(images, box.expand(len(images), 4), self.size)
         return out.contiguous(memory_format=self.memory_format)
 
+    def changes(self, shape: Sequence[int]) -> bool:
+        """Whether :meth:`augment` changes a training batch of inputs of ``shape`` [N, ...]:
+        something augments, or images held at another size are cut to the model's."""
+        augment = self.augment_with
+        if augment.crop_padding or augment.horizontal_flip or augment.on:
+            return True
+        return not (self.size is None or len(shape) != 4 or tuple(shape[-2:]) == self.size)
+
     def augment(
         self, images: torch.Tensor, seed: int, epoch: int, ids: torch.Tensor
     ) -> torch.Tensor:
@@ -203,22 +211,24 @@ class TensorBatches:
                 host_order = bucketed(host_order, self.lengths, global_batch, self.seed, epoch)
             host_order = repeated(host_order, self.plan.repeats)
             order = host_order.to(self.transform.device)
+        # The step waits on this loop: what is the same for every batch is decided once. A
+        # slot past the split's end is a sample's copy (data.augment.repeats): slot % n.
+        inputs, targets, n, size = self.inputs, self.labels, len(self.labels), self.batch_size
+        copies = self.plan.repeats > 1
+        rank, world = (self.rank, self.world_size) if self.train else (0, 1)
+        augments = self.train and self.transform.changes(inputs.shape)
         for index in range(start, len(self)):
-            lo, hi = batch_bounds(
-                index,
-                self.batch_size,
-                self.rank if self.train else 0,
-                self.world_size if self.train else 1,
-            )
+            lo, hi = batch_bounds(index, size, rank, world)
             if order is None:
-                images, labels = self.inputs[lo:hi], self.labels[lo:hi]
+                images, labels = inputs[lo:hi], targets[lo:hi]
             else:
                 rows = order[lo:hi]  # slots: a sample's copies differ in their draws
-                images, labels = self.inputs[rows % len(order)], self.labels[rows % len(order)]
+                samples = rows % n if copies else rows
+                images, labels = inputs[samples], targets[samples]
             if self.lengths is not None:  # cut to the longest text, read on the host: no sync
-                held = host_order[lo:hi] % len(host_order) if order is not None else slice(lo, hi)
+                held = host_order[lo:hi] % n if order is not None else slice(lo, hi)
                 images = images[:, : max(1, int(self.lengths[held].max()))]
-            elif self.train:  # each sample's draws, by (seed, epoch, its index)
+            elif augments:  # each sample's draws, by (seed, epoch, its index)
                 images = self.transform.augment(images, self.seed, epoch, rows)
             yield images, labels
 
