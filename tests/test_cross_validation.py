@@ -174,6 +174,14 @@ def test_bad_fold_settings_are_one_line(tmp_path, overrides, message):
     assert message in error_line(run_train(tmp_path, *overrides, ok=False))
 
 
+def test_what_cv_can_fold_is_what_the_builders_declare():
+    # Declared next to each builder (data/batching/dataset.py can), not listed elsewhere: the
+    # refusal names exactly the options whose builder declares it.
+    from utils.run.cross_validation import folded_data
+
+    assert folded_data() == ["csv", "digits", "image_csv", "imagefolder", "tensors", "text"]
+
+
 def test_cv_on_arrays_with_their_own_val_split_names_the_file_not_a_key(tmp_path):
     import numpy as np
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from data.arrays.inputs import Values
-from data.batching.dataset import Batching, Data, Splits
+from data.batching.dataset import Batching, Data, Splits, can
 from data.batching.folds import FoldIds, FoldPlan, tensor_splits
 from data.batching.splits import TensorSplit, channel_statistics
 from data.batching.targets import reads_targets
@@ -125,6 +125,7 @@ def split_of(arrays: Mapping[str, torch.Tensor], name: str, path: Path) -> Tenso
     return TensorSplit(x, y)
 
 
+@can("folds")
 @reads_targets("label_sets", "values")
 def load_tensors(
     path: str,

@@ -42,6 +42,31 @@ from utils.errors import UserError
 log = logging.getLogger("torchloom")
 
 
+# What a data builder may declare it can do, besides reading its splits (:func:`can`):
+# ``folds``: its val split is held out of its samples, so cv=K folds train ∪ val
+# (utils/run/cross_validation.py); ``refits``: refit=auto trains it again on train ∪ val once
+# the run has chosen its epochs (utils/run/refit.py).
+CAPABILITIES = ("folds", "refits")
+
+
+def can(*capabilities: str):
+    """Declare, next to a data builder, what it can do (:data:`CAPABILITIES`)."""
+    unknown = set(capabilities) - set(CAPABILITIES)
+    if unknown:
+        raise ValueError(f"unknown capabilities {sorted(unknown)}; known: {CAPABILITIES}")
+
+    def declare(builder):
+        builder.capabilities = frozenset(capabilities)
+        return builder
+
+    return declare
+
+
+def capabilities_of(builder: Any) -> frozenset[str]:
+    """What the data builder declared it can do (nothing, if it declared nothing)."""
+    return getattr(builder, "capabilities", frozenset())
+
+
 @dataclass(frozen=True)
 class Splits:
     """A dataset's splits: :class:`TensorSplit` (held in memory) or a map-style ``Dataset`` of

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.batching.dataset import Batching, Data, Splits
+from data.batching.dataset import Batching, Data, Splits, can
 from data.batching.folds import FoldIds, FoldPlan, tensor_splits
 from data.batching.splits import TensorSplit, holdout
 from data.images.inputs import Pixels
@@ -49,6 +49,7 @@ def read_digits_csv(path: Path) -> TensorSplit:
     )
 
 
+@can("folds")
 def load_digits(
     path: str | None,
     val_size: int,

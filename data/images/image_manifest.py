@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from data.batching.dataset import Data
+from data.batching.dataset import Data, can
 from data.batching.folds import FoldIds, FoldPlan, group_values
 from data.batching.targets import Targets, reads_targets
 from data.images.imagefolder import (
@@ -94,6 +94,7 @@ def manifest_targets(
     return samples, columns.targets(read["train"])
 
 
+@can("folds")
 @reads_targets("label_sets", "values")
 def load_image_csv(
     root: str,

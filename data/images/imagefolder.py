@@ -23,7 +23,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from data.batching.batches import BatchPlan, BatchTransform
-from data.batching.dataset import Batching, Data, Splits
+from data.batching.dataset import Batching, Data, Splits, can
 from data.batching.fingerprint import listing_sha256
 from data.batching.folds import FoldIds, FoldPlan
 from data.batching.loader import LoaderBatches
@@ -248,6 +248,7 @@ def geometries(image_size: Any, batching: dict) -> dict[str, tuple[list[int], fl
     return {"train": trained, "val": evaluated, "test": evaluated}
 
 
+@can("folds")
 def load_imagefolder(
     root: str,
     image_size: Sequence[int],

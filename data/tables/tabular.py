@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from data.batching.dataset import Batching, Data, Splits
+from data.batching.dataset import Batching, Data, Splits, can
 from data.batching.folds import FoldIds, FoldPlan, group_values, tensor_splits
 from data.batching.splits import channel_statistics
 from data.batching.targets import Targets, reads_targets
@@ -42,6 +42,7 @@ from data.tables.target_columns import stratifies
 log = logging.getLogger("torchloom")
 
 
+@can("folds", "refits")
 @reads_targets("label_sets", "values")
 def load_csv(
     path: str,

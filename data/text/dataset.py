@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from data.batching.dataset import Batching, Data, Splits
+from data.batching.dataset import Batching, Data, Splits, can
 from data.batching.folds import FoldIds, FoldPlan, tensor_splits
 from data.batching.splits import TensorSplit
 from data.batching.targets import Targets, reads_targets
@@ -38,6 +38,7 @@ from utils.errors import UserError
 log = logging.getLogger("torchloom")
 
 
+@can("folds")
 @reads_targets("label_sets", "values")
 def load_text(
     path: str,

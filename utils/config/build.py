@@ -1,7 +1,7 @@
 """Building objects from config nodes, and the config as plain data.
 
 :func:`build` is Hydra's ``instantiate`` with a constructor's refusal of its values reaching the
-user as one line; :func:`flatten` gives the config as the flat keys that trackers and tables hold (the plain
+user as one line; :func:`builder_of` the builder a node names, for what it declares; :func:`flatten` gives the config as the flat keys that trackers and tables hold (the plain
 containers a run records are utils/config/secrets.py's :func:`recorded`).
 """
 
@@ -42,6 +42,14 @@ def build(node: Any, **kwargs: Any) -> Any:
         if isinstance(cause, (TypeError, ValueError)):
             raise UserError(f"{target}: {cause}; check its keys in the config") from None
         raise
+
+
+def builder_of(node: Any) -> Any:
+    """The builder a config node's ``_target_`` names (imported: the user's own config, never a
+    stored one), to read what it declares (the kinds of target it reads, what it can do)."""
+    from hydra._internal.utils import _locate
+
+    return _locate(str(node["_target_"]))
 
 
 def flatten(config: Mapping, prefix: str = "") -> dict[str, Any]:

@@ -35,9 +35,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 from rich.table import Table
 
+from data.batching.dataset import capabilities_of
 from utils.checkpoint.load import load_checkpoint
 from utils.checkpoint.record import InputRecord
-from utils.config.build import build
+from utils.config.build import build, builder_of
+from utils.config.schema import CONF
 from utils.config.secrets import recorded
 from utils.errors import UserError
 from utils.evaluation.metrics import outputs_of
@@ -51,14 +53,6 @@ from utils.system.distributed import processes_from_env
 from utils.text import cell, console
 
 log = logging.getLogger("torchloom")
-FOLDED_DATA = (
-    "data.tables.tabular.load_csv",
-    "data.arrays.tensors.load_tensors",
-    "data.images.image_manifest.load_image_csv",
-    "data.images.imagefolder.load_imagefolder",
-    "data.images.digits.load_digits",
-    "data.text.dataset.load_text",
-)
 PREDICTIONS = "oof.pt"  # a fold's val predictions, in its run dir
 
 
@@ -68,10 +62,10 @@ def check_cv(cfg: DictConfig) -> int:
     folds = cfg.cv
     if not (isinstance(folds, int) and not isinstance(folds, bool) and folds >= 2):
         raise UserError(f"cv={folds} must be a whole number of folds, 2 or more (or null)")
-    if str(cfg.data.get("_target_")) not in FOLDED_DATA:
+    if "folds" not in capabilities_of(builder_of(cfg.data)):  # declared with the builder
         raise UserError(
             f"cv={folds} needs data whose val split is held out of its samples "
-            "(data=csv, tensors, image_csv, imagefolder, digits or text)"
+            f"({', '.join(f'data={name}' for name in folded_data())})"
         )
     if cfg.trainer.get("refit") is True:
         raise UserError(
@@ -316,3 +310,19 @@ def summary_table(summary: dict) -> Table:
             shown = f"{value:.4f}" + ("" if spread is None else f" ± {spread:.4f}")
             table.add_row(name, shown)
     return table
+
+
+def folded_data() -> list[str]:
+    """The conf/data options whose builder declares it can be folded (those whose module
+    imports: an extra not installed leaves its option out)."""
+    import yaml
+
+    names = []
+    for path in sorted((CONF / "data").glob("*.yaml")):
+        target = (yaml.safe_load(path.read_text()) or {}).get("_target_")
+        try:
+            folds = "folds" in capabilities_of(builder_of({"_target_": target}))
+        except ImportError:
+            folds = False
+        names += [path.stem] if folds else []
+    return names

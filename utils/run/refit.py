@@ -30,6 +30,8 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
+from data.batching.dataset import capabilities_of
+from utils.config.build import builder_of
 from utils.errors import UserError
 from utils.files import write_json
 from utils.run.folders import REFIT_FOLDER
@@ -38,7 +40,6 @@ from utils.system.distributed import processes_from_env
 
 log = logging.getLogger("torchloom")
 AUTO_ROWS = 10_000  # refit=auto: a CSV table whose train ∪ val hold fewer rows
-TABLES = ("data.tables.tabular.load_csv",)  # what refit=auto refits
 ONCE = 10**9  # the refit's val_every_n_epochs: validated after its last epoch alone
 
 
@@ -134,4 +135,4 @@ def _wanted(cfg: DictConfig, first: dict) -> bool:
     if asked is True:
         return True
     small = samples["train"] + samples["val"] < AUTO_ROWS
-    return small and str(cfg.data.get("_target_")) in TABLES
+    return small and "refits" in capabilities_of(builder_of(cfg.data))  # declared with it

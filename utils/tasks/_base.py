@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from data.batching.targets import TASK_OF, Targets, target_kinds
+from utils.config.build import builder_of
 from utils.errors import UserError
 from utils.evaluation import tables as eval_tables
 from utils.evaluation.calibration import Calibration, f1_thresholds, fit_temperature
@@ -62,9 +63,7 @@ class Task:
         refused before any data is read."""
         import inspect
 
-        from hydra._internal.utils import _locate
-
-        builder = _locate(node["_target_"])
+        builder = builder_of(node)
         hints = stored.inputs.builder_hints() if stored is not None else {}
         taken = inspect.signature(builder).parameters
         supplied = {key: value for key, value in hints.items() if key in taken}
