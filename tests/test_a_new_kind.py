@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import HELPERS, checkpoint, read_metrics, run_train
+from conftest import HELPERS, ROOT, checkpoint, read_metrics, run_train
 from omegaconf import OmegaConf
 
 import data.kinds
@@ -81,3 +81,21 @@ def test_a_stored_record_is_claimed_by_the_kind_registered_for_it(tmp_path, regi
     assert InputRecord.read(record, tmp_path / "x.pt").inputs == Counts(vocabulary=("a", "b", "c"))
     del record["vocabulary"]  # without it, the built-in kinds claim it: rows of 3 features
     assert type(InputRecord.read(record, tmp_path / "x.pt").inputs).__name__ == "Rows"
+
+
+def test_each_built_in_kind_shows_a_sample_as_a_person_reads_it(tmp_path):
+    # What the reports show of a sample (#72): a text as its words, an image as its size, a
+    # row as its numbers; read from the checkpoints the fixtures hold.
+    from data.text.tokenizer import from_record
+
+    fixtures = ROOT / "tests" / "fixtures" / "checkpoints"
+    read = {
+        name: InputRecord.read(torch.load(fixtures / name / "last.pt")["inputs"], tmp_path)
+        for name in ("text_auto", "digits_default", "table_auto")
+    }
+    tokens = read["text_auto"].inputs
+    ids, _ = from_record(tokens.text, "the fixture").encode(["the film was superb and happy"])
+    padded = torch.tensor([*ids[0], tokens.pad_id, tokens.pad_id])
+    assert tokens.shown(padded).split() == ["the", "film", "was", "superb", "and", "happy"]
+    assert read["digits_default"].inputs.shown(torch.zeros(1, 8, 8)).startswith("image 1×8×8: 0")
+    assert read["table_auto"].inputs.shown(torch.tensor([1.5, -2.0])) == "1.5 -2"

@@ -8,6 +8,7 @@ checkpoint's inputs record reads one back (utils/checkpoint/record.py). Everythi
 batches, the model's builder, the shape checks and the tuning, the checkpoint, predict.py,
 the exports, what a person is shown — asks it, never the kind:
 
+    claims(record, path)               a stored inputs record read back as this kind, if it is
     transform(mean, std, device, ...)  how its batches are moved and normalised on the device
     example(shape, batch, device, ...)  an example batch of what the model takes
     model_hints(shape, train, mean, std)  what it hands a model's builder (HINTS)
@@ -41,6 +42,12 @@ class Inputs(Protocol):
     """What a kind of input answers (see the module's docstring)."""
 
     name: str  # pixels, rows, tokens or values: how the exports and messages name it
+
+    @classmethod
+    def claims(cls, record: dict, path: Path) -> Inputs | None:
+        """This kind read from a checkpoint's checked inputs ``record`` (its own part checked
+        as untrusted data), or None when the record is another kind's."""
+        ...
 
     def transform(
         self,
