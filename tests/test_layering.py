@@ -226,7 +226,6 @@ BIG_PACKAGES: dict[str, str] = {}
 LONG_MODULES = {
     "data/images/image_cache.py": "one cache file's whole life: built, checked, read",
     "data/images/imagefolder.py": "a folder of images: listed, split, cached or read lazily",
-    "data/batching/dataset.py": "what every builder returns and declares, and its batches",
     "utils/run/start.py": "a run's start: folders, claims, the resume and its checks",
     "utils/run/provenance.py": "what produced a run, and what changed in its data since",
 }

@@ -58,13 +58,13 @@ class Values:
     def builder_hints(self) -> dict[str, Any]:
         return {}
 
-    def record(self, train: Any = None) -> dict[str, Any]:
+    def record(self) -> dict[str, Any]:
         return {}
 
     def following(self, stored: Any) -> Values:
         return self
 
-    def joined(self, train: Any) -> Values:
+    def fixed(self, train: Any) -> Values:
         return self
 
     def check_encoded_as(self, stored: Any, source: Any, name: str, use: str, fills: bool) -> None:

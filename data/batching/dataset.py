@@ -205,10 +205,6 @@ class Data:
         hints = self.inputs.model_hints(self.input_shape, self.splits["train"], self.mean, self.std)
         return {**dict.fromkeys(HINTS), **hints}
 
-    def record(self) -> dict[str, Any]:
-        """The kind of input's part of a checkpoint's inputs record (data/batching/inputs.py)."""
-        return self.inputs.record(self.splits["train"])
-
     @property
     def in_memory(self) -> bool:
         return isinstance(self.splits["train"], TensorSplit)
@@ -309,7 +305,7 @@ class Data:
 
     def join_val(self) -> None:
         """A refit's ``trainer.train_on_val``: val trained on too; batch size, scale, model as fitted."""
-        self.inputs = self.inputs.joined(self.splits["train"])
+        self.inputs = self.inputs.fixed(self.splits["train"])
         self.splits["train"] = joined(self.splits, "trainer.train_on_val")
 
     def sizes(self) -> dict[str, int]:

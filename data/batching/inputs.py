@@ -13,8 +13,8 @@ the exports, what a person is shown — asks it, never the kind:
     example(shape, batch, device, ...)  an example batch of what the model takes
     model_hints(shape, train, mean, std)  what it hands a model's builder (HINTS)
     builder_hints()                    what it hands the data builder of a run it resumes
-    record(train)                      its part of a checkpoint's inputs record
-    following(stored) / joined(train)  fixed as a checkpoint recorded it / as a refit trains
+    record()                           its part of a checkpoint's inputs record
+    following(stored) / fixed(train)   fitted as a checkpoint recorded it / as ``train`` is now
     check_encoded_as(stored, ...)      data encoded otherwise than ``stored`` refused
     targets_in()                       where its targets were read, for a message
     read_raw(path, shape)              predict.py's inputs of that kind, read from a file
@@ -74,11 +74,11 @@ class Inputs(Protocol):
 
     def builder_hints(self) -> dict[str, Any]: ...
 
-    def record(self, train: Any = None) -> dict[str, Any]: ...
+    def record(self) -> dict[str, Any]: ...
 
     def following(self, stored: Inputs) -> Inputs: ...
 
-    def joined(self, train: Any) -> Inputs: ...
+    def fixed(self, train: Any) -> Inputs: ...
 
     def check_encoded_as(
         self, stored: Inputs, source: Any, name: str, use: str, fills: bool

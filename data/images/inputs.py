@@ -17,6 +17,7 @@ from torch import nn
 from data.batching.batches import BatchTransform
 from data.batching.inputs import Normalised, example_values, shown_values
 from data.images.pixels import decoded, is_crop_pct
+from data.tables.inputs import TABLE_EXTENSIONS
 from utils.errors import UserError
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
@@ -79,13 +80,13 @@ class Pixels:
     def builder_hints(self) -> dict[str, Any]:
         return {}
 
-    def record(self, train: Any = None) -> dict[str, Any]:
+    def record(self) -> dict[str, Any]:
         return {"crop_pct": self.crop_pct} if self.crop_pct != 1.0 else {}
 
     def following(self, stored: Any) -> Pixels:
         return self  # evaluation's view is this data's own (data.crop_pct)
 
-    def joined(self, train: Any) -> Pixels:
+    def fixed(self, train: Any) -> Pixels:
         return self
 
     def check_encoded_as(self, stored: Any, source: Any, name: str, use: str, fills: bool) -> None:
@@ -96,7 +97,7 @@ class Pixels:
 
     def read_raw(self, path: Path, shape: Sequence[int]) -> tuple[list[str], torch.Tensor, Any]:
         """An image or a folder of images, decoded as an image folder's are: uint8 [N, C, H, W]."""
-        if path.is_file() and path.suffix.lower() in {".csv", ".tsv", ".tab"}:
+        if path.is_file() and path.suffix.lower() in TABLE_EXTENSIONS:
             raise UserError(
                 f"input={path} is a table, but the checkpoint's model takes images "
                 f"of shape {list(shape)}; give an image or a folder"

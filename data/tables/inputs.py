@@ -84,10 +84,10 @@ class Rows:
     def builder_hints(self) -> dict[str, Any]:
         return {}
 
-    def record(self, train: Any = None) -> dict[str, Any]:
+    def record(self) -> dict[str, Any]:
         """The table's record (always written: None for an array's rows), then the training
-        rows when known."""
-        rows = self._train_rows(train)
+        rows when known (:meth:`fixed`)."""
+        rows = self._train_rows(None)
         return {"table": self.table, **({"train_rows": rows} if rows is not None else {})}
 
     def following(self, stored: Any) -> Rows:
@@ -95,9 +95,10 @@ class Rows:
         fixed = stored.fixed_rows if isinstance(stored, Rows) and stored.fixed_rows else (None,)
         return Rows(table=self.table, gapped=self.gapped, fixed_rows=fixed)
 
-    def joined(self, train: Any) -> Rows:
-        """The training rows fixed as they are before val joins them (a refit's model keeps
-        the size the run chose)."""
+    def fixed(self, train: Any) -> Rows:
+        """The training rows fixed as ``train`` holds them now, unless fixed already: what the
+        record writes, and what a refit's model keeps before val joins them (the size the run
+        chose)."""
         return Rows(table=self.table, gapped=self.gapped, fixed_rows=(self._train_rows(train),))
 
     def check_encoded_as(self, stored: Any, source: Any, name: str, use: str, fills: bool) -> None:

@@ -79,13 +79,13 @@ class Tokens:
         """A resumed run's texts are tokenized by the tokenizer it stored, never one refitted."""
         return {"stored_text": self.text}
 
-    def record(self, train: Any = None) -> dict[str, Any]:
+    def record(self) -> dict[str, Any]:
         return {"text": self.text}
 
     def following(self, stored: Any) -> Tokens:
         return self
 
-    def joined(self, train: Any) -> Tokens:
+    def fixed(self, train: Any) -> Tokens:
         return self
 
     def check_encoded_as(self, stored: Any, source: Any, name: str, use: str, fills: bool) -> None:

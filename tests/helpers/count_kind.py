@@ -72,13 +72,13 @@ class Counts:
     def builder_hints(self) -> dict[str, Any]:
         return {}
 
-    def record(self, train: Any = None) -> dict[str, Any]:
+    def record(self) -> dict[str, Any]:
         return {"vocabulary": list(self.vocabulary)}
 
     def following(self, stored: Any) -> Counts:
         return self
 
-    def joined(self, train: Any) -> Counts:
+    def fixed(self, train: Any) -> Counts:
         return self
 
     def check_encoded_as(self, stored: Any, source: Any, name: str, use: str, fills: bool) -> None:

@@ -44,10 +44,12 @@ def rebuild_model(config: dict, weights: dict, shapes: Any, device: Any, task: A
     or the data it is evaluated on), checked on the meta device that ``weights`` fit before
     anything it asks is allocated, then built on ``device`` with them loaded."""
     model_node = OmegaConf.create(model_config(config["model"]))
-    # Quantiles left out: the weights hold those the model was fitted to.
-    hints = {**shapes.model_hints(), "feature_quantiles": None}
-    supplied = model_shapes(shapes.input_shape, shapes.num_classes, hints)
+    hints = shapes.model_hints()  # read once: a table's quantiles are a pass over its rows
+    # The check leaves the quantiles out: the weights hold those the model was fitted to.
+    supplied = model_shapes(
+        shapes.input_shape, shapes.num_classes, {**hints, "feature_quantiles": None}
+    )
     check_stored_model(model_node, supplied, weights)
-    modules = Modules.build(model_node, shapes, device, None, task)
+    modules = Modules.build(model_node, shapes, device, None, task, hints=hints)
     load_weights(modules.model, weights)
     return modules

@@ -44,7 +44,6 @@ class InputRecord:
     inputs: Any  # data/batching/inputs.py Inputs
     targets: Any = None  # data/batching/targets.py Targets
     task: dict | None = None  # the task's own record (Task.record): threshold, target_scale
-    kind_record: dict = dataclasses.field(default_factory=dict)  # the kind's part, as written
     mixing = None  # a record is never augmented: Task.check reads it like a dataset's
     name = "the checkpoint's inputs record"
 
@@ -58,10 +57,9 @@ class InputRecord:
             std=list(data.std),
             num_classes=data.num_classes,
             classes=data.classes,
-            inputs=data.inputs,
+            inputs=data.inputs.fixed(data.splits["train"]),  # its training rows, as they are
             targets=data.targets,
             task=task.record(),
-            kind_record=data.record(),
         )
 
     def to_dict(self) -> dict:
@@ -76,7 +74,7 @@ class InputRecord:
             "table": None,
             "targets": self.targets.record(),
             **(self.task or {}),
-            **self.kind_record,
+            **self.inputs.record(),
         }
 
     @classmethod
@@ -122,17 +120,15 @@ class InputRecord:
             for key in ("threshold", "target_scale", "calibration")
             if key in record
         }
-        inputs = stored_inputs(record, path)
         return cls(
             input_shape=tuple(shape),
             mean=list(record["mean"]),
             std=list(record["std"]),
             num_classes=record["num_classes"],
             classes=classes,
-            inputs=inputs,
+            inputs=stored_inputs(record, path),
             targets=targets,
             task=task,
-            kind_record=inputs.record(),
         )
 
     def without_calibration(self) -> InputRecord:

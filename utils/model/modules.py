@@ -44,12 +44,20 @@ class Modules:
 
     @classmethod
     def build(
-        cls, node: Any, data: Any, device: torch.device, channels_last: bool | None, task: Any
+        cls,
+        node: Any,
+        data: Any,
+        device: torch.device,
+        channels_last: bool | None,
+        task: Any,
+        hints: dict[str, Any] | None = None,
     ) -> Modules:
-        """The model of config ``node``, its shapes taken from ``data``, on ``device`` in the
-        layout ``channels_last`` asks for (null: the fast one), checked by one dummy forward
-        against the outputs the fitted ``task`` needs (utils/tasks.py)."""
-        shapes = model_shapes(data.input_shape, data.num_classes, data.model_hints())
+        """The model of config ``node``, its shapes and ``hints`` taken from ``data`` (hints
+        given: already read from it), on ``device`` in the layout ``channels_last`` asks for
+        (null: the fast one), checked by the data's example batch against the outputs the
+        fitted ``task`` needs (utils/tasks.py)."""
+        hints = data.model_hints() if hints is None else hints
+        shapes = model_shapes(data.input_shape, data.num_classes, hints)
         model = build(node, **accepted_by(node["_target_"], shapes))
         layout = wants_channels_last(model, device, channels_last)
         model = model.to(device, memory_format=torch.channels_last if layout else None)
