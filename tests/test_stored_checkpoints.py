@@ -252,3 +252,26 @@ def _overrides(config: dict) -> dict:
     if config["model"]["_target_"] == "models.mlp.mlp":
         wanted |= {"model": "mlp", "model.hidden_sizes": "[32]"}
     return wanted
+
+
+@pytest.mark.parametrize("edit", ["a table grafted on images", "a table's shape edited"])
+def test_a_record_whose_table_does_not_encode_its_shape_is_one_line(tmp_path, edit):
+    # A pixel model's record holding a table's columns read a CSV into 6 features and fed
+    # them to a model of [1, 8, 8] inputs: a traceback from the first layer, exit 1.
+    shutil.copytree(DATA, tmp_path, dirs_exist_ok=True)
+    if edit == "a table grafted on images":
+        stored = torch.load(FIXTURES / DEFAULT / "last.pt", weights_only=True)
+        table = torch.load(FIXTURES / "table_auto" / "last.pt", weights_only=True)["inputs"]
+        stored["inputs"]["table"] = table["table"]
+    else:
+        stored = torch.load(FIXTURES / "table_auto" / "last.pt", weights_only=True)
+        stored["inputs"]["shape"] = [6, 1, 1]  # six channels: its mean and std still fit
+    torch.save(stored, tmp_path / "edited.pt")
+    predict = str(ROOT / "predict.py")
+    args = ("ckpt=edited.pt", "input=predict.csv", "out=p.csv", "runs=predict-runs")
+    for result in (
+        run_python(tmp_path, predict, *args, ok=False),
+        run_evaluate(tmp_path, "ckpt=edited.pt", ok=False),
+    ):
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert "its inputs record's table encodes 6 features" in error_line(result)

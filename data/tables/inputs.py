@@ -40,6 +40,13 @@ class Rows:
         """A stored inputs record of a table, or of rows of features (a shape [F])."""
         if record["table"] is None and "train_rows" not in record and len(record["shape"]) != 1:
             return None
+        if record["table"] is not None:  # its columns must encode exactly the recorded shape
+            width = len(Columns.from_record(record["table"]).feature_names)
+            if list(record["shape"]) != [width]:
+                raise UserError(
+                    f"{path}: its inputs record's table encodes {width} features, and its "
+                    f"inputs are of shape {list(record['shape'])} (was it edited?)"
+                )
         rows = record.get("train_rows")
         if not (rows is None or _count(rows)):
             raise UserError(
