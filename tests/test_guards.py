@@ -148,6 +148,7 @@ def test_the_softmax_guard_applies_to_classification_only(caplog, task, kind, wa
     trainer = SimpleNamespace(
         silence_guards=[],
         accumulate_grad_batches=1,
+        max_steps=None,
         max_epochs=1,
         limit_train_batches=None,
         overfit_batches=0,

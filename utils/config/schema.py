@@ -50,6 +50,8 @@ class FsdpConfig:
 @dataclass
 class TrainerConfig:
     max_epochs: Any = MISSING  # a count, or auto (utils/schedulers.py epochs_for)
+    max_steps: int | None = None  # a run's length in optimizer steps (utils/model/guards.py)
+    val_every_n_steps: int | None = None  # data=corpus: a round of this many steps an epoch
     accumulate_grad_batches: int = MISSING
     gradient_clip_val: float | None = MISSING
     device: str = MISSING
@@ -180,7 +182,7 @@ ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
 class PredictConfig:
     ckpt: Any = MISSING
     input: Any = MISSING
-    out: str = MISSING
+    out: str | None = MISSING
     topk: int = MISSING
     threshold: Any = MISSING
     unseen: str = MISSING
@@ -188,6 +190,12 @@ class PredictConfig:
     device: str = MISSING
     batch_size: int = MISSING
     runs: str = MISSING
+    prompt: str | None = None  # a language model's prompt (utils/evaluation/sampling.py)
+    prompts: str | None = None  # a file of prompts, one a line
+    max_new_tokens: int = 200
+    temperature: float = 0.8
+    top_k: int | None = 200
+    seed: int = 1337
 
 
 ConfigStore.instance().store(name="predict_schema", node=PredictConfig)

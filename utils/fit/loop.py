@@ -136,6 +136,8 @@ class Loop:
         self.train_seconds = 0.0  # inside epochs, evaluation excluded
         self.trained_steps = 0  # by this invocation (a resumed run counts from its resume)
         self.trained_samples = 0  # by this process, in this invocation (a partial batch too)
+        self.trained_tokens = 0  # of a loss per token (task=causal_lm): its targets, counted
+        self.counts_tokens = getattr(checkpointer.parts.loss, "tokens", False)
         self.stopped = False  # every process agreed to stop before the last epoch ended
 
     def epochs(self, batches: Any, batch_size: int, done: Any) -> Iterator[int]:
@@ -171,8 +173,13 @@ class Loop:
 
     def going_on(self, done: Any) -> bool:
         state = self.state
-        stop = self.stopped or done() or state.stopped_by
+        stop = self.stopped or done() or state.stopped_by or self.steps_done
         return state.epoch < self.trainer.max_epochs and not stop
+
+    @property
+    def steps_done(self) -> bool:
+        """``trainer.max_steps`` optimizer steps are taken (the run's length in steps)."""
+        return bool(self.trainer.max_steps) and self.state.global_step >= self.trainer.max_steps
 
     @property
     def status(self) -> str:
@@ -187,7 +194,7 @@ class Loop:
         state, progress, tracker = self.state, self.progress, self.tracker
         accumulate = self.trainer.accumulate_grad_batches
         epoch_start, step_before = time.perf_counter(), state.global_step
-        samples_before = self.trained_samples
+        samples_before, tokens_before = self.trained_samples, self.trained_tokens
         wait_before = progress.data_wait.seconds
         if state.batch_in_epoch == 0:  # a resumed epoch started before: not again
             self.parts.callbacks.epoch_start(state.epoch + 1)
@@ -202,7 +209,7 @@ class Loop:
         except RuntimeError as error:  # debug=anomaly names the op that made a NaN
             raise (debug.anomaly_error(error) or error) from None
         if finished:  # reading the loss waits for the device, so the clock below is true
-            micro_batches = len(batches) // accumulate * accumulate
+            micro_batches = state.batch_in_epoch  # all of them, or those to trainer.max_steps
             losses = self.parts.losses
             epoch_loss = losses.epoch_mean(state.global_step, micro_batches)
             state.metrics["train/loss"] = distributed.all_mean(epoch_loss, losses.device)
@@ -215,6 +222,10 @@ class Loop:
             waited = (progress.data_wait.seconds - wait_before) / seconds
             tracker.scalar("train/data_wait_fraction", waited, state.global_step)
             speed = {"train/samples_per_second": samples / seconds}
+            if self.counts_tokens:
+                tokens = (self.trained_tokens - tokens_before) / seconds
+                tracker.scalar("train/tokens_per_second", tokens, state.global_step)
+                speed["train/tokens_per_second"] = tokens
             self.parts.callbacks.log(state, {**speed, "train/data_wait_fraction": waited})
         return finished
 
@@ -228,6 +239,11 @@ class Loop:
             log.warning("warning: %s", data_wait_advice(waited, data))
         return {
             "train/samples_per_second": samples / seconds if seconds else 0.0,
+            **(
+                {"train/tokens_per_second": self.trained_tokens / seconds if seconds else 0.0}
+                if self.counts_tokens
+                else {}
+            ),
             "train/data_wait_fraction": waited,
             "train/skipped_steps": self.state.skipped_steps,
             **memory_per_process(self.parts.model, self.parts.optimizer),  # under any strategy
@@ -259,6 +275,7 @@ class Loop:
             losses.add(watch.observe(loss))  # summed, and checked for NaN/Inf, at the next sync
             timed_batches += 1
             self.trained_samples += len(labels)  # a shape: no wait for the device
+            self.trained_tokens += labels.numel()
             state.batch_in_epoch = index + 1
             if (index + 1) % accumulate:
                 continue
@@ -276,6 +293,8 @@ class Loop:
             signal = stop_check_due and distributed.agree(self.stop.requested, labels.device)
             if (signal or state.stopped_by) and index + 1 < micro_batches:
                 return False
+            if self.steps_done:  # trainer.max_steps, inside the epoch: it ends here
+                return True
             # trainer.checkpoint_every_*: last.pt inside the epoch (its end saves anyway)
             if index + 1 < micro_batches and self.checkpointer.due_within_epoch(stop_check_due):
                 self.checkpointer.save_within_epoch()

@@ -164,6 +164,25 @@ class StartUp:
     epochs: int
 
 
+def run_length(trainer: Any, steps_per_epoch: int, whole_epoch: int) -> tuple:
+    """(epochs, :class:`StepCounts`, how they were chosen): ``trainer.max_steps`` steps in as
+    many epochs as they reach into, else ``trainer.max_epochs`` (auto: fitted to the
+    training set's ``whole_epoch`` batches)."""
+    if trainer.max_steps:
+        epochs = -(-trainer.max_steps // steps_per_epoch)
+        steps = StepCounts(steps_per_epoch, trainer.max_steps)
+        return (
+            epochs,
+            steps,
+            f" (trainer.max_steps={trainer.max_steps}, epochs of {steps_per_epoch} steps)",
+        )
+    accumulate = trainer.accumulate_grad_batches
+    epochs = epochs_for(trainer.max_epochs, max(whole_epoch // accumulate, 1))
+    auto = trainer.max_epochs == "auto"
+    fitted = " (trainer.max_epochs=auto, fitted to the training set's size)" if auto else ""
+    return epochs, StepCounts(steps_per_epoch, steps_per_epoch * epochs), fitted
+
+
 def check_start_up(
     model: nn.Module, data: Any, batches: Any, trainer: Any, task: Any, processes: Any
 ) -> StartUp:
@@ -203,17 +222,13 @@ def check_start_up(
         world_size=world_size,
         keep_partial=accumulate == 1,
     )
-    whole_epoch = plan.batch_count(samples)
-    epochs = epochs_for(trainer.max_epochs, max(whole_epoch // accumulate, 1))
-    steps = StepCounts(steps_per_epoch, steps_per_epoch * epochs)
+    epochs, steps, fitted = run_length(trainer, steps_per_epoch, plan.batch_count(samples))
     log.info(
         "%d samples, batch %d, %d epochs%s = %d optimizer steps",
         samples,
         data.batch_size * accumulate * world_size,
         epochs,
-        " (trainer.max_epochs=auto, fitted to the training set's size)"
-        if trainer.max_epochs == "auto"
-        else "",
+        fitted,
         steps.total,
     )
     if "few_steps" not in silenced and not debugging(trainer) and 0 < steps.total < FEW_STEPS:

@@ -9,6 +9,7 @@ FSDP the sharded model itself, every process calling it as often: utils/system/s
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,8 @@ from utils.system.compilation import compile_or_eager
 from utils.system.device import wants_channels_last
 
 # What the output columns are, for the dummy forward's message (data/batching/targets.py kinds).
+
+log = logging.getLogger("torchloom")
 
 
 @dataclass(kw_only=True)
@@ -62,7 +65,8 @@ class Modules:
         layout = wants_channels_last(model, device, channels_last)
         model = model.to(device, memory_format=torch.channels_last if layout else None)
         example = data.inputs.example(data.input_shape, 2, device)
-        flat = check_forward(model, example, data.num_classes, str(node["_target_"]), task.outputs)
+        builder, shape = str(node["_target_"]), task.output_shape(tuple(data.input_shape))
+        flat = check_forward(model, example, data.num_classes, builder, task.outputs, shape)
         return cls(
             model=model,
             channels_last=layout,
@@ -89,6 +93,10 @@ class Modules:
                 "model.freeze_backbone_epochs changes which parameters train mid-run, which DDP "
                 "cannot follow; set it to 0 under torchrun (optim.backbone_lr_scale works)"
             )
+        if trainer.activation_checkpointing:  # each block recomputed in the backward
+            blocks = sharding.blocks_of(self.model, trainer.fsdp.blocks)
+            sharding.checkpoint_blocks(self.model, blocks)
+            log.info("trainer.activation_checkpointing: %d blocks recomputed", len(blocks))
         step_model = distributed.wrap(self.model, processes, self.device, trainer.sync_batchnorm)
         if trainer.compile:
             step_model = compile_or_eager(step_model, self.example, trainer.compile_mode)

@@ -28,12 +28,16 @@ def parameter_groups(
 ) -> list[dict]:
     """Biases and normalisation weights get no weight decay: shrinking them towards zero only
     fights the normalisation and does not regularise. ``only``: the ids of the parameters to
-    group (default: all)."""
-    decay, no_decay = [], []
+    group (default: all). A parameter two modules share (a GPT's tied embedding and head) is
+    grouped once, where it is first met."""
+    decay, no_decay, seen = [], [], set()
     for module in model.modules():
         for name, parameter in module.named_parameters(recurse=False):
             if not parameter.requires_grad or (only is not None and id(parameter) not in only):
                 continue
+            if id(parameter) in seen:
+                continue
+            seen.add(id(parameter))
             if name == "bias" or isinstance(module, NORM_LAYERS):
                 no_decay.append(parameter)
             else:

@@ -21,7 +21,7 @@ from data.augmentation.mixing import Mixing
 from data.batching.inputs import HINTS
 from models.text import read_architecture
 from utils.config.arguments import check_node
-from utils.config.build import build
+from utils.config.build import build, builder_of
 from utils.config.familiar import ours
 from utils.config.monitor import monitor_mode
 from utils.config.resolvers import check_run_name
@@ -53,6 +53,8 @@ OPTIONAL_KEYS = (
     "optim.layer_decay",
 )  # may be left out of a YAML (utils/model/optim.py)
 NULL_ALLOWED = (
+    "trainer.max_steps",
+    "trainer.val_every_n_steps",
     "trainer.cpu_threads",
     "trainer.checkpoint_every_n_steps",
     "trainer.checkpoint_every_minutes",
@@ -76,6 +78,8 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
         ("trainer.accumulate_grad_batches", lambda v: v >= 1, "1 or more"),
         ("trainer.log_every_n_steps", lambda v: v >= 1, "1 or more"),
         ("trainer.val_every_n_epochs", lambda v: v >= 1, "1 or more"),
+        ("trainer.max_steps", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
+        ("trainer.val_every_n_steps", lambda v: v >= 1 and v == int(v), "1 or more, or null"),
         ("trainer.keep_top_k", lambda v: v >= 0, "0 or more"),
         ("trainer.checkpoint_every_n_steps", lambda v: v >= 1, "1 or more, or null for off"),
         ("trainer.checkpoint_every_minutes", lambda v: v > 0, "above 0, or null for off"),
@@ -118,6 +122,7 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
             "clipping"
         )
     check_run_name(cfg.run_name)
+    check_rounds(cfg)
     check_added_keys(cfg)
     check_groups(cfg)
     if epochs != "auto":  # else once the data says how many epochs (utils/fit/swa.py)
@@ -128,6 +133,18 @@ def check_config(cfg: DictConfig) -> TrainerConfig:
 
     Mixing.from_augment(OmegaConf.to_container(cfg.data.get("augment") or {}, resolve=True))
     return OmegaConf.to_object(cfg.trainer)
+
+
+def check_rounds(cfg: DictConfig) -> None:
+    """``trainer.val_every_n_steps`` is read by a data builder that cuts its stream into
+    rounds of steps (``round_steps``: data=corpus); another's would leave it unread."""
+    if cfg.trainer.val_every_n_steps is None:
+        return
+    if "round_steps" not in inspect.signature(builder_of(cfg.data)).parameters:
+        raise UserError(
+            f"trainer.val_every_n_steps={cfg.trainer.val_every_n_steps} applies to a token "
+            "stream (data=corpus); use trainer.val_every_n_epochs for this data"
+        )
 
 
 def checked_epochs(epochs: object) -> object:

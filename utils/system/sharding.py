@@ -40,11 +40,6 @@ def check_strategy(cfg: Any) -> None:
             f"trainer.strategy={trainer.strategy!r} is unknown; use one of {STRATEGIES}"
         )
     if trainer.strategy != "fsdp":
-        if trainer.activation_checkpointing:
-            raise UserError(
-                "trainer.activation_checkpointing=true needs trainer.strategy=fsdp in this "
-                "version; leave it off, or shard the model"
-            )
         return
     refused = [
         ("trainer.ema.decay", trainer.ema.decay is not None, "null"),
