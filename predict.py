@@ -24,6 +24,7 @@ import io
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import hydra
 import torch
@@ -31,10 +32,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from data.tables.table import unseen_line
+from data.text.files import decoded
 from utils.checkpoint.rebuild import rebuild
 from utils.errors import UserError
+from utils.evaluation.sampling import continued
 from utils.files import write_file
-from utils.preflight.predict import check_predict
+from utils.preflight.predict import check_predict, out_path, prompted
 from utils.run.cli import one_line_errors, run_cli
 from utils.run.outputs import Outputs
 from utils.run.provenance import prediction_record
@@ -56,6 +59,10 @@ def predict(cfg: DictConfig) -> None:
     out = Outputs(Path(HydraConfig.get().runtime.output_dir), True)
     rebuilt = rebuild(path, cfg.weights, context.device)  # as evaluate.py reads: untrusted
     model, record, task = rebuilt.model, rebuilt.record, rebuilt.task
+    if prompted(cfg):  # a language model: its continuation of each prompt
+        continue_prompts(cfg, path, rebuilt, context.device, out)
+        context.close()
+        return
     names, inputs, unseen = record.read_inputs(Path(str(cfg.input)))  # as its kind reads them
     unseen = unseen_categories(Path(str(cfg.input)), unseen, cfg.unseen)
     outputs, transform = [], record.transform(context.device)
@@ -75,18 +82,34 @@ def predict(cfg: DictConfig) -> None:
         header, rows = [*header, "unseen"], [[*r, u] for r, u in zip(rows, unseen, strict=True)]
     # What the file came from, read (and checked) first: a refusal leaves no CSV without it.
     traced = prediction_record(path, Path(str(cfg.input)), inputs)
-    write_predictions(
-        Path(str(cfg.out)), header, [[n, *r] for n, r in zip(names, rows, strict=True)]
-    )
-    write_file(
-        sidecar(Path(str(cfg.out))), json.dumps(traced, indent=2).encode(), "choose another out=..."
-    )
-    out.print(shown(f"{len(names)} predictions from {path} ({cfg.weights} weights) -> {cfg.out}"))
+    target = Path(out_path(cfg))
+    write_predictions(target, header, [[n, *r] for n, r in zip(names, rows, strict=True)])
+    write_file(sidecar(target), json.dumps(traced, indent=2).encode(), "choose another out=...")
+    out.print(shown(f"{len(names)} predictions from {path} ({cfg.weights} weights) -> {target}"))
     for name, line in list(zip(names, lines, strict=True))[:10]:
         out.print(f"  {shown(name)}: {shown(line)}")
     if len(names) > 10:
-        out.print(shown(f"  ... {len(names) - 10} more in {cfg.out}"))
+        out.print(shown(f"  ... {len(names) - 10} more in {target}"))
     context.close()
+
+
+def continue_prompts(cfg: DictConfig, path: Path, rebuilt: Any, device: Any, out: Any) -> None:
+    """``prompt=`` (or ``prompts=FILE``, one a line): each continued by the checkpoint's
+    language model, printed, and written to ``out=`` when given."""
+    if cfg.prompts is not None:
+        prompts = [line for line in decoded(Path(str(cfg.prompts))).splitlines() if line]
+        if not prompts:
+            raise UserError(f"prompts={cfg.prompts}: holds no prompt; give one a line")
+    else:
+        prompts = [str(cfg.prompt)]
+    texts = continued(rebuilt.model, rebuilt.record, prompts, cfg, device, str(path))
+    for text in texts:
+        print(text)
+        print()
+    if cfg.out is not None:
+        joined = "\n\n".join(texts) + "\n"
+        write_file(Path(str(cfg.out)), joined.encode("utf-8"), "choose another out=...")
+        log.info("%d continuation(s) from %s -> %s", len(texts), path, cfg.out)
 
 
 def unseen_categories(path: Path, unseen: list[str] | None, mode: str) -> list[str] | None:

@@ -2,8 +2,9 @@
 
 A kind is a class in its family's ``inputs.py`` answering data/batching/inputs.py's questions;
 a builder hands its ``Data`` one, and a stored record is claimed by the first kind here whose
-``claims`` takes it (a tokenizer: tokens; a table or rows of features: rows; a shape
-[C, H, W]: pixels; anything else: values). Adding a kind of input adds one line here.
+``claims`` takes it (a corpus's vocabulary: a stream; a tokenizer: tokens; a table or rows of
+features: rows; a shape [C, H, W]: pixels; anything else: values). Adding a kind of input adds
+one line here.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from pathlib import Path
 
 from data.arrays.inputs import Values
 from data.batching.inputs import Inputs
+from data.corpus.inputs import Stream
 from data.images.inputs import Pixels
 from data.tables.inputs import Rows
 from data.text.inputs import Tokens
 
-KINDS = (Tokens, Rows, Pixels, Values)  # the order a stored record is claimed in
+KINDS = (Stream, Tokens, Rows, Pixels, Values)  # the order a stored record is claimed in
 
 
 def stored_inputs(record: dict, path: Path) -> Inputs:

@@ -7,6 +7,7 @@ plus the keys of its YAML file in ``conf/model/`` (checkpoints store the builder
     cnn         a small convolutional net for images
     cnn1d       a 1-D convolutional net for sequences (channels × length)
     text/       texts' models: a bag of token embeddings, a small Transformer, a local HF encoder
+    gpt         a GPT for task=causal_lm: causal attention blocks, tied embeddings, a key-value cache
     resnet      torchvision's ResNets, from scratch
     pretrained  a torchvision model with its weights, and a new head
     timm_models  any timm architecture by name, with its weights from a local file

@@ -38,6 +38,7 @@ def test_each_group_has_the_options_the_readme_promises():
         "auto",
         "cnn",
         "cnn1d",
+        "gpt",
         "hf",
         "mlp",
         "resnet18",
@@ -49,6 +50,7 @@ def test_each_group_has_the_options_the_readme_promises():
     ]
     assert options("data") == [
         "cifar10",
+        "corpus",
         "csv",
         "digits",
         "fashion_mnist",
@@ -61,7 +63,7 @@ def test_each_group_has_the_options_the_readme_promises():
         "text",
         "torchvision",
     ]
-    assert options("task") == ["classification", "multilabel", "regression"]
+    assert options("task") == ["causal_lm", "classification", "multilabel", "regression"]
     assert options("optim") == ["adam", "adamw", "sgd"]
     assert options("scheduler") == ["cosine", "none", "onecycle", "plateau", "step"]
     assert options("precision") == ["auto", "bf16", "fp16", "fp32"]
@@ -71,7 +73,7 @@ def test_each_group_has_the_options_the_readme_promises():
 IMAGE_MODELS = [
     name
     for name in options("model")
-    if name not in ("cnn1d", "tabular", "text_bag", "text_transformer", "hf")
+    if name not in ("cnn1d", "tabular", "text_bag", "text_transformer", "hf", "gpt")
 ]
 
 
@@ -97,7 +99,10 @@ def test_cnn1d_builds_for_every_sequence_length(shape):
     check_forward(net, torch.zeros(2, *shape), 10)
 
 
-@pytest.mark.parametrize("data", [name for name in options("data") if name != "text"])  # test_text
+# texts: test_text; a corpus: test_language_models
+@pytest.mark.parametrize(
+    "data", [name for name in options("data") if name not in ("text", "corpus")]
+)
 def test_every_dataset_builds(
     data, mnist_root, fashion_root, cifar_root, imagefolder_root, tmp_path
 ):

@@ -295,7 +295,7 @@ class Data:
         computed from the tensors held; a split read lazily is decoded for it only when
         ``decode`` (evaluate.py reads every image anyway), else None."""
         split = self.splits.get(name)
-        if isinstance(split, TensorSplit | MappedSplit) and split.hashes is not None:
+        if getattr(split, "hashes", None) is not None:  # stored with a cache, or a stream's
             return split.hashes
         if isinstance(split, TensorSplit | MappedSplit):
             inputs = split.inputs if isinstance(split, TensorSplit) else split.images

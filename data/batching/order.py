@@ -9,6 +9,8 @@ world size with the same global batch) continues the same stream.
   of ``data.shuffle_window`` consecutive row groups of that permutation (a block shuffle: a
   window's row groups are read once, together). A window of every row group is the full
   shuffle.
+- A token stream (data=corpus): each pass over it starts at an offset drawn in [0, T), and its
+  windows of T tokens are permuted (:func:`window_order`).
 
 Each process takes its rows of every global batch (data/batching/batches.py batch_bounds), so
 the stream of global batches does not depend on how many processes share it.
@@ -92,3 +94,12 @@ def bucketed(order: torch.Tensor, lengths: torch.Tensor, batch: int, seed: int, 
         torch.randperm(whole, generator=generator)
     ]
     return torch.cat([batches.reshape(-1), ordered[whole * batch :]])
+
+
+def window_order(windows: int, window: int, seed: int, data_pass: int) -> torch.Tensor:
+    """Where each of the ``windows`` windows of ``window`` tokens of pass ``data_pass`` over a
+    token stream starts, in the order they are read: an offset in [0, window) drawn for the
+    pass, then the windows from there permuted (data/corpus/stream.py)."""
+    generator = torch.Generator().manual_seed(mix_seed(seed, data_pass))
+    offset = int(torch.randint(window, (1,), generator=generator))
+    return offset + torch.randperm(windows, generator=generator) * window

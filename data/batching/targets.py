@@ -2,7 +2,9 @@
 
 - ``classes``: one class index per sample, int64 [N] in [0, C) (``task=classification``);
 - ``label_sets``: a set of labels per sample, a 0/1 float32 matrix [N, L] (``task=multilabel``);
-- ``values``: one or more numbers per sample, float32 [N, T] (``task=regression``).
+- ``values``: one or more numbers per sample, float32 [N, T] (``task=regression``);
+- ``next_tokens``: each token's next one in a stream of ids, int64 (``task=causal_lm``), the
+  count the vocabulary's size.
 
 Every data path holds targets as one tensor per split, batched by the same slices as the
 inputs, so a task changes nothing in how batches are cut, shuffled or resumed.
@@ -17,8 +19,13 @@ import torch
 
 from utils.errors import UserError
 
-KINDS = ("classes", "label_sets", "values")
-TASK_OF = {"classes": "classification", "label_sets": "multilabel", "values": "regression"}
+KINDS = ("classes", "label_sets", "values", "next_tokens")
+TASK_OF = {
+    "classes": "classification",
+    "label_sets": "multilabel",
+    "values": "regression",
+    "next_tokens": "causal_lm",
+}
 SET_SEPARATOR = ";"  # a manifest's or a CSV cell's label set: cat;dog
 
 
@@ -49,7 +56,7 @@ class Targets:
 
     def check(self, targets: torch.Tensor, where: str) -> None:
         """``targets`` of one split are of this kind; say which split and value if not."""
-        if self.kind == "classes":
+        if self.kind in ("classes", "next_tokens"):
             check_labels(targets, self.count, where)
             return
         if not targets.is_floating_point() or targets.dim() != 2 or targets.shape[1] != self.count:
@@ -68,7 +75,7 @@ class Targets:
 
     def random(self, n: int, device: torch.device) -> torch.Tensor:
         """``n`` targets of this kind (tune=batch_size tries a step on them)."""
-        if self.kind == "classes":
+        if self.kind in ("classes", "next_tokens"):
             return torch.randint(0, self.count, (n,), device=device)
         values = torch.rand(n, self.count, device=device)
         return values.round() if self.kind == "label_sets" else values
@@ -81,12 +88,13 @@ class Targets:
         }
 
 
-def reads_targets(*kinds: str):
-    """Declare the kinds of target a data builder reads besides class labels: it is then
-    passed ``targets=<kind>`` (the task's). Builders without it read class labels only."""
+def reads_targets(*kinds: str, classes: bool = True):
+    """Declare the kinds of target a data builder reads besides class labels (or, not
+    ``classes``, instead of them): it is then passed ``targets=<kind>`` (the task's) when it
+    reads several. Builders without it read class labels only."""
 
     def declare(builder):
-        builder.target_kinds = ("classes", *kinds)
+        builder.target_kinds = ("classes", *kinds) if classes else kinds
         return builder
 
     return declare

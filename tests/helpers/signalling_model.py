@@ -203,3 +203,11 @@ def hf_model(
 
     keys = (path, architecture, tokenizer, vocab_size, pad_id, pooling, dropout)
     return SignalAt(plain_hf(input_shape, num_classes, *keys))
+
+
+def gpt(input_shape, num_classes, n_layer, n_head, n_embd, block_size, dropout, bias):
+    """model=gpt (models/gpt.py), signalling."""
+    from models.gpt import gpt as plain_gpt
+
+    keys = (n_layer, n_head, n_embd, block_size, dropout, bias)
+    return SignalAt(plain_gpt(input_shape, num_classes, *keys))

@@ -6,4 +6,5 @@ fit_calibration  calibrate= and threshold=: fitted on val, shown on the split as
 tables       evaluate.py's tables (per class, per label, per target), confusion CSV, image
 judge        the weights a run is judged by, scored on val and test, recorded
 export       export=model.pt2|model.onnx|model.safetensors, verified before it is written
+sampling     a language model's continuation of a prompt: temperature, top-k, a seed, its cache
 """

@@ -18,11 +18,13 @@ def check_forward(
     num_classes: int,
     builder: str = "the model",
     outputs: str = "class scores (the dataset's classes)",
+    shape: tuple[int, ...] | None = None,
 ) -> bool:
     """Run ``example``, a 2-sample batch of what the data's kind of input gives the model
     (data/batching/inputs.py), through ``model`` so an input shape it cannot take fails now,
     naming the layer, instead of at the first training step. ``num_classes`` is the width the
-    output must have, ``outputs`` what those columns are. Returns whether the first layer the
+    output must have, ``outputs`` what those columns are (``shape``: the whole output of one
+    sample, where it is more than that width: a language model's [positions, vocabulary]). Returns whether the first layer the
     forward calls flattens each sample (:func:`flattens`): a model with no spatial structure,
     which random crops and flips only hurt."""
     entered: list[tuple[str, nn.Module]] = []
@@ -61,10 +63,11 @@ def check_forward(
         for hook in hooks:
             hook.remove()
         model.train(was_training)
-    if not isinstance(output, torch.Tensor) or tuple(output.shape) != (2, num_classes):
+    expected = tuple(shape) if shape is not None else (num_classes,)
+    if not isinstance(output, torch.Tensor) or tuple(output.shape) != (2, *expected):
         got = list(output.shape[1:]) if isinstance(output, torch.Tensor) else type(output).__name__
         raise UserError(
-            f"{builder} outputs {got} per sample, expected [{num_classes}] {outputs}: make "
+            f"{builder} outputs {got} per sample, expected {list(expected)} {outputs}: make "
             f"its last layer give {num_classes} outputs, or take a num_classes (or "
             "num_outputs) argument"
         )

@@ -20,6 +20,9 @@ what validation measures and which metric picks best.pt by default.
   mean, over its std; predictions, MAE, RMSE and R² are in the targets' own units, and the
   scale is stored in every checkpoint, so evaluate.py and predict.py undo it the same way.
   Monitor: ``val/mae``.
+- ``task=causal_lm``: each next token of a stream (data=corpus, model=gpt); cross-entropy over
+  the vocabulary at every position, in nats per token; ``val/ppl`` and, where a token is a
+  character or a byte, ``val/bpc`` or ``val/bpb``. Monitor: ``val/loss``.
 
 A task is built from its config, then ``fitted`` to one dataset (or to a checkpoint's inputs
 record, for predict.py) and device: its targets must be of the task's kind (data/batching/targets.py),
@@ -34,6 +37,7 @@ checks): a new task is a module here and its YAML. The builders the YAML names
     _classification  Classification, its loss
     _multilabel      MultiLabel, its loss, label sets from probabilities
     _regression      Regression, its loss, TargetScale, Unscaled
+    _causal_lm       CausalLM, the next-token loss, the token sums of a split
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from typing import Any
 from utils.config.arguments import BELOW_ONE, POSITIVE, Rule, checked, one_of
 from utils.config.trust import FLOAT32_MAX
 from utils.tasks._base import Calibrated, Task
+from utils.tasks._causal_lm import CausalLM
 from utils.tasks._classification import Classification, ClassificationLoss
 from utils.tasks._multilabel import MultiLabel, MultiLabelLoss
 from utils.tasks._regression import Regression, RegressionLoss, TargetScale, Unscaled
@@ -51,6 +56,7 @@ from utils.tasks._regression import Regression, RegressionLoss, TargetScale, Uns
 __all__ = [
     "TASKS",
     "Calibrated",
+    "CausalLM",
     "Classification",
     "ClassificationLoss",
     "MultiLabel",
@@ -60,6 +66,7 @@ __all__ = [
     "TargetScale",
     "Task",
     "Unscaled",
+    "causal_lm",
     "classification",
     "default_monitor",
     "main_metrics",
@@ -115,7 +122,13 @@ def regression(loss: str, huber_delta: float, standardize_targets: bool) -> Regr
     return Regression(loss, float(huber_delta), standardize_targets)
 
 
+def causal_lm() -> CausalLM:
+    """conf/task/causal_lm.yaml."""
+    return CausalLM()
+
+
 TASKS = {
+    "utils.tasks.causal_lm": CausalLM,
     "utils.tasks.classification": Classification,
     "utils.tasks.multilabel": MultiLabel,
     "utils.tasks.regression": Regression,

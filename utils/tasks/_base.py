@@ -25,6 +25,7 @@ HINTS = {
     "label_sets": "label sets (a;b labels in data=csv or data=image_csv, 0/1 columns, or a 0/1 "
     "y in data=tensors)",
     "values": "numbers (data=csv, data=tensors or data=image_csv)",
+    "next_tokens": "the next token of a stream (data=corpus)",
 }
 
 
@@ -69,10 +70,13 @@ class Task:
         supplied = {key: value for key, value in hints.items() if key in taken}
         kinds = target_kinds(builder)
         if self.targets not in kinds:
+            if kinds == ("classes",):
+                reads, use = "class labels only", "use data=csv, data=tensors or data=image_csv"
+            else:
+                reads, use = HINTS[kinds[0]], f"use task={TASK_OF[kinds[0]]}"
             raise UserError(
                 f"task={self.name} learns {HINTS[self.targets]}, and "
-                f"{node['_target_']} reads class labels only; use data=csv, "
-                "data=tensors or data=image_csv"
+                f"{node['_target_']} reads {reads}; {use}"
             )
         return {**supplied, **({"targets": self.targets} if len(kinds) > 1 else {})}
 
@@ -117,6 +121,10 @@ class Task:
     def count(self) -> int:
         """How many outputs the model has (classes, labels or values; 0 before fitting)."""
         return self.fitted_to.count if self.fitted_to else 0
+
+    def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """What a model outputs for one sample of ``input_shape``: one score per output."""
+        return (self.count,)
 
     @property
     def names(self) -> list[str]:
@@ -326,6 +334,7 @@ class MembersLoss:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        self.tokens = getattr(inner, "tokens", False)  # a loss per token: tokens/s is logged
 
     def training_note(self, mixing: Any) -> str | None:
         return self.inner.training_note(mixing)

@@ -1,0 +1,234 @@
+"""torchloom's ``experiment=shakespeare_char_cpu`` beside nanoGPT's own ``train.py`` running the
+CPU command of its README, on the same tiny Shakespeare split, in one benchmark run.
+
+    python benchmarks/nanogpt_speed.py --nanogpt ~/src/nanoGPT            # a checkout you provide
+    python benchmarks/nanogpt_speed.py --nanogpt ~/src/nanoGPT --max-steps 500 --rounds 2
+
+Both train a 4-layer, 4-head, 128-wide GPT with a 64-character context on batches of 12, for
+``--max-steps`` steps (2,000, the README's), lr 1e-3 to 1e-4 on a cosine after 100 warmup steps,
+β2 0.99, weight decay 0.1, clipping at 1.0, dropout 0, in float32 on the CPU, with the threads
+torch takes by default. nanoGPT's data are written here as its ``prepare.py`` writes them
+(uint16 ids of the sorted characters; the first 90% of the characters train, the last 10%
+validate) from the corpus torchloom bundles, in a folder of this run; nothing in the checkout
+is changed, and none of its code is copied: its ``train.py`` runs as its README says, in that
+folder.
+
+Reported, for each tool:
+
+- training tokens per second: for nanoGPT, the tokens of its logged iterations (12 × 64
+  each) over the sum of their ``time``, leaving out those that evaluated or saved; for
+  torchloom, its own ``train/tokens_per_second``: its training tokens over the time of its
+  epochs, evaluation left out (both means, over every step but nanoGPT's first);
+- the validation loss over the whole val split, in consecutive 64-character windows (the
+  last one shorter), of the checkpoint each run keeps (nanoGPT's ``ckpt.pt``, torchloom's
+  best.pt), computed here the same way for both, beside nanoGPT's own 20-batch estimate;
+- the wall time of the whole command.
+
+The last line is machine-readable JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "data" / "assets" / "tinyshakespeare.txt.gz"
+WINDOW = 64
+
+
+def nanogpt_command(nanogpt: Path, steps: int) -> list[str]:
+    """nanoGPT's README CPU command ("I only have a macbook"), ``steps`` iterations."""
+    return [
+        sys.executable,
+        str(nanogpt / "train.py"),
+        str(nanogpt / "config" / "train_shakespeare_char.py"),
+        "--device=cpu",
+        "--compile=False",
+        "--eval_iters=20",
+        "--log_interval=1",
+        "--block_size=64",
+        "--batch_size=12",
+        "--n_layer=4",
+        "--n_head=4",
+        "--n_embd=128",
+        f"--max_iters={steps}",
+        f"--lr_decay_iters={steps}",
+        "--dropout=0.0",
+    ]
+
+
+def torchloom_command(steps: int, workdir: Path) -> list[str]:
+    return [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "experiment=shakespeare_char_cpu",
+        f"trainer.max_steps={steps}",
+        "run_name=bench",
+        f"paths.runs={workdir / 'runs'}",
+        f"paths.checkpoints={workdir / 'checkpoints'}",
+        "logger=csv",
+    ]
+
+
+def prepared(folder: Path) -> tuple[np.ndarray, dict]:
+    """nanoGPT's data/shakespeare_char/{train,val}.bin and meta.pkl as its prepare.py writes
+    them, under ``folder``; returns the val ids and the character table."""
+    text = gzip.decompress(CORPUS.read_bytes()).decode("utf-8")
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    cut = int(len(text) * 0.9)
+    data = folder / "data" / "shakespeare_char"
+    data.mkdir(parents=True)
+    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
+    ids[:cut].tofile(data / "train.bin")
+    ids[cut:].tofile(data / "val.bin")
+    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}
+    (data / "meta.pkl").write_bytes(pickle.dumps(meta))
+    return ids[cut:].astype(np.int64), meta
+
+
+def whole_split_loss(logits_of, val: np.ndarray) -> float:
+    """Nats per token over every token of ``val``: consecutive windows of 64, the tail last."""
+    tokens = torch.from_numpy(val)
+    full = (len(tokens) - 1) // WINDOW
+    windows = tokens[: full * WINDOW + 1].unfold(
+        0, WINDOW + 1, WINDOW
+    )  # [full, 65], overlapping by one
+    parts = [windows[lo : lo + 64] for lo in range(0, full, 64)]
+    if (len(tokens) - 1) % WINDOW:
+        parts.append(tokens[full * WINDOW :][None])
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for batch in parts:
+            logits = logits_of(batch[:, :-1])
+            targets = batch[:, 1:].flatten()
+            total += float(F.cross_entropy(logits.flatten(0, 1), targets, reduction="sum"))
+            count += targets.numel()
+    return total / count
+
+
+def run_nanogpt(nanogpt: Path, steps: int, workdir: Path, val: np.ndarray) -> dict:
+    folder = workdir / "nanogpt"
+    folder.mkdir()
+    prepared(folder)
+    shutil.copy(nanogpt / "configurator.py", folder)  # train.py execs it from the working folder
+    env = {**os.environ, "PYTHONPATH": str(nanogpt)}
+    start = time.perf_counter()
+    done = subprocess.run(
+        nanogpt_command(nanogpt, steps), cwd=folder, env=env, capture_output=True, text=True
+    )
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(
+            f"nanoGPT's train.py failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        )
+    lines = done.stdout.splitlines()
+    busy = set()  # iterations that evaluated (and maybe saved) before they stepped
+    for line in lines:
+        if match := re.match(r"step (\d+): train loss", line):
+            busy.add(int(match.group(1)))
+    times = [
+        float(m.group(2))
+        for line in lines
+        if (m := re.match(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms", line))
+        and int(m.group(1)) not in busy
+        and int(m.group(1)) > 0
+    ]
+    estimates = [
+        float(m.group(1)) for line in lines if (m := re.search(r"val loss ([\d.]+)", line))
+    ]
+    sys.path.insert(0, str(nanogpt))
+    from model import GPT, GPTConfig  # nanoGPT's own model, to read its own checkpoint
+
+    sys.path.pop(0)
+    stored = torch.load(
+        folder / "out-shakespeare-char" / "ckpt.pt", map_location="cpu", weights_only=True
+    )
+    model = GPT(GPTConfig(**stored["model_args"]))
+    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in stored["model"].items()})
+    model.eval()
+
+    def logits_of(x: torch.Tensor) -> torch.Tensor:
+        return model(x, x)[0]  # with targets: the logits of every position
+
+    return {
+        "tokens_per_second": 12 * WINDOW * len(times) / (sum(times) / 1000),
+        "val_loss_whole_split": whole_split_loss(logits_of, val),
+        "val_loss_own_estimate": min(estimates) if estimates else math.nan,
+        "wall_seconds": wall,
+    }
+
+
+def run_torchloom(steps: int, workdir: Path, val: np.ndarray) -> dict:
+    folder = workdir / "torchloom"
+    folder.mkdir()
+    start = time.perf_counter()
+    done = subprocess.run(
+        torchloom_command(steps, folder), cwd=folder, capture_output=True, text=True
+    )
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"torchloom failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    metrics = json.loads((folder / "runs" / "bench" / "metrics.json").read_text())
+    sys.path.insert(0, str(ROOT))
+    from utils.checkpoint.rebuild import rebuild
+
+    model = rebuild(folder / "checkpoints" / "bench" / "best.pt", "auto", torch.device("cpu")).model
+    return {
+        "tokens_per_second": metrics["train/tokens_per_second"],
+        "val_loss_whole_split": whole_split_loss(model, val),
+        "val_loss_own": metrics.get("test/loss", math.nan),
+        "wall_seconds": wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nanogpt", type=Path, required=True, help="a checkout of nanoGPT")
+    parser.add_argument("--max-steps", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each, alternating")
+    args = parser.parse_args()
+    if not (args.nanogpt / "train.py").is_file():
+        raise SystemExit(f"--nanogpt {args.nanogpt}: no train.py there; give a nanoGPT checkout")
+    results: dict[str, list[dict]] = {"nanogpt": [], "torchloom": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        val, _ = prepared(Path(tmp) / "split")
+        for round_ in range(args.rounds):
+            work = Path(tmp) / f"round{round_}"
+            work.mkdir()
+            results["nanogpt"].append(run_nanogpt(args.nanogpt, args.max_steps, work, val))
+            results["torchloom"].append(run_torchloom(args.max_steps, work, val))
+            for tool, runs in results.items():
+                r = runs[-1]
+                print(
+                    f"round {round_ + 1} {tool:9s} {r['tokens_per_second']:8,.0f} tokens/s  "
+                    f"val loss over the whole split {r['val_loss_whole_split']:.4f}  "
+                    f"wall {r['wall_seconds']:.0f} s",
+                    flush=True,
+                )
+    ratio = [
+        t["tokens_per_second"] / n["tokens_per_second"]
+        for t, n in zip(results["torchloom"], results["nanogpt"], strict=True)
+    ]
+    print(f"torchloom / nanoGPT tokens per second: {', '.join(f'{r:.3f}' for r in ratio)}")
+    print(json.dumps({"max_steps": args.max_steps, **results, "ratio": ratio}))
+
+
+if __name__ == "__main__":
+    main()

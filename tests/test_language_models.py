@@ -1,0 +1,234 @@
+"""Language models (task=causal_lm, model=gpt, data=corpus) through the real entry points: a
+GPT trained on a corpus, its whole-split figures, exact resume after kill -9, sampling from a
+prompt with the same text for the same seed, the order its windows are read in, and the bad
+inputs of a corpus, a prompt and a stored vocabulary."""
+
+from __future__ import annotations
+
+import gzip
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    PREDICT,
+    checkpoint,
+    error_line,
+    killed_at,
+    read_metrics,
+    run_evaluate,
+    run_python,
+    run_train,
+)
+
+from data.batching.batches import BatchPlan
+from data.corpus.stream import StreamBatches, TokenStream
+from data.corpus.vocabulary import Vocabulary
+from utils.errors import EXIT_USER_ERROR
+from utils.evaluation.sampling import generated
+
+ASSET = Path(__file__).resolve().parents[1] / "data" / "assets" / "tinyshakespeare.txt.gz"
+LM = ["task=causal_lm", "model=gpt", "data=corpus", "data.path=corpus.txt"]
+TINY = [
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.n_embd=16",
+    "model.block_size=16",
+    "data.batch_size=4",
+    "trainer.max_steps=12",
+    "trainer.val_every_n_steps=4",
+    "scheduler.warmup_steps=2",
+    "trainer.log_every_n_steps=4",
+]
+
+
+def shakespeare(chars: int) -> str:
+    return gzip.decompress(ASSET.read_bytes()).decode("utf-8")[:chars]
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    (tmp_path / "corpus.txt").write_text(shakespeare(6000), encoding="utf-8")
+    return tmp_path
+
+
+def test_a_gpt_trains_on_a_corpus_and_reports_whole_split_figures(corpus):
+    result = run_train(corpus, *LM, *TINY, "run_name=lm")
+    metrics = read_metrics(corpus / "runs" / "lm")
+    assert metrics["global_step"] == 12 and metrics["epochs"] == 3  # rounds of 4 steps
+    assert metrics["test_split"] == "val"
+    # bits per character are the loss in bits, perplexity e to the loss
+    assert metrics["test/bpc"] == pytest.approx(metrics["test/loss"] / math.log(2))
+    assert metrics["test/ppl"] == pytest.approx(math.exp(metrics["test/loss"]))
+    assert metrics["train/tokens_per_second"] > 0
+    assert metrics["test/loss"] < math.log(metrics["samples"]["train"] and 60)  # below uniform
+    assert "val/bpc" in result.stdout
+    # the val figure is over every token of the val split, the same for any batch size
+    again = run_evaluate(corpus, "ckpt=checkpoints/lm/best.pt", "data.batch_size=3")
+    assert f"{metrics['test/loss']:.4f}" in again.stdout
+
+
+def test_a_killed_run_resumes_to_the_same_weights_and_the_same_text(corpus):
+    run = [*LM, *TINY, "model._target_=signalling_model.gpt"]
+    run_train(corpus, *run, "run_name=straight")
+    first = run_train(
+        corpus,
+        *run,
+        "run_name=killed",
+        "trainer.checkpoint_every_n_steps=3",
+        ok=False,
+        env=killed_at(7),
+    )
+    assert first.returncode in (-9, 137), first.stderr[-2000:]
+    assert checkpoint(corpus, "killed")["global_step"] == 6  # the step-interval save
+    run_train(corpus, *run, "run_name=killed", "trainer.checkpoint_every_n_steps=3", "resume=auto")
+    a, b = checkpoint(corpus, "straight"), checkpoint(corpus, "killed")
+    assert a["global_step"] == b["global_step"] == 12
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for key in ("exp_avg", "exp_avg_sq"):
+        for index in a["optimizer"]["state"]:
+            assert torch.equal(
+                a["optimizer"]["state"][index][key], b["optimizer"]["state"][index][key]
+            )
+
+
+def sample(cwd: Path, run: str, *options: str, ok: bool = True):
+    return run_python(
+        cwd, str(PREDICT), f"ckpt=checkpoints/{run}", "max_new_tokens=40", *options, ok=ok
+    )
+
+
+def test_the_same_seed_and_prompt_give_the_same_text(corpus):
+    run_train(corpus, *LM, *TINY, "run_name=lm")
+    texts = {}
+    for name, seed in (("one", 1), ("two", 1), ("other", 2)):
+        result = sample(corpus, "lm", "prompt=ROMEO:", f"seed={seed}", f"out={name}.txt")
+        texts[name] = (corpus / f"{name}.txt").read_text(encoding="utf-8")
+        assert texts[name].strip() in result.stdout  # printed, and written to out=
+    assert texts["one"] == texts["two"] and texts["one"] != texts["other"]
+    assert texts["one"].startswith("ROMEO:") and len(texts["one"]) > len("ROMEO:") + 20
+    (corpus / "prompts.txt").write_text("ROMEO:\nFirst Citizen:\n", encoding="utf-8")
+    sample(corpus, "lm", "prompts=prompts.txt", "seed=1", "out=both.txt")
+    both = (corpus / "both.txt").read_text(encoding="utf-8")
+    assert both.startswith(texts["one"].strip()) and "\n\nFirst Citizen:" in both
+
+
+def test_the_key_value_cache_samples_what_the_whole_window_samples():
+    torch.manual_seed(0)
+    from models.gpt import GPT
+
+    model = GPT(
+        vocab_size=11, block_size=12, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True
+    )
+
+    class Options:
+        max_new_tokens, temperature, top_k = 20, 0, None
+
+    prompt = torch.tensor([1, 2, 3])
+    cached = generated(model, prompt, Options, torch.Generator(), 12)
+
+    class Plain(torch.nn.Module):  # the same weights, no cache: every step reads the window again
+        def forward(self, ids):
+            return model(ids)
+
+    assert cached == generated(Plain(), prompt, Options, torch.Generator(), 12)
+
+
+def test_windows_cover_each_position_once_a_pass_and_processes_share_one_stream():
+    stream = TokenStream(torch.arange(1000), 10)
+    plan = BatchPlan(batch_size=8, train=True, seed=3)
+    batches = StreamBatches(stream, plan, transform=type("T", (), {"device": "cpu"}))
+    targets = torch.cat([y.flatten() for _, y in batches.epoch(0)])
+    assert len(targets) == len(set(targets.tolist()))  # no position twice in a pass
+    offset = int(targets.min()) - 1
+    assert len(targets) == len(batches) * 8 * 10 and 0 <= offset < 10
+    for x, y in batches.epoch(1):
+        assert torch.equal(x + 1, y)  # each target the next token
+    halves = [
+        StreamBatches(
+            stream,
+            BatchPlan(batch_size=4, train=True, seed=3, rank=r, world_size=2),
+            transform=type("T", (), {"device": "cpu"}),
+        )
+        for r in (0, 1)
+    ]
+    for whole, (a, b) in zip(
+        batches.epoch(1), zip(halves[0].epoch(1), halves[1].epoch(1), strict=True), strict=True
+    ):
+        assert torch.equal(whole[0], torch.cat([a[0], b[0]]))  # one global order, split
+
+
+def test_rounds_continue_the_stream_across_passes():
+    stream = TokenStream(torch.arange(300), 10, round_batches=4)
+    plan = BatchPlan(batch_size=2, train=True, seed=0)
+    rounds = stream.batches(plan, type("T", (), {"device": "cpu"}))
+    assert len(rounds) == 4
+    passes = StreamBatches(
+        TokenStream(torch.arange(300), 10), plan, transform=type("T", (), {"device": "cpu"})
+    )
+    by_rounds = [x for r in range(7) for x, _ in rounds.epoch(r)]
+    by_passes = [x for p in range(3) for x, _ in passes.epoch(p)][: len(by_rounds)]
+    assert all(torch.equal(a, b) for a, b in zip(by_rounds, by_passes, strict=True))
+
+
+def test_characters_bytes_and_a_fitted_bpe_read_back_their_text():
+    text = "ROMEO: O, she doth teach the torches to burn bright!\nJULIET: Ay me. ü"
+    char = Vocabulary("char", chars="".join(sorted(set(text))))
+    assert char.decode(char.encode(text, "t").tolist()) == text
+    byte = Vocabulary("byte")
+    assert byte.decode(byte.encode(text, "t").tolist()) == text
+    pytest.importorskip("tokenizers")
+    from data.corpus.vocabulary import fitted
+
+    bpe = fitted("bpe", shakespeare(20000), shakespeare(20000), 300, "corpus")
+    assert bpe.decode(bpe.encode(text, "t").tolist()) == text  # byte-level: nothing unknown
+
+
+@pytest.mark.parametrize(
+    "content, said",
+    [
+        (b"", "holds no text"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "is not UTF-8"),
+        (b"plain\x00text that is binary " * 20, "holds a NUL byte"),
+        ("caf\xe9 au lait ".encode("latin-1") * 50, "byte 0xe9 is not UTF-8"),
+        (b"too short", "fewer than one window"),
+    ],
+)
+def test_a_corpus_that_is_not_one_is_one_line_and_nothing_written(tmp_path, content, said):
+    (tmp_path / "corpus.txt").write_bytes(content)
+    result = run_train(tmp_path, *LM, *TINY, ok=False)
+    assert result.returncode == EXIT_USER_ERROR, result.stderr[-2000:]
+    assert said in error_line(result) and "corpus.txt" in error_line(result)
+    assert not list(tmp_path.rglob("*.pt"))
+
+
+def test_a_window_longer_than_the_val_split_or_the_model_is_refused(corpus):
+    result = run_train(corpus, *LM, *TINY, "data.split.val_share=0.001", ok=False)
+    assert result.returncode == EXIT_USER_ERROR
+    assert "the val split" in error_line(result) and "data.block_size" in error_line(result)
+    result = run_train(corpus, *LM, *TINY, "data.block_size=32", ok=False)
+    assert "more than model.block_size=16" in error_line(result)
+
+
+def test_a_prompt_the_vocabulary_lacks_and_an_edited_vocabulary_are_refused(corpus):
+    run_train(corpus, *LM, *TINY, "run_name=lm")
+    result = sample(corpus, "lm", 'prompt="ROMEO: 😀"', ok=False)
+    assert result.returncode == EXIT_USER_ERROR
+    assert "'😀'" in error_line(result) and "not in the model's vocabulary" in error_line(result)
+    stored = torch.load(corpus / "checkpoints/lm/best.pt", weights_only=True)
+    chars = stored["inputs"]["corpus"]["chars"]
+    stored["inputs"]["corpus"]["chars"] = chars[1:] + chars[0]  # ids shifted, sha256 kept
+    torch.save(stored, corpus / "edited.pt")
+    result = run_python(corpus, str(PREDICT), "ckpt=edited.pt", "prompt=ROMEO:", ok=False)
+    assert result.returncode == EXIT_USER_ERROR
+    assert "edited.pt" in error_line(result) and "sha256" in error_line(result)
+
+
+def test_a_classifier_checkpoint_has_no_prompt_and_a_language_model_no_input(corpus):
+    run_train(corpus, *LM, *TINY, "run_name=lm")
+    result = run_python(corpus, str(PREDICT), "ckpt=checkpoints/lm", "input=corpus.txt", ok=False)
+    assert result.returncode == EXIT_USER_ERROR and "prompt=" in error_line(result)
+    result = run_train(corpus, "task=classification", "model=mlp", "data=corpus", ok=False)
+    assert "task=causal_lm" in error_line(result)
