@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import (
+    NEEDS_GLOO,
     PREDICT,
     checkpoint,
     error_line,
@@ -20,11 +21,13 @@ from conftest import (
     run_evaluate,
     run_python,
     run_train,
+    torchrun,
 )
 
 from data.batching.batches import BatchPlan
 from data.corpus.stream import StreamBatches, TokenStream
 from data.corpus.vocabulary import Vocabulary
+from utils.checkpoint.load import load_checkpoint
 from utils.errors import EXIT_USER_ERROR
 from utils.evaluation.sampling import generated
 
@@ -232,3 +235,63 @@ def test_a_classifier_checkpoint_has_no_prompt_and_a_language_model_no_input(cor
     assert result.returncode == EXIT_USER_ERROR and "prompt=" in error_line(result)
     result = run_train(corpus, "task=classification", "model=mlp", "data=corpus", ok=False)
     assert "task=causal_lm" in error_line(result)
+
+
+@pytest.mark.slow
+def test_activation_checkpointing_of_the_blocks_keeps_the_loss_without_fsdp(corpus):
+    run_train(corpus, *LM, *TINY, "run_name=plain")
+    run_train(corpus, *LM, *TINY, "run_name=recomputed", "trainer.activation_checkpointing=true")
+    plain, recomputed = checkpoint(corpus, "plain"), checkpoint(corpus, "recomputed")
+    for name, tensor in plain["model"].items():  # recomputed activations: the same gradients
+        torch.testing.assert_close(recomputed["model"][name], tensor, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+@NEEDS_GLOO
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_under_torchrun_a_kill_9_resumes_bit_identically_and_one_process_goes_on(corpus, strategy):
+    job = [*LM, *TINY, "model._target_=signalling_model.gpt", f"trainer.strategy={strategy}"]
+    job += ["data.batch_size=2", "trainer.checkpoint_every_n_steps=3"]  # 2 × 2 processes
+    torchrun(corpus, *job, "run_name=straight")
+    for run in ("killed", "alone"):
+        killed = torchrun(corpus, *job, f"run_name={run}", ok=False, env=killed_at(8))
+        assert killed.returncode != 0
+    torchrun(corpus, *job, "run_name=killed", "resume=auto")
+    straight, resumed = weights_of(corpus, "straight"), weights_of(corpus, "killed")
+    assert straight.keys() == resumed.keys()
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)  # bit for bit
+    # one process at the same global batch (4 windows) reads the same windows on
+    alone = run_train(corpus, *job, "data.batch_size=4", "run_name=alone", "resume=auto")
+    assert "it continues the same sample stream" in alone.stdout + alone.stderr
+    for name, tensor in straight.items():  # the same tokens; sums in another order
+        torch.testing.assert_close(weights_of(corpus, "alone")[name], tensor, rtol=1e-4, atol=1e-5)
+    if strategy == "fsdp":  # a sharded checkpoint of the plain model: its text repeats
+        torchrun(corpus, *LM, *TINY, "trainer.strategy=fsdp", "run_name=plain")
+        assert (corpus / "checkpoints/plain/best").is_dir()
+        texts = [sample(corpus, "plain", "prompt=ROMEO:", f"seed={s}").stdout for s in (3, 3, 4)]
+        assert texts[0] == texts[1] != texts[2] and "ROMEO:" in texts[0]
+
+
+def weights_of(cwd: Path, run: str) -> dict:
+    """A run's last weights: of its sharded folder (FSDP), or of its file."""
+    path = cwd / "checkpoints" / run / "last"
+    return load_checkpoint(path if path.exists() else path.with_suffix(".pt"))["model"]
+
+
+def test_fsdp_shards_a_gpt_by_its_blocks_and_never_a_bare_container():
+    from models.gpt import GPT
+    from utils.system.sharding import blocks_of
+
+    one_block = GPT(
+        vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, dropout=0, bias=True
+    )
+    assert blocks_of(one_block, "auto") == list(one_block.blocks)  # its own, even a single one
+
+    class Stack(torch.nn.Module):  # a single entry in a list: the list has no forward
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Sequential(torch.nn.Linear(4, 4))])
+            self.head = torch.nn.Linear(4, 2)
+
+    found = blocks_of(Stack(), "auto")
+    assert not any(isinstance(m, torch.nn.ModuleList) for m in found) and len(found) == 2

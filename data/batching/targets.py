@@ -73,9 +73,12 @@ class Targets:
                 f"{where}: label sets must be 0/1, and sample {row} has {targets[row].tolist()}"
             )
 
-    def random(self, n: int, device: torch.device) -> torch.Tensor:
-        """``n`` targets of this kind (tune=batch_size tries a step on them)."""
-        if self.kind in ("classes", "next_tokens"):
+    def random(self, n: int, device: torch.device, input_shape: tuple = ()) -> torch.Tensor:
+        """``n`` targets of this kind (tune=batch_size tries a step on them); next tokens are
+        one for each position of an input of ``input_shape``."""
+        if self.kind == "next_tokens":
+            return torch.randint(0, self.count, (n, *input_shape), device=device)
+        if self.kind == "classes":
             return torch.randint(0, self.count, (n,), device=device)
         values = torch.rand(n, self.count, device=device)
         return values.round() if self.kind == "label_sets" else values

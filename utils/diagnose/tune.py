@@ -153,7 +153,7 @@ def batch_fits(parts: Any, data: Any):
         try:
             generator = torch.Generator(device=device).manual_seed(0)  # not the training RNG
             images = data.inputs.example(data.input_shape, batch_size, device, generator)
-            labels = data.targets.random(batch_size, device)
+            labels = data.targets.random(batch_size, device, tuple(data.input_shape))
             with precision.autocast():
                 loss = parts.loss(model(images), labels)
             precision.scaler.scale(loss).backward()

@@ -71,33 +71,36 @@ def check_more_runs(cfg: DictConfig) -> None:
     check_refit(cfg)
 
 
+# Each numeric key, what it must be, and the words that say so.
+RULES = [
+    ("trainer.accumulate_grad_batches", lambda v: v >= 1, "1 or more"),
+    ("trainer.log_every_n_steps", lambda v: v >= 1, "1 or more"),
+    ("trainer.val_every_n_epochs", lambda v: v >= 1, "1 or more"),
+    ("trainer.max_steps", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
+    ("trainer.val_every_n_steps", lambda v: v >= 1 and v == int(v), "1 or more, or null"),
+    ("trainer.keep_top_k", lambda v: v >= 0, "0 or more"),
+    ("trainer.checkpoint_every_n_steps", lambda v: v >= 1, "1 or more, or null for off"),
+    ("trainer.checkpoint_every_minutes", lambda v: v > 0, "above 0, or null for off"),
+    ("trainer.max_consecutive_skips", lambda v: v >= 0, "0 or more"),
+    ("trainer.overfit_batches", lambda v: v >= 0, "0 or more"),
+    ("trainer.profile_steps", lambda v: v >= 0, "0 or more"),
+    ("trainer.cpu_threads", lambda v: v >= 1, "1 or more, or null for automatic"),
+    ("trainer.early_stopping.patience", lambda v: v >= 1, "1 or more, or null for off"),
+    ("trainer.early_stopping.min_delta", lambda v: v >= 0, "0 or more"),
+    ("trainer.ema.decay", lambda v: 0 < v < 1, "above 0 and below 1, or null for off"),
+    ("data.batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
+    ("data.eval_batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
+    ("optim.lr", lambda v: v > 0, "greater than 0"),
+    ("optim.weight_decay", lambda v: v >= 0, "0 or more"),
+    ("optim.layer_decay", lambda v: 0 < v <= 1, "above 0 and at most 1, or null for off"),
+]
+
+
 def check_config(cfg: DictConfig) -> TrainerConfig:
     """Reject values that have the right type but make no sense, before any data is loaded.
     Returns ``cfg.trainer`` as a plain dataclass (the loop reads it every step)."""
-    rules = [
-        ("trainer.accumulate_grad_batches", lambda v: v >= 1, "1 or more"),
-        ("trainer.log_every_n_steps", lambda v: v >= 1, "1 or more"),
-        ("trainer.val_every_n_epochs", lambda v: v >= 1, "1 or more"),
-        ("trainer.max_steps", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
-        ("trainer.val_every_n_steps", lambda v: v >= 1 and v == int(v), "1 or more, or null"),
-        ("trainer.keep_top_k", lambda v: v >= 0, "0 or more"),
-        ("trainer.checkpoint_every_n_steps", lambda v: v >= 1, "1 or more, or null for off"),
-        ("trainer.checkpoint_every_minutes", lambda v: v > 0, "above 0, or null for off"),
-        ("trainer.max_consecutive_skips", lambda v: v >= 0, "0 or more"),
-        ("trainer.overfit_batches", lambda v: v >= 0, "0 or more"),
-        ("trainer.profile_steps", lambda v: v >= 0, "0 or more"),
-        ("trainer.cpu_threads", lambda v: v >= 1, "1 or more, or null for automatic"),
-        ("trainer.early_stopping.patience", lambda v: v >= 1, "1 or more, or null for off"),
-        ("trainer.early_stopping.min_delta", lambda v: v >= 0, "0 or more"),
-        ("trainer.ema.decay", lambda v: 0 < v < 1, "above 0 and below 1, or null for off"),
-        ("data.batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
-        ("data.eval_batch_size", lambda v: v >= 1 and v == int(v), "a whole number, 1 or more"),
-        ("optim.lr", lambda v: v > 0, "greater than 0"),
-        ("optim.weight_decay", lambda v: v >= 0, "0 or more"),
-        ("optim.layer_decay", lambda v: 0 < v <= 1, "above 0 and at most 1, or null for off"),
-    ]
     epochs = checked_epochs(cfg.trainer.max_epochs)
-    for key, ok, expected in rules:
+    for key, ok, expected in RULES:
         if OmegaConf.select(cfg, key) is None and key in NULL_ALLOWED:
             continue
         if key == "data.batch_size" and cfg.data.get("batch_size") == "auto":

@@ -81,7 +81,8 @@ def check_strategy(cfg: Any) -> None:
 
 def blocks_of(model: nn.Module, names: Any) -> list[nn.Module]:
     """The modules each ``fully_shard`` call wraps, before the root: those whose class name
-    is in ``names``; ``auto``: torchvision's repeated blocks, else the entries of every
+    is in ``names``; ``auto``: the blocks a model names (``repeated_blocks()``), torchvision's
+    repeated blocks, else the entries of every
     ModuleList or Sequential whose two or more entries share a class and hold parameters,
     else the model's children that hold parameters."""
     if names != "auto":
@@ -94,6 +95,9 @@ def blocks_of(model: nn.Module, names: Any) -> list[nn.Module]:
                 f"classes ({', '.join(present[:12])}...); name one of them, or auto"
             )
         return found
+    declared = [m for m in model.modules() if hasattr(m, "repeated_blocks")]
+    if declared:  # a model that names its blocks (models/gpt.py), even a single one
+        return list(declared[0].repeated_blocks())
     known = [m for m in model.modules() if type(m).__name__ in KNOWN_BLOCKS]
     if known:
         return known
@@ -106,7 +110,11 @@ def blocks_of(model: nn.Module, names: Any) -> list[nn.Module]:
                 repeated += held
     if repeated:
         return repeated
-    return [m for m in model.children() if any(True for _ in m.parameters())]
+    children = []  # a container has no forward of its own: its entries are the units
+    for child in model.children():
+        held = child.children() if isinstance(child, nn.ModuleList | nn.ModuleDict) else [child]
+        children += [m for m in held if any(True for _ in m.parameters())]
+    return children
 
 
 def shard_model(model: nn.Module, device: torch.device, trainer: Any, dtype: torch.dtype) -> Any:
