@@ -15,6 +15,10 @@ configuration, in one process and on the same data, model, optimizer, batch size
    with its exit code, test accuracy, skipped steps and final loss scale.
 4. DDP against FSDP (``trainer.strategy``) through torchrun: speed and the bytes each process
    holds, on every GPU here, or (with ``--smoke --device cpu``) 2 CPU processes over gloo.
+5. A language model: ``experiment=shakespeare_char`` (nanoGPT's GPU configuration, bf16 where
+   the GPU has it) through train.py for ``--gpt-steps`` steps, its ``train/tokens_per_second``
+   and whole-split ``test/loss``, against a hand-written loop of the same GPT (models/gpt.py),
+   optimizer and batches of random windows, timed after warm-up.
 
 The first epoch of every run is warm-up (cuDNN autotuning, compiling) and is not counted;
 images/s is the median of the other epochs, each timed after a device sync. For torchloom it is
@@ -233,6 +237,66 @@ def fp16_end_to_end(device: torch.device, overrides: list[str], workdir: Path) -
     return result
 
 
+def gpt_case(device: torch.device, workdir: Path, steps: int, smoke: bool) -> dict:
+    """torchloom's nanoGPT GPU preset against a hand-written loop of the same model."""
+    sys.path.insert(0, str(ROOT))
+    from data.corpus.corpus import BUNDLED, corpus_text
+    from data.corpus.vocabulary import fitted
+    from models.gpt import GPT
+
+    sizes = dict(n_layer=2, n_head=2, n_embd=64, block_size=64) if smoke else {}
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    overrides = ["experiment=shakespeare_char", f"trainer.max_steps={steps}"]
+    overrides += [f"trainer.val_every_n_steps={steps}", f"trainer.device={device}"]
+    overrides += [f"model.{k}={v}" for k, v in sizes.items()]
+    overrides += ["precision=bf16" if bf16 else "precision=fp32", "run_name=gpt"]
+    overrides += ["data.batch_size=8"] if smoke else []
+    command = [sys.executable, str(ROOT / "train.py"), *overrides]
+    command += [f"paths.runs={workdir / 'runs'}", f"paths.checkpoints={workdir / 'checkpoints'}"]
+    finished = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
+    if finished.returncode != 0:
+        return {"case": "gpt", "error": (finished.stderr.strip().splitlines() or ["?"])[-1]}
+    metrics = json.loads((workdir / "runs" / "gpt" / "metrics.json").read_text())
+    text = corpus_text(BUNDLED, "text")
+    train = fitted("char", text, text, "auto", "corpus").encode(text[: int(len(text) * 0.9)], "t")
+    shape = {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, **sizes}
+    batch, window = (8 if smoke else 64), shape["block_size"]
+    torch.manual_seed(0)
+    model = GPT(65, window, shape["n_layer"], shape["n_head"], shape["n_embd"], 0.2, False)
+    model = model.to(device)
+    fused = {"fused": True} if device.type == "cuda" else {}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), **fused)
+    tokens = train.to(device)
+    span = torch.arange(window + 1, device=device)
+    timed, start = 0, 0.0
+    for step in range(steps):
+        if step == min(10, steps // 2):
+            sync(device)
+            start, timed = time.perf_counter(), 0
+        rows = torch.randint(len(tokens) - window - 1, (batch, 1), device=device) + span
+        windows = tokens[rows]
+        with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+            logits = model(windows[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        timed += 1
+    sync(device)
+    hand = timed * batch * window / (time.perf_counter() - start)
+    result = {
+        "case": "gpt_shakespeare_char",
+        "steps": steps,
+        "torchloom_tokens_per_second": round(metrics["train/tokens_per_second"]),
+        "hand_written_tokens_per_second": round(hand),
+        "ratio": round(metrics["train/tokens_per_second"] / hand, 3),
+        "val_loss_whole_split": metrics["test/loss"],
+    }
+    print(f"GPT (experiment=shakespeare_char): {result}", flush=True)
+    return result
+
+
 def free_port() -> int:
     """A port nothing listens on now (the OS picks it), for torchrun's rendezvous."""
     import socket
@@ -288,6 +352,7 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--epochs", type=int, default=4, help="per run; the first is warm-up")
+    parser.add_argument("--gpt-steps", type=int, default=500, help="the language model's steps")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -333,6 +398,8 @@ def main() -> None:
             results.append(fp16_end_to_end(device, resnet, workdir))
         print("\nDDP against FSDP (trainer.strategy), through torchrun", flush=True)
         results += strategies(device, resnet if device.type == "cuda" else [], workdir, epochs)
+        print("\nA GPT on tiny Shakespeare (experiment=shakespeare_char)", flush=True)
+        results.append(gpt_case(device, workdir, 20 if args.smoke else args.gpt_steps, args.smoke))
     for result in results:
         print(json.dumps(result))
 

@@ -207,12 +207,15 @@ def test_a_corpus_that_is_not_one_is_one_line_and_nothing_written(tmp_path, cont
     assert not list(tmp_path.rglob("*.pt"))
 
 
-def test_a_window_longer_than_the_val_split_or_the_model_is_refused(corpus):
+def test_a_window_longer_than_the_val_split_the_model_or_a_batch_is_refused(corpus):
     result = run_train(corpus, *LM, *TINY, "data.split.val_share=0.001", ok=False)
     assert result.returncode == EXIT_USER_ERROR
     assert "the val split" in error_line(result) and "data.block_size" in error_line(result)
     result = run_train(corpus, *LM, *TINY, "data.block_size=32", ok=False)
     assert "more than model.block_size=16" in error_line(result)
+    result = run_train(corpus, *LM, *TINY, "data.batch_size=1000", ok=False)
+    assert result.returncode == EXIT_USER_ERROR
+    assert "fewer than one global batch of 1000" in error_line(result)
 
 
 def test_a_prompt_the_vocabulary_lacks_and_an_edited_vocabulary_are_refused(corpus):

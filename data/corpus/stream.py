@@ -20,13 +20,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from data.batching.batches import batch_bounds
 from data.batching.order import window_order
+from utils.errors import UserError
 
 CHUNK_TOKENS = 1 << 16  # the stream's content is hashed in chunks of this many tokens
 
@@ -49,11 +50,7 @@ class TokenStream:
         """Training windows a pass holds (whatever its offset)."""
         return max((len(self.tokens) - self.window) // self.window, 0)
 
-    @property
-    def labels(self) -> torch.Tensor:
-        return self.tokens
-
-    @property
+    @cached_property
     def hashes(self) -> torch.Tensor:
         """The content of each chunk of :data:`CHUNK_TOKENS` tokens, as int64 (what a resumed
         run's data is compared by, data/batching/fingerprint.py)."""
@@ -75,6 +72,12 @@ class StreamBatches:
         self.stream, self.plan, self.transform = stream, plan, transform
         self.global_batch = plan.batch_size * plan.world_size
         self.per_pass = len(stream) // self.global_batch
+        if plan.train and self.per_pass == 0:
+            raise UserError(
+                f"the train split holds {len(stream):,} windows of {stream.window} tokens, "
+                f"fewer than one global batch of {self.global_batch}; lower data.batch_size "
+                "or data.block_size, or give more text"
+            )
         self.round_batches = round_batches if plan.train else 0
         self.span = torch.arange(stream.window + 1)
         self._order: tuple[int, torch.Tensor] | None = None
@@ -120,8 +123,3 @@ class StreamBatches:
             rest = tokens[full * t :]
             device = self.transform.device
             yield rest[None, :-1].to(device), rest[None, 1:].to(device)
-
-
-def as_ids(ids: np.ndarray) -> torch.Tensor:
-    """Token ids as the stream holds them: int64."""
-    return torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
