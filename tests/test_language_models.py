@@ -28,7 +28,7 @@ from data.batching.batches import BatchPlan
 from data.corpus.stream import StreamBatches, TokenStream
 from data.corpus.vocabulary import Vocabulary
 from utils.checkpoint.load import load_checkpoint
-from utils.errors import EXIT_USER_ERROR
+from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation.sampling import generated
 
 ASSET = Path(__file__).resolve().parents[1] / "data" / "assets" / "tinyshakespeare.txt.gz"
@@ -213,9 +213,10 @@ def test_a_window_longer_than_the_val_split_the_model_or_a_batch_is_refused(corp
     assert "the val split" in error_line(result) and "data.block_size" in error_line(result)
     result = run_train(corpus, *LM, *TINY, "data.block_size=32", ok=False)
     assert "more than model.block_size=16" in error_line(result)
-    result = run_train(corpus, *LM, *TINY, "data.batch_size=1000", ok=False)
-    assert result.returncode == EXIT_USER_ERROR
-    assert "fewer than one global batch of 1000" in error_line(result)
+    few = TokenStream(torch.arange(100), 10)  # 9 windows; 2 processes of 8: none to train on
+    plan = BatchPlan(batch_size=8, train=True, seed=0, world_size=2)
+    with pytest.raises(UserError, match="fewer than one global batch of 16"):
+        few.batches(plan, type("T", (), {"device": "cpu"}))
 
 
 def test_a_prompt_the_vocabulary_lacks_and_an_edited_vocabulary_are_refused(corpus):
@@ -298,3 +299,28 @@ def test_fsdp_shards_a_gpt_by_its_blocks_and_never_a_bare_container():
 
     found = blocks_of(Stack(), "auto")
     assert not any(isinstance(m, torch.nn.ModuleList) for m in found) and len(found) == 2
+
+
+def test_a_corpus_in_parquet_shards_reads_a_text_or_a_token_id_column(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    lines = shakespeare(6000).splitlines()
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for part in range(2):  # two files, rows in order: the same text as corpus.txt's
+        rows = lines[part * len(lines) // 2 : (part + 1) * len(lines) // 2]
+        ids = [list(line.encode("utf-8")) for line in rows]
+        table = pa.table({"text": rows, "ids": ids, "n": list(range(len(rows)))})
+        pq.write_table(table, shards / f"part-{part}.parquet", row_group_size=50)
+    (tmp_path / "corpus.txt").write_text("\n".join(lines), encoding="utf-8")
+    byte = ["data.tokenizer=byte"]
+    run_train(tmp_path, *LM, *TINY, *byte, "run_name=text_file")
+    run_train(tmp_path, *LM, *TINY, *byte, "data.path=shards", "run_name=text_column")
+    a, b = checkpoint(tmp_path, "text_file"), checkpoint(tmp_path, "text_column")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])  # the same text
+    run_train(tmp_path, *LM, *TINY, *byte, "data.path=shards", "data.tokens=ids", "run_name=ids")
+    assert read_metrics(tmp_path / "runs/ids")["test/bpb"] > 0
+    bad = run_train(tmp_path, *LM, *TINY, *byte, "data.path=shards", "data.text=n", ok=False)
+    assert bad.returncode == EXIT_USER_ERROR and "not texts" in error_line(bad)
+    chars = run_train(tmp_path, *LM, *TINY, "data.path=shards", "data.tokens=ids", ok=False)
+    assert chars.returncode == EXIT_USER_ERROR and "name that tokenizer" in error_line(chars)

@@ -5,8 +5,9 @@
     python train.py task=causal_lm model=gpt data=corpus data.path=t.jsonl data.text=body
 
 ``path``: a text file (``.txt``, or ``.gz`` of one), a folder of ``.txt`` files (in name
-order), or a CSV/TSV/JSON-lines file whose ``data.text`` column holds the texts; files and rows
-are joined with one newline between them. None: the bundled tiny Shakespeare
+order), a CSV/TSV/JSON-lines file whose ``data.text`` column holds the texts, or Parquet shards
+(data/corpus/parquet.py: a text column, or ``data.tokens``, a column of token ids); files and
+rows are joined with one newline between them. None: the bundled tiny Shakespeare
 (data/assets/README.md). Read strictly (UTF-8, no NUL byte: data/text/files.py), tokenized once
 by the vocabulary (data/corpus/vocabulary.py), and split as nanoGPT splits: the last
 ``split.val_share`` of the tokens for validation, unless ``split.val_path`` gives a file of
@@ -21,11 +22,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.targets import Targets, reads_targets
 from data.corpus.inputs import Stream
+from data.corpus.parquet import is_parquet, parquet_ids, parquet_texts
 from data.corpus.stream import TokenStream
 from data.corpus.vocabulary import Vocabulary, fitted, from_record
 from data.text.files import MAX_FILE_BYTES, decoded, read_rows, texts_of
@@ -46,22 +49,29 @@ def load_corpus(
     vocab_size: int | str,
     block_size: int,
     split: Mapping[str, Any],
+    tokens: str | None = None,
     round_steps: int | None = None,
     accumulate: int = 1,
     stored_vocabulary: Mapping | None = None,
     **options,
 ) -> Data:
     """conf/data/corpus.yaml. ``block_size``: the tokens a window holds (the model's context);
-    ``round_steps``: trainer.val_every_n_steps (a round of that many optimizer steps is the
-    loop's epoch; None: a pass over the stream); ``stored_vocabulary``: the checkpoint's, on a
-    resume (never fitted again); ``options``: the keys of :class:`Batching` but mean and std."""
+    ``tokens``: Parquet shards' column of token ids (instead of texts); ``round_steps``:
+    trainer.val_every_n_steps (a round of that many optimizer steps is the loop's epoch;
+    None: a pass over the stream); ``stored_vocabulary``: the checkpoint's, on a resume (never
+    fitted again); ``options``: the keys of :class:`Batching` but mean and std."""
     options.pop("targets", None)
     check_values("data", {"block_size": block_size}, {"block_size": POSITIVE_INT})
-    source = Path(path) if path else BUNDLED
-    train_text, val_text, val_source = split_text(source, text, split)
-    vocabulary = _vocabulary(tokenizer, vocab_size, stored_vocabulary, train_text, val_text, source)
-    train = vocabulary.encode(train_text, f"{source} (train)")
-    val = vocabulary.encode(val_text, f"{val_source} (val)")
+    source = str(path) if path else str(BUNDLED)
+    asked = (tokenizer, vocab_size, stored_vocabulary)
+    if tokens:  # ids a tokenizer made already: split by ids
+        vocabulary = _vocabulary(asked, "", "", source, ids=True)
+        train, val, val_source = split_ids(source, tokens, split, vocabulary.size)
+    else:
+        train_text, val_text, val_source = split_text(source, text, split)
+        vocabulary = _vocabulary(asked, train_text, val_text, source)
+        train = vocabulary.encode(train_text, f"{source} (train)")
+        val = vocabulary.encode(val_text, f"{val_source} (val)")
     for name, ids, where in (("train", train, source), ("val", val, val_source)):
         if len(ids) < block_size + 1:
             raise UserError(
@@ -71,9 +81,10 @@ def load_corpus(
             )
     rounds = (round_steps or 0) * accumulate
     streams = Splits(TokenStream(train, block_size, rounds), TokenStream(val, block_size))
+    name = source.rstrip("/").rsplit("/", 1)[-1]
     log.info(
         "corpus %s: %s train and %s val tokens, %s of them (data.tokenizer=%s), windows of %d",
-        source.name,
+        name,
         f"{len(train):,}",
         f"{len(val):,}",
         f"{vocabulary.size:,}",
@@ -82,35 +93,56 @@ def load_corpus(
     )
     batching = Batching(mean=[0.0], std=[1.0], **options)
     targets = Targets("next_tokens", vocabulary.size)
-    data = Data(
-        f"corpus {source.name}",
-        streams,
-        vocabulary.size,
-        batching,
-        targets,
-        inputs=Stream(vocabulary=vocabulary),
-    )
+    inputs = Stream(vocabulary=vocabulary)
+    data = Data(f"corpus {name}", streams, vocabulary.size, batching, targets, inputs=inputs)
     data.mean, data.std = [0.0] * block_size, [1.0] * block_size  # ids are never normalised
     return data
 
 
-def split_text(source: Path, column: str, split: Mapping[str, Any]) -> tuple[str, str, Path]:
+def split_text(source: str, column: str, split: Mapping[str, Any]) -> tuple[str, str, str]:
     """(train text, val text, where val came from): the last ``split.val_share`` of the
     characters (nanoGPT's split: by characters, then tokenized), or ``split.val_path``'s."""
     whole = corpus_text(source, column)
+    share = _val_share(split)
     if split.get("val_path"):
-        val_source = Path(split["val_path"])
+        val_source = str(split["val_path"])
         return whole, corpus_text(val_source, column), val_source
-    share = split.get("val_share", 0.1)
-    if not isinstance(share, float | int) or isinstance(share, bool) or not 0 < share < 1:
-        raise UserError(f"data.split.val_share={share!r} must be a share between 0 and 1")
     cut = int(len(whole) * (1 - share))
     return whole[:cut], whole[cut:], source
 
 
-def corpus_text(source: Path, column: str) -> str:
-    """The text of a corpus file or folder (module docstring), or one line naming it."""
-    if source.is_dir():
+def split_ids(
+    source: str, column: str, split: Mapping[str, Any], vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """(train ids, val ids, where val came from) of shards' ``column`` of token ids: the last
+    ``split.val_share`` of the ids, or ``split.val_path``'s shards."""
+    if not is_parquet(source):
+        raise UserError(
+            f"data.tokens={column} reads token ids from Parquet shards, and data.path={source} "
+            "is no Parquet; give shards, or leave data.tokens out to read texts"
+        )
+    whole = torch.from_numpy(parquet_ids(source, column, vocab_size))
+    share = _val_share(split)
+    if split.get("val_path"):
+        val_source = str(split["val_path"])
+        return whole, torch.from_numpy(parquet_ids(val_source, column, vocab_size)), val_source
+    cut = int(len(whole) * (1 - share))
+    return whole[:cut], whole[cut:], source
+
+
+def _val_share(split: Mapping[str, Any]) -> float:
+    share = split.get("val_share", 0.1)
+    if not isinstance(share, float | int) or isinstance(share, bool) or not 0 < share < 1:
+        raise UserError(f"data.split.val_share={share!r} must be a share between 0 and 1")
+    return float(share)
+
+
+def corpus_text(given: str, column: str) -> str:
+    """The text of a corpus file, folder or shards (module docstring), or one line naming it."""
+    source = Path(given)
+    if is_parquet(given):
+        text = _checked(parquet_texts(given, column), given)
+    elif source.is_dir():
         files = sorted(
             f
             for f in source.rglob("*")
@@ -153,7 +185,7 @@ def _gunzipped(path: Path) -> str:
         ) from None
 
 
-def _checked(text: str, path: Path) -> str:
+def _checked(text: str, path: Path | str) -> str:
     """A text file's text, refused when it holds a NUL byte (a binary file decodes as UTF-8
     when its bytes happen to be ASCII)."""
     if "\0" in text:
@@ -165,10 +197,17 @@ def _checked(text: str, path: Path) -> str:
     return text
 
 
-def _vocabulary(
-    tokenizer: str, vocab_size: Any, stored: Mapping | None, train: str, val: str, source: Path
-) -> Vocabulary:
+def _vocabulary(asked: tuple, train: str, val: str, source: str, ids: bool = False) -> Vocabulary:
+    """The checkpoint's vocabulary on a resume (``asked``: data.tokenizer, data.vocab_size and
+    the stored vocabulary), else the one ``data.tokenizer`` names; ids read as they are
+    (``ids``) need the tokenizer that made them: bytes, or a tokenizer.json."""
+    tokenizer, vocab_size, stored = asked
     if stored is not None:  # Hydra hands a dict argument over as a DictConfig
         plain = OmegaConf.to_container(stored) if isinstance(stored, DictConfig) else stored
         return from_record(plain, "the resumed checkpoint")
-    return fitted(str(tokenizer), train, train + val, vocab_size, str(source))
+    if ids and str(tokenizer) in ("char", "bpe"):
+        raise UserError(
+            f"data.tokens reads ids a tokenizer made, and data.tokenizer={tokenizer} would fit "
+            "a new one; name that tokenizer (a tokenizer.json path, or byte)"
+        )
+    return fitted(str(tokenizer), train, train + val, vocab_size, source)
