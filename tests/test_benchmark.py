@@ -54,6 +54,9 @@ def test_gpu_benchmark_runs_every_comparison_at_smoke_size_on_the_cpu(tmp_path):
     reports = {report["case"]: report for report in map(json.loads, lines)}
     assert {"resnet18_fp32", "resnet18_fp32_channels_last", "mnist_mlp_data_path"} <= set(reports)
     ddp, fsdp = reports.pop("strategy_ddp"), reports.pop("strategy_fsdp")
+    gpt = reports.pop("gpt_shakespeare_char")  # nanoGPT's GPU preset, at smoke size
+    assert gpt["torchloom_tokens_per_second"] > 0 and gpt["hand_written_tokens_per_second"] > 0
+    assert 0 < gpt["val_loss_whole_split"] < 5  # finite: 20 warm-up steps leave it near ln 65
     for report in reports.values():
         assert report["hand_written_ratio"] == 1.0 and report["torchloom_images_per_second"] > 0
     assert reports["mnist_mlp_data_path"]["dataloader_images_per_second"] > 0

@@ -137,8 +137,10 @@ def _val_share(split: Mapping[str, Any]) -> float:
     return float(share)
 
 
-def corpus_text(given: str, column: str) -> str:
-    """The text of a corpus file, folder or shards (module docstring), or one line naming it."""
+def corpus_text(given: str | Path, column: str) -> str:
+    """The text of a corpus file, folder or shards (module docstring), or one line naming it.
+    ``given`` as the user wrote it (a URL is no local path: ``Path`` would fold its ``//``)."""
+    given = str(given)
     source = Path(given)
     if is_parquet(given):
         text = _checked(parquet_texts(given, column), given)

@@ -16,8 +16,9 @@ from data.shards.storage import SCHEMES, files_of, read_row_group
 from utils.errors import UserError
 
 
-def is_parquet(path: str) -> bool:
+def is_parquet(path: str | Path) -> bool:
     """Whether ``data.path`` names Parquet shards rather than text files."""
+    path = str(path)
     local = Path(path)
     if path.startswith(SCHEMES[:-1]) or local.suffix.lower() == ".parquet" or "*" in path:
         return True
