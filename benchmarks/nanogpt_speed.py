@@ -3,6 +3,8 @@ CPU command of its README, on the same tiny Shakespeare split, in one benchmark 
 
     python benchmarks/nanogpt_speed.py --nanogpt ~/src/nanoGPT            # a checkout you provide
     python benchmarks/nanogpt_speed.py --nanogpt ~/src/nanoGPT --max-steps 500 --rounds 2
+    python benchmarks/nanogpt_speed.py --nanogpt ~/src/nanoGPT \
+        --presets shakespeare_char_cpu shakespeare_char_cpu_tuned   # ours at the same cost, LR 3e-3
 
 Both train a 4-layer, 4-head, 128-wide GPT with a 64-character context on batches of 12, for
 ``--max-steps`` steps (2,000, the README's), lr 1e-3 to 1e-4 on a cosine after 100 warmup steps,
@@ -73,11 +75,11 @@ def nanogpt_command(nanogpt: Path, steps: int) -> list[str]:
     ]
 
 
-def torchloom_command(steps: int, workdir: Path) -> list[str]:
+def torchloom_command(steps: int, workdir: Path, preset: str) -> list[str]:
     return [
         sys.executable,
         str(ROOT / "train.py"),
-        "experiment=shakespeare_char_cpu",
+        f"experiment={preset}",
         f"trainer.max_steps={steps}",
         "run_name=bench",
         f"paths.runs={workdir / 'runs'}",
@@ -175,12 +177,12 @@ def run_nanogpt(nanogpt: Path, steps: int, workdir: Path, val: np.ndarray) -> di
     }
 
 
-def run_torchloom(steps: int, workdir: Path, val: np.ndarray) -> dict:
-    folder = workdir / "torchloom"
+def run_torchloom(steps: int, workdir: Path, val: np.ndarray, preset: str) -> dict:
+    folder = workdir / preset
     folder.mkdir()
     start = time.perf_counter()
     done = subprocess.run(
-        torchloom_command(steps, folder), cwd=folder, capture_output=True, text=True
+        torchloom_command(steps, folder, preset), cwd=folder, capture_output=True, text=True
     )
     wall = time.perf_counter() - start
     if done.returncode:
@@ -203,28 +205,35 @@ def main() -> None:
     parser.add_argument("--nanogpt", type=Path, required=True, help="a checkout of nanoGPT")
     parser.add_argument("--max-steps", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=1, help="runs of each, alternating")
+    parser.add_argument(
+        "--presets",
+        nargs="+",
+        default=["shakespeare_char_cpu"],
+        help="torchloom's conf/experiment/ presets to run (the first is compared for speed)",
+    )
     args = parser.parse_args()
     if not (args.nanogpt / "train.py").is_file():
         raise SystemExit(f"--nanogpt {args.nanogpt}: no train.py there; give a nanoGPT checkout")
-    results: dict[str, list[dict]] = {"nanogpt": [], "torchloom": []}
+    results: dict[str, list[dict]] = {"nanogpt": [], **{p: [] for p in args.presets}}
     with tempfile.TemporaryDirectory() as tmp:
         val, _ = prepared(Path(tmp) / "split")
         for round_ in range(args.rounds):
             work = Path(tmp) / f"round{round_}"
             work.mkdir()
             results["nanogpt"].append(run_nanogpt(args.nanogpt, args.max_steps, work, val))
-            results["torchloom"].append(run_torchloom(args.max_steps, work, val))
+            for preset in args.presets:
+                results[preset].append(run_torchloom(args.max_steps, work, val, preset))
             for tool, runs in results.items():
                 r = runs[-1]
                 print(
-                    f"round {round_ + 1} {tool:9s} {r['tokens_per_second']:8,.0f} tokens/s  "
+                    f"round {round_ + 1} {tool:22s} {r['tokens_per_second']:8,.0f} tokens/s  "
                     f"val loss over the whole split {r['val_loss_whole_split']:.4f}  "
                     f"wall {r['wall_seconds']:.0f} s",
                     flush=True,
                 )
     ratio = [
         t["tokens_per_second"] / n["tokens_per_second"]
-        for t, n in zip(results["torchloom"], results["nanogpt"], strict=True)
+        for t, n in zip(results[args.presets[0]], results["nanogpt"], strict=True)
     ]
     print(f"torchloom / nanoGPT tokens per second: {', '.join(f'{r:.3f}' for r in ratio)}")
     print(json.dumps({"max_steps": args.max_steps, **results, "ratio": ratio}))

@@ -23,11 +23,13 @@ from conftest import (
     run_train,
     torchrun,
 )
+from hydra import compose, initialize_config_dir
 
 from data.batching.batches import BatchPlan
 from data.corpus.stream import StreamBatches, TokenStream
 from data.corpus.vocabulary import Vocabulary
 from utils.checkpoint.load import load_checkpoint
+from utils.config.schema import CONF
 from utils.errors import EXIT_USER_ERROR, UserError
 from utils.evaluation.sampling import generated
 
@@ -324,3 +326,26 @@ def test_a_corpus_in_parquet_shards_reads_a_text_or_a_token_id_column(tmp_path):
     assert bad.returncode == EXIT_USER_ERROR and "not texts" in error_line(bad)
     chars = run_train(tmp_path, *LM, *TINY, "data.path=shards", "data.tokens=ids", ok=False)
     assert chars.returncode == EXIT_USER_ERROR and "name that tokenizer" in error_line(chars)
+
+
+@pytest.mark.parametrize(
+    ("preset", "width", "context", "batch", "steps", "lr", "dropout"),
+    [
+        ("shakespeare_char_cpu", 128, 64, 12, 2000, 1e-3, 0.0),  # nanoGPT's README CPU command
+        ("shakespeare_char_cpu_tuned", 128, 64, 12, 2000, 3e-3, 0.0),  # its cost, a larger LR
+        ("shakespeare_char", 384, 256, 64, 5000, 1e-3, 0.2),  # config/train_shakespeare_char.py
+    ],
+)
+def test_the_presets_are_nanogpts_configurations(preset, width, context, batch, steps, lr, dropout):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"experiment={preset}"])
+    assert (cfg.task._target_, cfg.model._target_) == ("utils.tasks.causal_lm", "models.gpt.gpt")
+    assert (cfg.model.n_embd, cfg.model.block_size, cfg.data.block_size) == (
+        width,
+        context,
+        context,
+    )
+    assert (cfg.data.batch_size, cfg.trainer.max_steps, cfg.optim.lr) == (batch, steps, lr)
+    assert cfg.model.dropout == dropout and list(cfg.optim.betas) == [0.9, 0.99]
+    assert (cfg.scheduler.warmup_steps, cfg.scheduler.min_lr_ratio) == (100, 0.1)
+    assert cfg.data.path is None and cfg.data.tokenizer == "char"  # the bundled corpus
