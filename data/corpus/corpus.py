@@ -31,7 +31,7 @@ from data.corpus.inputs import Stream
 from data.corpus.parquet import is_parquet, parquet_ids, parquet_texts
 from data.corpus.stream import TokenStream
 from data.corpus.vocabulary import Vocabulary, fitted, from_record
-from data.text.files import MAX_FILE_BYTES, decoded, read_rows, texts_of
+from data.text.files import MAX_FILE_BYTES, decoded, read_rows, texts_of, utf8_text
 from utils.config.arguments import POSITIVE_INT, check_values
 from utils.errors import UserError
 
@@ -177,14 +177,7 @@ def _gunzipped(path: Path) -> str:
         raise UserError(f"cannot read {path}: {error} (is it a gzip file?)") from None
     if len(data) > MAX_FILE_BYTES:
         raise UserError(f"{path} holds more than 2 GB of text; split it into files")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise UserError(
-            f"{path} line {line}: byte 0x{data[error.start]:02x} is not UTF-8; save the text "
-            "as UTF-8"
-        ) from None
+    return utf8_text(data, path)
 
 
 def _checked(text: str, path: Path | str) -> str:

@@ -38,6 +38,12 @@ def decoded(path: Path, limit: int = MAX_FILE_BYTES) -> str:
         data = path.read_bytes()
     except OSError as error:
         raise UserError(f"cannot read {path}: {error.strerror or error}") from None
+    return utf8_text(data, path)
+
+
+def utf8_text(data: bytes, path: Path) -> str:
+    """``data`` (the bytes of ``path``) as UTF-8 text, else one line naming the line of the
+    first bad byte."""
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
