@@ -736,3 +736,21 @@ def test_a_cache_size_that_is_no_size_is_one_line(shards, size):
     line = error_line(run_train(shards, *run, ok=False))
     assert line.startswith("error: data.shard_cache_gb=")
     assert "must be auto, 0 (no cache) or a size in GB from 0 to 1,000,000" in line
+
+
+def test_a_corpus_on_s3_trains_as_on_local_disk_and_no_credential_is_written(s3, tmp_path):
+    """data=corpus through the same storage door: a URL is never folded into a local path."""
+    import gzip
+
+    corpus = ROOT / "data" / "assets" / "tinyshakespeare.txt.gz"
+    lines = gzip.decompress(corpus.read_bytes()).decode("utf-8")[:6000].splitlines()
+    for folder in (tmp_path / "store" / "bucket" / "corpus", tmp_path / "local"):
+        folder.mkdir(parents=True)
+        pq.write_table(pa.table({"text": lines}), folder / "part-0.parquet", row_group_size=40)
+    run = ["task=causal_lm", "model=gpt", "data=corpus", "trainer.max_steps=6"]
+    run += ["model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=16"]
+    run_train(tmp_path, *run, "data.path=s3://bucket/corpus", "run_name=remote", env=s3)
+    run_train(tmp_path, *run, f"data.path={tmp_path / 'local'}", "run_name=local")
+    assert same_weights(weights(tmp_path, "remote"), weights(tmp_path, "local"))
+    for path in (p for p in tmp_path.rglob("*") if p.is_file() and "store" not in p.parts):
+        assert s3["AWS_SECRET_ACCESS_KEY"].encode() not in path.read_bytes(), path
