@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -49,9 +50,17 @@ class Vocabulary:
         """What one token is when that makes bits per unit exact: ``character``, ``byte``."""
         return {"char": "character", "byte": "byte"}.get(self.kind)
 
-    @property
+    @cached_property
     def _bpe(self) -> Any:
+        """The BPE tokenizer, checked and built once (its size, each encode and decode)."""
         return text_tokenizer(self.text, "the corpus's tokenizer")
+
+    @cached_property
+    def _lookup(self) -> np.ndarray:
+        """A char vocabulary's id of each code point up to its largest (-1: none)."""
+        lookup = np.full(max(map(ord, self.chars)) + 1, -1, dtype=np.int64)
+        lookup[[ord(c) for c in self.chars]] = np.arange(len(self.chars))
+        return lookup
 
     def encode(self, text: str, where: str) -> torch.Tensor:
         """``text``'s ids (int64 [N]); a character the vocabulary lacks is one line naming
@@ -61,8 +70,7 @@ class Vocabulary:
                 np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
             ).long()
         if self.kind == "char":
-            table = {c: i for i, c in enumerate(self.chars)}
-            missing = sorted(set(text) - table.keys())
+            missing = sorted(set(text) - set(self.chars))
             if missing:
                 shown = ", ".join(repr(c) for c in missing[:5])
                 raise UserError(
@@ -70,9 +78,7 @@ class Vocabulary:
                     f"{len(self.chars)} characters; leave them out (it was trained on others)"
                 )
             codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-            lookup = np.full(max(map(ord, self.chars)) + 1, -1, dtype=np.int64)
-            lookup[[ord(c) for c in self.chars]] = np.arange(len(self.chars))
-            return torch.from_numpy(lookup[codes])
+            return torch.from_numpy(self._lookup[codes])
         lines = text.splitlines(keepends=True)  # each under the tokenizer's cut of 2^16 tokens
         encodings = self._bpe.tokenizer.encode_batch(lines, add_special_tokens=False)
         return torch.tensor([i for e in encodings for i in e.ids], dtype=torch.long)

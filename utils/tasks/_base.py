@@ -334,7 +334,6 @@ class MembersLoss:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.tokens = getattr(inner, "tokens", False)  # a loss per token: tokens/s is logged
 
     def training_note(self, mixing: Any) -> str | None:
         return self.inner.training_note(mixing)

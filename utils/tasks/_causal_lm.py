@@ -53,6 +53,11 @@ class CausalLM(Task):
     def loss(self) -> NextTokenLoss:
         return NextTokenLoss()
 
+    def training_loss(self) -> NextTokenLoss:
+        """The loss itself: logits [B, T, V] are positions, not an ensemble's members, so
+        they never go through the members' loss (utils/tasks/_base.py MembersLoss)."""
+        return self.loss()
+
     def nll(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
         return float(F.cross_entropy(logits.flatten(0, -2), targets.flatten()))
 
