@@ -233,6 +233,15 @@ def test_a_prompt_the_vocabulary_lacks_and_an_edited_vocabulary_are_refused(corp
     result = run_python(corpus, str(PREDICT), "ckpt=edited.pt", "prompt=ROMEO:", ok=False)
     assert result.returncode == EXIT_USER_ERROR
     assert "edited.pt" in error_line(result) and "sha256" in error_line(result)
+    # edited with its sha256 made again: fewer ids than the model predicts (a traceback
+    # from the first id past them before), or more
+    for edited in (chars[:10], chars + "\u00e9\u00ea"):
+        stored["inputs"]["corpus"] = Vocabulary("char", chars=edited).record()
+        torch.save(stored, corpus / "edited.pt")
+        result = run_python(corpus, str(PREDICT), "ckpt=edited.pt", 'prompt="!:"', ok=False)
+        assert result.returncode == EXIT_USER_ERROR
+        said = error_line(result)
+        assert "edited.pt" in said and f"holds {len(edited)} tokens" in said, said
 
 
 def test_a_classifier_checkpoint_has_no_prompt_and_a_language_model_no_input(corpus):

@@ -38,10 +38,17 @@ class Stream:
 
     @classmethod
     def claims(cls, record: dict, path: Path) -> Stream | None:
-        """A stored inputs record holding a corpus vocabulary, checked as untrusted data."""
+        """A stored inputs record holding a corpus vocabulary, checked as untrusted data: its
+        own sha256, and one id for each of the model's outputs."""
         if record.get("corpus") is None:
             return None
-        return cls(vocabulary=from_record(record["corpus"], str(path)))
+        vocabulary = from_record(record["corpus"], str(path))
+        if vocabulary.size != record.get("num_classes"):  # the model's outputs: one an id
+            raise UserError(
+                f"{path}: its vocabulary holds {vocabulary.size} tokens, and its model predicts "
+                f"{record.get('num_classes')!r} (was it edited?); use the checkpoint as written"
+            )
+        return cls(vocabulary=vocabulary)
 
     def transform(
         self,
