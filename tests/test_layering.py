@@ -225,7 +225,6 @@ def test_the_architecture_page_links_every_package_map():
 MODULES_PER_PACKAGE, MODULE_LINES, FUNCTION_LINES, PARAMETERS = 11, 400, 60, 6
 BIG_PACKAGES: dict[str, str] = {}
 LONG_MODULES = {
-    "data/images/image_cache.py": "one cache file's whole life: built, checked, read",
     "data/images/imagefolder.py": "a folder of images: listed, split, cached or read lazily",
     "utils/run/start.py": "a run's start: folders, claims, the resume and its checks",
     "utils/run/provenance.py": "what produced a run, and what changed in its data since",

@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.utils.data import Dataset
@@ -57,6 +56,7 @@ from data.batching.loader import decoding_loader, end_workers, reraised
 from data.batching.splits import MappedSplit, TensorSplit, pixel_statistics
 from utils.errors import UserError
 from utils.files import atomic_file, remove_stale_temporary_files
+from utils.system.distributed import Unwritable, once_per_machine
 from utils.system.memory import memory_budget
 from utils.system.signals import Interrupted, stop_requested
 
@@ -181,10 +181,6 @@ class ImageCache:
         return pixel_statistics(chunks)
 
 
-class Unwritable(Exception):
-    """The cache folder cannot be written (a read-only mount, a path through a file)."""
-
-
 def source_id(source: Path, folder: Path) -> str:
     """Which image folder (or manifest) the caches are of, so folders sharing one cache_dir
     keep their own files and never evict each other's: its path from the folder that holds
@@ -194,31 +190,6 @@ def source_id(source: Path, folder: Path) -> str:
     home, where = folder.resolve().parent, source.resolve()
     named = where.relative_to(home).as_posix() if where.is_relative_to(home) else str(where)
     return hashlib.sha256(named.encode()).hexdigest()[:8]
-
-
-def once_per_machine(make: Any) -> None:
-    """``make()`` the cache files, on one process per machine under torchrun: local rank 0
-    builds (or checks) them while the others wait, then every process maps the same files.
-    What ended the build on any machine (bad input, a cache folder that cannot be written, a
-    stop signal) ends every process the same way, with the same line. Machines sharing one
-    cache folder build it each at once, safely: a cache file is renamed into place whole."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        make()
-        return
-    outcome = None
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        try:
-            make()
-        except (UserError, Unwritable) as error:
-            outcome = (type(error).__name__, str(error))
-        except Interrupted:
-            outcome = ("Interrupted", "")
-    outcomes: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(outcomes, outcome)  # the waiting processes wait here
-    failed = next((found for found in outcomes if found is not None), None)
-    if failed is not None:
-        kind, message = failed
-        raise {"UserError": UserError, "Unwritable": Unwritable}.get(kind, Interrupted)(message)
 
 
 def cache_key(files: Dataset, listing: str) -> str:

@@ -15,12 +15,14 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from utils.errors import UserError
+from utils.system.signals import Interrupted
 
 log = logging.getLogger("torchloom")
 
@@ -212,3 +214,32 @@ def rescale_position(
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+class Unwritable(Exception):
+    """A cache folder cannot be written (a read-only mount, a path through a file)."""
+
+
+def once_per_machine(make: Any) -> None:
+    """``make()`` the files, on one process per machine under torchrun: local rank 0
+    builds (or checks) them while the others wait, then every process maps the same files.
+    What ended the build on any machine (bad input, a cache folder that cannot be written, a
+    stop signal) ends every process the same way, with the same line. Machines sharing one
+    cache folder build it each at once, safely: a cache file is renamed into place whole."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        make()
+        return
+    outcome = None
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        try:
+            make()
+        except (UserError, Unwritable) as error:
+            outcome = (type(error).__name__, str(error))
+        except Interrupted:
+            outcome = ("Interrupted", "")
+    outcomes: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, outcome)  # the waiting processes wait here
+    failed = next((found for found in outcomes if found is not None), None)
+    if failed is not None:
+        kind, message = failed
+        raise {"UserError": UserError, "Unwritable": Unwritable}.get(kind, Interrupted)(message)
