@@ -9,7 +9,8 @@ order), a CSV/TSV/JSON-lines file whose ``data.text`` column holds the texts, or
 (data/corpus/parquet.py: a text column, or ``data.tokens``, a column of token ids); files and
 rows are joined with one newline between them. None: the bundled tiny Shakespeare
 (data/assets/README.md). Read strictly (UTF-8, no NUL byte: data/text/files.py), tokenized once
-by the vocabulary (data/corpus/vocabulary.py), and split as nanoGPT splits: the last
+by the vocabulary (data/corpus/vocabulary.py) into a memory-mapped cache of ids that later runs
+read instead (data/corpus/cache.py), and split as nanoGPT splits: the last
 ``split.val_share`` of the tokens for validation, unless ``split.val_path`` gives a file of
 its own. The run is tested on the val split (there is no third).
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import gzip
 import logging
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data.batching.dataset import Batching, Data, Splits
 from data.batching.targets import Targets, reads_targets
+from data.corpus.cache import Tokenized, token_cache
 from data.corpus.inputs import Stream
 from data.corpus.parquet import is_parquet, parquet_ids, parquet_texts
 from data.corpus.stream import TokenStream
@@ -50,13 +53,16 @@ def load_corpus(
     block_size: int,
     split: Mapping[str, Any],
     tokens: str | None = None,
+    cache: str = "auto",
+    cache_dir: str | None = None,
     round_steps: int | None = None,
     accumulate: int = 1,
     stored_vocabulary: Mapping | None = None,
     **options,
 ) -> Data:
     """conf/data/corpus.yaml. ``block_size``: the tokens a window holds (the model's context);
-    ``tokens``: Parquet shards' column of token ids (instead of texts); ``round_steps``:
+    ``tokens``: Parquet shards' column of token ids (instead of texts); ``cache``,
+    ``cache_dir``: where the ids are kept (data/corpus/cache.py); ``round_steps``:
     trainer.val_every_n_steps (a round of that many optimizer steps is the loop's epoch;
     None: a pass over the stream); ``stored_vocabulary``: the checkpoint's, on a resume (never
     fitted again); ``options``: the keys of :class:`Batching` but mean and std."""
@@ -64,14 +70,11 @@ def load_corpus(
     check_values("data", {"block_size": block_size}, {"block_size": POSITIVE_INT})
     source = str(path) if path else str(BUNDLED)
     asked = (tokenizer, vocab_size, stored_vocabulary)
-    if tokens:  # ids a tokenizer made already: split by ids
-        vocabulary = _vocabulary(asked, "", "", source, ids=True)
-        train, val, val_source = split_ids(source, tokens, split, vocabulary.size)
-    else:
-        train_text, val_text, val_source = split_text(source, text, split)
-        vocabulary = _vocabulary(asked, train_text, val_text, source)
-        train = vocabulary.encode(train_text, f"{source} (train)")
-        val = vocabulary.encode(val_text, f"{val_source} (val)")
+    tokenize = partial(tokenized, source, (text, tokens), asked, split)
+    described = {"text": text, "tokens": tokens, "tokenizer": tokenizer, "vocab_size": vocab_size}
+    described |= {"split": dict(split), "stored": _stored_sha256(stored_vocabulary)}
+    held = token_cache(cache, cache_dir, path and str(path), described)
+    vocabulary, train, val, val_source = held.held(tokenize) if held else tokenize()
     for name, ids, where in (("train", train, source), ("val", val, val_source)):
         if len(ids) < block_size + 1:
             raise UserError(
@@ -97,6 +100,19 @@ def load_corpus(
     data = Data(f"corpus {name}", streams, vocabulary.size, batching, targets, inputs=inputs)
     data.mean, data.std = [0.0] * block_size, [1.0] * block_size  # ids are never normalised
     return data
+
+
+def tokenized(source: str, columns: tuple, asked: tuple, split: Mapping[str, Any]) -> Tokenized:
+    """The corpus at ``source`` split and tokenized: ``columns`` (data.text, data.tokens: ids
+    a tokenizer made already, split by ids), ``asked`` as :func:`_vocabulary` takes it."""
+    text, tokens = columns
+    if tokens:
+        vocabulary = _vocabulary(asked, "", "", source, ids=True)
+        return (vocabulary, *split_ids(source, tokens, split, vocabulary.size))
+    train_text, val_text, val_source = split_text(source, text, split)
+    vocabulary = _vocabulary(asked, train_text, val_text, source)
+    train = vocabulary.encode(train_text, f"{source} (train)")
+    return vocabulary, train, vocabulary.encode(val_text, f"{val_source} (val)"), val_source
 
 
 def split_text(source: str, column: str, split: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -206,3 +222,9 @@ def _vocabulary(asked: tuple, train: str, val: str, source: str, ids: bool = Fal
             "a new one; name that tokenizer (a tokenizer.json path, or byte)"
         )
     return fitted(str(tokenizer), train, train + val, vocab_size, source)
+
+
+def _stored_sha256(stored: Mapping | None) -> str | None:
+    """A resumed checkpoint's vocabulary, by the sha256 its record carries (checked when it
+    is read: :func:`_vocabulary`): ids made by it are cached apart from a fitted one's."""
+    return None if stored is None else str(stored.get("sha256"))

@@ -16,11 +16,16 @@ from data.shards.storage import SCHEMES, files_of, read_row_group
 from utils.errors import UserError
 
 
+def is_url(path: str | Path) -> bool:
+    """Whether ``data.path`` names objects on storage rather than a local path."""
+    return str(path).startswith(SCHEMES[:-1])
+
+
 def is_parquet(path: str | Path) -> bool:
     """Whether ``data.path`` names Parquet shards rather than text files."""
     path = str(path)
     local = Path(path)
-    if path.startswith(SCHEMES[:-1]) or local.suffix.lower() == ".parquet" or "*" in path:
+    if is_url(path) or local.suffix.lower() == ".parquet" or "*" in path:
         return True
     return local.is_dir() and any(local.rglob("*.parquet")) and not any(local.rglob("*.txt"))
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from data.batching.batches import batch_bounds
@@ -34,7 +35,7 @@ CHUNK_TOKENS = 1 << 16  # the stream's content is hashed in chunks of this many 
 
 @dataclass(frozen=True)
 class TokenStream:
-    """``tokens`` (int64 [N]) cut into windows of ``window`` inputs; ``round_batches``: the
+    """``tokens`` (int64 [N], or a memory-mapped cache's uint16 or int32) cut into windows of ``window`` inputs; ``round_batches``: the
     micro-batches of a round (``trainer.val_every_n_steps`` × accumulation), 0 for a pass."""
 
     tokens: torch.Tensor
@@ -54,9 +55,9 @@ class TokenStream:
     def hashes(self) -> torch.Tensor:
         """The content of each chunk of :data:`CHUNK_TOKENS` tokens, as int64 (what a resumed
         run's data is compared by, data/batching/fingerprint.py)."""
-        data = self.tokens.numpy()
+        data = self.tokens.numpy()  # as int64 whatever the stored width: a cached stream's too
         digests = [
-            hashlib.sha256(data[lo : lo + CHUNK_TOKENS].tobytes()).digest()[:8]
+            hashlib.sha256(data[lo : lo + CHUNK_TOKENS].astype(np.int64).tobytes()).digest()[:8]
             for lo in range(0, len(data), CHUNK_TOKENS)
         ]
         return torch.tensor([int.from_bytes(d, "little", signed=True) for d in digests])
@@ -107,7 +108,7 @@ class StreamBatches:
         return self._order[1]
 
     def _pairs(self, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        windows = self.stream.tokens[starts.unsqueeze(1) + self.span]  # one gather
+        windows = self.stream.tokens[starts.unsqueeze(1) + self.span].long()  # one gather
         device = self.transform.device
         inputs = windows[:, :-1].to(device, non_blocking=True)
         return inputs, windows[:, 1:].to(device, non_blocking=True)
@@ -120,6 +121,6 @@ class StreamBatches:
             yield self._pairs(starts[lo : lo + size])
         tail = (len(tokens) - 1) % t
         if tail:
-            rest = tokens[full * t :]
+            rest = tokens[full * t :].long()
             device = self.transform.device
             yield rest[None, :-1].to(device), rest[None, 1:].to(device)
