@@ -5,12 +5,17 @@ can read it with ``data=parquet`` (data/shards/parquet.py; pip install -e ".[sha
     python shard.py data=imagefolder data.root=flowers data.image_size=[96,96] \\
         out=s3://bucket/flowers images=png                         # an image folder, encoded
     python shard.py data=csv data.path=houses.csv data.target=price task=regression out=houses
+    python shard.py data=corpus data.path=books/ data.tokenizer=bpe out=s3://bucket/books
 
 Each split the data has becomes ``out/<split>/part-NNNNN.parquet`` (rows in the order the data
 holds them: the order of training is the reader's), with ``out/torchloom.json`` naming the
 columns and the input shape. The images are written as the run would see them (resized, in
 uint8); a table as its encoded features (one-hot categories, gaps filled as training fills
-them). An ``out`` that already holds shards is refused: nothing is replaced.
+them). A corpus (``data=corpus``) as its token ids, ``tokens_per_row`` ids a row in a
+``tokens`` column, its vocabulary in ``out/vocabulary.json``; then
+``python train.py task=causal_lm model=gpt data=corpus data.path=<out> data.tokens=tokens``
+reads them with that vocabulary. An ``out`` that already holds shards is refused: nothing is
+replaced.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from pathlib import Path
 
 import hydra
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from data.batching.targets import TASK_OF, target_kinds
+from data.corpus.parquet import VOCABULARY
 from data.shards.storage import arrow, filesystem, retried
-from data.shards.writer import split_table, write_shards
-from utils.config.build import build
+from data.shards.writer import STREAM_COLUMN, split_table, token_tables, write_shards
+from utils.config.build import build, builder_of
 from utils.errors import UserError
 from utils.run.cli import one_line_errors, run_cli
 
@@ -42,24 +49,24 @@ def shard(cfg: DictConfig) -> None:
     samples → Parquet files → torchloom.json."""
     arrow()  # the extra, named in one line when missing
     out = str(cfg.out).rstrip("/")
-    for key in ("rows_per_group", "rows_per_file"):
+    for key in ("rows_per_group", "rows_per_file", "tokens_per_row"):
         if cfg[key] < 1:
             raise UserError(f"{key}={cfg[key]} must be 1 or more")
     if cfg.images not in ("pixels", "png"):
         raise UserError(f"images={cfg.images!r} must be pixels or png")
     refuse_written(out)
-    task = build(cfg.task)
+    task = task_of(cfg)
     data = build(cfg.data, **task.data_arguments(cfg.data))
     names = data.targets.class_names  # class or label names; None for values
     counts, written = {}, set()  # written: the columns the shards hold (an image, or x)
     for name, split in data.splits.items():
         if split is None:
             continue
-        tables = (split_table(*chunk, names, cfg.images) for chunk in samples_of(split))
+        size, unit, tables = tables_of(split, names, cfg)
         tables = (written.update(table.column_names) or table for table in tables)
         files = write_shards(tables, f"{out}/{name}", cfg.rows_per_group, cfg.rows_per_file)
-        counts[name] = (len(split), len(files))
-        print(f"{name}: {len(split):,} samples in {len(files)} files under {out}/{name}/")
+        counts[name] = {unit: size, "files": len(files)}
+        print(f"{name}: {size:,} {unit} in {len(files)} files under {out}/{name}/")
     uint8 = "image" in written
     described = {
         "image": "image" if uint8 else None,
@@ -67,15 +74,45 @@ def shard(cfg: DictConfig) -> None:
         "target": "label",
         "classes": names,
         "source": data.name,
-        "splits": {name: {"samples": n, "files": f} for name, (n, f) in counts.items()},
+        "splits": counts,
         "images": cfg.images if uint8 else None,
     }
-    system, root = filesystem(f"{out}/torchloom.json")
+    command = f"data=parquet data.path={out}"
+    if STREAM_COLUMN in written:  # ids mean nothing without the vocabulary that made them
+        described |= {"tokens": STREAM_COLUMN, "vocabulary": VOCABULARY, "target": None}
+        described["shape"] = None
+        written_file(f"{out}/{VOCABULARY}", json.dumps(data.inputs.record()))
+        command = (
+            f"task=causal_lm model=gpt data=corpus data.path={out} data.tokens={STREAM_COLUMN}"
+        )
+    written_file(f"{out}/torchloom.json", json.dumps(described, indent=2))
+    print(f"described in {out}/torchloom.json; train on it: python train.py {command}")
+
+
+def tables_of(split, names: list | None, cfg: DictConfig) -> tuple[int, str, iter]:
+    """(its size, in what, its Arrow tables) of a split: a stream of token ids (a corpus) in
+    rows of ``tokens_per_row`` ids; samples, :data:`CHUNK` at a time."""
+    if getattr(split, "held", None) == "stream":
+        tables = token_tables(split.tokens, cfg.tokens_per_row, CHUNK)
+        return len(split.tokens), "tokens", tables
+    tables = (split_table(*chunk, names, cfg.images) for chunk in samples_of(split))
+    return len(split), "samples", tables
+
+
+def task_of(cfg: DictConfig):
+    """The task named; or, where the data reads one kind of target only and not the named
+    task's (a corpus: the next tokens), that kind's task: the shards hold the same either way."""
+    task = build(cfg.task)
+    kinds = target_kinds(builder_of(cfg.data))
+    if task.targets not in kinds and len(kinds) == 1:
+        task = build(OmegaConf.create({"_target_": f"utils.tasks.{TASK_OF[kinds[0]]}"}))
+    return task
+
+
+def written_file(url: str, text: str) -> None:
+    system, root = filesystem(url)
     with system.open_output_stream(root) as f:
-        f.write(json.dumps(described, indent=2).encode())
-    print(
-        f"described in {out}/torchloom.json; train on it: python train.py data=parquet data.path={out}"
-    )
+        f.write(text.encode())
 
 
 def refuse_written(out: str) -> None:

@@ -34,6 +34,7 @@ HELPERS = ROOT / "tests" / "helpers"
 TRAIN = ROOT / "train.py"
 EVALUATE = ROOT / "evaluate.py"
 PREDICT = ROOT / "predict.py"
+SHARD = ROOT / "shard.py"
 CONF = ROOT / "conf"
 
 

@@ -14,6 +14,7 @@ import torch
 from conftest import (
     NEEDS_GLOO,
     PREDICT,
+    SHARD,
     checkpoint,
     error_line,
     killed_at,
@@ -335,6 +336,27 @@ def test_a_corpus_in_parquet_shards_reads_a_text_or_a_token_id_column(tmp_path):
     assert bad.returncode == EXIT_USER_ERROR and "not texts" in error_line(bad)
     chars = run_train(tmp_path, *LM, *TINY, "data.path=shards", "data.tokens=ids", ok=False)
     assert chars.returncode == EXIT_USER_ERROR and "name that tokenizer" in error_line(chars)
+
+
+def test_shard_py_writes_a_corpus_as_token_shards_that_train_as_the_text_does(corpus):
+    pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    shard = ["data=corpus", "data.path=corpus.txt", "out=shards", "tokens_per_row=500"]
+    written = run_python(corpus, str(SHARD), *shard, "rows_per_group=4")
+    assert "data.tokens=tokens" in written.stdout  # the command that trains on them
+    train = pq.read_table(corpus / "shards" / "train").column("tokens").to_pylist()
+    assert [len(row) for row in train] == [500] * 10 + [400]  # 5,400 ids: the first 90%
+    run_train(corpus, *LM, *TINY, "run_name=text")
+    tokens = ["data.path=shards", "data.tokens=tokens"]
+    run_train(corpus, *LM, *TINY, *tokens, "run_name=shards")  # the vocabulary they carry
+    a, b = checkpoint(corpus, "text"), checkpoint(corpus, "shards")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    again = run_python(corpus, str(SHARD), *shard, ok=False)  # nothing is replaced
+    assert "already holds files" in error_line(again)
+    vocabulary = corpus / "shards" / "vocabulary.json"
+    vocabulary.write_text(vocabulary.read_text().replace('"chars": "\\n ', '"chars": " \\n'))
+    edited = run_train(corpus, *LM, *TINY, *tokens, "run_name=edited", "data.cache=off", ok=False)
+    assert "vocabulary.json" in error_line(edited) and not (corpus / "runs/edited").exists()
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import (
     ROOT,
+    SHARD,
     checkpoint,
     error_line,
     free_port,
@@ -29,7 +30,6 @@ from conftest import (
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-SHARD = ROOT / "shard.py"
 QUICK = ("trainer.max_epochs=2", "model.hidden_sizes=[32]", "trainer.log_every_n_steps=5")
 
 

@@ -31,7 +31,7 @@ from data.batching.dataset import Batching, Data, Splits
 from data.batching.targets import Targets, reads_targets
 from data.corpus.cache import Tokenized, token_cache
 from data.corpus.inputs import Stream
-from data.corpus.parquet import is_parquet, parquet_ids, parquet_texts
+from data.corpus.parquet import VOCABULARY, is_parquet, parquet_ids, parquet_texts, written_by_shard
 from data.corpus.stream import TokenStream
 from data.corpus.vocabulary import Vocabulary, fitted, from_record
 from data.text.files import MAX_FILE_BYTES, decoded, read_rows, texts_of, utf8_text
@@ -107,7 +107,12 @@ def tokenized(source: str, columns: tuple, asked: tuple, split: Mapping[str, Any
     a tokenizer made already, split by ids), ``asked`` as :func:`_vocabulary` takes it."""
     text, tokens = columns
     if tokens:
-        vocabulary = _vocabulary(asked, "", "", source, ids=True)
+        written = written_by_shard(source) if is_parquet(source) else None
+        vocabulary = _vocabulary(asked, "", "", source, ids=written or True)
+        if written and not split.get("val_path"):  # shard.py's splits, as it wrote them
+            train = parquet_ids(written[1], tokens, vocabulary.size)
+            val = parquet_ids(written[2], tokens, vocabulary.size)
+            return vocabulary, torch.from_numpy(train), torch.from_numpy(val), written[2]
         return (vocabulary, *split_ids(source, tokens, split, vocabulary.size))
     train_text, val_text, val_source = split_text(source, text, split)
     vocabulary = _vocabulary(asked, train_text, val_text, source)
@@ -208,14 +213,17 @@ def _checked(text: str, path: Path | str) -> str:
     return text
 
 
-def _vocabulary(asked: tuple, train: str, val: str, source: str, ids: bool = False) -> Vocabulary:
+def _vocabulary(asked: tuple, train: str, val: str, source: str, ids: Any = False) -> Vocabulary:
     """The checkpoint's vocabulary on a resume (``asked``: data.tokenizer, data.vocab_size and
     the stored vocabulary), else the one ``data.tokenizer`` names; ids read as they are
-    (``ids``) need the tokenizer that made them: bytes, or a tokenizer.json."""
+    (``ids``) need the tokenizer that made them: the one token shards carry (``ids`` is then
+    :func:`written_by_shard`'s), bytes, or a tokenizer.json."""
     tokenizer, vocab_size, stored = asked
     if stored is not None:  # Hydra hands a dict argument over as a DictConfig
         plain = OmegaConf.to_container(stored) if isinstance(stored, DictConfig) else stored
         return from_record(plain, "the resumed checkpoint")
+    if isinstance(ids, tuple):
+        return from_record(ids[0], f"{source}/{VOCABULARY}")
     if ids and str(tokenizer) in ("char", "bpe"):
         raise UserError(
             f"data.tokens reads ids a tokenizer made, and data.tokenizer={tokenizer} would fit "

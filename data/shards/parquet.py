@@ -120,7 +120,7 @@ def load_parquet(
         for name, source in sources.items()
     }
     classes = _classes(labels["train"], names[0], str(path), kind)
-    described = _description(path)
+    described = description(path)
     columns = input_columns(schema, names, (image, features, shape), described, classes, train)
     columns = dataclasses.replace(columns, sets=kind == "label_sets")
     remote = any(s.name.startswith(SCHEMES[:-1]) for src in sources.values() for s in src.shards)
@@ -257,7 +257,7 @@ def _held_out(train: Source, cut: list[str], split: Mapping[str, Any]) -> dict[s
     }
 
 
-def _description(path: Any) -> dict:
+def description(path: Any) -> dict:
     """The ``torchloom.json`` shard.py wrote beside the splits, read as untrusted data (a
     small JSON object of plain values), or nothing."""
     if not isinstance(path, str):

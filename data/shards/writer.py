@@ -5,6 +5,7 @@ then Parquet files of a chosen row-group and file size, each written whole or no
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -52,6 +53,26 @@ def _png(image: torch.Tensor) -> bytes:
     out = io.BytesIO()
     Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(out, "PNG")
     return out.getvalue()
+
+
+STREAM_COLUMN = "tokens"  # token shards' column of ids
+
+
+def token_tables(ids: Any, per_row: int, rows: int) -> Iterator[Any]:
+    """A stream of token ids (a 1-D tensor, in order) as Arrow tables of ``rows`` rows of
+    ``per_row`` ids each (the last row shorter) in ``tokens``: uint16 lists where every id
+    fits (a vocabulary of at most 65,536 ids, two bytes a token), int32 beyond."""
+    import pyarrow as pa
+
+    values = ids.numpy()  # int64, or a token cache's uint16 or int32
+    wide = len(values) and int(values.max()) >= 1 << 16
+    kind = pa.int32() if wide else pa.uint16()
+    step = per_row * rows
+    for lo in range(0, len(values), step):
+        chunk = values[lo : lo + step].astype("int32" if wide else "uint16")
+        offsets = pa.array([*range(0, len(chunk), per_row), len(chunk)], pa.int32())
+        column = pa.ListArray.from_arrays(offsets, pa.array(chunk, kind))
+        yield pa.table({STREAM_COLUMN: column})
 
 
 def write_shards(tables: Any, url: str, rows_per_group: int, rows_per_file: int) -> list[str]:

@@ -208,6 +208,7 @@ class ShardConfig:
     out: str = MISSING
     rows_per_group: int = MISSING
     rows_per_file: int = MISSING
+    tokens_per_row: int = MISSING
     images: str = MISSING
 
 
