@@ -75,6 +75,7 @@ from utils.run import (
     sweep,
 )
 from utils.run.folders import DRY_RUN_FILES, remove_unused, run_folders
+from utils.run.study import trial_callbacks
 from utils.system.signals import EXIT_INTERRUPTED, Interrupted, StopRequest
 from utils.tracking.tracker import Tracker
 
@@ -129,7 +130,8 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
     if run.finished is not None:
         return run.finished
     context = RunContext.for_training(run.processes, trainer, cfg.seed, run.stored_numerics)
-    callbacks = Callbacks.build(cfg.callbacks, run.processes)  # yours, by name (conf/callbacks/)
+    # yours, by name (conf/callbacks/); in a trial of a search, its pruning (utils/run/search.py)
+    callbacks = Callbacks.build(trial_callbacks(cfg.callbacks, run_dir), run.processes)
     tracker = Tracker.of(cfg.logger, context.writes, Path(cfg.paths.runs))  # connects meanwhile
     out = Outputs(run.run_dir, context.is_main, tracker)
     precision = build(cfg.precision, device=context.device)

@@ -34,7 +34,7 @@ def test_an_optuna_search_runs_its_trials_and_reports_the_best(tmp_path):
         "run_name=search",
         *TINY,
     )
-    assert "Best parameters" in result.stdout + result.stderr
+    assert "best trial" in result.stdout + result.stderr
     found = OmegaConf.load(tmp_path / "runs" / "search" / "optimization_results.yaml")
     assert set(found.best_params) == {
         "optim.lr",

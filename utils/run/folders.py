@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from utils.config.resolvers import check_run_name
 from utils.errors import EXIT_USER_ERROR, UserError, print_error, user_error_in
+from utils.run.search import shares_its_folder
 from utils.system.claim import CLAIM_FILE, RunClaim, release_claims
 
 # What a run's start writes before its data and model are built: Hydra's files, the log, claims.
@@ -110,7 +111,8 @@ class CheckOutputDir(Callback):
         self._check(config, "hydra.run.dir", "run")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._check(config, "hydra.sweep.dir", "sweep")
+        # A study's workers share its folder: the study hands each its own trials (search.py)
+        self._check(config, "hydra.sweep.dir", "sweep", claim=not shares_its_folder(config))
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         release_claims()
@@ -119,11 +121,11 @@ class CheckOutputDir(Callback):
         release_claims()
 
     @staticmethod
-    def _check(config: DictConfig, key: str, what: str) -> None:
+    def _check(config: DictConfig, key: str, what: str, claim: bool = True) -> None:
         try:
             directory = OmegaConf.select(config, key)  # resolving it checks run_name
             check_writable(Path(directory), "the run")
-            if os.environ.get("RANK", "0") == "0":  # torchrun's other ranks are the same run
+            if claim and os.environ.get("RANK", "0") == "0":  # torchrun's others: the same run
                 claim_new(Path(directory), what)  # before Hydra makes it
         except Exception as error:
             cause = user_error_in(error)

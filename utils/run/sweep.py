@@ -142,7 +142,17 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
             overrides_file = folder / ".hydra" / "overrides.yaml"
             metrics["overrides"] = _read_overrides(overrides_file)
         rows.append({"job": int(folder.name), "status": "unfinished", **metrics})
+        rows[-1]["state"] = trial_state(rows[-1])
     return rows
+
+
+def trial_state(row: dict[str, Any]) -> str:
+    """``complete``, ``pruned`` (a search's pruner stopped it at epoch ``epochs``:
+    utils/run/search.py), ``failed`` or ``unfinished`` (killed, or still running)."""
+    stopped = row.get("stopped_by") or {}
+    if row["status"] == "completed" and stopped.get("callback") == "pruned":
+        return "pruned"
+    return {"completed": "complete", "failed": "failed"}.get(row["status"], "unfinished")
 
 
 def _read_overrides(path: Path) -> list[str]:
@@ -258,8 +268,9 @@ def summarize(sweep_dir: Path, monitor: str, mode: str, console: Console) -> lis
     first."""
     rows = sort_jobs(collect_jobs(sweep_dir), monitor, mode)
     present = {key for row in rows for key in row}
-    metrics = [monitor] + [m for m in shown_metrics() if m != monitor and m in present]
-    columns = ["job", "overrides", *metrics, "status", "wall_time_seconds", "best_checkpoint"]
+    metrics = list(dict.fromkeys([monitor] + [m for m in shown_metrics() if m in present]))
+    columns = ["job", "overrides", *metrics, "status", "state", "epochs", "wall_time_seconds"]
+    columns.append("best_checkpoint")
     if any(row.get("stopped_early_at_epoch") for row in rows):  # trainer.early_stopping
         columns.append("stopped_early_at_epoch")
     if any(row.get("error") for row in rows):
@@ -274,6 +285,9 @@ def summarize(sweep_dir: Path, monitor: str, mode: str, console: Console) -> lis
     console.print(summary_table(rows, columns, f"sweep {sweep_dir}: {len(rows)} jobs"))
     if groups:
         console.print(seed_table(groups, metrics, " and ".join(varied)))
+    trained = sum(row.get("epochs") or 0 for row in rows)
+    pruned = sum(row["state"] == "pruned" for row in rows)
+    console.print(f"{trained} epochs trained in all; {pruned} of {len(rows)} jobs pruned")
     console.print(f"summary: {sweep_dir / 'summary.csv'}, {sweep_dir / 'summary.json'}")
     return rows
 

@@ -1,0 +1,289 @@
+"""A study of torchloom's Optuna sweeper (utils/run/search.py): its search space as
+``hydra-optuna-sweeper`` wrote it, its sampler, its pruner, its storage, and, inside a trial's
+job, the trial the job reports to (:class:`PruneTrial`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+from omegaconf import OmegaConf
+
+from utils.errors import UserError
+
+SAMPLERS = ("tpe", "random", "cmaes", "grid")
+PRUNERS = ("none", "median", "percentile", "halving", "hyperband", "wilcoxon")
+DIRECTIONS = ("maximize", "minimize")
+# What a trial's job reads from its environment: the study's storage (with any password, which
+# never reaches a file), its name and the trial's number.
+STORAGE_ENV, STUDY_ENV, TRIAL_ENV = "TORCHLOOM_STUDY_STORAGE", "TORCHLOOM_STUDY", "TORCHLOOM_TRIAL"
+SPACE_ATTR = "torchloom:search_space"  # the study's search space, so another one is refused
+OWNER_ATTR = "torchloom:owner"  # host and process of the sweeper running a trial
+PRUNED_ATTR = "pruned_at_epoch"
+PASSWORD = re.compile(r"(://[^:/@]+:)([^@]+)(@)")
+
+
+def optuna() -> Any:
+    """Optuna, or one line naming the extra."""
+    try:
+        import optuna as library
+    except ImportError:
+        raise UserError(
+            'hydra/sweeper=torchloom_optuna needs Optuna: pip install -e ".[sweep]"'
+        ) from None
+    major, minor = (int(part) for part in library.__version__.split(".")[:2])
+    if (major, minor) < (4, 7):
+        raise UserError(
+            f"hydra/sweeper=torchloom_optuna needs Optuna 4.7 or later, and {library.__version__} is "
+            'installed: pip install -e ".[sweep]"'
+        )
+    library.logging.set_verbosity(library.logging.WARNING)
+    return library
+
+
+def redacted(url: str) -> str:
+    """A storage URL with its password replaced by ``***``."""
+    return PASSWORD.sub(r"\1***\3", url)
+
+
+# --- The search space ------------------------------------------------------------------------
+
+
+def search_space(params: dict[str, str], arguments: Sequence[str]) -> tuple[dict, list[str]]:
+    """(distributions by key, fixed overrides) of ``hydra.sweeper.params`` and the command
+    line's overrides: ``choice(...)``, ``range(...)``, ``interval(...)`` (a ``tag(log, ...)``
+    makes it logarithmic; ``int(interval(...))`` whole numbers) are searched; plain values are
+    passed to every trial as they are."""
+    lines = [f"{key}={value}" for key, value in (params or {}).items()]
+    try:
+        parsed = OverridesParser.create().parse_overrides([*lines, *arguments])
+    except Exception as error:
+        raise UserError(
+            f"hydra.sweeper.params: {str(error).splitlines()[0]}; write a space as "
+            "choice(a, b), range(1, 10), interval(0.1, 1.0) or tag(log, interval(1e-4, 1e-1))"
+        ) from None
+    distributions, fixed = {}, []
+    for override in parsed:
+        if override.is_sweep_override():
+            distributions[override.get_key_element()] = _distribution(override)
+        else:
+            fixed.append(override.input_line)
+    return distributions, fixed
+
+
+def _distribution(override: Any) -> Any:
+    library, key = optuna(), override.get_key_element()
+    value = override.value()
+    log_scale = "log" in (getattr(value, "tags", None) or set())
+    if isinstance(value, ChoiceSweep):
+        choices = tuple(value.list)
+        if not all(c is None or isinstance(c, bool | int | float | str) for c in choices):
+            raise UserError(
+                f"hydra.sweeper.params.{key}: choices must be numbers, words or quoted text "
+                f'(a list as "[128]"), not {choices!r}'
+            )
+        return library.distributions.CategoricalDistribution(choices)
+    if isinstance(value, RangeSweep):
+        start, stop, step = value.start, value.stop, value.step
+        if all(isinstance(v, int) for v in (start, stop, step)):
+            high = start + step * ((stop - 1 - start) // step)
+            return library.distributions.IntDistribution(start, high, log=log_scale, step=step)
+        return library.distributions.FloatDistribution(start, stop, step=step)
+    if isinstance(value, IntervalSweep):
+        low, high = value.start, value.end
+        if low >= high or (log_scale and low <= 0):
+            raise UserError(
+                f"hydra.sweeper.params.{key}: interval({low}, {high}) must rise"
+                + (" and stay above 0 on a log scale" if log_scale else "")
+            )
+        if isinstance(low, int) and isinstance(high, int):
+            return library.distributions.IntDistribution(low, high, log=log_scale)
+        return library.distributions.FloatDistribution(float(low), float(high), log=log_scale)
+    raise UserError(f"hydra.sweeper.params.{key}: {override.input_line} is no search space")
+
+
+def described_space(distributions: dict) -> str:
+    """The space as JSON, so a study continued with another space is told apart."""
+    library = optuna()
+    return json.dumps(
+        {k: library.distributions.distribution_to_json(d) for k, d in distributions.items()},
+        sort_keys=True,
+    )
+
+
+def override_of(key: str, value: Any) -> str:
+    """``key=value`` as a command line writes it (text choices as they were given)."""
+    if isinstance(value, float):
+        return f"{key}={value!r}"
+    if value is None:
+        return f"{key}=null"
+    return f"{key}={value}"
+
+
+# --- The sampler, the pruner, the storage ----------------------------------------------------
+
+
+def sampler_of(name: str, seed: int | None, distributions: dict) -> Any:
+    library = optuna()
+    if name not in SAMPLERS:
+        raise UserError(f"hydra.sweeper.sampler={name!r} must be one of {', '.join(SAMPLERS)}")
+    if name == "tpe":
+        return library.samplers.TPESampler(seed=seed)
+    if name == "random":
+        return library.samplers.RandomSampler(seed=seed)
+    if name == "cmaes":
+        return library.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    grid = {}
+    for key, distribution in distributions.items():
+        if isinstance(distribution, library.distributions.CategoricalDistribution):
+            grid[key] = list(distribution.choices)
+        elif isinstance(distribution, library.distributions.IntDistribution):
+            grid[key] = list(range(distribution.low, distribution.high + 1, distribution.step))
+        else:
+            raise UserError(
+                f"hydra.sweeper.sampler=grid takes choice(...) and range(...) only, and "
+                f"hydra.sweeper.params.{key} is an interval; give it choices"
+            )
+    return library.samplers.GridSampler(grid, seed=seed)
+
+
+def pruner_of(settings: dict[str, Any]) -> Any:
+    """``hydra.sweeper.pruner`` with its ``n_startup_trials``, ``n_warmup_epochs`` and
+    ``max_epochs`` (hyperband's largest budget: trainer.max_epochs)."""
+    library = optuna()
+    name = settings.get("pruner", "median")
+    if name not in PRUNERS:
+        raise UserError(f"hydra.sweeper.pruner={name!r} must be one of {', '.join(PRUNERS)}")
+    startup, warmup = (
+        int(settings.get("n_startup_trials", 5)),
+        int(settings.get("n_warmup_epochs", 2)),
+    )
+    if name == "none":
+        return library.pruners.NopPruner()
+    if name == "median":
+        return library.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=warmup)
+    if name == "percentile":
+        return library.pruners.PercentilePruner(
+            float(settings.get("percentile", 25.0)), n_startup_trials=startup, n_warmup_steps=warmup
+        )
+    if name == "halving":
+        return library.pruners.SuccessiveHalvingPruner(min_resource=max(warmup, 1))
+    if name == "hyperband":
+        return library.pruners.HyperbandPruner(
+            min_resource=max(warmup, 1), max_resource=int(settings.get("max_epochs") or 100)
+        )
+    raise UserError(
+        "hydra.sweeper.pruner=wilcoxon (over the folds of cv=K) is not built in this version; "
+        "choose median, percentile, halving or hyperband"
+    )
+
+
+def storage_url(given: str | None, sweep_dir: Path) -> str:
+    """The study's storage: ``runs/<run_name>/study.db`` by default; ``journal`` its journal
+    file there; a path ending in ``.journal``; or any URL Optuna takes."""
+    if given in (None, "", "sqlite"):
+        return f"sqlite:///{(sweep_dir / 'study.db').resolve()}"
+    if given == "journal":
+        return str((sweep_dir / "study.journal").resolve())
+    return str(given)
+
+
+def opened_storage(url: str) -> Any:
+    """The storage ``url`` names, or one line (its password left out)."""
+    library = optuna()
+    try:
+        if "://" not in url:  # a journal file
+            Path(url).parent.mkdir(parents=True, exist_ok=True)
+            backend = library.storages.journal.JournalFileBackend(url)
+            return library.storages.JournalStorage(backend)
+        if url.startswith("sqlite:///"):
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        return library.storages.RDBStorage(url, skip_compatibility_check=False)
+    except Exception as error:
+        reason = redacted(str(error).splitlines()[0] if str(error) else type(error).__name__)
+        raise UserError(
+            f"hydra.sweeper.storage={redacted(url)} cannot be opened ({reason[:160]}); give a "
+            "path, sqlite:///file.db or a database URL that is reachable"
+        ) from None
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# --- Inside a trial's job --------------------------------------------------------------------
+
+
+def trial_callbacks(callbacks: Any, fold_dir: Path | None = None) -> Any:
+    """The run's ``callbacks`` node, with :class:`PruneTrial` when this job is a trial of a
+    study (its number in the environment the sweeper set) and not a fold of cv=K
+    (``fold_dir``: the fold's folder)."""
+    number = os.environ.get(TRIAL_ENV)
+    if (
+        fold_dir is not None
+        or number is None
+        or not number.isdigit()
+        or STORAGE_ENV not in os.environ
+    ):
+        return callbacks
+    from hydra.core.hydra_config import HydraConfig
+
+    sweeper = HydraConfig.get().sweeper
+    settings = {
+        "pruner": sweeper.get("pruner", "median"),
+        "n_startup_trials": sweeper.get("n_startup_trials", 5),
+        "n_warmup_epochs": sweeper.get("n_warmup_epochs", 2),
+        "percentile": sweeper.get("percentile", 25.0),
+        "max_epochs": sweeper.get("max_epochs"),
+    }
+    entry = {"_target_": f"{__name__}.PruneTrial", "number": int(number), "pruner": settings}
+    node = OmegaConf.to_container(callbacks, resolve=True) if callbacks else {}
+    return {**node, PruneTrial.NAME: entry}
+
+
+class PruneTrial:
+    """Reports the monitored value after each validation to this job's trial; the pruner's
+    stop ends the run as a callback's stop does (checkpoint, test, metrics.json)."""
+
+    NAME = "pruned"
+
+    def __init__(self, number: int, pruner: dict) -> None:
+        self.number, self.pruner = number, dict(pruner)
+        self.monitor: str | None = None
+        self._trial = None
+
+    def on_fit_start(self, info: Any) -> None:
+        self.monitor = info.config["trainer"]["monitor"]
+
+    def _opened(self) -> Any:
+        if self._trial is None:
+            library = optuna()
+            study = library.load_study(
+                study_name=os.environ[STUDY_ENV],
+                storage=opened_storage(os.environ[STORAGE_ENV]),
+                pruner=pruner_of(self.pruner),
+            )
+            trial_id = study._storage.get_trial_id_from_study_id_trial_number(
+                study._study_id, self.number
+            )
+            self._trial = library.trial.Trial(study, trial_id)
+        return self._trial
+
+    def on_validation_end(self, epoch: int, metrics: dict) -> str | None:
+        value = metrics.get(self.monitor)
+        if not finite(value):
+            return None
+        trial = self._opened()
+        trial.report(float(value), step=epoch)
+        if not trial.should_prune():
+            return None
+        trial.set_user_attr(PRUNED_ATTR, epoch)
+        return f"pruned by the study at epoch {epoch} ({self.monitor} {value:.4f})"
