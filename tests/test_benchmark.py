@@ -146,3 +146,17 @@ def test_the_table_figures_compare_the_first_command_with_the_baselines(tmp_path
     assert {"linear", "random_forest", "hist_gb", "torchloom"} <= set(row)
     assert 0.8 < row["torchloom"]["score"] <= 1.0  # wine: a test accuracy
     assert "the tabular model" in row["torchloom"]["said"]
+
+
+def test_the_pruning_benchmark_compares_pruned_searches_with_unpruned_ones(tmp_path):
+    pytest.importorskip("optuna")
+    command = [sys.executable, str(ROOT / "benchmarks" / "search_pruning.py"), "--trials", "4"]
+    command += ["--epochs", "3", "--seeds", "0", "1", "--pruners", "none", "median"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    plain = [r for r in report["searches"] if r["pruner"] == "none"]
+    assert len(report["searches"]) == 4 and all(r["trials"] == 4 for r in report["searches"])
+    assert all(r["pruned"] == 0 and r["epochs"] == 12 for r in plain)  # 4 trials × 3 epochs
+    median = report["compared"]["median"]
+    assert median["epochs_saved"] >= 0 and median["unpruned_std"] >= 0
