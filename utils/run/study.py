@@ -20,7 +20,10 @@ from omegaconf import OmegaConf
 from utils.errors import UserError
 
 SAMPLERS = ("tpe", "random", "cmaes", "grid")
-PRUNERS = ("none", "median", "percentile", "halving", "hyperband", "wilcoxon")
+PRUNERS = ("auto", "none", "median", "percentile", "halving", "hyperband", "wilcoxon")
+# pruner=auto: what Optuna's guide recommends for each sampler (its benchmarks: HyperbandPruner
+# with TPE, MedianPruner with random search); median for the others.
+RECOMMENDED = {"tpe": "hyperband", "random": "median", "cmaes": "median", "grid": "median"}
 DIRECTIONS = ("maximize", "minimize")
 # What a trial's job reads from its environment: the study's storage (with any password, which
 # never reaches a file), its name and the trial's number.
@@ -159,9 +162,11 @@ def pruner_of(settings: dict[str, Any]) -> Any:
     """``hydra.sweeper.pruner`` with its ``n_startup_trials``, ``n_warmup_epochs`` and
     ``max_epochs`` (hyperband's largest budget: trainer.max_epochs)."""
     library = optuna()
-    name = settings.get("pruner", "median")
+    name = settings.get("pruner", "auto")
     if name not in PRUNERS:
         raise UserError(f"hydra.sweeper.pruner={name!r} must be one of {', '.join(PRUNERS)}")
+    if name == "auto":
+        name = RECOMMENDED.get(str(settings.get("sampler", "tpe")), "median")
     startup, warmup = (
         int(settings.get("n_startup_trials", 5)),
         int(settings.get("n_warmup_epochs", 2)),
@@ -238,7 +243,8 @@ def trial_callbacks(callbacks: Any, fold_dir: Path | None = None) -> Any:
 
     sweeper = HydraConfig.get().sweeper
     settings = {
-        "pruner": sweeper.get("pruner", "median"),
+        "pruner": sweeper.get("pruner", "auto"),
+        "sampler": sweeper.get("sampler", "tpe"),
         "n_startup_trials": sweeper.get("n_startup_trials", 5),
         "n_warmup_epochs": sweeper.get("n_warmup_epochs", 2),
         "percentile": sweeper.get("percentile", 25.0),
