@@ -36,6 +36,7 @@ from utils.config.monitor import Monitor, monitor_mode
 from utils.config.resolvers import RUN_TIMESTAMP_ENV, in_sweep
 from utils.errors import UserError, print_error
 from utils.files import write_json
+from utils.run.search import shares_its_folder
 from utils.tasks import main_metrics
 from utils.text import console as text_console
 
@@ -310,6 +311,11 @@ class SweepSummary(Callback):
         console = text_console()
         rows = summarize(sweep_dir, trainer.monitor, job_monitor_mode(config), console)
         failed = [row for row in rows if row["status"] != "completed"]
+        if shares_its_folder(config):  # a study's other workers may still be running trials
+            running = [row for row in failed if row["status"] == "unfinished"]
+            if running:
+                log.info("%d trials still running in another worker of the study", len(running))
+            failed = [row for row in failed if row["status"] != "unfinished"]
         if failed:
             print_error(
                 f"{len(failed)} of {len(rows)} jobs did not complete (jobs "
