@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,22 @@ def test_a_study_of_the_same_name_with_another_space_is_refused_and_kept(tmp_pat
     other = run_train(tmp_path, *search, "optim.momentum=interval(0.5, 0.9)", ok=False)
     assert "searches another space" in error_line(other)
     assert [t.number for t in trials(tmp_path, "space")] == [t.number for t in before]
+
+
+def test_a_trial_another_worker_runs_is_left_to_it_and_is_no_failure(tmp_path):
+    # another worker's trial, deterministically: running, owned by a live process of this
+    # machine (this one), its folder begun
+    run_dir = tmp_path / "runs" / "busy"
+    (run_dir / "0").mkdir(parents=True)
+    study = optuna.create_study(
+        study_name="digits", storage=f"sqlite:///{run_dir / 'study.db'}", direction="maximize"
+    )
+    busy = study.ask()
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    study._storage.set_trial_system_attr(busy._trial_id, "torchloom:owner", owner)
+    search = [*SEARCH, "trainer.max_epochs=1", "hydra.sweeper.n_trials=3", "run_name=busy"]
+    result = run_train(tmp_path, *search)  # exit 0: the running trial is not a failure
+    assert "still running in another worker of the study: 1" in result.stdout + result.stderr
+    found = trials(tmp_path, "busy")
+    states = optuna.trial.TrialState
+    assert [t.state for t in found] == [states.RUNNING, states.COMPLETE, states.COMPLETE]

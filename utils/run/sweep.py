@@ -314,7 +314,7 @@ class SweepSummary(Callback):
         if shares_its_folder(config):  # a study's other workers may still be running trials
             running = [row for row in failed if row["status"] == "unfinished"]
             if running:
-                log.info("%d trials still running in another worker of the study", len(running))
+                log.info("trials still running in another worker of the study: %d", len(running))
             failed = [row for row in failed if row["status"] != "unfinished"]
         if failed:
             print_error(
