@@ -48,7 +48,7 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _number(value: Any) -> bool:
+def finite_number(value: Any) -> bool:
     """A finite int or float: inf and nan pass no range check (an infinite MixUp alpha would
     never finish drawing)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -56,12 +56,14 @@ def _number(value: Any) -> bool:
 
 POSITIVE_INT = Rule(lambda v: _whole(v) and v >= 1, "a whole number, 1 or more")
 NON_NEGATIVE_INT = Rule(lambda v: _whole(v) and v >= 0, "a whole number, 0 or more")
-POSITIVE = Rule(lambda v: _number(v) and v > 0, "greater than 0")
-NON_NEGATIVE = Rule(lambda v: _number(v) and v >= 0, "0 or more")
-DROPOUT = Rule(lambda v: _number(v) and 0 <= v < 1, "at least 0 and below 1")
-UNIT_INTERVAL = Rule(lambda v: _number(v) and 0 <= v <= 1, "between 0 and 1")
-POSITIVE_OR_NULL = Rule(lambda v: v is None or (_number(v) and v > 0), "greater than 0, or null")
-BELOW_ONE = Rule(lambda v: _number(v) and 0 < v < 1, "greater than 0 and below 1")
+POSITIVE = Rule(lambda v: finite_number(v) and v > 0, "greater than 0")
+NON_NEGATIVE = Rule(lambda v: finite_number(v) and v >= 0, "0 or more")
+DROPOUT = Rule(lambda v: finite_number(v) and 0 <= v < 1, "at least 0 and below 1")
+UNIT_INTERVAL = Rule(lambda v: finite_number(v) and 0 <= v <= 1, "between 0 and 1")
+POSITIVE_OR_NULL = Rule(
+    lambda v: v is None or (finite_number(v) and v > 0), "greater than 0, or null"
+)
+BELOW_ONE = Rule(lambda v: finite_number(v) and 0 < v < 1, "greater than 0 and below 1")
 POSITIVE_INTS = Rule(
     lambda v: len(v) >= 1 and all(_whole(x) and x >= 1 for x in v),
     "a list of whole numbers, each 1 or more",

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from utils.config.arguments import finite_number
 from utils.errors import UserError
 
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 1e3  # what a fit may return and a record may hold
@@ -60,7 +61,7 @@ class Calibration:
         if not isinstance(record, dict):
             raise UserError(f"{where}: its calibration record is not a mapping; {fix}")
         temperature, thresholds = record.get("temperature", 1.0), record.get("thresholds")
-        if not (_finite(temperature) and MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
+        if not (finite_number(temperature) and MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
             raise UserError(
                 f"{where}: its calibration temperature {temperature!r} is not a "
                 f"number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}; {fix}"
@@ -73,7 +74,7 @@ class Calibration:
                     f"{where}: its calibration holds {count} thresholds and the "
                     f"model decides {width} (labels, or a binary classifier's one); {fix}"
                 )
-            bad = [t for t in thresholds if not (_finite(t) and 0 < t < 1)]
+            bad = [t for t in thresholds if not (finite_number(t) and 0 < t < 1)]
             if bad:
                 raise UserError(
                     f"{where}: its calibration threshold {bad[0]!r} is not between "
@@ -97,10 +98,6 @@ class Calibration:
                 + " ".join(f"{t:.4g}" for t in self.thresholds)
             )
         return ", ".join(parts) + f" (fitted on val, {self.weights or 'the stored'} weights)"
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, float | int) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def fit_temperature(logits: torch.Tensor, nll: Callable[[torch.Tensor], float]) -> float:

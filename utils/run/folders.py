@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from utils.config.resolvers import check_run_name
 from utils.errors import EXIT_USER_ERROR, UserError, print_error, user_error_in
-from utils.run.search import shares_its_folder
+from utils.run.study import shares_its_folder
 from utils.system.claim import CLAIM_FILE, RunClaim, release_claims
 
 # What a run's start writes before its data and model are built: Hydra's files, the log, claims.

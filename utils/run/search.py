@@ -41,6 +41,7 @@ from hydra.core.utils import JobReturn
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from utils.config.arguments import finite_number
 from utils.config.monitor import monitor_mode
 from utils.errors import UserError
 from utils.run.study import (
@@ -50,9 +51,7 @@ from utils.run.study import (
     STORAGE_ENV,
     STUDY_ENV,
     TRIAL_ENV,
-    PruneTrial,
     described_space,
-    finite,
     opened_storage,
     optuna,
     override_of,
@@ -62,15 +61,9 @@ from utils.run.study import (
     search_space,
     storage_url,
 )
+from utils.run.sweep import trial_state
 
 log = logging.getLogger("torchloom")
-
-
-def shares_its_folder(config: DictConfig) -> bool:
-    """Whether the sweep is a study's, whose workers share one sweep folder (each trial in its
-    own job folder, handed out under :func:`claimed`), so the folder is not claimed whole."""
-    target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
-    return target.startswith("hydra_plugins.torchloom_sweeper.")
 
 
 @contextlib.contextmanager
@@ -236,10 +229,11 @@ class StudySweeper(Sweeper):
         states = library.trial.TrialState
         metrics_file = self.sweep_dir / str(trial.number) / "metrics.json"
         metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
+        state = trial_state({"status": "unfinished", **metrics})  # as the summary says it
         value = job.return_value if job.status.name == "COMPLETED" else None
-        if (metrics.get("stopped_by") or {}).get("callback") == PruneTrial.NAME:
+        if state == "pruned":
             study.tell(trial, state=states.PRUNED)
-        elif metrics.get("status") != "completed" or not finite(value):
+        elif state != "complete" or not finite_number(value):
             study.tell(trial, state=states.FAIL)
         else:
             study.tell(trial, float(value))
@@ -247,10 +241,11 @@ class StudySweeper(Sweeper):
 
 def _trials_held(storage: Any, name: str) -> int:
     """How many trials the study ``name`` holds in ``storage`` (0: there is none yet)."""
-    for summary in storage.get_all_studies():
-        if summary.study_name == name:
-            return len(storage.get_all_trials(summary._study_id, deepcopy=False))
-    return 0
+    try:
+        study_id = storage.get_study_id_from_name(name)
+    except KeyError:
+        return 0
+    return len(storage.get_all_trials(study_id, deepcopy=False))
 
 
 def _best(study: Any, library: Any) -> Any:

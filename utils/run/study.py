@@ -6,17 +6,18 @@ job, the trial the job reports to (:class:`PruneTrial`).
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from utils.config.arguments import finite_number
 from utils.errors import UserError
 
 SAMPLERS = ("tpe", "random", "cmaes", "grid")
@@ -55,6 +56,14 @@ def optuna() -> Any:
 def redacted(url: str) -> str:
     """A storage URL with its password replaced by ``***``."""
     return PASSWORD.sub(r"\1***\3", url)
+
+
+def shares_its_folder(config: DictConfig) -> bool:
+    """Whether the sweep is a study's, whose workers share one sweep folder (each trial in its
+    own job folder, handed out one at a time: utils/run/search.py), so the folder is not
+    claimed whole."""
+    target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
+    return target.startswith("hydra_plugins.torchloom_sweeper.")
 
 
 # --- The search space ------------------------------------------------------------------------
@@ -158,6 +167,17 @@ def sampler_of(name: str, seed: int | None, distributions: dict) -> Any:
     return library.samplers.GridSampler(grid, seed=seed)
 
 
+# The sweeper's settings a pruner is built from (in the sweeper and again in each trial's job).
+PRUNER_KEYS = (
+    "pruner",
+    "sampler",
+    "n_startup_trials",
+    "n_warmup_epochs",
+    "percentile",
+    "max_epochs",
+)
+
+
 def pruner_of(settings: dict[str, Any]) -> Any:
     """``hydra.sweeper.pruner`` with its ``n_startup_trials``, ``n_warmup_epochs`` and
     ``max_epochs`` (hyperband's largest budget: trainer.max_epochs)."""
@@ -220,10 +240,6 @@ def opened_storage(url: str) -> Any:
         ) from None
 
 
-def finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 # --- Inside a trial's job --------------------------------------------------------------------
 
 
@@ -239,17 +255,8 @@ def trial_callbacks(callbacks: Any, fold_dir: Path | None = None) -> Any:
         or STORAGE_ENV not in os.environ
     ):
         return callbacks
-    from hydra.core.hydra_config import HydraConfig
-
     sweeper = HydraConfig.get().sweeper
-    settings = {
-        "pruner": sweeper.get("pruner", "auto"),
-        "sampler": sweeper.get("sampler", "tpe"),
-        "n_startup_trials": sweeper.get("n_startup_trials", 5),
-        "n_warmup_epochs": sweeper.get("n_warmup_epochs", 2),
-        "percentile": sweeper.get("percentile", 25.0),
-        "max_epochs": sweeper.get("max_epochs"),
-    }
+    settings = {key: sweeper[key] for key in PRUNER_KEYS if key in sweeper}
     entry = {"_target_": f"{__name__}.PruneTrial", "number": int(number), "pruner": settings}
     node = OmegaConf.to_container(callbacks, resolve=True) if callbacks else {}
     return {**node, PruneTrial.NAME: entry}
@@ -285,7 +292,7 @@ class PruneTrial:
 
     def on_validation_end(self, epoch: int, metrics: dict) -> str | None:
         value = metrics.get(self.monitor)
-        if not finite(value):
+        if not finite_number(value):
             return None
         trial = self._opened()
         trial.report(float(value), step=epoch)

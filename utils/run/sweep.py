@@ -36,7 +36,7 @@ from utils.config.monitor import Monitor, monitor_mode
 from utils.config.resolvers import RUN_TIMESTAMP_ENV, in_sweep
 from utils.errors import UserError, print_error
 from utils.files import write_json
-from utils.run.search import shares_its_folder
+from utils.run.study import PruneTrial, shares_its_folder
 from utils.tasks import main_metrics
 from utils.text import console as text_console
 
@@ -149,9 +149,9 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def trial_state(row: dict[str, Any]) -> str:
     """``complete``, ``pruned`` (a search's pruner stopped it at epoch ``epochs``:
-    utils/run/search.py), ``failed`` or ``unfinished`` (killed, or still running)."""
+    utils/run/study.py), ``failed`` or ``unfinished`` (killed, or still running)."""
     stopped = row.get("stopped_by") or {}
-    if row["status"] == "completed" and stopped.get("callback") == "pruned":
+    if row["status"] == "completed" and stopped.get("callback") == PruneTrial.NAME:
         return "pruned"
     return {"completed": "complete", "failed": "failed"}.get(row["status"], "unfinished")
 
