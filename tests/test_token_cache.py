@@ -124,3 +124,16 @@ def test_a_cache_folder_that_cannot_be_written_is_one_warning_and_the_run_goes_o
     run_train(corpus, *LM, *TINY, "run_name=uncached", "data.cache=off")
     assert same_weights(corpus, "through", "uncached")
     assert (corpus / "afile").read_text() == "not a folder"
+
+
+def test_a_cache_folder_inside_a_corpus_folder_is_not_part_of_its_key(tmp_path):
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "a.txt").write_text(shakespeare(3000), encoding="utf-8")
+    (books / "b.txt").write_text(shakespeare(6000)[3000:], encoding="utf-8")
+    folder = [*LM[:3], "data.path=books", "data.cache_dir=books/cache", *TINY]
+    first = run_train(tmp_path, *folder, "run_name=first")
+    assert "tokenized into" in first.stderr + first.stdout
+    again = run_train(tmp_path, *folder, "run_name=again")
+    assert "tokenized into" not in again.stderr + again.stdout  # the same key: read
+    assert same_weights(tmp_path, "first", "again")

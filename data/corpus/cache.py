@@ -50,6 +50,7 @@ log = logging.getLogger("torchloom")
 
 FORMAT_VERSION = 1
 CACHE_SETTINGS = ("auto", "off")
+SCAN_BYTES = 1 << 24  # an entry's ids are checked this many bytes at a time (an even count)
 ENTRY = re.compile(r"corpus-[0-9a-f]{8}-[0-9a-f]{20}\.(ids|json)")
 
 # What tokenizing gives: the vocabulary, the train and val ids, and where val came from.
@@ -152,11 +153,11 @@ class TokenCache:
             count = described["train"] + described["val"]
             if self.ids_path.stat().st_size != count * np.dtype(described["dtype"]).itemsize:
                 return "is cut short or too long"
-            if file_sha256(self.ids_path) != described["sha256"]:
+            sha256, low, high = _scanned(self.ids_path, described["dtype"])
+            if sha256 != described["sha256"]:
                 return "does not match the sha256 written with it"
             vocabulary = from_record(described.get("vocabulary"), str(self.described_path))
-            ids = np.memmap(self.ids_path, dtype=described["dtype"], mode="r") if count else []
-            if count and (int(ids.max()) >= vocabulary.size or int(ids.min()) < 0):
+            if count and (high >= vocabulary.size or low < 0):
                 return "holds ids its vocabulary lacks"
         except (OSError, ValueError, UserError) as error:
             return f"cannot be read ({error})"
@@ -186,10 +187,10 @@ def token_cache(
         return None  # the reader says what is missing
     home = where if where.is_dir() else where.parent
     cache = Path(folder) if folder else home / ".torchloom-cache"
-    files = [_listing(where)]
+    files = [_listing(where, cache)]
     val_path = described.get("split", {}).get("val_path")
     if val_path and not is_url(str(val_path)) and Path(str(val_path)).exists():
-        files.append(_listing(Path(str(val_path))))
+        files.append(_listing(Path(str(val_path)), cache))
     tokenizer = str(described.get("tokenizer"))
     if tokenizer.endswith(".json") and Path(tokenizer).is_file():
         described = {**described, "tokenizer_sha256": file_sha256(tokenizer)}
@@ -202,15 +203,29 @@ def token_cache(
     return TokenCache(folder=cache, source=source_id, key=key[:20], listing=listing)
 
 
-def _listing(where: Path) -> list[tuple[str, int, int]]:
-    """Each file of a corpus (its path within it, size, modification time); hidden ones out."""
+def _scanned(path: Path, dtype: str) -> tuple[str, int, int]:
+    """(sha256, smallest id, largest id) of an ids file, in one read of it."""
+    digest, low, high = hashlib.sha256(), 0, 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(SCAN_BYTES), b""):
+            digest.update(block)
+            ids = np.frombuffer(block, dtype=dtype)
+            if len(ids):
+                low, high = min(low, int(ids.min())), max(high, int(ids.max()))
+    return digest.hexdigest(), low, high
+
+
+def _listing(where: Path, cache: Path) -> list[tuple[str, int, int]]:
+    """Each file of a corpus (its path within it, size, modification time); hidden ones and
+    the cache folder's out (a data.cache_dir inside the corpus would change its own key)."""
     if where.is_file():
         stat = where.stat()
         return [(where.name, stat.st_size, stat.st_mtime_ns)]
-    found = []
+    found, cache = [], cache.resolve()
     for path in sorted(where.rglob("*")):
         parts = path.relative_to(where).parts
-        if path.is_file() and not any(part.startswith(".") for part in parts):
+        hidden = any(part.startswith(".") for part in parts)
+        if path.is_file() and not hidden and not path.resolve().is_relative_to(cache):
             stat = path.stat()
             found.append(("/".join(parts), stat.st_size, stat.st_mtime_ns))
     return found
