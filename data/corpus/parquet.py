@@ -2,21 +2,21 @@
 file, a folder or glob of them, or an ``s3://``/``gs://``/``hf://`` URL, read through
 data/shards/storage.py as ``data=parquet`` reads them): the ``data.text`` column's texts,
 joined by a newline, or the ``data.tokens`` column's token ids (lists of whole numbers, as a
-tokenizer of ``data.tokenizer`` gave them), laid end to end in file and row order. Token shards shard.py wrote (``out/train``, ``out/val``,
-their vocabulary's record in ``out/vocabulary.json``) are read split as written, with that
-vocabulary (checked as a checkpoint's is).
+tokenizer of ``data.tokenizer`` gave them), laid end to end in file and row order. Token
+shards shard.py wrote (``out/train``, ``out/val``, their vocabulary's record in
+``out/vocabulary.json``) are read split as written, with that vocabulary (checked as a
+checkpoint's is).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from data.shards.parquet import description
+from data.shards.parquet import description, json_beside
 from data.shards.row_groups import row_groups
-from data.shards.storage import SCHEMES, files_of, filesystem, read_row_group, retried
+from data.shards.storage import SCHEMES, files_of, read_row_group
 from data.text.tokenizer_trust import MAX_JSON_BYTES
 from utils.errors import UserError
 
@@ -26,26 +26,21 @@ VOCABULARY = "vocabulary.json"  # beside token shards: the record of the vocabul
 def written_by_shard(path: str) -> tuple[dict, str, str] | None:
     """(the vocabulary's record, the train shards, the val shards) of token shards shard.py
     wrote at ``path``, read as untrusted data, or None where torchloom.json names none."""
-    named = description(path.rstrip("/")).get("vocabulary")
+    folder = path.rstrip("/")
+    named = description(folder).get("vocabulary")
     if named is None:
         return None
-    where = f"{path.rstrip('/')}/{VOCABULARY}"
     if named != VOCABULARY:
         raise UserError(
-            f"{path}/torchloom.json names vocabulary={named!r}; shard.py writes {VOCABULARY}"
+            f"{folder}/torchloom.json names vocabulary={named!r}; shard.py writes {VOCABULARY}"
         )
-    system, inside = filesystem(where)
-    try:
-        raw = retried(lambda: system.open_input_stream(inside).read(MAX_JSON_BYTES + 1), where)
-        record = json.loads(raw) if len(raw) <= MAX_JSON_BYTES else None
-    except (OSError, ValueError):
-        record = None
-    if not isinstance(record, dict) or not isinstance(record.get("corpus"), dict):
+    record = json_beside(folder, VOCABULARY, MAX_JSON_BYTES).get("corpus")
+    if not isinstance(record, dict):
         raise UserError(
-            f"{where} is not the vocabulary record shard.py writes (missing or edited?); write "
-            "the shards again"
+            f"{folder}/{VOCABULARY} is not the vocabulary record shard.py writes (missing or "
+            "edited?); write the shards again"
         )
-    return record["corpus"], f"{path.rstrip('/')}/train", f"{path.rstrip('/')}/val"
+    return record, f"{folder}/train", f"{folder}/val"
 
 
 def is_url(path: str | Path) -> bool:

@@ -35,8 +35,9 @@ CHUNK_TOKENS = 1 << 16  # the stream's content is hashed in chunks of this many 
 
 @dataclass(frozen=True)
 class TokenStream:
-    """``tokens`` (int64 [N], or a memory-mapped cache's uint16 or int32) cut into windows of ``window`` inputs; ``round_batches``: the
-    micro-batches of a round (``trainer.val_every_n_steps`` × accumulation), 0 for a pass."""
+    """``tokens`` (int64 [N], or a memory-mapped cache's uint16 or int32) cut into windows of
+    ``window`` inputs; ``round_batches``: the micro-batches of a round
+    (``trainer.val_every_n_steps`` × accumulation), 0 for a pass."""
 
     tokens: torch.Tensor
     window: int

@@ -260,22 +260,29 @@ def _held_out(train: Source, cut: list[str], split: Mapping[str, Any]) -> dict[s
 def description(path: Any) -> dict:
     """The ``torchloom.json`` shard.py wrote beside the splits, read as untrusted data (a
     small JSON object of plain values), or nothing."""
+    return json_beside(path, DESCRIPTION, MAX_DESCRIPTION_BYTES)
+
+
+def json_beside(path: Any, name: str, limit: int) -> dict:
+    """The JSON object ``name`` that shard.py wrote in the shards' folder ``path`` (local or
+    on object storage), read as untrusted data: at most ``limit`` bytes of plain values; or
+    nothing where there is none."""
     if not isinstance(path, str):
         return {}
     fs, _ = arrow()
-    system, inside = filesystem(f"{path.rstrip('/')}/{DESCRIPTION}")
+    system, inside = filesystem(f"{path.rstrip('/')}/{name}")
     info = retried(lambda: system.get_file_info(inside), path)
     if info.type != fs.FileType.File:
         return {}
-    if (info.size or 0) > MAX_DESCRIPTION_BYTES:
-        raise UserError(f"{path}/{DESCRIPTION} is larger than shard.py writes; was it replaced?")
+    if (info.size or 0) > limit:
+        raise UserError(f"{path}/{name} is larger than shard.py writes; was it replaced?")
     raw = retried(lambda: system.open_input_stream(inside).read(), path)
     try:
         described = json.loads(raw)
     except ValueError:
-        raise UserError(f"{path}/{DESCRIPTION} is not JSON shard.py writes; remove it") from None
-    if not isinstance(described, dict) or not plain_data(described, MAX_DESCRIPTION_BYTES):
-        raise UserError(f"{path}/{DESCRIPTION} is not what shard.py writes; remove it")
+        raise UserError(f"{path}/{name} is not JSON shard.py writes; remove it") from None
+    if not isinstance(described, dict) or not plain_data(described, limit):
+        raise UserError(f"{path}/{name} is not what shard.py writes; remove it")
     return described
 
 
