@@ -62,14 +62,16 @@ def test_a_changed_corpus_makes_a_new_entry_and_the_stale_one_goes(corpus):
 
 
 def rewrite_ids(described: Path, change) -> None:
-    """Rewrite the entry's ids by ``change`` and record their new sha256, as code that knows
-    the format would: only the vocabulary check can tell."""
+    """Rewrite the entry's ids by ``change`` and record their new sha256 and the description's
+    digest, as code that knows the format would: only the vocabulary check can tell."""
     stored = json.loads(described.read_text())
     path = described.with_suffix(".ids")
     ids = np.fromfile(path, dtype=stored["dtype"])
     change(ids)
     path.write_bytes(ids.tobytes())
     stored["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    stored.pop("digest")
+    stored["digest"] = hashlib.sha256(json.dumps(stored, sort_keys=True).encode()).hexdigest()
     described.write_text(json.dumps(stored))
 
 
@@ -90,6 +92,12 @@ def edited_vocabulary(described: Path) -> None:
     described.write_text(json.dumps(stored))
 
 
+def moved_split(described: Path) -> None:
+    stored = json.loads(described.read_text())
+    stored["train"], stored["val"] = stored["train"] - 500, stored["val"] + 500  # ids untouched
+    described.write_text(json.dumps(stored))
+
+
 def cut_short(described: Path) -> None:
     path = described.with_suffix(".ids")
     path.write_bytes(path.read_bytes()[:-2])
@@ -102,6 +110,7 @@ def cut_short(described: Path) -> None:
         (past_the_vocabulary, "holds ids its vocabulary lacks"),
         (edited_vocabulary, "cannot be read"),
         (cut_short, "cut short"),
+        (moved_split, "does not match the digest"),
     ],
 )
 def test_an_entry_changed_on_the_disk_is_said_made_again_and_never_trained_on(corpus, damage, said):

@@ -15,7 +15,8 @@ makes a new entry, and the entries of the same source made from other files are 
 
 An entry is written as a run's files are (utils/files.py: whole or not at all; the ids before
 the description, so a description always has its ids) and read as data from elsewhere: the
-description is JSON, checked field by field; the ids must have the size it says and the sha256
+description is JSON, checked field by field and against the sha256 of its fields written
+with it (a split moved by an edited count trains on other tokens); the ids must have the size it says and the sha256
 it records, the vocabulary is checked as a checkpoint's is (data/corpus/vocabulary.py), and an
 id past the vocabulary is refused. An entry that fails any of these is said once, removed and
 made again. (An entry rewritten whole and consistently, vocabulary, ids and sha256 together,
@@ -110,7 +111,7 @@ class TokenCache:
                 "val_source": where,
                 "sha256": file_sha256(self.ids_path),
             }
-            write_json(described, self.described_path)
+            write_json({**described, "digest": _digest(described)}, self.described_path)
         except OSError as error:
             raise Unwritable(
                 f"data.cache_dir={self.folder} cannot be written: {error.strerror or error}"
@@ -135,6 +136,9 @@ class TokenCache:
         fields = {"train": int, "val": int, "dtype": str, "sha256": str, "val_source": str}
         if not isinstance(described, dict) or described.get("version") != FORMAT_VERSION:
             raise ValueError("is of another format")
+        body = {key: value for key, value in described.items() if key != "digest"}
+        if described.get("digest") != _digest(body):  # its counts, dtype, ids' sha256, ...
+            raise ValueError("its description does not match the digest written with it")
         for name, kind in fields.items():
             if not isinstance(described.get(name), kind) or isinstance(described[name], bool):
                 raise ValueError(f"has no valid {name}")
@@ -201,6 +205,11 @@ def token_cache(
     named = at.relative_to(parent).as_posix() if at.is_relative_to(parent) else str(at)
     source_id = hashlib.sha256(named.encode()).hexdigest()[:8]
     return TokenCache(folder=cache, source=source_id, key=key[:20], listing=listing)
+
+
+def _digest(described: dict[str, Any]) -> str:
+    """The sha256 of a description's fields, written with them."""
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 
 
 def _scanned(path: Path, dtype: str) -> tuple[str, int, int]:
