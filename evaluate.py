@@ -18,7 +18,7 @@
 The stored config is data read from a file, so it is untrusted: it may hold no interpolation,
 and only the exact builders named in torchloom's own conf/ files are instantiated from it
 (utils/config/trust.py). It never downloads unless data.download=true is given here.
-Outputs in runs/eval/<timestamp>/: metrics.json and the task's tables (utils/evaluation/tables.py):
+Outputs in runs/eval/<timestamp>/: metrics.json, report.html (its pictures) and the task's tables (utils/evaluation/tables.py):
 for classification also a confusion-matrix CSV per checkpoint and TensorBoard images of the
 confusion matrices; for multilabel each label's AP, precision, recall and F1; for regression
 each target's errors and residuals, in the targets' own units (the checkpoint's target scale).
@@ -64,6 +64,7 @@ from utils.evaluation.metrics import evaluate
 from utils.fit.swa import recompute_batchnorm
 from utils.precision import Precision
 from utils.preflight.evaluate import EvaluatePlan, check_evaluate
+from utils.report.evaluation import write_evaluation_report
 from utils.run import provenance
 from utils.run.cli import one_line_errors, run_cli
 from utils.run.outputs import Outputs
@@ -142,6 +143,7 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     if len(results) > 1:
         out.print(tables.comparison(results, cfg.split))
     out.write_json("metrics.json", results)
+    out.report(lambda: write_evaluation_report(run_dir, results))  # report.html beside it
     out.print(f"evaluation run dir: {run_dir}")
     context.close()
 

@@ -47,6 +47,7 @@ from utils.config.resolvers import in_sweep
 from utils.diagnose import debug
 from utils.diagnose.tune import tune
 from utils.errors import EXIT_FAILED, EXIT_USER_ERROR, UserError, print_error, user_error_in
+from utils.evaluation.baselines import fit_baselines
 from utils.evaluation.judge import Judge
 from utils.fit import (
     CallbackFailed,
@@ -201,7 +202,9 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
             save_fold_predictions(out, judge.model, batches.val, precision, task, data)
         summary = loop.summary(data)  # throughput and data wait, with advice when it waited
         metrics = report.final_metrics(state, summary, data, checkpointer)
+        metrics.update(fit_baselines(cfg.baselines, data, task, cfg.seed) if out.is_main else {})
         out.finish({**metrics, **early.summary()}, run.record.resolved, state.metrics)
+        out.report_run(judge.evidence(batches.test()), data, task.names)  # report.html
         callbacks.fit_end(loop.status, metrics)
     context.close()
     log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)

@@ -39,9 +39,10 @@ LAYERS = (
     ("utils.model", "utils.evaluation", "utils.tracking", "utils.diagnose"),
     ("utils.tasks",),
     ("utils.checkpoint",),
+    ("utils.report",),
     ("utils.fit", "utils.run"),
     ("utils.preflight",),
-    ("train", "evaluate", "predict", "shard"),
+    ("train", "evaluate", "predict", "shard", "report"),
 )
 LEVEL = {package: level for level, packages in enumerate(LAYERS) for package in packages}
 TOP_MODULES = {"utils.precision", "utils.schedulers"}
@@ -51,7 +52,7 @@ LOCAL_IMPORTS = {
     # the tasks (and torch) with the schema would slow every command's start and the doctor.
     ("utils/config/monitor.py", "utils.tasks"),
 }
-ENTRY_POINTS = ("train.py", "evaluate.py", "predict.py", "shard.py")
+ENTRY_POINTS = ("train.py", "evaluate.py", "predict.py", "shard.py", "report.py")
 SOURCES = sorted(
     p for folder in ("utils", "data", "models") for p in (ROOT / folder).rglob("*.py")
 ) + [ROOT / name for name in ENTRY_POINTS]
@@ -99,7 +100,7 @@ def where(module: str) -> str:
 def package(module: str) -> str:
     """The layer-owning package of ``module``: ``utils.fit.loop`` → ``utils.fit``."""
     parts = module.split(".")
-    if parts[0] in ("train", "evaluate", "predict", "models"):
+    if parts[0] in ("train", "evaluate", "predict", "shard", "report", "models"):
         return parts[0]
     if parts[0] == "data":
         nested = ".".join(parts[:2])

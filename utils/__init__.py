@@ -8,6 +8,7 @@ The foundation
     files        every file a run writes appears complete or not at all (the one writer)
     intact       are a file's bytes as torch.save wrote them (the checksums torch.load skips)
     doctor       python -m utils.doctor: is this machine ready?
+    plots        every picture, as PNG bytes from plain numbers (matplotlib, headless)
     system/      the machine and the processes: signals, claims, device, torchrun, seeds
     config/      what was asked and what it means: schemas, resolvers, build, trust
 (data/ and models/ sit here: they use only what is above)
@@ -21,6 +22,7 @@ The pieces a run is built of
     tasks/       what is predicted (classification, multilabel, regression): the loss, the
                  scores, the target scale, what an export holds
     checkpoint/  what a checkpoint holds, read safely; a model rebuilt from one alone
+    report/      report.html of a run, an evaluation, a sweep: pictures and figures
 Running them
     fit/         the epochs: the step, the state that resumes, the averages, when to save
     run/         a command's life: folders, start, resume, outputs, sweeps, cross-validation

@@ -20,6 +20,8 @@ the exports, what a person is shown — asks it, never the kind:
     read_raw(path, shape)              predict.py's inputs of that kind, read from a file
     front(model, mean, std, shape)     what an export takes, in front of the model
     shown(sample)                      one sample as a person reads it (a snippet, a row)
+    picture(samples)                   samples as a person sees them (images), else None
+    plain(samples)                     samples as a simple model reads them (a baseline's)
 """
 
 from __future__ import annotations
@@ -93,6 +95,17 @@ class Inputs(Protocol):
     ) -> nn.Module: ...
 
     def shown(self, sample: torch.Tensor) -> str: ...
+
+    def picture(self, samples: torch.Tensor) -> torch.Tensor | None:
+        """Samples as held [N, ...] as RGB pictures [N, H, W, 3] in [0, 1] (a report's
+        grid), or None where a sample is read, not seen (it shows :meth:`shown`)."""
+        ...
+
+    def plain(self, samples: torch.Tensor) -> Any:
+        """Samples as scikit-learn's simple models read them (utils/evaluation/baselines.py):
+        rows of numbers [N, F] for a table, a list of texts for texts; None where no simple
+        model applies (images, arrays, a corpus)."""
+        ...
 
 
 def example_values(

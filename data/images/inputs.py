@@ -125,6 +125,23 @@ class Pixels:
     ) -> nn.Module:
         return RawPixels(model, mean, std, shape, self.crop_pct)
 
+    def plain(self, samples: torch.Tensor) -> None:
+        return None  # no simple model of scikit-learn's reads these as they are
+
+    def picture(self, samples: torch.Tensor) -> torch.Tensor | None:
+        """uint8 pixels as they are; float ones each scaled to its own range; grey repeated
+        into RGB; other channel counts (a multispectral stack) have no picture."""
+        if samples.shape[1] not in (1, 3):
+            return None
+        images = samples.float()
+        if samples.dtype == torch.uint8:
+            images = images / 255
+        else:
+            low = images.amin(dim=(1, 2, 3), keepdim=True)
+            high = images.amax(dim=(1, 2, 3), keepdim=True)
+            images = (images - low) / (high - low).clamp(min=1e-12)
+        return images.expand(-1, 3, -1, -1).permute(0, 2, 3, 1).clamp(0, 1)
+
     def shown(self, sample: torch.Tensor) -> str:
         """An image's size and its first values (a picture: utils/run/report.py's grid)."""
         return "image " + "×".join(map(str, sample.shape)) + ": " + shown_values(sample)

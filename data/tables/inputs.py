@@ -151,6 +151,13 @@ class Rows:
             return RawValues(model, mean, std, shape)
         return RawColumns(model, mean, std, self.table)
 
+    def plain(self, samples: torch.Tensor) -> Any:
+        """The rows' numbers as the table was read (missing values NaN where kept so)."""
+        return samples.double().numpy()
+
+    def picture(self, samples: torch.Tensor) -> None:
+        return None  # read, not seen: :meth:`shown`
+
     def shown(self, sample: torch.Tensor) -> str:
         return shown_values(sample)
 

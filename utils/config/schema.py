@@ -132,6 +132,9 @@ class TrainConfig:
     overwrite: bool = MISSING
     init_from: str | None = MISSING
     tune: str | None = MISSING
+    baselines: bool = (
+        MISSING  # scikit-learn's simple models beside the run (utils/evaluation/baselines.py)
+    )
     cv: Any = (
         MISSING  # cv=K: every fold of a K-fold cross-validation (utils/run/cross_validation.py)
     )

@@ -14,12 +14,13 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from utils import plots
+from utils.files import write_file
 from utils.system.memory import free_memory
 
 log = logging.getLogger("torchloom")
@@ -85,37 +86,6 @@ def suggest_lr(lrs: list[float], losses: list[float], skip: int = 10) -> float:
         for i in range(skip, end - 1)
     ]
     return lrs[skip + slopes.index(min(slopes))]
-
-
-def plot_curve(lrs: list[float], losses: list[float], suggested: float, path: Path) -> None:
-    """Smoothed loss against log10(LR) as a PNG, with the suggestion marked (PIL, no plotting
-    library needed)."""
-    from PIL import Image, ImageDraw
-
-    width, height, margin = 640, 400, 50
-    image = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(image)
-    x_lo, x_hi = math.log10(lrs[0]), math.log10(lrs[-1])
-    y_lo, y_hi = min(losses), min(max(losses), 4 * min(losses) + 1e-9)
-
-    def point(lr: float, loss: float) -> tuple[float, float]:
-        x = margin + (math.log10(lr) - x_lo) / max(x_hi - x_lo, 1e-12) * (width - 2 * margin)
-        y = min(loss, y_hi)
-        y = height - margin - (y - y_lo) / max(y_hi - y_lo, 1e-12) * (height - 2 * margin)
-        return x, y
-
-    draw.rectangle([margin, margin, width - margin, height - margin], outline="black")
-    draw.line([point(lr, loss) for lr, loss in zip(lrs, losses, strict=True)], fill="blue", width=2)
-    if math.isfinite(suggested):
-        x, _ = point(suggested, y_lo)
-        draw.line([(x, margin), (x, height - margin)], fill="red", width=1)
-        draw.text((x + 4, margin + 4), f"suggested lr {suggested:.2e}", fill="red")
-    draw.text((margin, height - margin + 8), f"lr {lrs[0]:.0e}", fill="black")
-    draw.text((width - margin - 60, height - margin + 8), f"lr {lrs[-1]:.0e}", fill="black")
-    draw.text(
-        (margin, margin - 20), "smoothed training loss vs learning rate (log scale)", fill="black"
-    )
-    image.save(path)
 
 
 def find_batch_size(fits: Callable[[int], bool], start: int, limit: int) -> int:
@@ -188,7 +158,8 @@ def tune(kind: str, parts: Any, batches: Any, data: Any, out: Any) -> float:
         out.close()
         where = ""
         if out.writes_events:
-            plot_curve(lrs, losses, suggested, run_dir / "lr_finder.png")
+            picture = plots.lr_range(lrs, losses, suggested if math.isfinite(suggested) else None)
+            write_file(run_dir / "lr_finder.png", picture, "choose a folder this user can write")
             where = f"; curve: {run_dir / 'lr_finder.png'} and TensorBoard tune/"
         console.print(
             f"LR range test over {len(lrs)} steps ({lrs[0]:.0e} to {lrs[-1]:.1e}): suggested "

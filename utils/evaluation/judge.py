@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from utils.evaluation.metrics import evaluate, figures
+from utils.evaluation.metrics import evaluate, figures, outputs_of
 from utils.precision import Precision
 
 
@@ -31,6 +31,13 @@ class Judge:
         return self._record(
             "test", figures(evaluate(self.model, batches.epoch(0), self.precision, scores))
         )
+
+    def evidence(self, batches: Any) -> dict | None:
+        """What the report shows of the test split's predictions (the task's ``evidence``):
+        one more pass over it, in every process; None for a task with none to show."""
+        if not self.task.shows_evidence:
+            return None
+        return self.task.evidence(*outputs_of(self.model, batches.epoch(0), self.precision))
 
     def _record(self, split: str, metrics: dict) -> dict[str, float]:
         self.state.record(split, metrics)

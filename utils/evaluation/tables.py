@@ -47,25 +47,6 @@ def reliability_csv(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def reliability_image(rows: list[dict], side: int = 150) -> torch.Tensor:
-    """A reliability diagram as a [3, side, side] image in [0, 1]: each bin's accuracy as a
-    blue bar (empty bins none), its mean confidence as a red mark, the diagonal (perfect
-    calibration) in grey; bottom-left is confidence 0, accuracy 0."""
-    image = torch.ones(3, side, side)
-    width = side // len(rows)
-    for b, row in enumerate(rows):
-        if not row["count"]:
-            continue
-        lo, hi = b * width, (b + 1) * width - 1
-        top = side - round(row["accuracy"] * side)
-        image[:, top:, lo:hi] = torch.tensor([0.25, 0.45, 0.85])[:, None, None]
-        mark = min(side - 1, side - round(row["confidence"] * side))
-        image[:, max(0, mark - 1) : mark + 1, lo:hi] = torch.tensor([0.85, 0.2, 0.2])[:, None, None]
-    diagonal = torch.arange(side)
-    image[:, side - 1 - diagonal, diagonal] = 0.5
-    return image
-
-
 def overview_table(out: Any, title: str, summary: dict[str, Any], split: str) -> None:
     overview = Table(title=shown(title))
     overview.add_column("metric")
@@ -117,7 +98,7 @@ def class_tables(out: Any, name: str, metrics: dict, split: str, names: list[str
     """task=classification: the metrics, per-class precision, recall and F1, and the
     confusion matrix (up to 20 classes)."""
     confusion = metrics.pop("confusion")
-    metrics.pop("reliability", None)  # written by the task (reliability.csv and its image)
+    reliability = metrics.pop("reliability", None)  # also reliability.csv and its picture
     scores = per_class_scores(confusion)
     support = confusion.sum(dim=1).tolist()
     classes = len(support)
@@ -152,7 +133,15 @@ def class_tables(out: Any, name: str, metrics: dict, split: str, names: list[str
         for label, row in zip(labels, confusion.tolist(), strict=True):
             matrix.add_row(label, *map(str, row))
         out.print(matrix)
-    return {**summary, "per_class": scores, "support": support, "confusion": confusion.tolist()}
+    shown_names = list(names) if len(names) == classes else list(map(str, range(classes)))
+    return {
+        **summary,
+        "per_class": scores,
+        "support": support,
+        "confusion": confusion.tolist(),
+        "classes": shown_names,
+        "reliability": reliability,
+    }
 
 
 def calibration_table(before: dict, after: dict, split: str) -> Table:

@@ -11,18 +11,21 @@ What the files hold is formatted in :mod:`utils.run.report`; this module only de
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from utils.errors import UserError
-from utils.files import write_json
+from utils.files import write_file, write_json
+from utils.report.evidence import keep_evidence
+from utils.report.run import write_run_report
 from utils.run import report
 from utils.text import console
 from utils.tracking.tracker import FINISHED, TrackedRun, Tracker
+
+log = logging.getLogger("torchloom")
 
 
 class Outputs:
@@ -66,12 +69,10 @@ class Outputs:
         if self.is_main:
             (self.run_dir / name).write_text(text)
 
-    def write_png(self, name: str, image: Any) -> None:
-        """A [C, H, W] image in [0, 1] as a PNG in the run dir."""
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """A file in the run dir (a picture's PNG), written whole or not at all."""
         if self.is_main:
-            from torchvision.io import write_png
-
-            write_png((image.clamp(0, 1) * 255).round().to(torch.uint8), str(self.run_dir / name))
+            write_file(self.run_dir / name, data, "choose a folder this user can write")
 
     def finish(self, metrics: Mapping[str, Any], config: Mapping, final: Mapping) -> None:
         """A finished training run: ``metrics.json``, the final ``train/val/test`` metrics
@@ -79,6 +80,29 @@ class Outputs:
         self.write_json("metrics.json", metrics)
         self.tracker.finish(config, final, metrics)
         self.print(report.metrics_table(metrics))
+
+    def report(self, write: Callable[[], Path]) -> None:
+        """Write a ``report.html`` by ``write`` (utils/report/), once what it describes is on
+        disk: rank 0 of a run that writes outputs alone. Drawing that fails is one warning:
+        the run, its checkpoints and metrics stand."""
+        if not self.is_main or not self.writes_events:
+            return
+        try:
+            written = write()
+        except Exception as error:
+            log.warning("warning: report.html not written: %s", error)
+            log.debug("report failure", exc_info=True)
+            return
+        log.info("report: %s", written)
+
+    def report_run(self, evidence: dict | None, data: Any, names: list[str]) -> None:
+        """A training run's report, with its test split's ``evidence`` kept beside it."""
+
+        def write() -> Path:
+            keep_evidence(self.run_dir, evidence, data.splits.get(data.test_split), data, names)
+            return write_run_report(self.run_dir)
+
+        self.report(write)
 
     def close(self) -> None:
         self.tracker.end(FINISHED)

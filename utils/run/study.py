@@ -300,3 +300,45 @@ class PruneTrial:
             return None
         trial.set_user_attr(PRUNED_ATTR, epoch)
         return f"pruned by the study at epoch {epoch} ({self.monitor} {value:.4f})"
+
+
+def study_rows(url: str, name: str, objective: str) -> dict[str, Any]:
+    """A study's trials as plain rows for the sweep report (utils/report/sweep.py): each
+    trial's number, state, value (a pruned one's last reported value), parameters, their
+    choices and log scales; the direction, and the parameters' importances (or why none)."""
+    library = optuna()
+    study = library.load_study(study_name=name, storage=opened_storage(url))
+    trials = []
+    for trial in study.get_trials(deepcopy=False):
+        value = trial.value
+        if value is None and trial.intermediate_values:
+            value = trial.intermediate_values[max(trial.intermediate_values)]
+        distributions = trial.distributions
+        trials.append(
+            {
+                "number": trial.number,
+                "state": trial.state.name,
+                "value": value,
+                "params": dict(trial.params),
+                "choices": {k: list(getattr(d, "choices", ())) for k, d in distributions.items()},
+                "log": {k: bool(getattr(d, "log", False)) for k, d in distributions.items()},
+            }
+        )
+    direction = study.direction.name.lower()
+    return {
+        "trials": trials,
+        "direction": direction,
+        "objective": objective,
+        "importances": _importances(library, study),
+    }
+
+
+def _importances(library: Any, study: Any) -> Any:
+    """Optuna's parameter importances (fANOVA), or the reason it has none to give."""
+    finished = [t for t in study.trials if t.state == library.trial.TrialState.COMPLETE]
+    if len(finished) < 2:
+        return "fewer than two finished trials"
+    try:
+        return dict(library.importance.get_param_importances(study))
+    except (RuntimeError, ValueError, ImportError) as error:
+        return f"not computed ({str(error).splitlines()[0][:120]})"

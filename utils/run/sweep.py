@@ -36,7 +36,8 @@ from utils.config.monitor import Monitor, monitor_mode
 from utils.config.resolvers import RUN_TIMESTAMP_ENV, in_sweep
 from utils.errors import UserError, print_error
 from utils.files import write_json
-from utils.run.study import PruneTrial, shares_its_folder
+from utils.report.sweep import write_sweep_report
+from utils.run.study import STORAGE_ENV, PruneTrial, shares_its_folder, storage_url, study_rows
 from utils.tasks import main_metrics
 from utils.text import console as text_console
 
@@ -310,6 +311,7 @@ class SweepSummary(Callback):
         # A log file or pipe gets the whole table rather than 80 folded columns.
         console = text_console()
         rows = summarize(sweep_dir, trainer.monitor, job_monitor_mode(config), console)
+        sweep_report(sweep_dir, config.hydra.sweeper, trainer.monitor)
         failed = [row for row in rows if row["status"] != "completed"]
         if shares_its_folder(config):  # a study's other workers may still be running trials
             running = [row for row in failed if row["status"] == "unfinished"]
@@ -322,6 +324,22 @@ class SweepSummary(Callback):
                 f"{', '.join(str(r['job']) for r in failed)}); see {sweep_dir}/summary.csv"
             )
             sys.exit(EXIT_JOBS_FAILED)
+
+
+SEARCH_SWEEPER = "torchloom_sweeper.OptunaSweeper"  # hydra/sweeper=torchloom_optuna's target
+
+
+def sweep_report(sweep_dir: Path, sweeper: Any, objective: str) -> None:
+    """The sweep's ``report.html`` (utils/report/sweep.py), with its study's trials when it is
+    a search; a drawing that fails is one warning, never the sweep's failure."""
+    study = None
+    try:
+        if str(sweeper.get("_target_", "")).endswith(SEARCH_SWEEPER):
+            url = os.environ.get(STORAGE_ENV) or storage_url(sweeper.get("storage"), sweep_dir)
+            study = study_rows(url, str(sweeper.get("study_name") or "torchloom"), objective)
+        log.info("report: %s", write_sweep_report(sweep_dir, study))
+    except Exception as error:
+        log.warning("warning: the sweep's report.html not written: %s", error)
 
 
 def parallel_jobs() -> int:

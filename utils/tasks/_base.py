@@ -9,9 +9,11 @@ import logging
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from data.batching.targets import TASK_OF, Targets, target_kinds
+from utils import plots
 from utils.config.build import builder_of
 from utils.errors import UserError
 from utils.evaluation import tables as eval_tables
@@ -54,6 +56,8 @@ class Task:
     quiet_guards: tuple[str, ...] = ()  # start-up guards (utils/model/guards.py) that do not apply
     fitted_to: Targets | None = None  # the targets of the data or record it was fitted to
     calibrated: Calibration | None = None  # a temperature and thresholds fitted on val
+    shows_evidence = True  # a report shows its test predictions (:meth:`evidence`)
+    simple_models: str | None = "classifier"  # the baselines' kind (utils/evaluation/baselines.py)
 
     def data_arguments(self, node: Any, stored: Any = None) -> dict[str, Any]:
         """What the data builder of config ``node`` is passed besides its keys: the kind of
@@ -197,6 +201,24 @@ class Task:
         """[N, decisions] booleans: what each threshold decides correctly when it says yes."""
         raise NotImplementedError
 
+    def evidence(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any] | None:
+        """What a report shows of a split's predictions (``outputs`` and ``targets`` of every
+        sample, on the CPU) as plain arrays by name; each picture of utils/report/ is drawn
+        where the arrays it needs are there. Classes: each sample's target, predicted class,
+        its probability and loss, and a binary classifier's positive-class ``scores`` with
+        their ``truth``. Every task gives each sample's ``loss`` (its worst are shown)."""
+        probabilities = torch.softmax(outputs.float(), dim=1)
+        confidence, predicted = probabilities.max(dim=1)
+        shown = {
+            "target": targets.long(),
+            "predicted": predicted,
+            "confidence": confidence,
+            "loss": F.cross_entropy(outputs.float(), targets.long(), reduction="none"),
+        }
+        if self.count == 2:  # the ranking of the second class: ROC and PR curves
+            shown.update(scores=probabilities[:, 1:], truth=(targets == 1)[:, None].float())
+        return shown
+
     def shown_targets(self, targets: torch.Tensor) -> list[str]:
         """Each sample's target as the TensorBoard sample grid labels it: its class index (the
         larger share of a MixUp/CutMix-mixed one)."""
@@ -216,9 +238,9 @@ class Task:
         suffix = "" if index is None else f"-{index}"  # the reliability table and diagram
         rows = metrics["reliability"]
         out.write_text(f"reliability{suffix}.csv", eval_tables.reliability_csv(rows))
-        diagram = eval_tables.reliability_image(rows)
-        out.tracker.image(f"reliability/{index or 0}", diagram, 0)
-        out.write_png(f"reliability{suffix}.png", diagram)
+        diagram = plots.reliability(rows)
+        out.tracker.image(f"reliability/{index or 0}", plots.as_image(diagram), 0)
+        out.write_bytes(f"reliability{suffix}.png", diagram)
         return eval_tables.class_tables(out, title, metrics, split, self.names)
 
     def decode(self, outputs: torch.Tensor, options: Any) -> tuple[list[str], list, list[str]]:

@@ -33,6 +33,8 @@ class CausalLM(Task):
     # A language model's outputs are logits over a vocabulary at each position: the guards
     # for a classifier's probabilities and one sample's BatchNorm do not apply.
     quiet_guards = ("probability_outputs",)
+    simple_models = None
+    shows_evidence = False  # [N, T, V] logits: its report is the loss curve and sampled text
     token_unit: str | None = None
 
     def fitted(self, data: Any, device: torch.device, stored: Any = None) -> CausalLM:

@@ -38,6 +38,7 @@ class MultiLabel(Task):
     outputs = "label scores (the dataset's labels)"
     monitor = "val/map"
     quiet_guards = ("probability_outputs",)  # softmax before cross-entropy: a classifier's
+    simple_models = None  # no baseline of label sets (yet)
 
     def __init__(self, pos_weight: Any, threshold: float) -> None:
         self.pos_weight, self.threshold = pos_weight, threshold
@@ -63,6 +64,16 @@ class MultiLabel(Task):
 
     def positives(self, targets: torch.Tensor) -> torch.Tensor:
         return targets > 0.5  # a label with no positive validation sample keeps task.threshold
+
+    def evidence(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+        """Each label's scores and truth (ROC and PR curves), and each sample's mean BCE."""
+        truth = targets.float()
+        loss = F.binary_cross_entropy_with_logits(outputs.float(), truth, reduction="none")
+        return {
+            "scores": torch.sigmoid(outputs.float()),
+            "truth": truth,
+            "loss": loss.mean(dim=1),
+        }
 
     def shown_targets(self, targets: torch.Tensor) -> list[str]:
         """Its labels' indices, a;b (- for none)."""

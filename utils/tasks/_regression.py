@@ -70,6 +70,7 @@ class Regression(Task):
     mixes = False  # a blend of two targets is not a target
     distills = False  # values, not a distribution over classes
     quiet_guards = ("probability_outputs",)
+    simple_models = "regressor"
 
     def __init__(self, loss: str, huber_delta: float, standardize_targets: bool) -> None:
         self.criterion, self.huber_delta = loss, huber_delta
@@ -112,6 +113,16 @@ class Regression(Task):
 
     def record(self) -> dict:
         return {"target_scale": self.scale.record()}
+
+    def evidence(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+        """Predictions and targets in the targets' own units; a sample's loss is its mean
+        absolute error over the targets."""
+        predicted = self.portable(outputs).double()
+        return {
+            "estimate": predicted,
+            "actual": targets.double(),
+            "loss": (predicted - targets.double()).abs().mean(dim=1),
+        }
 
     def shown_targets(self, targets: torch.Tensor) -> list[str]:
         return [";".join(f"{v:.3g}" for v in row) for row in targets.tolist()]

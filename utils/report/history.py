@@ -1,0 +1,74 @@
+"""A finished run's history read back from its own folder, as the report draws it: each tag's
+(step, value) points in order. TensorBoard's event files (the default logger) are read the way
+TensorBoard reads them, so the points a resume purged (those logged after the checkpoint it
+continued from) are left out; without event files, the CSV logger's ``metrics.csv``. A run
+tracked only by MLflow or W&B has neither: its report says so and draws no curves."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import logging
+import math
+from pathlib import Path
+
+from utils.tracking.local import CSV_NAME
+
+log = logging.getLogger("torchloom")
+Points = dict[str, list[tuple[int, float]]]
+
+
+def read_history(run_dir: Path) -> tuple[Points, str]:
+    """(tag → [(step, value)], where they were read: ``TensorBoard events``, ``metrics.csv``
+    or ``""`` when the folder holds neither)."""
+    if any(run_dir.glob("events.out.tfevents.*")):
+        return _events(run_dir), "TensorBoard events"
+    if (run_dir / CSV_NAME).is_file():
+        return _csv(run_dir / CSV_NAME), CSV_NAME
+    return {}, ""
+
+
+def _events(run_dir: Path) -> Points:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})  # 0: keep every point
+    events.Reload()
+    return {
+        tag: [(int(event.step), float(event.value)) for event in events.Scalars(tag)]
+        for tag in events.Tags()["scalars"]
+    }
+
+
+def _csv(path: Path) -> Points:
+    """``step,epoch,tag,value`` rows; a row that does not parse (a file edited by hand) is
+    skipped with one warning naming the file."""
+    points: Points = {}
+    skipped = 0
+    with path.open(newline="", encoding="utf-8") as file:
+        for row in csv.DictReader(file):
+            try:
+                step, value = int(row["step"]), float(row["value"])
+            except (KeyError, TypeError, ValueError):
+                skipped += 1
+                continue
+            points.setdefault(str(row["tag"]), []).append((step, value))
+    if skipped:
+        log.warning("warning: %s: %d rows that do not parse left out of the report", path, skipped)
+    return points
+
+
+def repeated_steps(points: Points) -> dict[str, list[int]]:
+    """Each tag's steps that occur more than once or out of order (a history a resume did not
+    cut): none in a run torchloom wrote, whatever killed and resumed it."""
+    found = {}
+    for tag, series in points.items():
+        steps = [step for step, _ in series]
+        bad = [b for a, b in itertools.pairwise(steps) if b <= a]
+        if bad:
+            found[tag] = bad
+    return found
+
+
+def finite(series: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The points with a finite value (a NaN loss is said in the report, not drawn)."""
+    return [(step, value) for step, value in series if math.isfinite(value)]
