@@ -230,7 +230,10 @@ def test_compare_prints_exactly_what_differs(tmp_path):
         "  optim.lr: 0.002 -> 0.001",
         "packages",
         f"  numpy: {metadata.version('numpy')} -> 0.0.1",
+        "curves: runs/compare/a-vs-b.png",  # the two runs' curves on common axes
     ]
+    with Image.open(tmp_path / "runs" / "compare" / "a-vs-b.png") as curves:
+        assert curves.format == "PNG" and curves.width > 500
     same = run_python(tmp_path, compare, "runs/a", "checkpoints/a/last.pt", ok=False)
     assert same.returncode == 0 and "the same" in same.stdout
     bad = run_python(tmp_path, compare, "runs/a", "runs/none", ok=False)

@@ -72,6 +72,7 @@ def curves(
         axis.legend(fontsize=8)
     for axis in list(grid.flat)[len(titles) :]:
         axis.set_visible(False)
+    figure.tight_layout()
     return png(figure)
 
 
@@ -276,6 +277,7 @@ def trials(points: Sequence[Mapping], direction: str, objective: str) -> bytes:
         label="pruned (last reported)",
     )
     axis.step([p["number"] for p in points], line, where="post", color="black", label="best so far")
+    axis.xaxis.set_major_locator(pyplot().MaxNLocator(integer=True))
     axis.set(xlabel="trial", ylabel=objective, title=f"trials ({direction})")
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)

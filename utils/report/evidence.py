@@ -122,6 +122,15 @@ def _check(arrays: dict[str, np.ndarray], path: Path) -> None:
             raise UserError(f"{path}: {name} holds {array.dtype}, not numbers ({fix})")
         if name in PER_SAMPLE and (array.ndim == 0 or len(array) != count or count > MAX_SAMPLES):
             raise UserError(f"{path}: {name} has {array.shape}, not one row a sample ({fix})")
+    classes = len(arrays.get("names", ()))
+    for name in ("target", "predicted"):
+        if name in arrays and ((arrays[name] < 0) | (arrays[name] >= classes)).any():
+            raise UserError(
+                f"{path}: {name} holds class indices past the {classes} classes ({fix})"
+            )
+    pictures = arrays.get("pictures")
+    if pictures is not None and (pictures.ndim != 4 or pictures.shape[-1] != 3):
+        raise UserError(f"{path}: pictures are {pictures.shape}, not [N, H, W, 3] ({fix})")
     worst = arrays.get("worst", np.zeros(0, np.int64))
     if worst.ndim != 1 or ((worst < 0) | (worst >= count)).any():
         raise UserError(f"{path}: worst names samples past the {count} kept ({fix})")

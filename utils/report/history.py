@@ -12,6 +12,7 @@ import logging
 import math
 from pathlib import Path
 
+from utils import plots
 from utils.tracking.local import CSV_NAME
 
 log = logging.getLogger("torchloom")
@@ -72,3 +73,24 @@ def repeated_steps(points: Points) -> dict[str, list[int]]:
 def finite(series: list[tuple[int, float]]) -> list[tuple[int, float]]:
     """The points with a finite value (a NaN loss is said in the report, not drawn)."""
     return [(step, value) for step, value in series if math.isfinite(value)]
+
+
+COMPARED = ("train/loss", "val/loss", "train/lr")
+
+
+def compared_curves(first: Path, second: Path) -> bytes | None:
+    """Two run folders' curves on common axes (compare.py): the losses, the learning rate and
+    each run's monitored metric where both logged it; None when either has no history."""
+    histories = [read_history(folder)[0] for folder in (first, second)]
+    if not all(histories):
+        return None
+    shared = [tag for tag in histories[0] if tag in histories[1]]
+    tags = [t for t in COMPARED if t in shared] + [
+        t for t in shared if t.startswith("val/") and t not in COMPARED
+    ][:3]
+    labels = (first.name, second.name) if first.name != second.name else (str(first), str(second))
+    panels = {
+        tag: {label: finite(history[tag]) for label, history in zip(labels, histories, strict=True)}
+        for tag in tags
+    }
+    return plots.curves(panels) if panels else None

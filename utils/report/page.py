@@ -65,8 +65,9 @@ class Page:
         self, header: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = ""
     ) -> None:
         head = "".join(f"<th>{html.escape(str(cell))}</th>" for cell in header)
+        head = f"<tr>{head}</tr>" if any(header) else ""
         body = "".join("<tr>" + "".join(_cell(cell) for cell in row) + "</tr>" for row in rows)
-        self._table(f"<tr>{head}</tr>{body}", caption)
+        self._table(head + body, caption)
 
     def _table(self, inner: str, caption: str) -> None:
         said = f"<caption>{html.escape(caption)}</caption>" if caption else ""
