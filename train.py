@@ -204,7 +204,7 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
         metrics = report.final_metrics(state, summary, data, checkpointer)
         metrics.update(fit_baselines(cfg.baselines, data, task, cfg.seed) if out.is_main else {})
         out.finish({**metrics, **early.summary()}, run.record.resolved, state.metrics)
-        out.report_run(judge.evidence(batches.test()), data, task.names)  # report.html
+        out.report_run(judge.evidence(batches.test(), data.inputs), data, task.names)  # report.html
         callbacks.fit_end(loop.status, metrics)
     context.close()
     log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)

@@ -6,7 +6,9 @@ inputs of a corpus, a prompt and a stored vocabulary."""
 from __future__ import annotations
 
 import gzip
+import html
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,11 @@ def test_a_gpt_trains_on_a_corpus_and_reports_whole_split_figures(corpus):
     assert metrics["train/tokens_per_second"] > 0
     assert metrics["test/loss"] < math.log(metrics["samples"]["train"] and 60)  # below uniform
     assert "val/bpc" in result.stdout
+    # its report: the loss curves, and 300 characters the model wrote, each one of the corpus's
+    page = (corpus / "runs" / "lm" / "report.html").read_text()
+    written = html.unescape(re.search(r"<pre>(.*?)</pre>", page, re.S).group(1))
+    assert len(written) == 301 and set(written) <= set(shakespeare(6000))
+    assert "learning curves" in page and page.count("data:image/png;base64,") == 1
     # the val figure is over every token of the val split, the same for any batch size
     again = run_evaluate(corpus, "ckpt=checkpoints/lm/best.pt", "data.batch_size=3")
     assert f"{metrics['test/loss']:.4f}" in again.stdout

@@ -28,10 +28,12 @@ def pyplot() -> Any:
     return matplotlib.pyplot
 
 
-def png(figure: Any) -> bytes:
-    """The figure as PNG bytes, then closed (pyplot keeps every open figure alive)."""
+def png(figure: Any, tight: bool = False) -> bytes:
+    """The figure as PNG bytes, then closed (pyplot keeps every open figure alive). ``tight``:
+    cropped to what is drawn (labels of any length: a second drawing pass); else the margins
+    the figure was laid out with."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    figure.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight" if tight else None)
     pyplot().close(figure)
     return buffer.getvalue()
 
@@ -47,6 +49,7 @@ def as_image(picture: bytes) -> Any:
 
 def _axes(width: float = 6.4, height: float = 4.0, columns: int = 1):
     figure, axes = pyplot().subplots(1, columns, figsize=(width, height), squeeze=False)
+    figure.subplots_adjust(left=0.13, right=0.97, bottom=0.14, top=0.9, wspace=0.3)
     return figure, list(axes[0])
 
 
@@ -72,7 +75,9 @@ def curves(
         axis.legend(fontsize=8)
     for axis in list(grid.flat)[len(titles) :]:
         axis.set_visible(False)
-    figure.tight_layout()
+    inches = 3.2 * rows  # 0.55 inch below each row's axes for its label, 0.35 above for a title
+    figure.subplots_adjust(left=0.08, right=0.98, bottom=0.55 / inches, top=1 - 0.35 / inches)
+    figure.subplots_adjust(wspace=0.22, hspace=0.45)
     return png(figure)
 
 
@@ -104,7 +109,7 @@ def confusion(matrix: np.ndarray, names: Sequence[str], normalised: bool) -> byt
                 color="white" if dark else "black",
             )
     axis.set_title("confusion, each true class's share" if normalised else "confusion, counts")
-    return png(figure)
+    return png(figure, tight=True)
 
 
 def most_confused(matrix: np.ndarray, most: int = MOST_CLASSES) -> np.ndarray:
@@ -133,7 +138,7 @@ def per_class(scores: Mapping[str, Sequence[float]], names: Sequence[str]) -> by
     axis.set_ylim(0, 1.05)
     axis.set_title("per class")
     axis.legend(fontsize=8)
-    return png(figure)
+    return png(figure, tight=True)
 
 
 def reliability(rows: Sequence[Mapping[str, float]]) -> bytes:
@@ -212,16 +217,24 @@ def regression(predicted: np.ndarray, actual: np.ndarray, name: str) -> bytes:
 
 
 def samples(pictures: np.ndarray, captions: Sequence[str], columns: int = 8) -> bytes:
-    """Images [N, H, W, 3] in [0, 1] in a grid, each with its caption above it."""
-    rows = math.ceil(len(pictures) / columns)
-    figure, grid = pyplot().subplots(
-        rows, columns, figsize=(1.5 * columns, 1.9 * rows), squeeze=False
-    )
-    for axis in grid.flat:
-        axis.axis("off")
-    for axis, picture, caption in zip(grid.flat, pictures, captions, strict=False):
-        axis.imshow(picture, interpolation="nearest")
-        axis.set_title(caption, fontsize=7)
+    """Images [N, H, W, 3] in [0, 1] tiled in one grid (one axes: one drawing), each with its
+    caption above it."""
+    count, height, width = pictures.shape[:3]
+    rows = math.ceil(count / columns)
+    gap_x, gap_y = max(2, width // 8), max(height // 2, 8)  # room for two lines of caption
+    grid = np.ones((rows * (height + gap_y) + 2, columns * (width + gap_x), 3))
+    for index, picture in enumerate(pictures):
+        top = (index // columns) * (height + gap_y) + gap_y
+        left = (index % columns) * (width + gap_x)
+        grid[top : top + height, left : left + width] = picture
+    figure, (axis,) = _axes(1.5 * columns, 1.5 * columns * grid.shape[0] / grid.shape[1])
+    figure.subplots_adjust(left=0, right=1, bottom=0, top=1)
+    axis.imshow(grid, interpolation="nearest")
+    axis.axis("off")
+    for index, caption in enumerate(captions[:count]):
+        x = (index % columns) * (width + gap_x) + width / 2
+        y = (index // columns) * (height + gap_y) + gap_y - 1
+        axis.text(x, y, caption, ha="center", va="bottom", fontsize=7)
     return png(figure)
 
 
@@ -252,7 +265,7 @@ def bars(values: Mapping[str, float], title: str, x_label: str) -> bytes:
     figure, (axis,) = _axes(6.4, max(2.0, 0.4 * len(ordered) + 1))
     axis.barh([name for name, _ in ordered], [value for _, value in ordered])
     axis.set(title=title, xlabel=x_label)
-    return png(figure)
+    return png(figure, tight=True)
 
 
 def trials(points: Sequence[Mapping], direction: str, objective: str) -> bytes:
@@ -301,7 +314,7 @@ def parallel(points: Sequence[Mapping], names: Sequence[str], objective: str) ->
     axis.set_xticks(range(len(columns)), columns, rotation=20, fontsize=8)
     axis.set_yticks([0, 1], ["low", "high"])
     axis.set_title("parameters of each trial (dashed: pruned)")
-    return png(figure)
+    return png(figure, tight=True)
 
 
 def _coordinate(point: Mapping, column: str, objective: str) -> float:

@@ -32,11 +32,11 @@ class Judge:
             "test", figures(evaluate(self.model, batches.epoch(0), self.precision, scores))
         )
 
-    def evidence(self, batches: Any) -> dict | None:
+    def evidence(self, batches: Any, inputs: Any) -> dict | None:
         """What the report shows of the test split's predictions (the task's ``evidence``):
-        one more pass over it, in every process; None for a task with none to show."""
+        one more pass over it, in every process; a language model's, text it writes."""
         if not self.task.shows_evidence:
-            return None
+            return self.task.sampled(self.model, inputs)
         return self.task.evidence(*outputs_of(self.model, batches.epoch(0), self.precision))
 
     def _record(self, split: str, metrics: dict) -> dict[str, float]:

@@ -23,7 +23,7 @@ from utils.files import write_file
 EVIDENCE = "test_predictions.npz"
 WORST = 16  # samples shown, worst first
 PER_SAMPLE = ("target", "predicted", "confidence", "loss", "scores", "truth", "estimate", "actual")
-SHOWN = ("worst", "pictures", "texts", "captions", "names")
+SHOWN = ("worst", "pictures", "texts", "captions", "names", "sampled")
 MAX_SAMPLES = 10_000_000
 
 
@@ -33,6 +33,9 @@ def keep_evidence(run_dir: Path, evidence: dict | None, split: Any, data: Any, n
     if evidence is None:
         return
     arrays = {key: _numpy(value) for key, value in evidence.items()}
+    if "loss" not in arrays:  # a language model's: the text it wrote
+        _write(run_dir, arrays)
+        return
     arrays["names"] = np.array([str(name) for name in names] or [""])
     loss = np.nan_to_num(arrays["loss"].astype(np.float64), nan=np.inf)
     worst = np.argsort(-loss, kind="stable")[:WORST]
@@ -45,6 +48,10 @@ def keep_evidence(run_dir: Path, evidence: dict | None, split: Any, data: Any, n
             arrays["pictures"] = (pictures.numpy() * 255).round().astype(np.uint8)
         else:
             arrays["texts"] = np.array([data.inputs.shown(s) for s in samples] or [""])
+    _write(run_dir, arrays)
+
+
+def _write(run_dir: Path, arrays: dict[str, np.ndarray]) -> None:
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)
     write_file(run_dir / EVIDENCE, buffer.getvalue(), "choose a paths.runs this user can write")
@@ -103,7 +110,7 @@ def read_evidence(run_dir: Path) -> dict[str, np.ndarray] | None:
 def _check(arrays: dict[str, np.ndarray], path: Path) -> None:
     fix = "was it edited? delete it, and report.py draws the rest"
     unknown = sorted(set(arrays) - {*PER_SAMPLE, *SHOWN})
-    if unknown or "loss" not in arrays:
+    if unknown or ("loss" not in arrays and "sampled" not in arrays):
         raise UserError(f"{path}: unexpected or missing arrays {unknown or ['loss']} ({fix})")
     pairs = (("predicted", "target"), ("scores", "truth"), ("estimate", "actual"))
     for one, other in pairs:
@@ -113,9 +120,9 @@ def _check(arrays: dict[str, np.ndarray], path: Path) -> None:
             raise UserError(f"{path}: {one} and {other} differ in shape ({fix})")
     if "scores" in arrays and arrays["scores"].ndim != 2:
         raise UserError(f"{path}: scores are not one row of scores a sample ({fix})")
-    count = len(arrays["loss"])
+    count = len(arrays["loss"]) if "loss" in arrays else 0
     for name, array in arrays.items():
-        text = name in ("names", "captions", "texts")
+        text = name in ("names", "captions", "texts", "sampled")
         if array.dtype.kind != ("U" if text else array.dtype.kind) or array.dtype.kind in "OVSM":
             raise UserError(f"{path}: {name} holds {array.dtype} values ({fix})")
         if not text and array.dtype.kind not in "biuf":

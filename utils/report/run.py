@@ -156,6 +156,12 @@ def beaten(metrics: dict, found: dict) -> list[str]:
 def curves(page: Page, run_dir: Path, metrics: dict) -> None:
     page.heading("learning curves")
     points, source = read_history(run_dir)
+    folds = sorted(p.parent.name for p in run_dir.glob("fold-*/report.html"))
+    if not points and folds:  # cv=K: each fold's curves are in its own report
+        page.text(
+            f"each fold's curves in its own report: {', '.join(f + '/report.html' for f in folds)}"
+        )
+        return
     if not points:
         page.text(
             "no history in this folder (logger= wrote none here: MLflow or W&B hold it)", "note"
@@ -198,6 +204,10 @@ def best_step(series: list[tuple[int, float]], metrics: dict) -> int | None:
 
 def test_split(page: Page, evidence: dict[str, np.ndarray], split: str) -> None:
     """Each picture whose arrays the task's evidence holds (utils/tasks ``evidence``)."""
+    if "sampled" in evidence:  # a language model: what it writes
+        page.heading("what it writes (300 tokens after a new line, temperature 0.8, top 200)")
+        page.preformatted("\n\n".join(str(text) for text in evidence["sampled"]))
+        return
     page.heading(f"the {split} split: where it is right and wrong")
     names = [str(n) for n in evidence["names"]]
     if "predicted" in evidence:

@@ -45,8 +45,9 @@ from utils.errors import UserError
 from utils.evaluation.metrics import outputs_of
 from utils.files import atomic_file, write_json
 from utils.intact import check_intact
+from utils.report.run import write_run_report
 from utils.run.folders import check_part_name, fold_folder, output_dirs
-from utils.run.outputs import read_metrics
+from utils.run.outputs import read_metrics, report_safely
 from utils.run.resume_changes import config_changes
 from utils.run.start import check_new_run, remove_files
 from utils.system.distributed import processes_from_env
@@ -137,6 +138,7 @@ def cross_validate(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> f
             root / "oof.csv",
             root / "metrics.json",
         )
+        report_safely(lambda: write_run_report(root))  # the folds' mean ± std, their reports
     return statistics.fmean(values)
 
 

@@ -83,17 +83,9 @@ class Outputs:
 
     def report(self, write: Callable[[], Path]) -> None:
         """Write a ``report.html`` by ``write`` (utils/report/), once what it describes is on
-        disk: rank 0 of a run that writes outputs alone. Drawing that fails is one warning:
-        the run, its checkpoints and metrics stand."""
-        if not self.is_main or not self.writes_events:
-            return
-        try:
-            written = write()
-        except Exception as error:
-            log.warning("warning: report.html not written: %s", error)
-            log.debug("report failure", exc_info=True)
-            return
-        log.info("report: %s", written)
+        disk: rank 0 of a run that writes outputs alone (:func:`report_safely`)."""
+        if self.is_main and self.writes_events:
+            report_safely(write)
 
     def report_run(self, evidence: dict | None, data: Any, names: list[str]) -> None:
         """A training run's report, with its test split's ``evidence`` kept beside it."""
@@ -106,6 +98,18 @@ class Outputs:
 
     def close(self) -> None:
         self.tracker.end(FINISHED)
+
+
+def report_safely(write: Callable[[], Path]) -> None:
+    """``write()`` a report; drawing that fails is one warning: the run, its checkpoints and
+    metrics stand."""
+    try:
+        written = write()
+    except Exception as error:
+        log.warning("warning: report.html not written: %s", error)
+        log.debug("report failure", exc_info=True)
+        return
+    log.info("report: %s", written)
 
 
 def read_metrics(run_dir: Path) -> dict | None:

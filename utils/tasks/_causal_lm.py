@@ -10,12 +10,14 @@ any size, by any number of processes, gives the same figure.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from utils.errors import UserError
+from utils.evaluation.sampling import generated
 from utils.system.distributed import all_sum
 from utils.tasks._base import Task
 
@@ -62,6 +64,21 @@ class CausalLM(Task):
 
     def nll(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
         return float(F.cross_entropy(logits.flatten(0, -2), targets.flatten()))
+
+    def sampled(self, model: Any, inputs: Any, tokens: int = 300) -> dict[str, Any]:
+        """What the report shows of a language model: ``tokens`` it writes after a new line
+        (its first token where the vocabulary has no new line), at temperature 0.8 among the
+        200 likeliest, seeded: the same weights write the same text."""
+        try:
+            prompt = inputs.prompt_ids("\n", "the report's prompt")
+        except UserError:
+            prompt = torch.zeros(1, dtype=torch.long)
+        device = next(model.parameters()).device
+        options = SimpleNamespace(max_new_tokens=tokens, temperature=0.8, top_k=200, seed=0)
+        generator = torch.Generator(device=device).manual_seed(0)
+        block = int(getattr(model, "block_size", 0) or self.data.input_shape[-1])
+        new = generated(model, prompt.to(device), options, generator, block)
+        return {"sampled": [inputs.text_of(prompt.tolist() + new)]}
 
     def shown_targets(self, targets: torch.Tensor) -> list[str]:
         return [str(t[-1]) for t in targets.tolist()]
