@@ -31,6 +31,10 @@ from utils.tracking.process import start_early
 
 start_early(sys.argv)  # logger=...mlflow: its process imports MLflow while torch imports here
 
+from utils import plots
+
+plots.warm_up()  # report.html's plotting library, imported meanwhile
+
 import logging
 import time
 from pathlib import Path

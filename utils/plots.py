@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,18 @@ def pyplot() -> Any:
     import matplotlib.pyplot
 
     return matplotlib.pyplot
+
+
+def warm_up() -> None:
+    """Import pyplot and lay out one text (its font cache read) in a thread of its own, so a
+    run that ends with a report has them ready: the import overlaps the run's start."""
+
+    def ready() -> None:
+        figure = pyplot().figure(figsize=(1, 1))
+        figure.text(0.5, 0.5, "0.9")
+        png(figure)
+
+    threading.Thread(target=ready, name="torchloom-plots", daemon=False).start()
 
 
 def png(figure: Any, tight: bool = False) -> bytes:
@@ -81,35 +94,32 @@ def curves(
     return png(figure)
 
 
-def confusion(matrix: np.ndarray, names: Sequence[str], normalised: bool) -> bytes:
-    """A confusion matrix (rows: true class, columns: predicted), counts or each row's shares;
-    past :data:`MOST_CLASSES` classes, the classes of the largest off-diagonal counts alone
-    (the caller says so)."""
-    shown = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1) if normalised else matrix
-    side = max(4.0, min(12.0, 0.35 * len(names) + 2))
-    figure, (axis,) = _axes(side + 1, side)
-    image = axis.imshow(shown, cmap="Blues", vmin=0, vmax=1 if normalised else None)
-    figure.colorbar(image, ax=axis, fraction=0.046)
-    ticks = range(len(names))
-    axis.set_xticks(ticks, names, rotation=90, fontsize=8)
-    axis.set_yticks(ticks, names, fontsize=8)
-    axis.set_xlabel("predicted")
-    axis.set_ylabel("true")
-    if len(names) <= 12:  # the numbers themselves, where they fit
-        for (row, column), value in np.ndenumerate(shown):
-            text = f"{value:.2f}" if normalised else str(int(value))
-            dark = value > (0.5 if normalised else shown.max() / 2)
-            axis.text(
-                column,
-                row,
-                text,
-                ha="center",
-                va="center",
-                fontsize=7,
-                color="white" if dark else "black",
-            )
-    axis.set_title("confusion, each true class's share" if normalised else "confusion, counts")
+def confusion(matrix: np.ndarray, names: Sequence[str]) -> bytes:
+    """A confusion matrix (rows: true class, columns: predicted) twice, side by side: its
+    counts, and each true class's shares; past :data:`MOST_CLASSES` classes the caller passes
+    the most confused ones (and says so)."""
+    side = max(4.0, min(10.0, 0.3 * len(names) + 2))
+    figure, axes = _axes(2 * side + 1.5, side, columns=2)
+    shares = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)
+    for axis, shown, normalised in ((axes[0], matrix, False), (axes[1], shares, True)):
+        image = axis.imshow(shown, cmap="Blues", vmin=0, vmax=1 if normalised else None)
+        figure.colorbar(image, ax=axis, fraction=0.046)
+        ticks = range(len(names))
+        axis.set_xticks(ticks, names, rotation=90, fontsize=8)
+        axis.set_yticks(ticks, names, fontsize=8)
+        axis.set(xlabel="predicted", ylabel="true")
+        axis.set_title("each true class's shares" if normalised else "counts")
+        if len(names) <= 12:  # the numbers themselves, where they fit
+            _numbers(axis, shown, normalised)
     return png(figure, tight=True)
+
+
+def _numbers(axis: Any, shown: np.ndarray, normalised: bool) -> None:
+    high = 0.5 if normalised else shown.max() / 2
+    for (row, column), value in np.ndenumerate(shown):
+        text = f"{value:.2f}" if normalised else str(int(value))
+        colour = "white" if value > high else "black"
+        axis.text(column, row, text, ha="center", va="center", fontsize=7, color=colour)
 
 
 def most_confused(matrix: np.ndarray, most: int = MOST_CLASSES) -> np.ndarray:

@@ -56,7 +56,9 @@ def classes(page: Page, result: Mapping[str, Any]) -> None:
         said = f" (the {len(shown)} most confused of {count} classes)"
     labels = [names[i] for i in shown]
     sub = matrix[np.ix_(shown, shown)]
-    page.picture(plots.confusion(sub, labels, normalised=True), "confusion, normalised" + said)
+    page.picture(
+        plots.confusion(sub, labels), "confusion: counts, and each true class's shares" + said
+    )
     scores = result.get("per_class") or {}
     if all(isinstance(scores.get(key), list) and len(scores[key]) == count for key in SCORES):
         chosen = {key: [float(scores[key][i]) for i in shown] for key in SCORES}

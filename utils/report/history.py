@@ -30,14 +30,23 @@ def read_history(run_dir: Path) -> tuple[Points, str]:
 
 
 def _events(run_dir: Path) -> Points:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """The scalars of the folder's event files, read as TensorBoard reads them: the files in
+    name order (their writers' start times), and a session's start at step S (a resume's
+    purge step) drops every point already read at step S or later."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import SessionLog
 
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})  # 0: keep every point
-    events.Reload()
-    return {
-        tag: [(int(event.step), float(event.value)) for event in events.Scalars(tag)]
-        for tag in events.Tags()["scalars"]
-    }
+    points: Points = {}
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        for event in LegacyEventFileLoader(str(path)).Load():
+            if event.HasField("session_log") and event.session_log.status == SessionLog.START:
+                for tag, series in points.items():
+                    points[tag] = [point for point in series if point[0] < event.step]
+            elif event.HasField("summary"):
+                for value in event.summary.value:
+                    if value.WhichOneof("value") == "simple_value":
+                        points.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return {tag: series for tag, series in points.items() if series}
 
 
 def _csv(path: Path) -> Points:

@@ -231,8 +231,9 @@ def classes(page: Page, evidence: dict[str, np.ndarray], names: list[str]) -> No
         shown = plots.most_confused(matrix)
         said = f" (the {len(shown)} most confused of {count} classes)"
     sub, labels = matrix[np.ix_(shown, shown)], [names[i] for i in shown]
-    page.picture(plots.confusion(sub, labels, normalised=False), "confusion, counts" + said)
-    page.picture(plots.confusion(sub, labels, normalised=True), "confusion, normalised" + said)
+    page.picture(
+        plots.confusion(sub, labels), "confusion: counts, and each true class's shares" + said
+    )
     scores = per_class_scores(torch.from_numpy(matrix))
     chosen = {key: [scores[key][i] for i in shown] for key in ("precision", "recall")}
     page.picture(plots.per_class(chosen, labels), "precision and recall per class" + said)
