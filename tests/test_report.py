@@ -11,7 +11,6 @@ import html
 import io
 import json
 import re
-import sys
 import zipfile
 from pathlib import Path
 
@@ -160,6 +159,9 @@ def test_labels_and_columns_from_the_data_are_shown_as_text(tmp_path):
     self_contained(page)
     assert "<img src=x>" not in page and HOSTILE not in page
     assert html.escape(HOSTILE) in page  # the class name, shown as the text it is
+    # trainer.refit's figures (a small table refits on train ∪ val) join the run's report
+    shown, metrics = shown_figures(page), read_metrics(tmp_path / "runs" / "h")
+    assert shown["refit/test/acc"] == number(metrics["refit/test/acc"])
 
 
 def test_a_killed_and_resumed_run_has_one_point_a_step_as_a_straight_run(tmp_path):
@@ -284,5 +286,15 @@ def test_nan_metrics_are_named_not_drawn(default_job, tmp_path):
     assert shown_figures(page)["test/loss"] == "nan" and "not finite: test/loss" in page
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__]))
+def test_label_sets_get_ranking_curves_per_label(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = []
+    for x, y in rng.random((160, 2)):
+        on = [name for name, yes in (("a", x > 0.5), ("b", y > 0.5), ("c", x + y > 1)) if yes]
+        rows.append([f"{x:.3f}", f"{y:.3f}", ";".join(on)])
+    write_rows(tmp_path / "tags.csv", ["x", "y", "tags"], rows)
+    run = ["data=csv", "data.path=tags.csv", "data.target=tags", "task=multilabel"]
+    run_train(tmp_path, *run, *QUICK, "trainer.refit=false", "run_name=ml")
+    page = (tmp_path / "runs" / "ml" / "report.html").read_text()
+    assert "ROC and precision-recall" in page and "worst-predicted samples" in page
+    assert len(pictures(page)) == 2  # the curves; ROC and PR of each label

@@ -77,7 +77,7 @@ def identity(page: Page, metrics: dict, provenance: dict | None) -> None:
     page.table(["", ""], rows)
 
 
-SPLITS = ("train/", "val/", "test/")
+SPLITS = ("train/", "val/", "test/", "refit/test/")  # refit/: trainer.refit's run's figures
 
 
 def final_figures(page: Page, metrics: dict) -> None:

@@ -34,8 +34,9 @@ from data.batching.dataset import capabilities_of
 from utils.config.build import builder_of
 from utils.errors import UserError
 from utils.files import write_json
+from utils.report.run import write_run_report
 from utils.run.folders import REFIT_FOLDER
-from utils.run.outputs import read_metrics
+from utils.run.outputs import read_metrics, report_safely
 from utils.system.distributed import processes_from_env
 
 log = logging.getLogger("torchloom")
@@ -89,6 +90,7 @@ def refit(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> None:
         if isinstance(v, float) and isinstance(first.get(k), float) and k in (said, "test/loss")
     )
     log.info("refit: %s; its weights: %s", shown, record["refit/checkpoint"])
+    report_safely(lambda: write_run_report(root))  # the run's report, with the refit's figures
 
 
 def refit_config(cfg: DictConfig, first: dict) -> DictConfig:
