@@ -85,11 +85,5 @@ class Values:
     ) -> nn.Module:
         return RawValues(model, mean, std, shape)
 
-    def plain(self, samples: torch.Tensor) -> None:
-        return None  # no simple model of scikit-learn's reads these as they are
-
-    def picture(self, samples: torch.Tensor) -> None:
-        return None  # read, not seen: :meth:`shown`
-
     def shown(self, sample: torch.Tensor) -> str:
         return shown_values(sample)

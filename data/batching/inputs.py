@@ -20,7 +20,11 @@ the exports, what a person is shown — asks it, never the kind:
     read_raw(path, shape)              predict.py's inputs of that kind, read from a file
     front(model, mean, std, shape)     what an export takes, in front of the model
     shown(sample)                      one sample as a person reads it (a snippet, a row)
-    picture(samples)                   samples as a person sees them (images), else None
+
+and two questions a kind answers only where it has an answer (:func:`picture_of`,
+:func:`plain_of`; a kind without them has none, as a new kind starts):
+
+    picture(samples)                   samples as a person sees them (a report's image grid)
     plain(samples)                     samples as a simple model reads them (a baseline's)
 """
 
@@ -96,16 +100,21 @@ class Inputs(Protocol):
 
     def shown(self, sample: torch.Tensor) -> str: ...
 
-    def picture(self, samples: torch.Tensor) -> torch.Tensor | None:
-        """Samples as held [N, ...] as RGB pictures [N, H, W, 3] in [0, 1] (a report's
-        grid), or None where a sample is read, not seen (it shows :meth:`shown`)."""
-        ...
 
-    def plain(self, samples: torch.Tensor) -> Any:
-        """Samples as scikit-learn's simple models read them (utils/evaluation/baselines.py):
-        rows of numbers [N, F] for a table, a list of texts for texts; None where no simple
-        model applies (images, arrays, a corpus)."""
-        ...
+def picture_of(inputs: Inputs, samples: torch.Tensor) -> torch.Tensor | None:
+    """Samples as held [N, ...] as RGB pictures [N, H, W, 3] in [0, 1] (a report's grid), by
+    their kind's ``picture``; None where the kind has none (a sample is read, not seen: it is
+    shown by ``shown``)."""
+    picture = getattr(inputs, "picture", None)
+    return picture(samples) if picture is not None else None
+
+
+def plain_of(inputs: Inputs, samples: torch.Tensor) -> Any:
+    """Samples as scikit-learn's simple models read them (utils/evaluation/baselines.py), by
+    their kind's ``plain``: rows of numbers [N, F] for a table, a list of texts for texts;
+    None where no simple model applies (images, arrays, a corpus, a kind without ``plain``)."""
+    plain = getattr(inputs, "plain", None)
+    return plain(samples) if plain is not None else None
 
 
 def example_values(

@@ -128,12 +128,6 @@ class Stream:
     def text_of(self, ids: Sequence[int]) -> str:
         return self.vocabulary.decode(list(ids))
 
-    def plain(self, samples: torch.Tensor) -> None:
-        return None  # no simple model of scikit-learn's reads these as they are
-
-    def picture(self, samples: torch.Tensor) -> None:
-        return None  # read, not seen: :meth:`shown`
-
     def shown(self, sample: torch.Tensor) -> str:
         """A window as its text."""
         return self.vocabulary.decode(sample.tolist())

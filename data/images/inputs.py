@@ -125,9 +125,6 @@ class Pixels:
     ) -> nn.Module:
         return RawPixels(model, mean, std, shape, self.crop_pct)
 
-    def plain(self, samples: torch.Tensor) -> None:
-        return None  # no simple model of scikit-learn's reads these as they are
-
     def picture(self, samples: torch.Tensor) -> torch.Tensor | None:
         """uint8 pixels as they are; float ones each scaled to its own range; grey repeated
         into RGB; other channel counts (a multispectral stack) have no picture."""

@@ -155,9 +155,6 @@ class Rows:
         """The rows' numbers as the table was read (missing values NaN where kept so)."""
         return samples.double().numpy()
 
-    def picture(self, samples: torch.Tensor) -> None:
-        return None  # read, not seen: :meth:`shown`
-
     def shown(self, sample: torch.Tensor) -> str:
         return shown_values(sample)
 

@@ -109,9 +109,6 @@ class Tokens:
         rows = [[i for i in row if i != self.pad_id] for row in samples.tolist()]
         return tokenizer.decode_batch(rows)
 
-    def picture(self, samples: torch.Tensor) -> None:
-        return None  # read, not seen: :meth:`shown`
-
     def shown(self, sample: torch.Tensor) -> str:
         """A text as the tokenizer reads its ids back, padding left out."""
         tokenizer = from_record(self.text, "the data's text record").tokenizer

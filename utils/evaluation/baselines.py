@@ -10,7 +10,7 @@ default where scikit-learn is installed: ``pip install -e ".[baselines]"``):
 Their figures go into metrics.json as ``baseline/<name>/<split>/<metric>`` in the run's own
 units and names (``acc`` and ``loss`` for classes; ``mae``, ``rmse``, ``r2`` for values) with
 ``baseline/<name>/fit_seconds``. Which data has a simple model is the kind of input's answer
-(data/batching/inputs.py ``plain``), which kind of model the task's (``simple_models``). A train
+(data/batching/inputs.py ``plain_of``), which kind of model the task's (``simple_models``). A train
 split past :data:`MOST_ROWS` rows is fitted on a sample of that many, said so.
 """
 
@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from data.batching.inputs import plain_of
 
 log = logging.getLogger("torchloom")
 MOST_ROWS = 100_000  # train rows a baseline is fitted on (a sample past it): minutes at most
@@ -39,7 +41,7 @@ def fit_baselines(asked: bool, data: Any, task: Any, seed: int) -> dict[str, Any
     held = {name: s for name, s in splits.items() if s is not None and s.held == "memory"}
     if "train" not in held:
         return {}
-    train = data.inputs.plain(held["train"].inputs[:1])
+    train = plain_of(data.inputs, held["train"].inputs[:1])
     if train is None:
         return {}
     if importlib.util.find_spec("sklearn") is None:
@@ -50,7 +52,7 @@ def fit_baselines(asked: bool, data: Any, task: Any, seed: int) -> dict[str, Any
 
 def _fitted(held: dict, data: Any, task: Any, seed: int) -> dict[str, Any]:
     rows, said = _sample(len(held["train"]), seed)
-    inputs = data.inputs.plain(held["train"].inputs[rows])
+    inputs = plain_of(data.inputs, held["train"].inputs[rows])
     targets = _targets(held["train"].labels[rows], task)
     texts = isinstance(inputs, list)
     results: dict[str, Any] = {}
@@ -60,7 +62,7 @@ def _fitted(held: dict, data: Any, task: Any, seed: int) -> dict[str, Any]:
         results[f"baseline/{name}/fit_seconds"] = time.perf_counter() - started
         for split in ("val", "test"):
             if split in held:
-                shown = data.inputs.plain(held[split].inputs)
+                shown = plain_of(data.inputs, held[split].inputs)
                 scored = _scores(model, shown, _targets(held[split].labels, task), task)
                 results.update({f"baseline/{name}/{split}/{k}": v for k, v in scored.items()})
     log.info(

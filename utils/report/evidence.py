@@ -2,7 +2,7 @@
 ``report.py`` can draw the report again without the model or the data: the task's evidence
 (utils/tasks ``evidence``: targets, predictions, scores and each sample's loss as plain arrays)
 and the worst-predicted samples in their own form — pictures for images, the text a person
-reads for rows and texts (data/batching/inputs.py ``picture`` and ``shown``).
+reads for rows and texts (data/batching/inputs.py ``picture_of`` and ``shown``).
 
 The file is read back as hostile data: NumPy's format without pickles, only the names below,
 numbers or text of the shapes they must have; anything else is one line naming the file."""
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from data.batching.inputs import picture_of
 from utils.errors import UserError
 from utils.files import write_file
 
@@ -43,7 +44,7 @@ def keep_evidence(run_dir: Path, evidence: dict | None, split: Any, data: Any, n
     arrays["captions"] = np.array([_caption(arrays, int(i)) for i in worst] or [""])
     samples = _held(split, torch.from_numpy(worst))
     if samples is not None:
-        pictures = data.inputs.picture(samples)
+        pictures = picture_of(data.inputs, samples)
         if pictures is not None:
             arrays["pictures"] = (pictures.numpy() * 255).round().astype(np.uint8)
         else:
