@@ -143,7 +143,8 @@ def evaluate_checkpoints(cfg: DictConfig) -> None:
     if len(results) > 1:
         out.print(tables.comparison(results, cfg.split))
     out.write_json("metrics.json", results)
-    out.report(lambda: write_evaluation_report(run_dir, results))  # report.html beside it
+    if cfg.report:  # report.html beside it
+        out.report(lambda: write_evaluation_report(run_dir, results))
     out.print(f"evaluation run dir: {run_dir}")
     context.close()
 

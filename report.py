@@ -32,6 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print_error(error)
         return EXIT_USER_ERROR
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+        # a file of the folder holds what no run writes (edited by hand, or not a run's)
+        print_error(
+            UserError(
+                f"{args.folder}: its files are not as a run writes them ({error}); was one edited?"
+            )
+        )
+        return EXIT_USER_ERROR
     print(f"report: {written}")
     return 0
 

@@ -33,7 +33,7 @@ start_early(sys.argv)  # logger=...mlflow: its process imports MLflow while torc
 
 from utils import plots
 
-plots.warm_up()  # report.html's plotting library, imported meanwhile
+plots.warm_up(sys.argv)  # report.html's plotting library, imported meanwhile
 
 import logging
 import time
@@ -208,7 +208,8 @@ def train(cfg: DictConfig, stop: StopRequest, run_dir: Path | None = None) -> fl
         metrics = report.final_metrics(state, summary, data, checkpointer)
         metrics.update(fit_baselines(cfg.baselines, data, task, cfg.seed) if out.is_main else {})
         out.finish({**metrics, **early.summary()}, run.record.resolved, state.metrics)
-        out.report_run(judge.evidence(batches.test(), data.inputs), data, task.names)  # report.html
+        if cfg.report:  # report.html: curves, the test split's pictures, the baselines
+            out.report_run(judge.evidence(batches.test(), data.inputs), data, task.names)
         callbacks.fit_end(loop.status, metrics)
     context.close()
     log.info("run dir: %s\ncheckpoints: %s", run.run_dir, run.checkpoint_dir)

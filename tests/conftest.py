@@ -53,6 +53,7 @@ def run_python(
     (:func:`run_in_process`) unless the process boundary is what is tested: ``process=True``,
     or an ``env`` that makes a helper model send a signal (``SIGNAL_*``: it must reach the
     run, not pytest)."""
+    args = (*args, *quiet(args))
     signals = any(key.startswith("SIGNAL_") for key in env or {})
     in_process = (str(TRAIN), str(EVALUATE), str(PREDICT))
     if not (process or signals) and args and args[0] in in_process:
@@ -71,6 +72,19 @@ def run_python(
             f"{args[:3]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
         )
     return result
+
+
+# What a test's run leaves out unless it asks for it (report=true, baselines=true): the report's
+# drawing and the scikit-learn fits cost about a second a run, in every run of the suite;
+# tests/test_report.py asks for both and checks them through the same entry points.
+QUIET = {str(TRAIN): ("report=false", "baselines=false"), str(EVALUATE): ("report=false",)}
+
+
+def quiet(args: tuple) -> tuple[str, ...]:
+    """The overrides of :data:`QUIET` a command line ``args`` does not set itself."""
+    given = {arg.split("=", 1)[0] for arg in args[1:]}
+    leave_out = QUIET.get(args[0], ()) if args else ()
+    return tuple(o for o in leave_out if o.split("=", 1)[0] not in given)
 
 
 def run_train(cwd: Path, *overrides: str, ok: bool = True, **how):

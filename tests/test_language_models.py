@@ -62,7 +62,7 @@ def corpus(tmp_path: Path) -> Path:
 
 
 def test_a_gpt_trains_on_a_corpus_and_reports_whole_split_figures(corpus):
-    result = run_train(corpus, *LM, *TINY, "run_name=lm")
+    result = run_train(corpus, *LM, *TINY, "run_name=lm", "report=true")
     metrics = read_metrics(corpus / "runs" / "lm")
     assert metrics["global_step"] == 12 and metrics["epochs"] == 3  # rounds of 4 steps
     assert metrics["test_split"] == "val"

@@ -18,7 +18,9 @@ import pytest
 import torch
 from conftest import (
     PREDICT,
+    QUIET,
     ROOT,
+    TRAIN,
     checkpoint,
     error_line,
     read_metrics,
@@ -62,7 +64,7 @@ def test_the_default_run_records_what_produced_it(tmp_path):
     run_train(tmp_path, *QUICK, "run_name=p", env={"API_TOKEN": "hunter2-s3cr3t"})
     record = provenance(tmp_path, "p")
     assert list(record) == ["command", "code", "packages", "machine", "data", "attempts"]
-    assert record["command"]["overrides"] == [*QUICK, "run_name=p"]
+    assert record["command"]["overrides"] == [*QUICK, "run_name=p", *QUIET[str(TRAIN)]]
     assert record["command"]["seed"] == 0
     assert record["packages"]["torch"] == metadata.version("torch")
     assert record["machine"]["torch"] == torch.__version__ and record["machine"]["world_size"] == 1

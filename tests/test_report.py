@@ -35,6 +35,7 @@ from utils.report.page import number
 
 REPORT = str(ROOT / "report.py")
 QUICK = ["trainer.max_epochs=3"]
+ON = ["report=true", "baselines=true"]  # what the suite's other runs leave out (conftest QUIET)
 
 
 def pictures(page: str) -> list[Image.Image]:
@@ -62,7 +63,7 @@ def self_contained(page: str) -> None:
 @pytest.fixture(scope="module")
 def default_job(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("report")
-    run_train(cwd, "run_name=first")
+    run_train(cwd, *ON, "run_name=first")
     return cwd
 
 
@@ -96,7 +97,11 @@ def test_report_py_writes_it_again_from_the_folder_alone(default_job):
 
 def test_evaluate_writes_its_report_beside_its_metrics(default_job):
     run_python(
-        default_job, str(EVALUATE), "ckpt=checkpoints/first/best.pt", "hydra.run.dir=runs/eval/one"
+        default_job,
+        str(EVALUATE),
+        "report=true",
+        "ckpt=checkpoints/first/best.pt",
+        "hydra.run.dir=runs/eval/one",
     )
     folder = default_job / "runs" / "eval" / "one"
     page = (folder / "report.html").read_text()
@@ -154,7 +159,9 @@ HOSTILE = "<script>alert(1)</script>"
 def test_labels_and_columns_from_the_data_are_shown_as_text(tmp_path):
     rows = [[f"{i % 7}", f"{(i * 3) % 5}", HOSTILE if i % 2 else "a&b"] for i in range(80)]
     write_rows(tmp_path / "t.csv", ["x<img src=x>", "y", "kind"], rows)
-    run_train(tmp_path, "data=csv", "data.path=t.csv", "data.target=kind", *QUICK, "run_name=h")
+    run_train(
+        tmp_path, *ON, "data=csv", "data.path=t.csv", "data.target=kind", *QUICK, "run_name=h"
+    )
     page = (tmp_path / "runs" / "h" / "report.html").read_text()
     self_contained(page)
     assert "<img src=x>" not in page and HOSTILE not in page
@@ -171,10 +178,10 @@ def test_a_killed_and_resumed_run_has_one_point_a_step_as_a_straight_run(tmp_pat
         "model=mlp",
         "model._target_=signalling_model.mlp",
     ]
-    run_train(tmp_path, *run, "run_name=straight")
-    first = run_train(tmp_path, *run, "run_name=killed", ok=False, env=killed_at(45))
+    run_train(tmp_path, *ON, *run, "run_name=straight")
+    first = run_train(tmp_path, *ON, *run, "run_name=killed", ok=False, env=killed_at(45))
     assert first.returncode in (-9, 137), first.stderr[-2000:]
-    run_train(tmp_path, *run, "run_name=killed", "resume=auto")
+    run_train(tmp_path, *ON, *run, "run_name=killed", "resume=auto")
     straight, _ = read_history(tmp_path / "runs" / "straight")
     resumed, source = read_history(tmp_path / "runs" / "killed")
     assert source == "TensorBoard events"
@@ -206,7 +213,7 @@ def test_a_table_is_scored_beside_the_baselines_and_the_report_says_who_wins(tmp
     steps_table(tmp_path / "steps.csv")
     run = ["data=csv", "data.path=steps.csv", "data.target=target", "task=regression"]
     run += ["trainer.max_epochs=2", "trainer.refit=false"]
-    run_train(tmp_path, *run, "run_name=b")
+    run_train(tmp_path, *ON, *run, "run_name=b")
     metrics = read_metrics(tmp_path / "runs" / "b")
     for name in ("hgb", "linear"):
         assert {f"baseline/{name}/test/{m}" for m in ("mae", "rmse", "r2")} <= set(metrics)
@@ -217,12 +224,14 @@ def test_a_table_is_scored_beside_the_baselines_and_the_report_says_who_wins(tmp
     for name, text in shown_figures(page).items():
         assert text == number(metrics[name]), name
     assert "predicted against actual" in page
-    run_train(tmp_path, *run, "run_name=off", "baselines=false")
+    run_train(tmp_path, "report=true", *run, "run_name=off", "baselines=false")
     assert not [k for k in read_metrics(tmp_path / "runs" / "off") if k.startswith("baseline")]
 
 
 def test_an_image_folder_run_shows_its_worst_images(tmp_path, imagefolder_root):  # noqa: F811
-    run_train(tmp_path, "data=imagefolder", f"data.root={imagefolder_root}", *QUICK, "run_name=i")
+    run_train(
+        tmp_path, *ON, "data=imagefolder", f"data.root={imagefolder_root}", *QUICK, "run_name=i"
+    )
     page = (tmp_path / "runs" / "i" / "report.html").read_text()
     assert "worst-predicted samples" in page and len(pictures(page)) == 5
     assert not [k for k in read_metrics(tmp_path / "runs" / "i") if k.startswith("baseline")]
@@ -235,7 +244,7 @@ def test_a_text_run_shows_its_worst_texts_and_a_tfidf_baseline(tmp_path):
 
     write_reviews(tmp_path / "reviews.csv")
     run = ["data=text", "data.text=review", "data.target=sentiment", "data.path=reviews.csv"]
-    run_train(tmp_path, *run, *QUICK, "data.batch_size=16", "run_name=t")
+    run_train(tmp_path, *ON, *run, *QUICK, "data.batch_size=16", "run_name=t")
     metrics = read_metrics(tmp_path / "runs" / "t")
     assert 0.5 < metrics["baseline/tfidf/test/acc"] <= 1.0
     page = (tmp_path / "runs" / "t" / "report.html").read_text()
@@ -244,13 +253,13 @@ def test_a_text_run_shows_its_worst_texts_and_a_tfidf_baseline(tmp_path):
 
 def test_a_report_that_cannot_be_written_is_a_warning_and_the_run_stands(tmp_path):
     (tmp_path / "runs" / "blocked" / "report.html").mkdir(parents=True)  # a folder in its way
-    result = run_train(tmp_path, *QUICK, "run_name=blocked", "overwrite=true")
+    result = run_train(tmp_path, *ON, *QUICK, "run_name=blocked", "overwrite=true")
     assert "warning: report.html not written" in result.stdout + result.stderr
     assert read_metrics(tmp_path / "runs" / "blocked")["status"] == "completed"
 
 
 def test_a_sweep_writes_its_report_with_every_job(tmp_path):
-    run_train(tmp_path, "-m", "optim.lr=0.01,0.001", *QUICK, "run_name=sw")
+    run_train(tmp_path, "-m", *ON, "optim.lr=0.01,0.001", *QUICK, "run_name=sw")
     page = (tmp_path / "runs" / "sw" / "report.html").read_text()
     self_contained(page)
     assert page.count("optim.lr=0.01") >= 1 and "optim.lr=0.001" in page
@@ -262,6 +271,7 @@ def test_a_run_with_many_classes_shows_the_most_confused(tmp_path):
     write_rows(tmp_path / "many.csv", ["x", "kind"], rows)
     run_train(
         tmp_path,
+        "report=true",
         "data=csv",
         "data.path=many.csv",
         "data.target=kind",
@@ -280,10 +290,18 @@ def test_nan_metrics_are_named_not_drawn(default_job, tmp_path):
     shutil.copytree(default_job / "runs" / "first", copy)
     metrics = json.loads((copy / "metrics.json").read_text())
     metrics["test/loss"] = float("nan")
+    # and what no run writes, but a hand may: odd shapes of the other keys
+    metrics.update({"overrides": {"a": 1}, "baseline/odd": 1.0, "test_split": ["x"]})
     (copy / "metrics.json").write_text(json.dumps(metrics))
+    provenance = json.loads((copy / "provenance.json").read_text())
+    provenance.update(command=["not", "an", "object"], data="none")
+    (copy / "provenance.json").write_text(json.dumps(provenance))
     run_python(tmp_path, REPORT, str(copy))
     page = (copy / "report.html").read_text()
     assert shown_figures(page)["test/loss"] == "nan" and "not finite: test/loss" in page
+    (copy / "metrics.json").write_text("[1, 2]")
+    result = run_python(tmp_path, REPORT, str(copy), ok=False)
+    assert result.returncode == 2 and "not a JSON object" in error_line(result)
 
 
 def test_label_sets_get_ranking_curves_per_label(tmp_path):
@@ -294,7 +312,7 @@ def test_label_sets_get_ranking_curves_per_label(tmp_path):
         rows.append([f"{x:.3f}", f"{y:.3f}", ";".join(on)])
     write_rows(tmp_path / "tags.csv", ["x", "y", "tags"], rows)
     run = ["data=csv", "data.path=tags.csv", "data.target=tags", "task=multilabel"]
-    run_train(tmp_path, *run, *QUICK, "trainer.refit=false", "run_name=ml")
+    run_train(tmp_path, *ON, *run, *QUICK, "trainer.refit=false", "run_name=ml")
     page = (tmp_path / "runs" / "ml" / "report.html").read_text()
     assert "ROC and precision-recall" in page and "worst-predicted samples" in page
     assert len(pictures(page)) == 2  # the curves; ROC and PR of each label

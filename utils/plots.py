@@ -29,9 +29,12 @@ def pyplot() -> Any:
     return matplotlib.pyplot
 
 
-def warm_up() -> None:
+def warm_up(argv: Sequence[str]) -> None:
     """Import pyplot and lay out one text (its font cache read) in a thread of its own, so a
-    run that ends with a report has them ready: the import overlaps the run's start."""
+    run that ends with a report has them ready: the import overlaps the run's start. Not
+    for a command line that turns the report off (``report=false``)."""
+    if "report=false" in argv[1:]:
+        return
 
     def ready() -> None:
         figure = pyplot().figure(figsize=(1, 1))

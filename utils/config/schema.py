@@ -132,8 +132,9 @@ class TrainConfig:
     overwrite: bool = MISSING
     init_from: str | None = MISSING
     tune: str | None = MISSING
+    report: bool = MISSING  # runs/<run>/report.html (utils/report/)
     baselines: bool = (
-        MISSING  # scikit-learn's simple models beside the run (utils/evaluation/baselines.py)
+        MISSING  # scikit-learn's models beside the run (utils/evaluation/baselines.py)
     )
     cv: Any = (
         MISSING  # cv=K: every fold of a K-fold cross-validation (utils/run/cross_validation.py)
@@ -173,6 +174,7 @@ class EvaluateConfig:
     onnx_exporter: str = MISSING
     device: str = MISSING
     precision: str = MISSING
+    report: bool = MISSING  # report.html beside metrics.json (utils/report/evaluation.py)
     data: DataOverrides = field(default_factory=DataOverrides)
     runs: str = MISSING
     logger: Any = None  # logger=mlflow (conf/logger/)

@@ -59,7 +59,8 @@ def classes(page: Page, result: Mapping[str, Any]) -> None:
     page.picture(
         plots.confusion(sub, labels), "confusion: counts, and each true class's shares" + said
     )
-    scores = result.get("per_class") or {}
+    scores = result.get("per_class")
+    scores = scores if isinstance(scores, Mapping) else {}
     if all(isinstance(scores.get(key), list) and len(scores[key]) == count for key in SCORES):
         chosen = {key: [float(scores[key][i]) for i in shown] for key in SCORES}
         page.picture(plots.per_class(chosen, labels), "precision and recall per class" + said)

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,15 +67,21 @@ def identity(page: Page, metrics: dict, provenance: dict | None) -> None:
     rows += [(key, metrics.get(key)) for key in ("best_metric", "best_epoch", "epochs")]
     rows.append(("wall time (s)", metrics.get("wall_time_seconds")))
     if provenance:
-        command = provenance.get("command") or {}
-        code = provenance.get("code") or {}
+        command, code = _mapping(provenance.get("command")), _mapping(provenance.get("code"))
         rows.append(("command", " ".join(map(str, command.get("argv") or []))))
         rows.append(("commit", f"{code.get('commit')}{' (dirty)' if code.get('dirty') else ''}"))
-        for name, source in ((provenance.get("data") or {}).get("sources") or {}).items():
+        for name, source in _mapping(_mapping(provenance.get("data")).get("sources")).items():
             if isinstance(source, dict):
                 rows.append((f"data {name}", source.get("content_sha256") or source))
-    rows.append(("overrides", " ".join(map(str, metrics.get("overrides") or [])) or "none"))
+    overrides = metrics.get("overrides")
+    listed = overrides if isinstance(overrides, list) else [overrides or "none"]
+    rows.append(("overrides", " ".join(map(str, listed)) or "none"))
     page.table(["", ""], rows)
+
+
+def _mapping(value: Any) -> dict:
+    """A part of a file read as data that should be an object: itself, or {} if not."""
+    return value if isinstance(value, dict) else {}
 
 
 SPLITS = ("train/", "val/", "test/", "refit/test/")  # refit/: trainer.refit's run's figures
@@ -133,19 +140,17 @@ LOWER_IS_BETTER = ("loss", "mae", "rmse", "nll", "brier", "ece")
 
 
 def beaten(metrics: dict, found: dict) -> list[str]:
-    """Plain sentences where a baseline's test figure beats the run's own."""
+    """Plain sentences where a baseline's figure on the split the run tested on beats the
+    run's own."""
+    tested = f"{metrics.get('test_split', 'test')}/"
     lines = []
     for key, value in found.items():
-        name, split_metric = key.removeprefix("baseline/").split("/", 1)
-        if not split_metric.startswith("test/") or split_metric not in metrics:
+        name, _, split_metric = key.removeprefix("baseline/").partition("/")
+        own = metrics.get(split_metric)
+        if not split_metric.startswith(tested) or not isinstance(own, float):
             continue
-        own = metrics[split_metric]
-        lower = split_metric.split("/")[-1] in LOWER_IS_BETTER
-        if (
-            isinstance(own, float)
-            and math.isfinite(value)
-            and (value < own if lower else value > own)
-        ):
+        lower = split_metric.rsplit("/", 1)[-1] in LOWER_IS_BETTER
+        if math.isfinite(value) and (value < own if lower else value > own):
             lines.append(
                 f"the {name} baseline beats this run on {split_metric}: "
                 f"{value:.4f} against {own:.4f}"

@@ -138,7 +138,8 @@ def cross_validate(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> f
             root / "oof.csv",
             root / "metrics.json",
         )
-        report_safely(lambda: write_run_report(root))  # the folds' mean ± std, their reports
+        if cfg.report:  # the folds' mean ± std, and where their reports are
+            report_safely(lambda: write_run_report(root))
     return statistics.fmean(values)
 
 

@@ -90,7 +90,8 @@ def refit(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> None:
         if isinstance(v, float) and isinstance(first.get(k), float) and k in (said, "test/loss")
     )
     log.info("refit: %s; its weights: %s", shown, record["refit/checkpoint"])
-    report_safely(lambda: write_run_report(root))  # the run's report, with the refit's figures
+    if cfg.report:  # the run's report again, with the refit's figures
+        report_safely(lambda: write_run_report(root))
 
 
 def refit_config(cfg: DictConfig, first: dict) -> DictConfig:

@@ -311,7 +311,8 @@ class SweepSummary(Callback):
         # A log file or pipe gets the whole table rather than 80 folded columns.
         console = text_console()
         rows = summarize(sweep_dir, trainer.monitor, job_monitor_mode(config), console)
-        sweep_report(sweep_dir, config.hydra.sweeper, trainer.monitor)
+        if config.report:  # report.html: the jobs, a search's trials
+            sweep_report(sweep_dir, config.hydra.sweeper, trainer.monitor)
         failed = [row for row in rows if row["status"] != "completed"]
         if shares_its_folder(config):  # a study's other workers may still be running trials
             running = [row for row in failed if row["status"] == "unfinished"]
