@@ -81,9 +81,11 @@ QUIET = {str(TRAIN): ("report=false", "baselines=false"), str(EVALUATE): ("repor
 
 
 def quiet(args: tuple) -> tuple[str, ...]:
-    """The overrides of :data:`QUIET` a command line ``args`` does not set itself."""
+    """The overrides of :data:`QUIET` a command line ``args`` (an entry point, or a helper
+    that runs one: ``faulty_run.py train.py ...``) does not set itself."""
+    script = next((a for a in args[:2] if a in QUIET), None)
     given = {arg.split("=", 1)[0] for arg in args[1:]}
-    leave_out = QUIET.get(args[0], ()) if args else ()
+    leave_out = QUIET.get(script, ())
     return tuple(o for o in leave_out if o.split("=", 1)[0] not in given)
 
 

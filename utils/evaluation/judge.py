@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from utils.evaluation.metrics import evaluate, figures, outputs_of
@@ -37,7 +38,9 @@ class Judge:
         one more pass over it, in every process; a language model's, text it writes."""
         if not self.task.shows_evidence:
             return self.task.sampled(self.model, inputs)
-        return self.task.evidence(*outputs_of(self.model, batches.epoch(0), self.precision))
+        outputs, targets = outputs_of(self.model, batches.epoch(0), self.precision)
+        with torch.inference_mode():  # per-sample losses: no graph
+            return self.task.evidence(outputs, targets)
 
     def _record(self, split: str, metrics: dict) -> dict[str, float]:
         self.state.record(split, metrics)

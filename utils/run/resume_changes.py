@@ -65,6 +65,8 @@ INVOCATION_KEYS = (
     "run_name",
     "logger",
     "cv",
+    "report",  # what is drawn and fitted beside the run at its end (report.html, baselines)
+    "baselines",
 )
 
 
