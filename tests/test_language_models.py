@@ -77,6 +77,8 @@ def test_a_gpt_trains_on_a_corpus_and_reports_whole_split_figures(corpus):
     written = html.unescape(re.search(r"<pre>(.*?)</pre>", page, re.S).group(1))
     assert len(written) == 301 and set(written) <= set(shakespeare(6000))
     assert "learning curves" in page and page.count("data:image/png;base64,") == 1
+    assert metrics["samples_per_step"] == 4  # its curves are drawn against 4 × 16 tokens a step
+    assert "tokens (64 an optimizer step)" in page
     # the val figure is over every token of the val split, the same for any batch size
     again = run_evaluate(corpus, "ckpt=checkpoints/lm/best.pt", "data.batch_size=3")
     assert f"{metrics['test/loss']:.4f}" in again.stdout

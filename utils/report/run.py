@@ -181,15 +181,37 @@ def curves(page: Page, run_dir: Path, metrics: dict) -> None:
             "train/data_wait_fraction": finite(points.get("train/data_wait_fraction", []))
         },
     }
+    if monitor in panels["loss"]:  # the monitor is a loss: drawn once
+        del panels[monitor]
     panels = {title: series for title, series in panels.items() if any(series.values())}
     best = best_step(points.get(monitor, []), metrics)
-    page.picture(plots.curves(panels, best), f"from the {source}; dotted: best checkpoint")
+    tokens = tokens_per_step(metrics)
+    if tokens:  # a language model's curves against the tokens it has trained on
+        panels = {
+            t: {k: [(s * tokens, v) for s, v in p] for k, p in d.items()} for t, d in panels.items()
+        }
+        best = None if best is None else best * tokens
+    axis = f"tokens ({tokens:,} an optimizer step)" if tokens else "optimizer step"
+    picture = plots.curves(panels, best, axis)
+    page.picture(picture, f"from the {source}, against {axis}; dotted: best checkpoint")
     for tag, steps in repeated_steps(points).items():
         page.text(f"{tag}: steps repeated or out of order in the history: {steps[:5]}", "note")
     for tag, series in points.items():
         dropped = len(series) - len(finite(series))
         if dropped:
             page.text(f"{tag}: {dropped} non-finite values left out of the curves", "note")
+
+
+def tokens_per_step(metrics: dict) -> int | None:
+    """A language model's tokens an optimizer step (its samples a step times its tokens a
+    sample); None for a run that counts no tokens."""
+    tokens, samples = (
+        metrics.get("train/tokens_per_second"),
+        metrics.get("train/samples_per_second"),
+    )
+    per_step = metrics.get("samples_per_step")
+    numbers = all(isinstance(v, float | int) and v > 0 for v in (tokens, samples, per_step))
+    return round(per_step * tokens / samples) if numbers else None
 
 
 def best_step(series: list[tuple[int, float]], metrics: dict) -> int | None:

@@ -52,6 +52,8 @@ def final_metrics(state, summary: Mapping, data, checkpointer) -> dict:
         "best_epoch": state.best_epoch,
         "epochs": state.epoch,
         "global_step": state.global_step,
+        # samples of one optimizer step, every process's and micro-batch's together
+        "samples_per_step": state.global_batch * checkpointer.trainer.accumulate_grad_batches,
         "stopped_by": state.stopped_by,  # a callback's stop: its name, reason, epoch and step
         "wall_time_seconds": state.total_seconds(),  # every segment of a resumed run
         "segment_wall_time_seconds": state.segment_seconds(),  # this process's alone
