@@ -147,6 +147,24 @@ def write_json(data: Mapping, path: Path) -> None:
         f.write((json.dumps(data, indent=2, allow_nan=True) + "\n").encode())
 
 
+MAX_JSON_BYTES = 64 * 2**20  # a JSON record larger than this was not written by a run
+
+
+def read_json_object(path: Path) -> dict:
+    """The JSON object a run wrote at ``path`` (its metrics.json, provenance.json), read back
+    as untrusted data: at most :data:`MAX_JSON_BYTES`, JSON, an object; else one line naming
+    the file."""
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise UserError(f"{path} is larger than torchloom writes such a file; was it replaced?")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+        raise UserError(f"{path} does not read as JSON ({error}); was it edited?") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{path} holds {type(record).__name__}, not a JSON object; was it edited?")
+    return record
+
+
 def write_file(path: Path, data: bytes, fix: str) -> None:
     """``data`` at ``path``, complete or not at all (:func:`atomic_file`, its folder made if
     missing); a write the system refuses is one line naming the path, the reason and ``fix``."""

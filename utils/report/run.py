@@ -7,8 +7,6 @@ worst-predicted samples). Drawn from the run folder alone — ``metrics.json``,
 
 from __future__ import annotations
 
-import json
-import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -19,26 +17,18 @@ import torch
 from utils import plots
 from utils.errors import UserError
 from utils.evaluation.metrics import calibration, per_class_scores
+from utils.files import read_json_object
 from utils.report.evidence import read_evidence
 from utils.report.history import finite, read_history, repeated_steps
 from utils.report.page import Page
 
-log = logging.getLogger("torchloom")
 REPORT = "report.html"
 MOST_TARGETS = 4  # a regression's targets drawn (each a pair of plots)
 
 
 def read_json(path: Path) -> dict | None:
-    """A JSON object the run wrote; None when missing. Bad JSON is one line naming the file."""
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise UserError(f"{path} does not read as JSON ({error}); was it edited?") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} holds {type(data).__name__}, not a JSON object; was it edited?")
-    return data
+    """A JSON object the run wrote (utils/files.py ``read_json_object``); None when missing."""
+    return read_json_object(path) if path.is_file() else None
 
 
 def write_run_report(run_dir: Path) -> Path:

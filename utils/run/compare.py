@@ -4,17 +4,16 @@ folder (its ``last.pt``) or a checkpoint file, as untrusted data (compare.py).""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from utils.checkpoint.load import load_checkpoint
 from utils.config.build import flatten
 from utils.errors import UserError
+from utils.files import read_json_object
 from utils.run.provenance import checked
 from utils.run.resume_changes import INVOCATION_KEYS
 
-MAX_JSON_BYTES = 64 * 2**20  # a provenance.json larger than this was not written by a run
 MAX_DEPTH = 64  # nesting deeper than any record or config torchloom writes
 GROUPS = ("config", "code", "packages", "machine", "data")
 
@@ -46,7 +45,7 @@ def _too_deep(value: Any) -> bool:
 
 def _read(path: Path) -> tuple[dict, dict]:
     if path.is_dir() and (path / "provenance.json").is_file():
-        record = _json(path / "provenance.json")
+        record = read_json_object(path / "provenance.json")
         attempts = record.get("attempts")
         last = attempts[-1] if isinstance(attempts, list) and attempts else {}
         config = last.get("config") if isinstance(last, dict) else None
@@ -63,18 +62,6 @@ def _read(path: Path) -> tuple[dict, dict]:
         raise UserError(f"{file} predates the provenance record; compare runs trained since")
     config = stored.get("config")
     return (config if isinstance(config, dict) else {}), provenance
-
-
-def _json(path: Path) -> dict:
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise UserError(f"{path} is larger than a provenance record is; was it replaced?")
-    try:
-        record = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise UserError(f"{path} is not JSON torchloom writes; was it edited?") from None
-    if not isinstance(record, dict):
-        raise UserError(f"{path} is not a provenance record")
-    return record
 
 
 def differences(first: tuple[dict, dict], second: tuple[dict, dict]) -> dict[str, list]:
