@@ -12,12 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from utils import plots
 from utils.errors import UserError
 from utils.report.page import Page
-from utils.report.run import REPORT
-
-SCORES = ("precision", "recall")
+from utils.report.run import REPORT, class_pictures
 
 
 def write_evaluation_report(folder: Path, results: Mapping[str, Any]) -> Path:
@@ -49,24 +46,11 @@ def classes(page: Page, result: Mapping[str, Any]) -> None:
     count = len(matrix)
     if matrix.shape != (count, count):
         raise UserError(f"metrics.json: its confusion matrix is {matrix.shape}, not square")
-    names = [str(n) for n in result.get("classes") or range(count)][:count]
-    shown, said = np.arange(count), ""
-    if count > plots.MOST_CLASSES:
-        shown = plots.most_confused(matrix)
-        said = f" (the {len(shown)} most confused of {count} classes)"
-    labels = [names[i] for i in shown]
-    sub = matrix[np.ix_(shown, shown)]
-    page.picture(
-        plots.confusion(sub, labels), "confusion: counts, and each true class's shares" + said
-    )
-    scores = result.get("per_class")
-    scores = scores if isinstance(scores, Mapping) else {}
-    if all(isinstance(scores.get(key), list) and len(scores[key]) == count for key in SCORES):
-        chosen = {key: [float(scores[key][i]) for i in shown] for key in SCORES}
-        page.picture(plots.per_class(chosen, labels), "precision and recall per class" + said)
+    names = [str(n) for n in result.get("classes") or range(count)]
+    names = names if len(names) == count else [str(i) for i in range(count)]
     rows = result.get("reliability")
-    if isinstance(rows, list) and rows and all(isinstance(r, Mapping) for r in rows):
-        page.picture(plots.reliability(rows), "reliability")
+    usable = isinstance(rows, list) and all(isinstance(r, Mapping) for r in rows)
+    class_pictures(page, matrix, names, rows if usable else [], "reliability")
 
 
 def listed(page: Page, per: Any, columns: tuple[str, ...]) -> None:

@@ -243,6 +243,18 @@ def classes(page: Page, evidence: dict[str, np.ndarray], names: list[str]) -> No
     count = len(names)
     target, predicted = evidence["target"].astype(np.int64), evidence["predicted"].astype(np.int64)
     matrix = np.bincount(target * count + predicted, minlength=count * count).reshape(count, count)
+    correct = torch.from_numpy((target == predicted).astype(np.float64))
+    rows = calibration(torch.from_numpy(evidence["confidence"].astype(np.float64)), correct)
+    class_pictures(page, matrix, names, rows["reliability"], f"reliability (ECE {rows['ece']:.4f})")
+
+
+def class_pictures(
+    page: Page, matrix: np.ndarray, names: list[str], reliability: list, said_reliability: str
+) -> None:
+    """A confusion ``matrix``'s pictures (counts and shares; precision and recall per class,
+    from the matrix) and the ``reliability`` diagram: a run's and an evaluation's alike. Past
+    :data:`utils.plots.MOST_CLASSES` classes, the most confused ones, said so."""
+    count = len(matrix)
     shown, said = np.arange(count), ""
     if count > plots.MOST_CLASSES:
         shown = plots.most_confused(matrix)
@@ -254,9 +266,8 @@ def classes(page: Page, evidence: dict[str, np.ndarray], names: list[str]) -> No
     scores = per_class_scores(torch.from_numpy(matrix))
     chosen = {key: [scores[key][i] for i in shown] for key in ("precision", "recall")}
     page.picture(plots.per_class(chosen, labels), "precision and recall per class" + said)
-    correct = torch.from_numpy((target == predicted).astype(np.float64))
-    rows = calibration(torch.from_numpy(evidence["confidence"].astype(np.float64)), correct)
-    page.picture(plots.reliability(rows["reliability"]), f"reliability (ECE {rows['ece']:.4f})")
+    if reliability:
+        page.picture(plots.reliability(reliability), said_reliability)
 
 
 def values(page: Page, evidence: dict[str, np.ndarray], names: list[str]) -> None:
