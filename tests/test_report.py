@@ -139,6 +139,14 @@ def test_bad_folders_and_edited_predictions_are_one_line_each(default_job, tmp_p
             result = run_python(default_job, REPORT, "runs/first", ok=False)
             assert result.returncode == 2, what
             assert "test_predictions.npz" in error_line(result), (what, result.stderr)
+        # a few bytes that declare 200 million numbers: refused from the header, nothing unpacked
+        header = {"descr": "<f8", "fortran_order": False, "shape": (200_000_000,)}
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, mode="w") as archive, archive.open("loss.npy", "w") as member:
+            np.lib.format.write_array_header_1_0(member, header)
+        kept.write_bytes(buffer.getvalue())
+        result = run_python(default_job, REPORT, "runs/first", ok=False)
+        assert result.returncode == 2 and "declares 200,000,000 values" in error_line(result)
     finally:
         kept.write_bytes(original)
 

@@ -10,6 +10,7 @@ numbers or text of the shapes they must have; anything else is one line naming t
 from __future__ import annotations
 
 import io
+import math
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ WORST = 16  # samples shown, worst first
 PER_SAMPLE = ("target", "predicted", "confidence", "loss", "scores", "truth", "estimate", "actual")
 SHOWN = ("worst", "pictures", "texts", "captions", "names", "sampled")
 MAX_SAMPLES = 10_000_000
+MAX_VALUES = 100_000_000  # numbers in all its arrays (800 MB of float64): a larger one is no run's
 
 
 def keep_evidence(run_dir: Path, evidence: dict | None, split: Any, data: Any, names: list) -> None:
@@ -100,12 +102,33 @@ def read_evidence(run_dir: Path) -> dict[str, np.ndarray] | None:
     if not path.is_file():
         return None
     try:
+        _check_sizes(path)  # from the arrays' headers: a small file may unpack to gigabytes
         with np.load(path, allow_pickle=False) as stored:
             arrays = {name: stored[name] for name in stored.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
         raise UserError(f"{path} is not a test_predictions file ({error}); delete it") from None
     _check(arrays, path)
     return arrays
+
+
+def _check_sizes(path: Path) -> None:
+    """Refuse the file when its arrays' headers declare more than :data:`MAX_VALUES` numbers,
+    before any is unpacked."""
+    declared = 0
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.namelist():
+            with archive.open(member) as stream:
+                version = np.lib.format.read_magic(stream)
+                header = np.lib.format.read_array_header_1_0
+                if version != (1, 0):
+                    header = np.lib.format.read_array_header_2_0
+                shape, _, _ = header(stream)
+            declared += math.prod(shape)
+    if declared > MAX_VALUES:
+        raise UserError(
+            f"{path} declares {declared:,} values, more than a run keeps ({MAX_VALUES:,}); "
+            "delete it, and report.py draws the rest"
+        )
 
 
 def _check(arrays: dict[str, np.ndarray], path: Path) -> None:
