@@ -104,7 +104,9 @@ def wrap(model: nn.Module, processes: Processes, device: torch.device, sync_batc
 def gradient_sync(model: nn.Module, sync: bool):
     """A context in which backward all-reduces the gradients only when ``sync``: micro-batches
     before the last of an accumulated step keep theirs local (DDP's ``no_sync``)."""
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter on the last only
+    # FSDP2: reduce-scatter on the last only. Asked of the class: a module's own attribute
+    # lookup raises inside nn.Module.__getattr__ first, a cost in every micro-batch.
+    if hasattr(type(model), "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(sync)
         return contextlib.nullcontext()
     if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
