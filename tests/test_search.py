@@ -21,6 +21,8 @@ import torch
 from conftest import HELPERS, TRAIN, error_line, killed_at, run_train
 from omegaconf import OmegaConf
 
+from utils.run.study import pruner_name
+
 optuna = pytest.importorskip("optuna")
 
 # the searches run many short jobs: slow; .ci/run runs them
@@ -79,6 +81,85 @@ def test_a_search_prunes_from_inside_its_jobs_and_the_same_command_continues_it(
     assert len(more) == 8 and [t.number for t in more] == list(range(8))
     seen = {tuple(sorted(t.params.items())) for t in found}
     assert all(tuple(sorted(t.params.items())) not in seen for t in more[6:])
+
+
+def test_wilcoxon_ends_a_cross_validation_its_folds_show_worse_than_the_best_trials(tmp_path):
+    """pruner=wilcoxon under cv=5: each fold's best val/acc reported as the trial's step (the
+    fold's number); a trial whose folds a paired test finds worse than the best trial's same
+    folds stops before its next fold, told pruned, its folds so far kept."""
+    search = ["-m", "hparams_search=digits_optuna", "trainer.max_epochs=3", "cv=5"]
+    search += ["hydra.sweeper.pruner=wilcoxon", "hydra.sweeper.n_trials=5", "run_name=wx"]
+    run_train(tmp_path, *search)
+    states = optuna.trial.TrialState
+    found = trials(tmp_path, "wx")
+    pruned = [t for t in found if t.state == states.PRUNED]
+    assert len(found) == 5 and pruned, [t.state for t in found]
+    table = {int(row["job"]): row for row in rows(tmp_path, "wx")}
+    for trial in found:
+        folder = tmp_path / "runs/wx" / str(trial.number)
+        metrics = json.loads((folder / "metrics.json").read_text())
+        trained = sorted(p.name for p in folder.glob("fold-*"))
+        values = [trial.intermediate_values[k] for k in sorted(trial.intermediate_values)]
+        assert values == pytest.approx(metrics["cv"]["values"])  # each fold's best, in order
+        if trial.state == states.PRUNED:
+            fold = trial.user_attrs["pruned_at_fold"]
+            assert 2 <= fold < 4 and sorted(trial.intermediate_values) == list(range(fold + 1))
+            assert trained == [f"fold-{k}" for k in range(fold + 1)]  # no fold after it
+            assert metrics["stopped_by"]["callback"] == "pruned"
+            assert metrics["stopped_by"]["fold"] == fold
+            assert table[trial.number]["state"] == "pruned"
+            assert int(table[trial.number]["epochs"]) == 3 * (fold + 1)
+            assert not (folder / "oof.csv").exists()
+        else:
+            assert trial.state == states.COMPLETE and len(trained) == 5
+            assert trial.value == pytest.approx(sum(values) / 5)  # the folds' mean
+            assert int(table[trial.number]["epochs"]) == 15
+    run_train(tmp_path, *search)  # the same command: every trial has ended; none runs again
+    assert [t.datetime_start for t in trials(tmp_path, "wx")] == [t.datetime_start for t in found]
+    # pruner=auto: wilcoxon under cv=K, none with several objectives, else Optuna's advice
+    assert pruner_name({"pruner": "auto"}, cv=5) == "wilcoxon"
+    assert pruner_name({"pruner": "auto", "directions": ["maximize"] * 2}, cv=5) == "none"
+    assert pruner_name({"pruner": "auto", "sampler": "tpe"}, cv=None) == "hyperband"
+
+
+def test_a_search_of_two_objectives_marks_its_pareto_front(tmp_path):
+    objectives = ["hydra.sweeper.objectives=[val/acc,train/samples_per_second]"]
+    objectives += ["hydra.sweeper.directions=[maximize,maximize]"]
+    search = [*SEARCH, "trainer.max_epochs=1", "hydra.sweeper.n_trials=6", "run_name=two"]
+    run_train(tmp_path, *search, *objectives, "report=true")
+    found = trials(
+        tmp_path,
+        "two",
+    )
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in found) and len(found) == 6
+    for trial in found:  # each trial's values are its metrics.json's figures
+        metrics = json.loads(
+            (tmp_path / "runs/two" / str(trial.number) / "metrics.json").read_text()
+        )
+        assert trial.values == pytest.approx(
+            [metrics["val/acc"], metrics["train/samples_per_second"]]
+        )
+    study = optuna.load_study(
+        study_name="digits", storage=f"sqlite:///{tmp_path / 'runs/two/study.db'}"
+    )
+    front = {t.number for t in study.best_trials}
+    marked = {int(r["job"]) for r in rows(tmp_path, "two") if r["pareto"] == "True"}
+    results = OmegaConf.load(tmp_path / "runs/two/optimization_results.yaml")
+    assert marked == front == {s.number for s in results.solutions}
+    assert list(results.objectives) == ["val/acc", "train/samples_per_second"]
+    for trial in found:  # off the front: another trial at least as good on both, better on one
+        beaten = any(
+            all(o >= v for o, v in zip(other.values, trial.values, strict=True))
+            and other.values != trial.values
+            for other in found
+        )
+        assert beaten == (trial.number not in front)
+    assert "Pareto front" in (tmp_path / "runs/two/report.html").read_text()
+    # the same study asked for other objectives: refused, its trials unchanged
+    other = ["hydra.sweeper.objectives=[val/acc,val/acc_top5]", objectives[1]]
+    result = run_train(tmp_path, *search, *other, ok=False)
+    assert "was made for the objectives val/acc, train/samples_per_second" in error_line(result)
+    assert len(trials(tmp_path, "two")) == 6
 
 
 def test_a_kill_9_of_the_sweep_mid_trial_continues_that_trial_from_its_last_pt(tmp_path):
@@ -141,10 +222,29 @@ def test_two_workers_share_one_study_and_run_no_trial_twice(tmp_path):
         ("hydra.sweeper.direction=minimize", "contradicts trainer.monitor_mode=max"),
         ("hydra.sweeper.sampler=annealing", "hydra.sweeper.sampler='annealing'"),
         ("hydra.sweeper.pruner=sometimes", "hydra.sweeper.pruner='sometimes'"),
+        ("hydra.sweeper.pruner=wilcoxon", "it needs cv=K"),
+        ("hydra.sweeper.directions=[maximize,maximize]", "needs hydra.sweeper.objectives"),
+        (
+            (
+                "hydra.sweeper.objectives=[val/acc,val/loss]",
+                "hydra.sweeper.directions=[maximize,maximize]",
+            ),
+            "directions (val/loss)=maximize contradicts val/loss, which is better lower",
+        ),
+        (
+            (
+                "hydra.sweeper.objectives=[val/acc,val/loss]",
+                "hydra.sweeper.directions=[maximize,minimize]",
+                "hydra.sweeper.pruner=median",
+            ),
+            "pruner=median and several hydra.sweeper.directions do not combine",
+        ),
+        (("cv=5", "hydra.sweeper.pruner=wilcoxon", "hydra.sweeper.p_threshold=2"), "a p-value"),
     ],
 )
 def test_a_search_that_cannot_run_is_one_line_and_exit_2(tmp_path, override, said):
-    result = run_train(tmp_path, *SEARCH, "run_name=bad", override, ok=False)
+    overrides = override if isinstance(override, tuple) else (override,)
+    result = run_train(tmp_path, *SEARCH, "run_name=bad", *overrides, ok=False)
     assert said in error_line(result)
 
 

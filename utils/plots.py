@@ -310,6 +310,34 @@ def trials(points: Sequence[Mapping], direction: str, objective: str) -> bytes:
     return png(figure)
 
 
+def pareto(
+    points: Sequence[Mapping], objectives: Sequence[str], directions: Sequence[str]
+) -> bytes:
+    """A search of several objectives: each finished trial at its first two objectives, the
+    Pareto front (``pareto``) marked and joined in order of the first."""
+    figure, (axis,) = _axes()
+    done = [p for p in points if p["state"] == "COMPLETE" and len(p["values"]) >= 2]
+    front = sorted((p for p in done if p["pareto"]), key=lambda p: p["values"][0])
+    axis.scatter([p["values"][0] for p in done], [p["values"][1] for p in done], label="finished")
+    axis.plot(
+        [p["values"][0] for p in front],
+        [p["values"][1] for p in front],
+        marker="o",
+        color="tab:red",
+        label="Pareto front",
+    )
+    for point in front:
+        axis.annotate(str(point["number"]), point["values"][:2], fontsize=7)
+    axis.set(
+        xlabel=f"{objectives[0]} ({directions[0]})",
+        ylabel=f"{objectives[1]} ({directions[1]})",
+        title="trials against two objectives",
+    )
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
+    return png(figure)
+
+
 def parallel(points: Sequence[Mapping], names: Sequence[str], objective: str) -> bytes:
     """Parallel coordinates: one line a trial through each parameter (scaled to its range; a
     log-spaced one on a log scale, a category by its index) to its objective, coloured by it;

@@ -18,8 +18,9 @@ COLUMNS = ("job", "status", "state", "epochs", "best_metric", "monitor", "overri
 
 
 def write_sweep_report(sweep_dir: Path, study: Mapping[str, Any] | None = None) -> Path:
-    """``study``: the search's trials (``trials``: number, state, value, params, choices, log),
-    ``direction``, ``objective`` and ``importances`` (or the reason there are none)."""
+    """``study``: the search's trials (``trials``: number, state, value, values, pareto,
+    params, choices, log), ``direction(s)``, ``objective(s)`` and ``importances`` (or the
+    reason there are none)."""
     page = Page(f"torchloom sweep {sweep_dir.name}")
     if study is not None:
         search(page, study)
@@ -30,12 +31,23 @@ def write_sweep_report(sweep_dir: Path, study: Mapping[str, Any] | None = None) 
 
 def search(page: Page, study: Mapping[str, Any]) -> None:
     trials, objective = study["trials"], str(study["objective"])
-    page.heading(f"the search: {len(trials)} trials, to {study['direction']} {objective}")
+    objectives, directions = study.get("objectives") or [objective], study.get("directions")
+    aims = zip(directions or [study["direction"]], objectives, strict=False)
+    said = ", ".join(f"{way} {name}" for way, name in aims)
+    page.heading(f"the search: {len(trials)} trials, to {said}")
     states: dict[str, int] = {}
     for trial in trials:
         states[trial["state"]] = states.get(trial["state"], 0) + 1
     page.text(", ".join(f"{count} {state.lower()}" for state, count in sorted(states.items())))
     if not trials:
+        return
+    if len(objectives) > 1:  # several objectives: the front, not a best
+        page.picture(plots.pareto(trials, objectives, directions), "the Pareto front")
+        rows = [
+            [t["number"], t["state"].lower(), *_padded(t["values"], len(objectives)), t["pareto"]]
+            for t in trials
+        ]
+        page.table(["trial", "state", *objectives, "on the front"], rows)
         return
     page.picture(plots.trials(trials, str(study["direction"]), objective), "each trial's objective")
     names = sorted({name for trial in trials for name in trial["params"]})
@@ -48,6 +60,10 @@ def search(page: Page, study: Mapping[str, Any]) -> None:
         page.text(f"parameter importances: {importances}")
     rows = [[t["number"], t["state"].lower(), t["value"], _params(t["params"])] for t in trials]
     page.table(["trial", "state", objective, "parameters"], rows)
+
+
+def _padded(values: Sequence[Any], count: int) -> list[Any]:
+    return [*values, *[""] * (count - len(values))][:count]
 
 
 def _params(params: Mapping[str, Any]) -> str:

@@ -50,6 +50,7 @@ from utils.run.folders import check_part_name, fold_folder, output_dirs
 from utils.run.outputs import read_metrics, report_safely
 from utils.run.resume_changes import config_changes
 from utils.run.start import check_new_run, remove_files
+from utils.run.study import PruneTrial, fold_reports
 from utils.system.distributed import processes_from_env
 from utils.text import cell, console
 
@@ -116,6 +117,7 @@ def cross_validate(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> f
         auto = cfg.resume == "auto"
         replaced = check_new_run(*output_dirs(cfg, root), cfg.overwrite, folds=folds, auto=auto)
     values: list[float] = []
+    study = fold_reports(cfg.trainer.monitor, folds)  # a search's trial: a report a fold
     for fold in range(folds):
         fold_dir = root / fold_folder(fold)
         job = fold_config(cfg, folds, fold)
@@ -124,12 +126,18 @@ def cross_validate(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> f
             check_same_split(job, fold_dir)
             log.info("cv: fold %d of %d finished earlier (%s); kept", fold + 1, folds, fold_dir)
             values.append(finished["best_metric"])
-            continue
-        log.info("cv: fold %d of %d -> %s", fold + 1, folds, fold_dir)
-        values.append(train(job, stop, fold_dir))
-        if replaced and processes_from_env().is_main:  # once a fold of this run stands
-            remove_files(replaced)
-            replaced = []
+        else:
+            log.info("cv: fold %d of %d -> %s", fold + 1, folds, fold_dir)
+            values.append(train(job, stop, fold_dir))
+            if replaced and processes_from_env().is_main:  # once a fold of this run stands
+                remove_files(replaced)
+                replaced = []
+        pruned = study.fold_end(fold, values[-1]) if study else None
+        if pruned:
+            log.info("cv: %s; the folds after it are not trained", pruned)
+            if processes_from_env().is_main:
+                write_pruned(root, folds, cfg, pruned)
+            return statistics.fmean(values)
     if processes_from_env().is_main:
         summary = pool_folds(root, folds, cfg)
         console().print(summary_table(summary))
@@ -141,6 +149,29 @@ def cross_validate(cfg: DictConfig, stop: Any, train: Callable[..., float]) -> f
         if cfg.report:  # the folds' mean ± std, and where their reports are
             report_safely(lambda: write_run_report(root))
     return statistics.fmean(values)
+
+
+def write_pruned(root: Path, folds: int, cfg: DictConfig, reason: str) -> None:
+    """``metrics.json`` of a cross-validation its search's pruner ended after fold ``k``:
+    ``stopped_by`` the pruner at that fold, the folds' values so far and their mean (what
+    the job returns), and the epochs they trained; no out-of-fold predictions (not every
+    sample has one)."""
+    fold_metrics = [read_metrics(root / fold_folder(k)) or {} for k in range(folds)]
+    done = [m for m in fold_metrics if isinstance(m.get("best_metric"), int | float)]
+    monitor = done[0].get("monitor", cfg.trainer.monitor)
+    values = [m["best_metric"] for m in done]
+    mean = statistics.fmean(values)
+    record = {
+        "status": "completed",
+        "stopped_by": {"callback": PruneTrial.NAME, "reason": reason, "fold": len(done) - 1},
+        "cv": {"folds": folds, "monitor": monitor, "values": values, "mean": mean},
+        "monitor": monitor,
+        "best_metric": mean,
+        monitor: mean,
+        "epochs": sum(m.get("epochs") or 0 for m in done),
+        "overrides": list(HydraConfig.get().overrides.task),
+    }
+    write_json(record, root / "metrics.json")
 
 
 def finished_fold(fold_dir: Path) -> dict | None:
@@ -255,6 +286,7 @@ def pool_folds(root: Path, folds: int, cfg: DictConfig) -> dict:
             "std": statistics.stdev(values),
             "checkpoints": [m.get("best_checkpoint") for m in fold_metrics],
         },
+        "epochs": sum(m.get("epochs") or 0 for m in fold_metrics),  # all folds together
     }
     names = [
         k

@@ -10,7 +10,11 @@ The sweeper asks the study for a trial, runs it as a job of the sweep in
 each validation, the monitored value is reported to the trial (utils/run/study.py
 :class:`PruneTrial`, a callback train.py adds in a trial's job); when the pruner says stop, the job ends as a
 callback's stop ends a run: its checkpoint and metrics.json kept, ``stopped_by`` naming
-``pruned`` and the epoch, and the trial is told pruned.
+``pruned`` and the epoch, and the trial is told pruned. Under ``cv=K`` each fold reports once
+it ends, and a pruned trial trains no further fold (``pruner=wilcoxon``: a paired test of its
+folds against the best trial's; utils/run/cross_validation.py). With several objectives
+(``directions`` and ``objectives``, figures of each trial's metrics.json) the study is
+Optuna's multi-objective one, unpruned, and its Pareto front is the answer.
 
 The study lives on disk: by default a SQLite file, ``runs/<run_name>/study.db``;
 ``storage: journal`` keeps it in ``runs/<run_name>/study.journal`` (Optuna's journal file,
@@ -46,6 +50,7 @@ from utils.config.monitor import monitor_mode
 from utils.errors import UserError
 from utils.run.study import (
     DIRECTIONS,
+    OBJECTIVES_ATTR,
     OWNER_ATTR,
     SPACE_ATTR,
     STORAGE_ENV,
@@ -134,12 +139,32 @@ class StudySweeper(Sweeper):
             if not trials:
                 break
             returns.append(self._run(study, trials))
-        best = _best(study, library)
-        if best is not None:
-            results = {"name": "optuna", "best_params": best.params, "best_value": best.value}
-            OmegaConf.save(OmegaConf.create(results), self.sweep_dir / "optimization_results.yaml")
-            log.info("best trial %d: %s = %s", best.number, best.params, best.value)
+        self._write_results(study, library)
         return returns
+
+    def _write_results(self, study: Any, library: Any) -> None:
+        """``optimization_results.yaml``: the best trial's parameters and value; with several
+        objectives, every trial on the Pareto front (``solutions``: its parameters and values,
+        in the order of ``objectives``), as hydra-optuna-sweeper writes them."""
+        done = [
+            t
+            for t in study.get_trials(deepcopy=False)
+            if t.state == library.trial.TrialState.COMPLETE
+        ]
+        if not done:
+            return
+        if len(self.objectives) > 1:
+            front = sorted(study.best_trials, key=lambda t: t.number)
+            solutions = [
+                {"number": t.number, "params": t.params, "values": t.values} for t in front
+            ]
+            results = {"name": "optuna", "objectives": self.objectives, "solutions": solutions}
+            log.info("Pareto front: trials %s", ", ".join(str(t.number) for t in front))
+        else:
+            best = study.best_trial
+            results = {"name": "optuna", "best_params": best.params, "best_value": best.value}
+            log.info("best trial %d: %s = %s", best.number, best.params, best.value)
+        OmegaConf.save(OmegaConf.create(results), self.sweep_dir / "optimization_results.yaml")
 
     def _study(self, arguments: list[str]) -> Any:
         library = optuna()
@@ -150,10 +175,7 @@ class StudySweeper(Sweeper):
                 "choice(...)/interval(...) override"
             )
         self.distributions, self.fixed = distributions, fixed
-        direction = str(self.settings.get("direction", "maximize"))
-        if direction not in DIRECTIONS:
-            raise UserError(f"hydra.sweeper.direction={direction!r} must be maximize or minimize")
-        _check_direction(direction, self.config)
+        self.objectives, directions = objectives_of(self.settings, self.config)
         name = str(self.settings.get("study_name") or "torchloom")
         storage = opened_storage(self.url)
         # A continued study draws on from where it stopped: the sampler's seed moves on by the
@@ -168,23 +190,31 @@ class StudySweeper(Sweeper):
             storage=storage,
             study_name=name,
             sampler=sampler,
-            pruner=pruner_of(self.settings),
-            direction=direction,
+            pruner=pruner_of(self.settings, self.config.get("cv")),
+            directions=directions,
             load_if_exists=True,
         )
-        if study.direction.name.lower() != direction:
+        made = [d.name.lower() for d in study.directions]
+        if made != directions:
             raise UserError(
-                f"study {name} at {redacted(self.url)} was made to {study.direction.name.lower()}"
-                f", and hydra.sweeper.direction={direction}; give the study a new study_name"
+                f"study {name} at {redacted(self.url)} was made to {', '.join(made)}, and "
+                f"hydra.sweeper asks {', '.join(directions)}; give the study a new study_name"
             )
         space = described_space(distributions)
         stored = study.user_attrs.get(SPACE_ATTR)
         if stored is None:
             study.set_user_attr(SPACE_ATTR, space)
+            study.set_user_attr(OBJECTIVES_ATTR, self.objectives)
         elif stored != space:
             raise UserError(
                 f"study {name} at {redacted(self.url)} searches another space than "
                 "hydra.sweeper.params; give this search a new study_name (nothing was changed)"
+            )
+        elif study.user_attrs.get(OBJECTIVES_ATTR, self.objectives) != self.objectives:
+            raise UserError(
+                f"study {name} at {redacted(self.url)} was made for the objectives "
+                f"{', '.join(study.user_attrs[OBJECTIVES_ATTR])}, not "
+                f"{', '.join(self.objectives)}; give this search a new study_name"
             )
         os.environ[STUDY_ENV] = name
         return study
@@ -231,12 +261,22 @@ class StudySweeper(Sweeper):
         metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
         state = trial_state({"status": "unfinished", **metrics})  # as the summary says it
         value = job.return_value if job.status.name == "COMPLETED" else None
+        values = [value] if len(self.objectives) == 1 else [metrics.get(o) for o in self.objectives]
         if state == "pruned":
             study.tell(trial, state=states.PRUNED)
-        elif state != "complete" or not finite_number(value):
+        elif state != "complete" or not all(finite_number(v) for v in values):
+            if state == "complete":  # finished without a figure an objective names
+                missing = [
+                    o for o, v in zip(self.objectives, values, strict=True) if not finite_number(v)
+                ]
+                log.warning(
+                    "warning: trial %d's metrics.json has no number for %s; told failed",
+                    trial.number,
+                    ", ".join(missing),
+                )
             study.tell(trial, state=states.FAIL)
         else:
-            study.tell(trial, float(value))
+            study.tell(trial, [float(v) for v in values])
 
 
 def _trials_held(storage: Any, name: str) -> int:
@@ -248,22 +288,47 @@ def _trials_held(storage: Any, name: str) -> int:
     return len(storage.get_all_trials(study_id, deepcopy=False))
 
 
-def _best(study: Any, library: Any) -> Any:
-    done = [
-        t for t in study.get_trials(deepcopy=False) if t.state == library.trial.TrialState.COMPLETE
-    ]
-    return study.best_trial if done else None
-
-
-def _check_direction(direction: str, config: DictConfig) -> None:
-    """``direction`` must agree with trainer.monitor_mode (the value each job returns)."""
+def objectives_of(settings: dict, config: DictConfig) -> tuple[list[str], list[str]]:
+    """(the metrics the study optimises, their directions): the job's monitored value, to
+    ``hydra.sweeper.direction``; or, with ``hydra.sweeper.directions`` (several objectives),
+    the figures ``hydra.sweeper.objectives`` names, read from each trial's metrics.json. A
+    direction against a metric's own (trainer.monitor_mode for the monitor; loss and error
+    lower, accuracy higher, ...) is refused."""
     trainer = config.get("trainer") or {}
-    try:
-        mode = monitor_mode(trainer.get("monitor"), trainer.get("monitor_mode", "auto"))
-    except Exception:
-        return  # the jobs say what is wrong with the monitor
-    if (mode == "max") != (direction == "maximize"):
+    monitor = str(trainer.get("monitor"))
+    several = settings.get("directions")
+    if not several:
+        direction = str(settings.get("direction", "maximize"))
+        _check_direction("direction", direction, monitor, trainer.get("monitor_mode", "auto"))
+        return [monitor], [direction]
+    directions = [str(d) for d in several]
+    objectives = [str(o) for o in settings.get("objectives") or ()]
+    if len(objectives) != len(directions) or len(set(objectives)) != len(objectives):
         raise UserError(
-            f"hydra.sweeper.direction={direction} contradicts trainer.monitor_mode={mode} "
-            f"({trainer.get('monitor')}); set one to agree with the other"
+            f"hydra.sweeper.directions={directions} needs hydra.sweeper.objectives: one "
+            "metric of metrics.json a direction, each once (e.g. objectives=[val/acc,"
+            "train/samples_per_second] directions=[maximize,maximize])"
+        )
+    for objective, direction in zip(objectives, directions, strict=True):
+        mode = trainer.get("monitor_mode", "auto") if objective == monitor else "auto"
+        _check_direction(f"directions ({objective})", direction, objective, mode)
+    return objectives, directions
+
+
+def _check_direction(key: str, direction: str, metric: str, mode: str) -> None:
+    """``direction`` (hydra.sweeper.``key``) must agree with the way ``metric`` improves."""
+    if direction not in DIRECTIONS:
+        raise UserError(f"hydra.sweeper.{key}={direction!r} must be maximize or minimize")
+    try:
+        improves = monitor_mode(metric, mode)
+    except Exception:
+        return  # a name whose direction cannot be told: the user's word; a bad monitor: the job's
+    if (improves == "max") != (direction == "maximize"):
+        said = (
+            f"{metric}, which is better {'higher' if improves == 'max' else 'lower'}"
+            if key != "direction"
+            else f"trainer.monitor_mode={improves} ({metric})"
+        )
+        raise UserError(
+            f"hydra.sweeper.{key}={direction} contradicts {said}; set one to agree with the other"
         )

@@ -5,9 +5,11 @@ job, the trial the job reports to (:class:`PruneTrial`).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,8 @@ DIRECTIONS = ("maximize", "minimize")
 # never reaches a file), its name and the trial's number.
 STORAGE_ENV, STUDY_ENV, TRIAL_ENV = "TORCHLOOM_STUDY_STORAGE", "TORCHLOOM_STUDY", "TORCHLOOM_TRIAL"
 SPACE_ATTR = "torchloom:search_space"  # the study's search space, so another one is refused
+OBJECTIVES_ATTR = "torchloom:objectives"  # the metrics a study optimises, in its directions' order
 OWNER_ATTR = "torchloom:owner"  # host and process of the sweeper running a trial
-PRUNED_ATTR = "pruned_at_epoch"
 PASSWORD = re.compile(r"(://[^:/@]+:)([^@]+)(@)")
 
 
@@ -174,19 +176,44 @@ PRUNER_KEYS = (
     "n_startup_trials",
     "n_warmup_epochs",
     "percentile",
+    "p_threshold",
     "max_epochs",
+    "directions",
 )
 
 
-def pruner_of(settings: dict[str, Any]) -> Any:
-    """``hydra.sweeper.pruner`` with its ``n_startup_trials``, ``n_warmup_epochs`` and
-    ``max_epochs`` (hyperband's largest budget: trainer.max_epochs)."""
-    library = optuna()
+def pruner_name(settings: dict[str, Any], cv: int | None) -> str:
+    """The pruner ``hydra.sweeper.pruner`` names, ``auto`` resolved: none for several
+    objectives (Optuna prunes single-objective studies only), wilcoxon under ``cv=K`` (a
+    trial's folds against the best trial's same folds), else Optuna's advice per sampler."""
     name = settings.get("pruner", "auto")
     if name not in PRUNERS:
         raise UserError(f"hydra.sweeper.pruner={name!r} must be one of {', '.join(PRUNERS)}")
+    several = len(settings.get("directions") or ()) > 1
     if name == "auto":
-        name = RECOMMENDED.get(str(settings.get("sampler", "tpe")), "median")
+        if several:
+            return "none"
+        return "wilcoxon" if cv else RECOMMENDED.get(str(settings.get("sampler", "tpe")), "median")
+    if several and name != "none":
+        raise UserError(
+            f"hydra.sweeper.pruner={name} and several hydra.sweeper.directions do not combine "
+            "(Optuna prunes studies of one objective); use pruner=none or auto"
+        )
+    if name == "wilcoxon" and not cv:
+        raise UserError(
+            "hydra.sweeper.pruner=wilcoxon compares a trial's folds with the best trial's: it "
+            "needs cv=K (cv=5 or more); add cv=... or choose median, percentile, halving or "
+            "hyperband"
+        )
+    return name
+
+
+def pruner_of(settings: dict[str, Any], cv: int | None = None) -> Any:
+    """``hydra.sweeper.pruner`` with its ``n_startup_trials``, ``n_warmup_epochs`` and
+    ``max_epochs`` (hyperband's largest budget: trainer.max_epochs). Under ``cv=K`` a trial
+    reports once a fold (its step the fold's number), and the pruner compares folds."""
+    library = optuna()
+    name = pruner_name(settings, cv)
     startup, warmup = (
         int(settings.get("n_startup_trials", 5)),
         int(settings.get("n_warmup_epochs", 2)),
@@ -205,10 +232,17 @@ def pruner_of(settings: dict[str, Any]) -> Any:
         return library.pruners.HyperbandPruner(
             min_resource=max(warmup, 1), max_resource=int(settings.get("max_epochs") or 100)
         )
-    raise UserError(
-        "hydra.sweeper.pruner=wilcoxon (over the folds of cv=K) is not built in this version; "
-        "choose median, percentile, halving or hyperband"
-    )
+    if importlib.util.find_spec("scipy") is None:  # Optuna's Wilcoxon test is scipy's
+        raise UserError('hydra.sweeper.pruner=wilcoxon needs scipy: pip install -e ".[sweep]"')
+    threshold = settings.get("p_threshold", 0.1)
+    if not finite_number(threshold) or not 0 < threshold < 1:
+        raise UserError(
+            f"hydra.sweeper.p_threshold={settings.get('p_threshold')!r} must be a p-value "
+            "between 0 and 1 (Optuna's default: 0.1)"
+        )
+    with warnings.catch_warnings():  # "experimental" since Optuna 3.6, unchanged since
+        warnings.simplefilter("ignore", library.exceptions.ExperimentalWarning)
+        return library.pruners.WilcoxonPruner(p_threshold=float(threshold), n_startup_steps=2)
 
 
 def storage_url(given: str | None, sweep_dir: Path) -> str:
@@ -243,33 +277,50 @@ def opened_storage(url: str) -> Any:
 # --- Inside a trial's job --------------------------------------------------------------------
 
 
-def trial_callbacks(callbacks: Any, fold_dir: Path | None = None) -> Any:
-    """The run's ``callbacks`` node, with :class:`PruneTrial` when this job is a trial of a
-    study (its number in the environment the sweeper set) and not a fold of cv=K
-    (``fold_dir``: the fold's folder)."""
+def _this_trial() -> tuple[int, dict] | None:
+    """(this job's trial number, the sweeper's pruner settings) when the job is a trial of a
+    study (its number in the environment the sweeper set), else None."""
     number = os.environ.get(TRIAL_ENV)
-    if (
-        fold_dir is not None
-        or number is None
-        or not number.isdigit()
-        or STORAGE_ENV not in os.environ
-    ):
-        return callbacks
+    if number is None or not number.isdigit() or STORAGE_ENV not in os.environ:
+        return None
     sweeper = HydraConfig.get().sweeper
     settings = {key: sweeper[key] for key in PRUNER_KEYS if key in sweeper}
-    entry = {"_target_": f"{__name__}.PruneTrial", "number": int(number), "pruner": settings}
+    return int(number), settings
+
+
+def trial_callbacks(callbacks: Any, fold_dir: Path | None = None) -> Any:
+    """The run's ``callbacks`` node, with :class:`PruneTrial` when this job is a trial of a
+    study of one objective and not a fold of cv=K (``fold_dir``: the fold's folder; the
+    folds report once each: :func:`fold_reports`)."""
+    trial = _this_trial()
+    if fold_dir is not None or trial is None or len(trial[1].get("directions") or ()) > 1:
+        return callbacks
+    number, settings = trial
+    entry = {"_target_": f"{__name__}.PruneTrial", "number": number, "pruner": settings}
     node = OmegaConf.to_container(callbacks, resolve=True) if callbacks else {}
     return {**node, PruneTrial.NAME: entry}
 
 
+def fold_reports(monitor: str, folds: int) -> PruneTrial | None:
+    """Under ``cv=folds`` in a trial's job: the trial each fold's monitored value is reported
+    to (:meth:`PruneTrial.fold_end`); None outside a study, or in one of several objectives."""
+    trial = _this_trial()
+    if trial is None or len(trial[1].get("directions") or ()) > 1:
+        return None
+    reports = PruneTrial(*trial, cv=folds)
+    reports.monitor = monitor
+    return reports
+
+
 class PruneTrial:
-    """Reports the monitored value after each validation to this job's trial; the pruner's
-    stop ends the run as a callback's stop does (checkpoint, test, metrics.json)."""
+    """Reports the monitored value after each validation (under cv=K: after each fold) to this
+    job's trial; the pruner's stop ends the run as a callback's stop does (checkpoint, test,
+    metrics.json), or ends a cross-validation before its next fold."""
 
     NAME = "pruned"
 
-    def __init__(self, number: int, pruner: dict) -> None:
-        self.number, self.pruner = number, dict(pruner)
+    def __init__(self, number: int, pruner: dict, cv: int | None = None) -> None:
+        self.number, self.pruner, self.cv = number, dict(pruner), cv
         self.monitor: str | None = None
         self._trial = None
 
@@ -282,7 +333,7 @@ class PruneTrial:
             study = library.load_study(
                 study_name=os.environ[STUDY_ENV],
                 storage=opened_storage(os.environ[STORAGE_ENV]),
-                pruner=pruner_of(self.pruner),
+                pruner=pruner_of(self.pruner, self.cv),
             )
             trial_id = study._storage.get_trial_id_from_study_id_trial_number(
                 study._study_id, self.number
@@ -291,45 +342,62 @@ class PruneTrial:
         return self._trial
 
     def on_validation_end(self, epoch: int, metrics: dict) -> str | None:
-        value = metrics.get(self.monitor)
+        return self._reported(epoch, metrics.get(self.monitor), "epoch")
+
+    def fold_end(self, fold: int, value: Any) -> str | None:
+        """Fold ``fold``'s best monitored value, reported as the trial's step ``fold`` (the
+        last one too: a finished trial's folds are what later trials are compared with); the
+        reason to stop before the next fold when the pruner says so."""
+        return self._reported(fold, value, "fold", last=fold + 1 == self.cv)
+
+    def _reported(self, step: int, value: Any, unit: str, last: bool = False) -> str | None:
         if not finite_number(value):
             return None
         trial = self._opened()
-        trial.report(float(value), step=epoch)
-        if not trial.should_prune():
+        trial.report(float(value), step=step)
+        if last or not trial.should_prune():
             return None
-        trial.set_user_attr(PRUNED_ATTR, epoch)
-        return f"pruned by the study at epoch {epoch} ({self.monitor} {value:.4f})"
+        trial.set_user_attr(f"pruned_at_{unit}", step)
+        return f"pruned by the study at {unit} {step} ({self.monitor} {value:.4f})"
 
 
 def study_rows(url: str, name: str, objective: str) -> dict[str, Any]:
     """A study's trials as plain rows for the sweep report (utils/report/sweep.py): each
-    trial's number, state, value (a pruned one's last reported value), parameters, their
-    choices and log scales; the direction, and the parameters' importances (or why none)."""
+    trial's number, state, value (a pruned one's last reported value), its values (one per
+    objective), whether it is on the Pareto front (several objectives), parameters, their
+    choices and log scales; the objectives and directions, and the parameters' importances
+    (or why none)."""
     library = optuna()
     study = library.load_study(study_name=name, storage=opened_storage(url))
+    objectives = list(study.user_attrs.get(OBJECTIVES_ATTR) or [objective])
+    several = len(study.directions) > 1
+    front = {t.number for t in study.best_trials} if several else set()
     trials = []
     for trial in study.get_trials(deepcopy=False):
-        value = trial.value
-        if value is None and trial.intermediate_values:
-            value = trial.intermediate_values[max(trial.intermediate_values)]
+        values = list(trial.values or [])
+        if not values and trial.intermediate_values:
+            values = [trial.intermediate_values[max(trial.intermediate_values)]]
         distributions = trial.distributions
         trials.append(
             {
                 "number": trial.number,
                 "state": trial.state.name,
-                "value": value,
+                "value": values[0] if values else None,
+                "values": values,
+                "pareto": trial.number in front,
                 "params": dict(trial.params),
                 "choices": {k: list(getattr(d, "choices", ())) for k, d in distributions.items()},
                 "log": {k: bool(getattr(d, "log", False)) for k, d in distributions.items()},
             }
         )
-    direction = study.direction.name.lower()
+    directions = [d.name.lower() for d in study.directions]
     return {
         "trials": trials,
-        "direction": direction,
-        "objective": objective,
-        "importances": _importances(library, study),
+        "direction": directions[0],
+        "directions": directions,
+        "objective": objectives[0],
+        "objectives": objectives,
+        "importances": _importances(library, study) if not several else None,
     }
 
 

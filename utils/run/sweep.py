@@ -265,13 +265,27 @@ def seed_table(groups: list[dict[str, Any]], metrics: list[str], over: str) -> T
     return table
 
 
-def summarize(sweep_dir: Path, monitor: str, mode: str, console: Console) -> list[dict[str, Any]]:
+def summarize(
+    sweep_dir: Path,
+    monitor: str,
+    mode: str,
+    console: Console,
+    objectives: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """Print and write the summary of the jobs under ``sweep_dir``; returns the rows, best
-    first."""
+    first. ``objectives`` (a search of several: each metric's direction): the rows gain
+    ``pareto``, whether no other complete job is at least as good on every one and better on
+    one."""
     rows = sort_jobs(collect_jobs(sweep_dir), monitor, mode)
     present = {key for row in rows for key in row}
-    metrics = list(dict.fromkeys([monitor] + [m for m in shown_metrics() if m in present]))
+    shown = [m for m in shown_metrics() if m in present]
+    metrics = list(dict.fromkeys([monitor, *(objectives or ()), *shown]))
     columns = ["job", "overrides", *metrics, "status", "state", "epochs", "wall_time_seconds"]
+    if objectives:
+        front = pareto_front(rows, objectives)
+        for row in rows:
+            row["pareto"] = row["job"] in front
+        columns.append("pareto")
     columns.append("best_checkpoint")
     if any(row.get("stopped_early_at_epoch") for row in rows):  # trainer.early_stopping
         columns.append("stopped_early_at_epoch")
@@ -294,6 +308,28 @@ def summarize(sweep_dir: Path, monitor: str, mode: str, console: Console) -> lis
     return rows
 
 
+def pareto_front(rows: list[dict[str, Any]], objectives: dict[str, str]) -> set[int]:
+    """The jobs no other complete job dominates on ``objectives`` (metric: maximize or
+    minimize); a job without a number for each is on no front."""
+    signs = {name: 1.0 if way == "maximize" else -1.0 for name, way in objectives.items()}
+    points = {
+        row["job"]: [signs[name] * row[name] for name in signs]
+        for row in rows
+        if row["state"] == "complete"
+        and all(
+            isinstance(row.get(name), int | float) and math.isfinite(row[name]) for name in signs
+        )
+    }
+
+    def dominated(point: list[float]) -> bool:
+        return any(
+            all(o >= p for o, p in zip(other, point, strict=True)) and other != point
+            for other in points.values()
+        )
+
+    return {job for job, point in points.items() if not dominated(point)}
+
+
 class SweepSummary(Callback):
     """Pins the sweep's run name for every job, then summarises the sweep when it ends."""
 
@@ -310,7 +346,11 @@ class SweepSummary(Callback):
         trainer = config.trainer
         # A log file or pipe gets the whole table rather than 80 folded columns.
         console = text_console()
-        rows = summarize(sweep_dir, trainer.monitor, job_monitor_mode(config), console)
+        sweeper = config.hydra.sweeper
+        several = sweeper.get("directions") if "directions" in sweeper else None
+        objectives = dict(zip(sweeper.objectives, several, strict=True)) if several else None
+        mode = job_monitor_mode(config)
+        rows = summarize(sweep_dir, trainer.monitor, mode, console, objectives)
         if config.report:  # report.html: the jobs, a search's trials
             sweep_report(sweep_dir, config.hydra.sweeper, trainer.monitor)
         failed = [row for row in rows if row["status"] != "completed"]
