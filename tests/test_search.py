@@ -14,6 +14,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import torch
 from conftest import HELPERS, TRAIN, error_line, killed_at, run_train
 from omegaconf import OmegaConf
 
+from utils.run.search import heartbeat
 from utils.run.study import pruner_name
 
 optuna = pytest.importorskip("optuna")
@@ -265,6 +267,52 @@ def test_a_study_of_the_same_name_with_another_space_is_refused_and_kept(tmp_pat
     other = run_train(tmp_path, *search, "optim.momentum=interval(0.5, 0.9)", ok=False)
     assert "searches another space" in error_line(other)
     assert [t.number for t in trials(tmp_path, "space")] == [t.number for t in before]
+
+
+@pytest.mark.parametrize("beat_age", [3600, 10])
+def test_a_trial_of_another_machine_is_continued_once_its_heartbeat_is_stale(tmp_path, beat_age):
+    """A trial whose sweeper ran on another machine (its owner another host): continued here,
+    under its number and with its parameters, once its heartbeat is 4 beats old (an hour,
+    with beats of 30 s); left to that machine while the heartbeat is fresh (10 s)."""
+    search = [*SEARCH, "trainer.max_epochs=1", "run_name=away"]
+    run_train(tmp_path, *search, "hydra.sweeper.n_trials=1")
+    storage = f"sqlite:///{tmp_path / 'runs/away/study.db'}"
+    study = optuna.load_study(study_name="digits", storage=storage)
+    away = study.ask(study.trials[0].distributions)  # trial 1, as the other machine asked it
+    study._storage.set_trial_system_attr(away._trial_id, "torchloom:owner", "elsewhere:4242")
+    beat = time.time() - beat_age
+    study._storage.set_trial_system_attr(away._trial_id, "torchloom:heartbeat", beat)
+    result = run_train(tmp_path, *search, "hydra.sweeper.n_trials=2")
+    found = trials(tmp_path, "away")
+    states = optuna.trial.TrialState
+    assert len(found) == 2 and found[0].state == states.COMPLETE
+    if beat_age > 4 * 30:
+        assert "trial 1: its sweeper was stopped; continuing it" in result.stdout + result.stderr
+        assert found[1].state == states.COMPLETE and found[1].params == away.params
+        assert found[1].system_attrs["torchloom:owner"] != "elsewhere:4242"
+        assert found[1].system_attrs["torchloom:heartbeat"] > beat
+    else:
+        assert found[1].state == states.RUNNING  # the other machine's, left to it
+        assert found[1].system_attrs["torchloom:heartbeat"] == beat
+        assert not (tmp_path / "runs/away/1").exists()
+
+
+def test_a_running_trials_heartbeat_moves_on_while_it_runs_and_stops_after():
+    study = optuna.create_study()
+    trial = study.ask()
+
+    def beat() -> float:
+        return study._storage.get_trial(trial._trial_id).system_attrs["torchloom:heartbeat"]
+
+    with heartbeat(study, [trial], seconds=0.01):
+        first = beat()  # written on entry
+        deadline = time.monotonic() + 30
+        while beat() == first and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert beat() > first  # the thread wrote again
+    last = beat()
+    time.sleep(0.05)
+    assert beat() == last  # and no more once the trial's jobs returned
 
 
 def test_a_trial_another_worker_runs_is_left_to_it_and_is_no_failure(tmp_path):

@@ -21,8 +21,9 @@ The study lives on disk: by default a SQLite file, ``runs/<run_name>/study.db``;
 for processes that share a filesystem); any URL Optuna's storage takes (``sqlite:///...``,
 ``postgresql://...``) or a path ending in ``.journal``. Running the same command again
 continues the study: ended trials (complete, pruned, failed) stay, ``n_trials`` counts them, and a trial
-a kill stopped (its owner, a process of this machine, is gone) runs again under its number
-with its parameters, from its own ``last.pt``. Several workers (two shells, joblib) share the
+a kill stopped (its owner, a process of this machine, is gone; or, on another machine, its
+heartbeat is four beats old) runs again under its number with its parameters, from its own
+``last.pt``. Several workers (two shells, joblib) share the
 study; a trial is claimed under a lock file beside a local study, so no trial runs twice.
 
 A password in a storage URL never reaches a file: the sweeper hands the URL to the jobs in
@@ -37,6 +38,8 @@ import json
 import logging
 import os
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,7 @@ from utils.config.monitor import monitor_mode
 from utils.errors import UserError
 from utils.run.study import (
     DIRECTIONS,
+    HEARTBEAT_ATTR,
     OBJECTIVES_ATTR,
     OWNER_ATTR,
     SPACE_ATTR,
@@ -87,11 +91,49 @@ def owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def owner_gone(trial: Any) -> bool:
-    """Whether a running trial's sweeper was a process of this machine that has ended (a kill,
-    a preemption): its trial is continued by the next sweeper to look."""
+# A sweeper writes the time into each trial it runs every hydra.sweeper.heartbeat_seconds; a
+# trial of another machine whose time is this many beats old has lost its sweeper.
+STALE_BEATS = 4
+
+
+@contextlib.contextmanager
+def heartbeat(study: Any, trials: list[Any], seconds: float) -> Iterator[None]:
+    """While ``trials`` run: the time in each of them now and every ``seconds`` after (a
+    thread), so that sweepers on other machines can tell a live trial from an orphan."""
+
+    def beat() -> None:
+        for trial in trials:
+            study._storage.set_trial_system_attr(trial._trial_id, HEARTBEAT_ATTR, time.time())
+
+    beat()
+    stop = threading.Event()
+
+    def beating() -> None:
+        while not stop.wait(seconds):
+            try:
+                beat()
+            except Exception as error:  # the storage busy or away a moment: the next beat
+                log.debug("heartbeat not written: %s", error)
+
+    thread = threading.Thread(target=beating, name="study-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def owner_gone(trial: Any, heartbeat_seconds: float, now: float) -> bool:
+    """Whether a running trial's sweeper has ended (a kill, a preemption): a process of this
+    machine that is gone, or, on another machine, one whose heartbeat is older than
+    :data:`STALE_BEATS` beats (clocks agreeing to well within that, as NTP keeps them). Its
+    trial is continued by the next sweeper to look."""
     host, _, pid = str(trial.system_attrs.get(OWNER_ATTR, "")).rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
+    if host != socket.gethostname():
+        beat = trial.system_attrs.get(HEARTBEAT_ATTR)
+        return finite_number(beat) and now - beat > STALE_BEATS * heartbeat_seconds
+    if not pid.isdigit():
         return False
     try:
         os.kill(int(pid), 0)
@@ -130,6 +172,13 @@ class StudySweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> list[Any]:
         library = optuna()
         study = self._study(arguments)
+        seconds = self.settings.get("heartbeat_seconds", 30)
+        self.heartbeat_seconds = float(seconds) if finite_number(seconds) else 0.0
+        if self.heartbeat_seconds <= 0:
+            raise UserError(
+                f"hydra.sweeper.heartbeat_seconds={self.settings.get('heartbeat_seconds')} "
+                "must be a number of seconds above 0 (30 by default)"
+            )
         total = int(self.settings.get("n_trials", 20))
         batch = max(int(self.settings.get("n_jobs", 1)), 1)
         returns = []
@@ -227,16 +276,19 @@ class StudySweeper(Sweeper):
         trials = study.get_trials(deepcopy=False)
         done = sum(t.state in (states.COMPLETE, states.PRUNED, states.FAIL) for t in trials)
         running = [t for t in trials if t.state == states.RUNNING]
-        orphans = [t for t in running if owner_gone(t)]
+        beats, now = self.heartbeat_seconds, time.time()
+        orphans = [t for t in running if owner_gone(t, beats, now)]
         chosen = []
         for frozen in orphans[:batch]:
             study._storage.set_trial_system_attr(frozen._trial_id, OWNER_ATTR, owner())
+            study._storage.set_trial_system_attr(frozen._trial_id, HEARTBEAT_ATTR, now)
             log.info("trial %d: its sweeper was stopped; continuing it", frozen.number)
             chosen.append(library.trial.Trial(study, frozen._trial_id))
         live = len(running) - len(orphans)
         while len(chosen) < batch and done + live + len(chosen) < total:
             trial = study.ask(self.distributions)
             study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, owner())
+            study._storage.set_trial_system_attr(trial._trial_id, HEARTBEAT_ATTR, now)
             chosen.append(trial)
         return chosen
 
@@ -249,7 +301,8 @@ class StudySweeper(Sweeper):
                 f"+hydra.job.env_set.{TRIAL_ENV}={trial.number}",
             ]
             jobs.append((*self.fixed, *params, *hydra))
-        returns = self.launcher.launch(jobs, initial_job_idx=trials[0].number)
+        with heartbeat(study, trials, self.heartbeat_seconds):
+            returns = self.launcher.launch(jobs, initial_job_idx=trials[0].number)
         for trial, job in zip(trials, returns, strict=True):
             self._tell(study, trial, job)
         return returns

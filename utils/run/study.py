@@ -34,6 +34,7 @@ STORAGE_ENV, STUDY_ENV, TRIAL_ENV = "TORCHLOOM_STUDY_STORAGE", "TORCHLOOM_STUDY"
 SPACE_ATTR = "torchloom:search_space"  # the study's search space, so another one is refused
 OBJECTIVES_ATTR = "torchloom:objectives"  # the metrics a study optimises, in its directions' order
 OWNER_ATTR = "torchloom:owner"  # host and process of the sweeper running a trial
+HEARTBEAT_ATTR = "torchloom:heartbeat"  # when that sweeper last said it runs the trial (Unix time)
 PASSWORD = re.compile(r"(://[^:/@]+:)([^@]+)(@)")
 
 
