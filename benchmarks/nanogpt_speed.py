@@ -15,6 +15,11 @@ validate) from the corpus torchloom bundles, in a folder of this run; nothing in
 is changed, and none of its code is copied: its ``train.py`` runs as its README says, in that
 folder.
 
+torchloom runs at nanoGPT's seed (``--seed``, 1337 by default): built after it, torchloom's GPT
+holds the initial weights nanoGPT's holds (checked at the start, printed), so the two runs part
+only in the order they read the training windows (nanoGPT: 12 random starts a step, drawn with
+replacement; torchloom: each pass's windows in a permutation) and in how each is written.
+
 Reported, for each tool:
 
 - training tokens per second: for nanoGPT, the tokens of its logged iterations (12 × 64
@@ -52,6 +57,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "data" / "assets" / "tinyshakespeare.txt.gz"
 WINDOW = 64
+NANOGPT_SEED = 1337  # its train.py's torch.manual_seed(1337 + seed_offset), offset 0 on one process
+VOCABULARY = 65  # tiny Shakespeare's distinct characters
 
 
 def nanogpt_command(nanogpt: Path, steps: int) -> list[str]:
@@ -75,11 +82,12 @@ def nanogpt_command(nanogpt: Path, steps: int) -> list[str]:
     ]
 
 
-def torchloom_command(steps: int, workdir: Path, preset: str) -> list[str]:
+def torchloom_command(steps: int, workdir: Path, preset: str, seed: int) -> list[str]:
     return [
         sys.executable,
         str(ROOT / "train.py"),
         f"experiment={preset}",
+        f"seed={seed}",
         f"trainer.max_steps={steps}",
         "run_name=bench",
         f"paths.runs={workdir / 'runs'}",
@@ -123,6 +131,26 @@ def whole_split_loss(logits_of, val: np.ndarray) -> float:
             total += float(F.cross_entropy(logits.flatten(0, 1), targets, reduction="sum"))
             count += targets.numel()
     return total / count
+
+
+def same_initial_weights(nanogpt: Path, seed: int) -> bool:
+    """Whether torchloom's GPT (models/gpt.py) built after ``seed`` holds the weights nanoGPT's
+    GPT holds when built after its ``torch.manual_seed(1337)``, at the preset's sizes (train.py
+    seeds, then builds the data, which draws nothing, then the model)."""
+    sys.path.insert(0, str(nanogpt))
+    from model import GPT, GPTConfig  # nanoGPT's own model
+
+    sys.path.pop(0)
+    sys.path.insert(0, str(ROOT))
+    from models.gpt import GPT as Ours
+
+    sizes = {"block_size": WINDOW, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0}
+    torch.manual_seed(NANOGPT_SEED)
+    theirs = GPT(GPTConfig(vocab_size=VOCABULARY, bias=False, **sizes))
+    torch.manual_seed(seed)
+    ours = Ours(vocab_size=VOCABULARY, bias=False, **sizes)
+    pairs = zip(theirs.parameters(), ours.parameters(), strict=False)
+    return all(a.shape == b.shape and torch.equal(a, b) for a, b in pairs)
 
 
 def run_nanogpt(nanogpt: Path, steps: int, workdir: Path, val: np.ndarray) -> dict:
@@ -177,12 +205,12 @@ def run_nanogpt(nanogpt: Path, steps: int, workdir: Path, val: np.ndarray) -> di
     }
 
 
-def run_torchloom(steps: int, workdir: Path, val: np.ndarray, preset: str) -> dict:
+def run_torchloom(steps: int, workdir: Path, val: np.ndarray, preset: str, seed: int) -> dict:
     folder = workdir / preset
     folder.mkdir()
     start = time.perf_counter()
     done = subprocess.run(
-        torchloom_command(steps, folder, preset), cwd=folder, capture_output=True, text=True
+        torchloom_command(steps, folder, preset, seed), cwd=folder, capture_output=True, text=True
     )
     wall = time.perf_counter() - start
     if done.returncode:
@@ -204,6 +232,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nanogpt", type=Path, required=True, help="a checkout of nanoGPT")
     parser.add_argument("--max-steps", type=int, default=2000)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=NANOGPT_SEED,
+        help="torchloom's seed (default nanoGPT's: the same initial weights, checked here)",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="runs of each, alternating")
     parser.add_argument(
         "--presets",
@@ -215,6 +249,8 @@ def main() -> None:
     if not (args.nanogpt / "train.py").is_file():
         raise SystemExit(f"--nanogpt {args.nanogpt}: no train.py there; give a nanoGPT checkout")
     results: dict[str, list[dict]] = {"nanogpt": [], **{p: [] for p in args.presets}}
+    same = same_initial_weights(args.nanogpt, args.seed)
+    print(f"seed {args.seed}: the same initial weights as nanoGPT's train.py: {same}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         val, _ = prepared(Path(tmp) / "split")
         for round_ in range(args.rounds):
@@ -222,7 +258,7 @@ def main() -> None:
             work.mkdir()
             results["nanogpt"].append(run_nanogpt(args.nanogpt, args.max_steps, work, val))
             for preset in args.presets:
-                results[preset].append(run_torchloom(args.max_steps, work, val, preset))
+                results[preset].append(run_torchloom(args.max_steps, work, val, preset, args.seed))
             for tool, runs in results.items():
                 r = runs[-1]
                 print(
