@@ -80,7 +80,7 @@ from utils.run import (
     sweep,
 )
 from utils.run.folders import DRY_RUN_FILES, remove_unused, run_folders
-from utils.run.study import trial_callbacks
+from utils.run.trial import trial_callbacks
 from utils.system.signals import EXIT_INTERRUPTED, Interrupted, StopRequest
 from utils.tracking.tracker import Tracker
 

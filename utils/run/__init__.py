@@ -8,7 +8,8 @@ outputs           who prints and who writes (the history, metrics.json, tables),
 report            what the config tree, model summary, final table and metrics.json hold
 sweep             sweep jobs: skip finished, record failures, the summary table
 search            the Optuna sweeper: a study on disk, continued; trials claimed, run, told
-study             a study's space, sampler, pruner, storage; the trial a job reports to
+study             a study's space, sampler, pruner, storage, its trials as rows
+trial             inside a trial's job: its values reported after each validation or fold
 cross_validation  cv=K: every fold a run of its own, resumable; oof.csv, pooled metrics
 refit             trainer.refit: the final model trained again on train ∪ val, resumable
 provenance        what produced a run: command, code, packages, machine, data; guards resume

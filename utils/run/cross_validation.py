@@ -50,7 +50,7 @@ from utils.run.folders import check_part_name, fold_folder, output_dirs
 from utils.run.outputs import read_metrics, report_safely
 from utils.run.resume_changes import config_changes
 from utils.run.start import check_new_run, remove_files
-from utils.run.study import PruneTrial, fold_reports
+from utils.run.trial import PruneTrial, fold_reports
 from utils.system.distributed import processes_from_env
 from utils.text import cell, console
 

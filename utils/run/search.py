@@ -7,7 +7,7 @@
 
 The sweeper asks the study for a trial, runs it as a job of the sweep in
 ``runs/<run_name>/<trial number>/`` and tells the study how it ended. Inside the job, after
-each validation, the monitored value is reported to the trial (utils/run/study.py
+each validation, the monitored value is reported to the trial (utils/run/trial.py
 :class:`PruneTrial`, a callback train.py adds in a trial's job); when the pruner says stop, the job ends as a
 callback's stop ends a run: its checkpoint and metrics.json kept, ``stopped_by`` naming
 ``pruned`` and the epoch, and the trial is told pruned. Under ``cv=K`` each fold reports once

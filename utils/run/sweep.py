@@ -37,7 +37,8 @@ from utils.config.resolvers import RUN_TIMESTAMP_ENV, in_sweep
 from utils.errors import UserError, print_error
 from utils.files import write_json
 from utils.report.sweep import write_sweep_report
-from utils.run.study import STORAGE_ENV, PruneTrial, shares_its_folder, storage_url, study_rows
+from utils.run.study import STORAGE_ENV, shares_its_folder, storage_url, study_rows
+from utils.run.trial import PruneTrial
 from utils.tasks import main_metrics
 from utils.text import console as text_console
 
@@ -150,7 +151,7 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def trial_state(row: dict[str, Any]) -> str:
     """``complete``, ``pruned`` (a search's pruner stopped it at epoch ``epochs``:
-    utils/run/study.py), ``failed`` or ``unfinished`` (killed, or still running)."""
+    utils/run/trial.py), ``failed`` or ``unfinished`` (killed, or still running)."""
     stopped = row.get("stopped_by") or {}
     if row["status"] == "completed" and stopped.get("callback") == PruneTrial.NAME:
         return "pruned"
