@@ -151,14 +151,22 @@ def test_the_key_value_cache_samples_what_the_whole_window_samples():
     assert cached == generated(Plain(), prompt, Options, torch.Generator(), 12)
 
 
-def test_windows_cover_each_position_once_a_pass_and_processes_share_one_stream():
-    stream = TokenStream(torch.arange(1000), 10)
+@pytest.mark.parametrize("windows", ["passes", "random"])
+def test_windows_are_drawn_as_asked_and_processes_share_one_stream(windows):
+    stream = TokenStream(torch.arange(1000), 10, windows=windows)
     plan = BatchPlan(batch_size=8, train=True, seed=3)
     batches = StreamBatches(stream, plan, transform=type("T", (), {"device": "cpu"}))
     targets = torch.cat([y.flatten() for _, y in batches.epoch(0)])
-    assert len(targets) == len(set(targets.tolist()))  # no position twice in a pass
-    offset = int(targets.min()) - 1
-    assert len(targets) == len(batches) * 8 * 10 and 0 <= offset < 10
+    starts = torch.cat([x[:, 0] for x, _ in batches.epoch(0)])
+    assert len(targets) == len(batches) * 8 * 10 and int(starts.max()) + 10 < 1000
+    if windows == "passes":  # one offset a pass, no position twice in it
+        assert len(targets) == len(set(targets.tolist()))
+        assert len(set((starts % 10).tolist())) == 1
+    else:  # anywhere, drawn anew: windows at many offsets, some text read twice
+        assert len(set((starts % 10).tolist())) == 10
+        assert len(set(targets.tolist())) < len(targets)
+    again = StreamBatches(stream, plan, transform=type("T", (), {"device": "cpu"}))
+    assert torch.equal(starts, torch.cat([x[:, 0] for x, _ in again.epoch(0)]))  # (seed, pass)
     for x, y in batches.epoch(1):
         assert torch.equal(x + 1, y)  # each target the next token
     halves = [
@@ -175,13 +183,16 @@ def test_windows_cover_each_position_once_a_pass_and_processes_share_one_stream(
         assert torch.equal(whole[0], torch.cat([a[0], b[0]]))  # one global order, split
 
 
-def test_rounds_continue_the_stream_across_passes():
-    stream = TokenStream(torch.arange(300), 10, round_batches=4)
+@pytest.mark.parametrize("windows", ["passes", "random"])
+def test_rounds_continue_the_stream_across_passes(windows):
+    stream = TokenStream(torch.arange(300), 10, round_batches=4, windows=windows)
     plan = BatchPlan(batch_size=2, train=True, seed=0)
     rounds = stream.batches(plan, type("T", (), {"device": "cpu"}))
     assert len(rounds) == 4
     passes = StreamBatches(
-        TokenStream(torch.arange(300), 10), plan, transform=type("T", (), {"device": "cpu"})
+        TokenStream(torch.arange(300), 10, windows=windows),
+        plan,
+        transform=type("T", (), {"device": "cpu"}),
     )
     by_rounds = [x for r in range(7) for x, _ in rounds.epoch(r)]
     by_passes = [x for p in range(3) for x, _ in passes.epoch(p)][: len(by_rounds)]

@@ -96,6 +96,17 @@ def bucketed(order: torch.Tensor, lengths: torch.Tensor, batch: int, seed: int, 
     return torch.cat([batches.reshape(-1), ordered[whole * batch :]])
 
 
+RANDOM_WINDOWS_SALT = 17  # data.windows=random draws from a stream of its own
+
+
+def random_windows(windows: int, starts: int, seed: int, data_pass: int) -> torch.Tensor:
+    """Where each of the ``windows`` windows of "pass" ``data_pass`` starts when windows are
+    drawn anywhere (``data.windows=random``): ``windows`` starts in [0, ``starts``), drawn with
+    replacement, a pure function of (seed, pass) as :func:`window_order` is."""
+    generator = torch.Generator().manual_seed(mix_seed(seed, data_pass, RANDOM_WINDOWS_SALT))
+    return torch.randint(starts, (windows,), generator=generator)
+
+
 def window_order(windows: int, window: int, seed: int, data_pass: int) -> torch.Tensor:
     """Where each of the ``windows`` windows of ``window`` tokens of pass ``data_pass`` over a
     token stream starts, in the order they are read: an offset in [0, window) drawn for the

@@ -35,7 +35,7 @@ from data.corpus.parquet import VOCABULARY, is_parquet, parquet_ids, parquet_tex
 from data.corpus.stream import TokenStream
 from data.corpus.vocabulary import Vocabulary, fitted, from_record
 from data.text.files import MAX_FILE_BYTES, decoded, read_rows, texts_of, utf8_text
-from utils.config.arguments import POSITIVE_INT, check_values
+from utils.config.arguments import POSITIVE_INT, check_values, one_of
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
@@ -57,6 +57,7 @@ def load_corpus(
     cache_dir: str | None = None,
     round_steps: int | None = None,
     accumulate: int = 1,
+    windows: str = "random",
     stored_vocabulary: Mapping | None = None,
     **options,
 ) -> Data:
@@ -64,10 +65,15 @@ def load_corpus(
     ``tokens``: Parquet shards' column of token ids (instead of texts); ``cache``,
     ``cache_dir``: where the ids are kept (data/corpus/cache.py); ``round_steps``:
     trainer.val_every_n_steps (a round of that many optimizer steps is the loop's epoch;
-    None: a pass over the stream); ``stored_vocabulary``: the checkpoint's, on a resume (never
+    None: a pass over the stream); ``windows``: how training windows are drawn, ``random`` or
+    ``passes`` (data/corpus/stream.py); ``stored_vocabulary``: the checkpoint's, on a resume (never
     fitted again); ``options``: the keys of :class:`Batching` but mean and std."""
     options.pop("targets", None)
-    check_values("data", {"block_size": block_size}, {"block_size": POSITIVE_INT})
+    check_values(
+        "data",
+        {"block_size": block_size, "windows": windows},
+        {"block_size": POSITIVE_INT, "windows": one_of("random", "passes")},
+    )
     source = str(path) if path else str(BUNDLED)
     asked = (tokenizer, vocab_size, stored_vocabulary)
     tokenize = partial(tokenized, source, (text, tokens), asked, split)
@@ -83,7 +89,7 @@ def load_corpus(
                 "more text"
             )
     rounds = (round_steps or 0) * accumulate
-    streams = Splits(TokenStream(train, block_size, rounds), TokenStream(val, block_size))
+    streams = Splits(TokenStream(train, block_size, rounds, windows), TokenStream(val, block_size))
     name = source.rstrip("/").rsplit("/", 1)[-1]
     log.info(
         "corpus %s: %s train and %s val tokens, %s of them (data.tokenizer=%s), windows of %d",

@@ -1,11 +1,14 @@
 """A split of a corpus as one stream of token ids, cut into windows of ``block_size + 1``
 tokens (the inputs and, one token on, the targets), in an order torchloom owns.
 
-Training: pass ``p`` over the stream starts at an offset ``o`` in [0, block_size) and takes
-the windows that start at o, o + T, o + 2T, ... (T = block_size) in a permutation; both are a
-pure function of (seed, p), so every target position past the offset is predicted once per
-pass, the windows' boundaries move from pass to pass, and a resumed run, or one on another
-number of processes at the same global batch, reads the same windows: global batch g holds
+Training (``data.windows``): with ``random`` (the default), "pass" ``p`` is as many windows as
+the stream holds, each starting anywhere a whole window fits, drawn with replacement (as
+nanoGPT's ``get_batch`` draws them: the same text is read at every position of a window over
+the run); with ``passes``, pass ``p`` starts at an offset ``o`` in [0, block_size) and takes
+the windows that start at o, o + T, o + 2T, ... (T = block_size) in a permutation, so every
+target position past the offset is predicted once per pass. Either is a pure function of
+(seed, p), so a resumed run, or one on another number of processes at the same global batch,
+reads the same windows: global batch g holds
 windows [g·B·P, (g+1)·B·P) of the order, process r its r-th B of them (B the batch per
 process, P the processes). With ``steps_per_round`` (``trainer.val_every_n_steps``), the
 loop's epoch is a round of that many steps, and round k's batches are the global batches
@@ -27,7 +30,7 @@ import numpy as np
 import torch
 
 from data.batching.batches import batch_bounds
-from data.batching.order import window_order
+from data.batching.order import random_windows, window_order
 from utils.errors import UserError
 
 CHUNK_TOKENS = 1 << 16  # the stream's content is hashed in chunks of this many tokens
@@ -42,6 +45,7 @@ class TokenStream:
     tokens: torch.Tensor
     window: int
     round_batches: int = 0
+    windows: str = "random"  # data.windows: random | passes (module docstring)
     held: ClassVar[str] = "stream"
 
     @property
@@ -104,7 +108,12 @@ class StreamBatches:
 
     def _starts(self, data_pass: int) -> torch.Tensor:
         if self._order is None or self._order[0] != data_pass:
-            order = window_order(len(self.stream), self.stream.window, self.plan.seed, data_pass)
+            stream, seed = self.stream, self.plan.seed
+            if stream.windows == "random":  # anywhere a whole window fits
+                starts = len(stream.tokens) - stream.window
+                order = random_windows(len(stream), starts, seed, data_pass)
+            else:
+                order = window_order(len(stream), stream.window, seed, data_pass)
             self._order = (data_pass, order)
         return self._order[1]
 

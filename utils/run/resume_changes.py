@@ -117,6 +117,7 @@ def _added_later() -> dict[str, Any]:
         "distill.weights": "auto",
         "distill.temperature": 4.0,
         "distill.alpha": 0.5,
+        "data.windows": "passes",  # a corpus's windows: each pass's permuted
     }
 
 
