@@ -236,6 +236,9 @@ def test_a_window_longer_than_the_val_split_the_model_or_a_batch_is_refused(corp
     assert "the val split" in error_line(result) and "data.block_size" in error_line(result)
     result = run_train(corpus, *LM, *TINY, "data.block_size=32", ok=False)
     assert "more than model.block_size=16" in error_line(result)
+    result = run_train(corpus, *LM, *TINY, "data.windows=tiles", ok=False)
+    assert result.returncode == EXIT_USER_ERROR
+    assert "data.windows='tiles' must be one of random, passes" in error_line(result)
     few = TokenStream(torch.arange(100), 10)  # 9 windows; 2 processes of 8: none to train on
     plan = BatchPlan(batch_size=8, train=True, seed=0, world_size=2)
     with pytest.raises(UserError, match="fewer than one global batch of 16"):

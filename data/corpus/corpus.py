@@ -35,7 +35,7 @@ from data.corpus.parquet import VOCABULARY, is_parquet, parquet_ids, parquet_tex
 from data.corpus.stream import TokenStream
 from data.corpus.vocabulary import Vocabulary, fitted, from_record
 from data.text.files import MAX_FILE_BYTES, decoded, read_rows, texts_of, utf8_text
-from utils.config.arguments import POSITIVE_INT, check_values, one_of
+from utils.config.arguments import POSITIVE_INT, check_values
 from utils.errors import UserError
 
 log = logging.getLogger("torchloom")
@@ -69,11 +69,7 @@ def load_corpus(
     ``passes`` (data/corpus/stream.py); ``stored_vocabulary``: the checkpoint's, on a resume (never
     fitted again); ``options``: the keys of :class:`Batching` but mean and std."""
     options.pop("targets", None)
-    check_values(
-        "data",
-        {"block_size": block_size, "windows": windows},
-        {"block_size": POSITIVE_INT, "windows": one_of("random", "passes")},
-    )
+    check_values("data", {"block_size": block_size}, {"block_size": POSITIVE_INT})
     source = str(path) if path else str(BUNDLED)
     asked = (tokenizer, vocab_size, stored_vocabulary)
     tokenize = partial(tokenized, source, (text, tokens), asked, split)

@@ -33,6 +33,7 @@ from data.batching.batches import batch_bounds
 from data.batching.order import random_windows, window_order
 from utils.errors import UserError
 
+WINDOWS = ("random", "passes")  # how training windows are drawn (module docstring)
 CHUNK_TOKENS = 1 << 16  # the stream's content is hashed in chunks of this many tokens
 
 
@@ -47,6 +48,10 @@ class TokenStream:
     round_batches: int = 0
     windows: str = "random"  # data.windows: random | passes (module docstring)
     held: ClassVar[str] = "stream"
+
+    def __post_init__(self) -> None:
+        if self.windows not in WINDOWS:
+            raise UserError(f"data.windows={self.windows!r} must be one of {', '.join(WINDOWS)}")
 
     @property
     def input_shape(self) -> tuple[int, ...]:
