@@ -41,21 +41,7 @@ def warm_up(argv: Sequence[str]) -> None:
         figure.text(0.5, 0.5, "0.9")
         png(figure)
 
-    thread = threading.Thread(target=ready, name="torchloom-plots", daemon=False)
-    thread.start()
-    _warming.append(thread)
-
-
-_warming: list[threading.Thread] = []  # warm_up's thread, until someone waits for it
-
-
-def warmed() -> None:
-    """Wait for :func:`warm_up`'s thread. A fork (utils/tracking/process.py) must not copy a
-    process in which that thread is importing or drawing: the child would hold its objects
-    half made, and its garbage collector crashed on them (a segfault in the tracker's child,
-    seen when the test suite runs commands one after another in one process)."""
-    while _warming:
-        _warming.pop().join()
+    threading.Thread(target=ready, name="torchloom-plots", daemon=False).start()
 
 
 def png(figure: Any, tight: bool = False) -> bytes:

@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from utils import plots
 from utils.errors import UserError
 from utils.system.claim import forget_claims
 from utils.system.signals import STOP_SIGNALS, Interrupted, StopGrace, kill_children_at_exit
@@ -62,7 +61,6 @@ def start_early(argv: Sequence[str]) -> None:
         return
     if not forks() or _early or not any(EARLY.fullmatch(arg) for arg in argv[1:]):
         return
-    plots.warmed()  # no thread of ours busy in the copy the fork makes
     context = multiprocessing.get_context("fork")
     pipe, theirs = context.Pipe()
     process = context.Process(
@@ -93,7 +91,6 @@ def in_own_process(backend: Backend, runs_root: Path) -> Backend:
         process, pipe = _early.pop()
         pipe.send((backend, runs_root))
         return InChildProcess(backend, process, pipe)
-    plots.warmed()  # no thread of ours busy in the copy the fork makes
     context = multiprocessing.get_context("fork")
     pipe, theirs = context.Pipe()
     process = context.Process(
