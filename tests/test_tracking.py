@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import importlib.abc
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import types
 import urllib.request
 
 import pytest
@@ -37,6 +40,9 @@ from histories import (
     wandb_attempts,
     wandb_history,
 )
+from process_probe import Probe
+
+from utils.tracking.process import in_own_process
 
 pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
@@ -93,6 +99,38 @@ def test_every_logger_holds_the_same_history_and_marks_the_run_finished(straight
     checkpoint = torch.load(cwd / "checkpoints" / "straight" / "last.pt", weights_only=True)
     assert checkpoint["tracking"]["backends"]["mlflow"]["run_id"] == run.info.run_id
     assert checkpoint["tracking"]["backends"]["wandb"]["id"] == attempt["id"]
+
+
+def test_a_trackers_process_is_a_fresh_interpreter_even_beside_busy_threads(tmp_path):
+    """MLflow's process is never a fork of the training process: a fork copied what the
+    training process's other threads were half-way through making, and the copy's garbage
+    collector crashed on it (seen in the quick suite, where runs share a process with
+    threads). Here a thread makes cyclic garbage throughout; the backend's process holds
+    nothing of this process (not its modules, not torch), runs in a session of its own (the
+    terminal's Ctrl-C is the training process's to handle) and ends once closed."""
+    busy = threading.Event()
+
+    def churn() -> None:
+        while not busy.is_set():
+            ring = [[] for _ in range(100)]
+            for a, b in zip(ring, ring[1:] + ring[:1], strict=True):
+                a.append(b)
+
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    sys.modules["torchloom_parent_only"] = types.ModuleType("torchloom_parent_only")
+    try:
+        backend = in_own_process(Probe(), tmp_path)
+        seen = backend.position()
+        backend.close("FINISHED")
+    finally:
+        busy.set()
+        thread.join()
+        del sys.modules["torchloom_parent_only"]
+    assert "torchloom_parent_only" not in seen["modules"] and "process_probe" in seen["modules"]
+    assert "torch" not in seen["modules"]  # its imports are the tracker's, not the training's
+    assert seen["pid"] != os.getpid() and seen["session"] == seen["pid"]
+    assert backend.process.wait(timeout=10) == 0
 
 
 def test_the_csv_is_long_form_and_stays_valid_when_a_tag_appears_mid_run(tmp_path):

@@ -22,8 +22,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import torch
-
 from utils.errors import UserError
 
 STALE_AFTER_SECONDS = 3600  # a temporary file of another machine's writer, untouched this long
@@ -35,6 +33,8 @@ STALE_AFTER_SECONDS = 3600  # a temporary file of another machine's writer, unto
 def save_atomic(state: Mapping[str, Any], path: Path) -> None:
     """Write ``state`` to ``path`` so that ``path`` always holds a complete checkpoint. A failed
     write (disk full, permissions) leaves the previous file intact and says so in one line."""
+    import torch  # here: a tracker's own process imports this module, and never torch
+
     _write_atomic(path, lambda f: torch.save(dict(state), f))
 
 

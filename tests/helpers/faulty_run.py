@@ -121,11 +121,9 @@ def main() -> None:
     tracker = utils.tracking.tracker.Tracker
     tracker.checkpoint_written = counted("history_send", tracker.checkpoint_written, True)
     if "mlflow" in " ".join(sys.argv):  # once MLflow's process answered (utils/tracking/process.py)
-        from utils.tracking.mlflow import Mlflow
-        from utils.tracking.process import InChildProcess, forks
+        from utils.tracking.process import InChildProcess
 
-        sender = InChildProcess if forks() else Mlflow
-        sender.send = counted("mlflow_sent", sender.send, False)
+        InChildProcess.send = counted("mlflow_sent", InChildProcess.send, False)
     F.cross_entropy = counted_cross_entropy
     torch.save = faulty_save
     script, *sys.argv[1:] = sys.argv[1:]

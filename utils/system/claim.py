@@ -109,12 +109,3 @@ def release_claims() -> None:
     returns, however it returns)."""
     for claim in list(_held.values()):
         claim.release()
-
-
-def forget_claims() -> None:
-    """In a process forked from a run (a tracker's, utils/tracking/process.py): drop its copies
-    of the claims' descriptors, so the run's folders stay claimed by the run alone and are
-    free the moment the run lets go of them (the kernel's lock lives while any copy is open)."""
-    for claim in list(_held.values()):
-        os.close(claim.fd)
-    _held.clear()

@@ -17,8 +17,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from torch.utils.tensorboard.summary import hparams
-
 from utils.config.build import flatten
 
 log = logging.getLogger("torchloom")
@@ -184,6 +182,8 @@ def cut_to(path: Path, length: int) -> None:
 def write_hparams(writer, config: Mapping, metrics: Mapping[str, float]) -> None:
     """Record the flattened config with the final metrics in the run's own event file, so
     TensorBoard's HPARAMS tab compares runs side by side."""
+    from torch.utils.tensorboard.summary import hparams  # here: MLflow's process never needs it
+
     final = {k: v for k, v in metrics.items() if isinstance(v, float) and math.isfinite(v)}
     experiment, session_start, session_end = hparams(flatten(config), final)
     file_writer = writer._get_file_writer()

@@ -1,107 +1,118 @@
 """A tracker backend in a process of its own, beside the training (``own_process``: MLflow).
 
 MLflow's import and its store's start-up check take seconds of CPU; in the training process
-they came before the first step, and cost the digits job 70% of its wall time. Forked when the
-run starts, the backend's process imports and connects on the other core while the data loads
-and the model is built; the training process never imports it.
+they came before the first step, and cost the digits job 70% of its wall time. Started when
+the run starts, the backend's process imports and connects on the other core while the data
+loads and the model is built; the training process never imports it.
+
+The process is a fresh interpreter, never a fork: a fork copies whatever the training
+process's other threads (a plot library's warm-up, a sweep's heartbeat, a logger's writer)
+were half-way through making, and the copy's garbage collector crashed on it. The fresh one
+gets the training process's ``sys.path`` and environment, and its backend through the pipe.
 
 Every call is answered before the training process goes on (a checkpoint's points are in
 the store before the next step, as before), and waits so that a stop request ends the wait
 within seconds (exit code 3). What the backend logs comes back with each answer and is
 logged by the training process, so its log and console say it. The backend's process ignores
-stop signals (the training process decides when the run stops) and ends when the training
-process closes the backend, or when its pipe closes (the training process ended, a kill
-included).
+stop signals and runs in a session of its own, away from the terminal's Ctrl-C (the training
+process decides when the run stops); it ends when the training process closes the backend,
+or when its pipe closes (the training process ended, a kill included).
 
-    start_early(sys.argv)       # train.py's first line: logger=...mlflow... forks one now
-    backend = in_own_process(Mlflow(...), runs_root)   # that one (or one forked now) takes it
+    start_early(sys.argv)       # train.py's first lines: logger=...mlflow... starts one now
+    backend = in_own_process(Mlflow(...), runs_root)   # that one (or one started now) takes it
     backend.open(run, stored, step)                    # answered from the other process
 
-A command line that names ``logger=...mlflow...`` forks the process at train.py's very start,
-before torch is imported, so MLflow's import runs beside torch's; a config that turns out to
-use no such backend lets it go (:func:`let_early_go`).
+A command line that names ``logger=...mlflow...`` starts the process at train.py's very start,
+so MLflow's import runs beside torch's; a config that turns out to use no such backend lets it
+go (:func:`let_early_go`).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
+import json
 import logging
 import multiprocessing
 import os
 import re
 import signal
+import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from utils.errors import UserError
-from utils.system.claim import forget_claims
-from utils.system.signals import STOP_SIGNALS, Interrupted, StopGrace, kill_children_at_exit
+from utils.system.signals import STOP_SIGNALS, Interrupted, StopGrace
 from utils.tracking.local import Backend
 
 log = logging.getLogger("torchloom")
 
 
 EARLY = re.compile(r"\+{0,2}logger=.*\bmlflow\b.*")  # a command line that will track in MLflow
-WARMED = ("mlflow", "mlflow.store.tracking.sqlalchemy_store")  # what the early process imports
-_early: list[tuple[Any, Any]] = []  # (process, pipe) forked by start_early, not yet taken
+WARMED = ("mlflow", "mlflow.store.tracking.sqlalchemy_store")  # what the process imports first
+# The backend's process: the training process's sys.path, then child() on the inherited pipe.
+CHILD = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
+    "from utils.tracking.process import child; child(int(sys.argv[1]))"
+)
+_early: list[tuple[subprocess.Popen, Connection]] = []  # started by start_early, not yet taken
+_started: list[subprocess.Popen] = []  # every backend process, killed at exit if still alive
 
 
-def forks() -> bool:
-    """Linux forks safely after torch's import (macOS's frameworks may not survive a fork)."""
-    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
-
-
-def start_early(argv: Sequence[str]) -> None:
-    """Fork the tracker's process now when the command line names MLflow: it imports MLflow
+def start_early(argv: list[str]) -> None:
+    """Start the tracker's process now when the command line names MLflow: it imports MLflow
     while this process imports torch, then waits for the backend it is to serve."""
     if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone tracks
         return
-    if not forks() or _early or not any(EARLY.fullmatch(arg) for arg in argv[1:]):
+    if _early or not any(EARLY.fullmatch(arg) for arg in argv[1:]):
         return
-    context = multiprocessing.get_context("fork")
-    pipe, theirs = context.Pipe()
-    process = context.Process(
-        target=in_child, args=(pipe, serve_early, theirs), daemon=True, name="torchloom tracker"
+    _early.append(start())
+
+
+def start() -> tuple[subprocess.Popen, Connection]:
+    """A fresh interpreter that imports :data:`WARMED`, then serves the backend it is sent."""
+    ours, theirs = multiprocessing.Pipe()
+    if not _started:
+        atexit.register(kill_left)
+    process = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(theirs.fileno()), json.dumps(sys.path)],
+        pass_fds=(theirs.fileno(),),
+        start_new_session=True,  # the terminal's Ctrl-C reaches the training process alone
     )
-    kill_children_at_exit()  # it ignores stop signals: ended at exit if still alive
-    process.start()
-    theirs.close()
-    _early.append((process, pipe))
+    theirs.close()  # its copy is the child's now: the pipe ends when either process does
+    _started.append(process)
+    return process, ours
+
+
+def kill_left() -> None:
+    """At exit: a backend's process still alive (its command ended on an error) is ended now
+    rather than left to notice the pipe's end."""
+    for process in _started:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def let_early_go() -> None:
-    """The command is over: an early process no backend took ends (its pipe closes)."""
+    """The command is over: an early process no backend took ends."""
     while _early:
         process, pipe = _early.pop()
         pipe.close()
         process.kill()  # it may still be importing: nothing of it is wanted
-        process.join()
+        process.wait()
 
 
 def in_own_process(backend: Backend, runs_root: Path) -> Backend:
-    """``backend`` in a process of its own when it asks for one and this system forks (the
-    early one when there is one); else ``backend`` itself, prepared here."""
-    if not (getattr(backend, "own_process", False) and forks()):
+    """``backend`` in a process of its own when it asks for one (the early one when there is
+    one); else ``backend`` itself, prepared here."""
+    if not getattr(backend, "own_process", False):
         backend.prepare(runs_root)
         return backend
-    if _early:
-        process, pipe = _early.pop()
-        pipe.send((backend, runs_root))
-        return InChildProcess(backend, process, pipe)
-    context = multiprocessing.get_context("fork")
-    pipe, theirs = context.Pipe()
-    process = context.Process(
-        target=in_child,
-        args=(pipe, serve, backend, runs_root, theirs),
-        daemon=True,
-        name=f"torchloom {backend.name}",
-    )
-    kill_children_at_exit()  # it ignores stop signals: ended at exit if still alive
-    process.start()
-    theirs.close()
+    process, pipe = _early.pop() if _early else start()
+    pipe.send((backend, runs_root))
     return InChildProcess(backend, process, pipe)
 
 
@@ -118,7 +129,7 @@ class InChildProcess(Backend):
         self.pipe.send((method, args))
         grace = StopGrace(f"logger.{self.name}")
         while not self.pipe.poll(0.1):
-            if not self.process.is_alive():
+            if self.process.poll() is not None:
                 self._end()
                 raise RuntimeError(f"logger.{self.name}'s process ended unexpectedly")
             if grace.over():
@@ -165,10 +176,11 @@ class InChildProcess(Backend):
         """The backend's process told to end (it does once its pipe closes), else killed."""
         self.ended = True
         self.pipe.close()
-        self.process.join(timeout=5)
-        if self.process.is_alive():
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.join()
+            self.process.wait()
 
 
 class _Kept(logging.Handler):
@@ -182,17 +194,11 @@ class _Kept(logging.Handler):
         self.records.append((record.levelno, record.getMessage()))
 
 
-def in_child(ours: Any, function: Callable, *args: Any) -> None:
-    """In the forked process: first close the training process's end of the pipe (the fork
-    copied it), so that the pipe ends when the training process does, even by SIGKILL, and
-    this process with it; then ``function(*args)``."""
-    ours.close()
-    function(*args)
-
-
-def serve_early(pipe: Any) -> None:
-    """An early process: MLflow imported, then the backend to serve, once the config says."""
+def child(fd: int) -> None:
+    """The backend's process: stop signals ignored, :data:`WARMED` imported, then the backend
+    it is sent served on the pipe ``fd``; it ends at once if none comes (the pipe closed)."""
     ignore_stops()
+    pipe = Connection(fd)
     for name in WARMED:
         with contextlib.suppress(Exception):  # an import that fails fails again, and says so
             importlib.import_module(name)
@@ -210,8 +216,6 @@ def ignore_stops() -> None:
 
 def serve(backend: Backend, runs_root: Path, pipe: Any) -> None:
     """The backend's process: prepared at once, then each call answered in turn."""
-    ignore_stops()
-    forget_claims()  # the run's folders stay claimed by the training process alone
     kept = _Kept()
     logger = logging.getLogger("torchloom")
     logger.handlers, logger.propagate = [kept], False
