@@ -15,10 +15,13 @@ validate) from the corpus torchloom bundles, in a folder of this run; nothing in
 is changed, and none of its code is copied: its ``train.py`` runs as its README says, in that
 folder.
 
-torchloom runs at nanoGPT's seed (``--seed``, 1337 by default): built after it, torchloom's GPT
-holds the initial weights nanoGPT's holds (checked at the start, printed), so the two runs part
-only in the order they read the training windows (nanoGPT: 12 random starts a step, drawn with
-replacement; torchloom: each pass's windows in a permutation) and in how each is written.
+Both run at one seed (``--seed``, nanoGPT's 1337 by default; another seed reaches nanoGPT's
+``torch.manual_seed(1337)`` through a launcher that shifts the number it is given, its code
+unchanged): built after it, torchloom's GPT holds the initial weights nanoGPT's holds (checked
+at the start, printed), so the two runs part only in the training windows they draw (both 12
+random starts a step, with replacement: nanoGPT's from torch's global generator, torchloom's
+from its own, which a resume restores) and in how each is written. Over several seeds the two
+tools' losses compare as distributions, not as one draw each.
 
 Reported, for each tool:
 
@@ -61,10 +64,21 @@ NANOGPT_SEED = 1337  # its train.py's torch.manual_seed(1337 + seed_offset), off
 VOCABULARY = 65  # tiny Shakespeare's distinct characters
 
 
-def nanogpt_command(nanogpt: Path, steps: int) -> list[str]:
-    """nanoGPT's README CPU command ("I only have a macbook"), ``steps`` iterations."""
+# nanoGPT's train.py run unchanged, its torch.manual_seed(1337 + offset) shifted to SEED + offset.
+SEEDED = (
+    "import runpy, sys, torch; seed = int(sys.argv.pop(1)); given = torch.manual_seed; "
+    "torch.manual_seed = lambda s: given(s - 1337 + seed); sys.argv.pop(0); "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+def nanogpt_command(nanogpt: Path, steps: int, seed: int) -> list[str]:
+    """nanoGPT's README CPU command ("I only have a macbook"), ``steps`` iterations, at
+    ``seed`` (its own 1337 as it is; another through :data:`SEEDED`)."""
+    launcher = [] if seed == NANOGPT_SEED else ["-c", SEEDED, str(seed)]
     return [
         sys.executable,
+        *launcher,
         str(nanogpt / "train.py"),
         str(nanogpt / "config" / "train_shakespeare_char.py"),
         "--device=cpu",
@@ -135,8 +149,8 @@ def whole_split_loss(logits_of, val: np.ndarray) -> float:
 
 def same_initial_weights(nanogpt: Path, seed: int) -> bool:
     """Whether torchloom's GPT (models/gpt.py) built after ``seed`` holds the weights nanoGPT's
-    GPT holds when built after its ``torch.manual_seed(1337)``, at the preset's sizes (train.py
-    seeds, then builds the data, which draws nothing, then the model)."""
+    GPT holds when built after its seeding at ``seed``, at the preset's sizes (train.py seeds,
+    then builds the data, which draws nothing, then the model)."""
     sys.path.insert(0, str(nanogpt))
     from model import GPT, GPTConfig  # nanoGPT's own model
 
@@ -145,7 +159,7 @@ def same_initial_weights(nanogpt: Path, seed: int) -> bool:
     from models.gpt import GPT as Ours
 
     sizes = {"block_size": WINDOW, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0}
-    torch.manual_seed(NANOGPT_SEED)
+    torch.manual_seed(seed)
     theirs = GPT(GPTConfig(vocab_size=VOCABULARY, bias=False, **sizes))
     torch.manual_seed(seed)
     ours = Ours(vocab_size=VOCABULARY, bias=False, **sizes)
@@ -153,7 +167,7 @@ def same_initial_weights(nanogpt: Path, seed: int) -> bool:
     return all(a.shape == b.shape and torch.equal(a, b) for a, b in pairs)
 
 
-def run_nanogpt(nanogpt: Path, steps: int, workdir: Path, val: np.ndarray) -> dict:
+def run_nanogpt(nanogpt: Path, steps: int, workdir: Path, val: np.ndarray, seed: int) -> dict:
     folder = workdir / "nanogpt"
     folder.mkdir()
     prepared(folder)
@@ -161,7 +175,7 @@ def run_nanogpt(nanogpt: Path, steps: int, workdir: Path, val: np.ndarray) -> di
     env = {**os.environ, "PYTHONPATH": str(nanogpt)}
     start = time.perf_counter()
     done = subprocess.run(
-        nanogpt_command(nanogpt, steps), cwd=folder, env=env, capture_output=True, text=True
+        nanogpt_command(nanogpt, steps, seed), cwd=folder, env=env, capture_output=True, text=True
     )
     wall = time.perf_counter() - start
     if done.returncode:
@@ -236,7 +250,7 @@ def main() -> None:
         "--seed",
         type=int,
         default=NANOGPT_SEED,
-        help="torchloom's seed (default nanoGPT's: the same initial weights, checked here)",
+        help="both tools' seed (default nanoGPT's own): the same initial weights, checked here",
     )
     parser.add_argument("--rounds", type=int, default=1, help="runs of each, alternating")
     parser.add_argument(
@@ -250,13 +264,15 @@ def main() -> None:
         raise SystemExit(f"--nanogpt {args.nanogpt}: no train.py there; give a nanoGPT checkout")
     results: dict[str, list[dict]] = {"nanogpt": [], **{p: [] for p in args.presets}}
     same = same_initial_weights(args.nanogpt, args.seed)
-    print(f"seed {args.seed}: the same initial weights as nanoGPT's train.py: {same}", flush=True)
+    print(f"seed {args.seed}: the same initial weights in both tools: {same}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         val, _ = prepared(Path(tmp) / "split")
         for round_ in range(args.rounds):
             work = Path(tmp) / f"round{round_}"
             work.mkdir()
-            results["nanogpt"].append(run_nanogpt(args.nanogpt, args.max_steps, work, val))
+            results["nanogpt"].append(
+                run_nanogpt(args.nanogpt, args.max_steps, work, val, args.seed)
+            )
             for preset in args.presets:
                 results[preset].append(run_torchloom(args.max_steps, work, val, preset, args.seed))
             for tool, runs in results.items():
@@ -272,7 +288,7 @@ def main() -> None:
         for t, n in zip(results[args.presets[0]], results["nanogpt"], strict=True)
     ]
     print(f"torchloom / nanoGPT tokens per second: {', '.join(f'{r:.3f}' for r in ratio)}")
-    print(json.dumps({"max_steps": args.max_steps, **results, "ratio": ratio}))
+    print(json.dumps({"max_steps": args.max_steps, "seed": args.seed, **results, "ratio": ratio}))
 
 
 if __name__ == "__main__":
