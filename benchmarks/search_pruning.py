@@ -5,6 +5,7 @@ seeds, each search one ``python train.py -m`` command in a folder of this run.
     python benchmarks/search_pruning.py                                   # 40 trials × 20 epochs, seeds 0 1 2
     python benchmarks/search_pruning.py --trials 10 --epochs 8 --seeds 0 --pruners none median
     python benchmarks/search_pruning.py --cv 10 --trials 20 --epochs 10 --pruners none wilcoxon
+    python benchmarks/search_pruning.py --set hydra.sweeper.n_warmup_epochs=5   # any override
 
 Reported per search: the trials pruned, the epochs trained in all, the wall time of the
 command, the best val/acc and the test/acc of the trial that reached it (with ``--cv K``, each
@@ -29,8 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def search(folder: Path, pruner: str, seed: int, trials: int, epochs: int, cv: int | None) -> dict:
-    """One search's figures, from its summary.json."""
+def search(
+    folder: Path, pruner: str, seed: int, trials: int, epochs: int, cv: int | None, extra: list
+) -> dict:
+    """One search's figures, from its summary.json; ``extra``: overrides for every search."""
     name = f"{pruner}-{seed}"
     command = [
         sys.executable,
@@ -45,6 +48,7 @@ def search(folder: Path, pruner: str, seed: int, trials: int, epochs: int, cv: i
         *([f"cv={cv}"] if cv else []),
         "report=false",  # each job's pictures and simple models: not what is measured here
         "baselines=false",
+        *extra,
     ]
     started = time.perf_counter()
     done = subprocess.run(command, cwd=folder, capture_output=True, text=True)
@@ -100,12 +104,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--pruners", nargs="+", default=["none", "median", "hyperband"])
     parser.add_argument("--cv", type=int, default=None, help="each trial a cv=K run")
+    parser.add_argument("--set", nargs="*", default=[], help="overrides for every search")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="search-pruning-") as folder:
         for seed in args.seeds:
             for pruner in args.pruners:
-                row = search(Path(folder), pruner, seed, args.trials, args.epochs, args.cv)
+                row = search(
+                    Path(folder), pruner, seed, args.trials, args.epochs, args.cv, args.set
+                )
                 rows.append(row)
                 print(
                     f"{pruner:9} seed {seed}: {row['pruned']:3}/{row['trials']} pruned, "
@@ -120,7 +127,7 @@ def main() -> None:
             f"wall time; best val/acc {figures['best_val_acc_mean']:.4f} against "
             f"{figures['unpruned_best_val_acc_mean']:.4f} ± {figures['unpruned_std']:.4f} unpruned"
         )
-    print(json.dumps({"searches": rows, "compared": summary}))
+    print(json.dumps({"set": args.set, "searches": rows, "compared": summary}))
 
 
 if __name__ == "__main__":
