@@ -59,7 +59,7 @@ CHILD = (
     "from utils.tracking.process import child; child(int(sys.argv[1]))"
 )
 _early: list[tuple[subprocess.Popen, Connection]] = []  # started by start_early, not yet taken
-_started: list[subprocess.Popen] = []  # every backend process, killed at exit if still alive
+_started: list[subprocess.Popen] = []  # backend processes started, killed at exit if alive
 
 
 def start_early(argv: list[str]) -> None:
@@ -75,8 +75,7 @@ def start_early(argv: list[str]) -> None:
 def start() -> tuple[subprocess.Popen, Connection]:
     """A fresh interpreter that imports :data:`WARMED`, then serves the backend it is sent."""
     ours, theirs = multiprocessing.Pipe()
-    if not _started:
-        atexit.register(kill_left)
+    _started[:] = [process for process in _started if process.poll() is None]  # a sweep's ended
     process = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(theirs.fileno()), json.dumps(sys.path)],
         pass_fds=(theirs.fileno(),),
@@ -94,6 +93,9 @@ def kill_left() -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+atexit.register(kill_left)
 
 
 def let_early_go() -> None:
