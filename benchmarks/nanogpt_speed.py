@@ -5,6 +5,7 @@ CPU command of its README, on the same tiny Shakespeare split, in one benchmark 
     python benchmarks/nanogpt_speed.py --nanogpt ~/src/nanoGPT --max-steps 500 --rounds 2
     python benchmarks/nanogpt_speed.py --nanogpt ~/src/nanoGPT \
         --presets shakespeare_char_cpu shakespeare_char_cpu_tuned   # ours at the same cost, LR 3e-3
+    python benchmarks/nanogpt_speed.py --nanogpt ~/src/nanoGPT --their-windows  # + nanoGPT's draws
 
 Both train a 4-layer, 4-head, 128-wide GPT with a 64-character context on batches of 12, for
 ``--max-steps`` steps (2,000, the README's), lr 1e-3 to 1e-4 on a cosine after 100 warmup steps,
@@ -21,7 +22,11 @@ unchanged): built after it, torchloom's GPT holds the initial weights nanoGPT's 
 at the start, printed), so the two runs part only in the training windows they draw (both 12
 random starts a step, with replacement: nanoGPT's from torch's global generator, torchloom's
 from its own, which a resume restores) and in how each is written. Over several seeds the two
-tools' losses compare as distributions, not as one draw each.
+tools' losses compare as distributions, not as one draw each. With ``--their-windows`` the first
+preset also trains on the very windows nanoGPT's run draws (replayed here from its seed: its
+model's initialisation, its first batch, then each step's next batch and, every
+``eval_interval`` steps, its loss estimate's batches, all from torch's global generator), so
+the two runs part only in how each is written: their losses then compare to the last digit.
 
 Reported, for each tool:
 
@@ -46,6 +51,7 @@ import math
 import os
 import pickle
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -61,6 +67,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "data" / "assets" / "tinyshakespeare.txt.gz"
 WINDOW = 64
 NANOGPT_SEED = 1337  # its train.py's torch.manual_seed(1337 + seed_offset), offset 0 on one process
+BATCH = 12  # the command's --batch_size
+EVAL_INTERVAL, EVAL_ITERS = 250, 20  # its config file's eval_interval, the command's eval_iters
 VOCABULARY = 65  # tiny Shakespeare's distinct characters
 
 
@@ -219,13 +227,56 @@ def run_nanogpt(nanogpt: Path, steps: int, workdir: Path, val: np.ndarray, seed:
     }
 
 
-def run_torchloom(steps: int, workdir: Path, val: np.ndarray, preset: str, seed: int) -> dict:
-    folder = workdir / preset
+def their_windows(nanogpt: Path, split: Path, seed: int, steps: int) -> torch.Tensor:
+    """The start of every training window nanoGPT's train.py reads in ``steps`` steps at
+    ``seed``, its draws replayed in their order from torch's global generator."""
+    sizes = {"block_size": WINDOW, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0}
+    data = split / "data" / "shakespeare_char"
+    train, val = ((data / f"{name}.bin").stat().st_size // 2 for name in ("train", "val"))
+    sys.path.insert(0, str(nanogpt))
+    from model import GPT, GPTConfig  # nanoGPT's own model: its initialisation draws first
+
+    sys.path.pop(0)
+    torch.manual_seed(seed)
+    GPT(GPTConfig(vocab_size=VOCABULARY, bias=False, **sizes))
+    batches = [torch.randint(train - WINDOW, (BATCH,))]  # its first batch, before the loop
+    for step in range(steps - 1):
+        if step % EVAL_INTERVAL == 0:  # its loss estimate: train batches, then val batches
+            for length in (train, val):
+                for _ in range(EVAL_ITERS):
+                    torch.randint(length - WINDOW, (BATCH,))
+        batches.append(torch.randint(train - WINDOW, (BATCH,)))  # the next step's batch
+    return torch.cat(batches)
+
+
+def train_on(windows_file: str, argv: list[str]) -> None:
+    """In a process of its own: torchloom's train.py with ``argv``, its random windows the
+    starts in ``windows_file`` in their order (the corpus stream's draw replaced here)."""
+    sys.path.insert(0, str(ROOT))
+    import data.corpus.stream as stream
+
+    drawn = torch.load(windows_file)
+
+    def replayed(windows: int, starts: int, seed: int, data_pass: int) -> torch.Tensor:
+        per_pass = windows // BATCH * BATCH
+        given = drawn[data_pass * per_pass : (data_pass + 1) * per_pass]
+        return torch.cat([given, torch.zeros(windows - len(given), dtype=given.dtype)])
+
+    stream.random_windows = replayed
+    sys.argv = argv
+    runpy.run_path(argv[0], run_name="__main__")
+
+
+def run_torchloom(
+    steps: int, workdir: Path, val: np.ndarray, preset: str, seed: int, windows: Path | None = None
+) -> dict:
+    folder = workdir / (preset if windows is None else f"{preset}-their-windows")
     folder.mkdir()
+    command = torchloom_command(steps, folder, preset, seed)
+    if windows is not None:
+        command[1:1] = [__file__, "--train-on", str(windows)]
     start = time.perf_counter()
-    done = subprocess.run(
-        torchloom_command(steps, folder, preset, seed), cwd=folder, capture_output=True, text=True
-    )
+    done = subprocess.run(command, cwd=folder, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode:
         raise SystemExit(f"torchloom failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
@@ -243,6 +294,9 @@ def run_torchloom(steps: int, workdir: Path, val: np.ndarray, preset: str, seed:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--train-on"]:  # run_torchloom's process with nanoGPT's windows
+        train_on(sys.argv[2], sys.argv[3:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nanogpt", type=Path, required=True, help="a checkout of nanoGPT")
     parser.add_argument("--max-steps", type=int, default=2000)
@@ -259,10 +313,18 @@ def main() -> None:
         default=["shakespeare_char_cpu"],
         help="torchloom's conf/experiment/ presets to run (the first is compared for speed)",
     )
+    parser.add_argument(
+        "--their-windows",
+        action="store_true",
+        help="also train the first preset on the windows nanoGPT's run draws",
+    )
     args = parser.parse_args()
     if not (args.nanogpt / "train.py").is_file():
         raise SystemExit(f"--nanogpt {args.nanogpt}: no train.py there; give a nanoGPT checkout")
     results: dict[str, list[dict]] = {"nanogpt": [], **{p: [] for p in args.presets}}
+    replay = f"{args.presets[0]} on nanoGPT's windows"
+    if args.their_windows:
+        results[replay] = []
     same = same_initial_weights(args.nanogpt, args.seed)
     print(f"seed {args.seed}: the same initial weights in both tools: {same}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -275,6 +337,15 @@ def main() -> None:
             )
             for preset in args.presets:
                 results[preset].append(run_torchloom(args.max_steps, work, val, preset, args.seed))
+            if args.their_windows:
+                windows = work / "their-windows.pt"
+                torch.save(
+                    their_windows(args.nanogpt, Path(tmp) / "split", args.seed, args.max_steps),
+                    windows,
+                )
+                results[replay].append(
+                    run_torchloom(args.max_steps, work, val, args.presets[0], args.seed, windows)
+                )
             for tool, runs in results.items():
                 r = runs[-1]
                 print(
