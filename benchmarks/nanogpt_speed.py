@@ -155,22 +155,31 @@ def whole_split_loss(logits_of, val: np.ndarray) -> float:
     return total / count
 
 
+# The preset's GPT, in both tools' keyword names.
+SIZES = {"block_size": WINDOW, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0}
+
+
+def nanogpt_model(nanogpt: Path):
+    """nanoGPT's own ``GPT`` and ``GPTConfig``, imported from the checkout."""
+    sys.path.insert(0, str(nanogpt))
+    from model import GPT, GPTConfig
+
+    sys.path.pop(0)
+    return GPT, GPTConfig
+
+
 def same_initial_weights(nanogpt: Path, seed: int) -> bool:
     """Whether torchloom's GPT (models/gpt.py) built after ``seed`` holds the weights nanoGPT's
     GPT holds when built after its seeding at ``seed``, at the preset's sizes (train.py seeds,
     then builds the data, which draws nothing, then the model)."""
-    sys.path.insert(0, str(nanogpt))
-    from model import GPT, GPTConfig  # nanoGPT's own model
-
-    sys.path.pop(0)
+    GPT, GPTConfig = nanogpt_model(nanogpt)
     sys.path.insert(0, str(ROOT))
     from models.gpt import GPT as Ours
 
-    sizes = {"block_size": WINDOW, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0}
     torch.manual_seed(seed)
-    theirs = GPT(GPTConfig(vocab_size=VOCABULARY, bias=False, **sizes))
+    theirs = GPT(GPTConfig(vocab_size=VOCABULARY, bias=False, **SIZES))
     torch.manual_seed(seed)
-    ours = Ours(vocab_size=VOCABULARY, bias=False, **sizes)
+    ours = Ours(vocab_size=VOCABULARY, bias=False, **SIZES)
     pairs = zip(theirs.parameters(), ours.parameters(), strict=False)
     return all(a.shape == b.shape and torch.equal(a, b) for a, b in pairs)
 
@@ -205,10 +214,7 @@ def run_nanogpt(nanogpt: Path, steps: int, workdir: Path, val: np.ndarray, seed:
     estimates = [
         float(m.group(1)) for line in lines if (m := re.search(r"val loss ([\d.]+)", line))
     ]
-    sys.path.insert(0, str(nanogpt))
-    from model import GPT, GPTConfig  # nanoGPT's own model, to read its own checkpoint
-
-    sys.path.pop(0)
+    GPT, GPTConfig = nanogpt_model(nanogpt)  # to read its own checkpoint
     stored = torch.load(
         folder / "out-shakespeare-char" / "ckpt.pt", map_location="cpu", weights_only=True
     )
@@ -230,15 +236,11 @@ def run_nanogpt(nanogpt: Path, steps: int, workdir: Path, val: np.ndarray, seed:
 def their_windows(nanogpt: Path, split: Path, seed: int, steps: int) -> torch.Tensor:
     """The start of every training window nanoGPT's train.py reads in ``steps`` steps at
     ``seed``, its draws replayed in their order from torch's global generator."""
-    sizes = {"block_size": WINDOW, "n_layer": 4, "n_head": 4, "n_embd": 128, "dropout": 0.0}
     data = split / "data" / "shakespeare_char"
     train, val = ((data / f"{name}.bin").stat().st_size // 2 for name in ("train", "val"))
-    sys.path.insert(0, str(nanogpt))
-    from model import GPT, GPTConfig  # nanoGPT's own model: its initialisation draws first
-
-    sys.path.pop(0)
+    GPT, GPTConfig = nanogpt_model(nanogpt)
     torch.manual_seed(seed)
-    GPT(GPTConfig(vocab_size=VOCABULARY, bias=False, **sizes))
+    GPT(GPTConfig(vocab_size=VOCABULARY, bias=False, **SIZES))  # its initialisation draws first
     batches = [torch.randint(train - WINDOW, (BATCH,))]  # its first batch, before the loop
     for step in range(steps - 1):
         if step % EVAL_INTERVAL == 0:  # its loss estimate: train batches, then val batches
