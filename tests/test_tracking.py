@@ -26,6 +26,7 @@ from conftest import (
     free_port,
     run_evaluate,
     run_train,
+    scalars,
     torchrun,
 )
 
@@ -155,6 +156,29 @@ def test_the_csv_is_long_form_and_stays_valid_when_a_tag_appears_mid_run(tmp_pat
     assert "train/loss" in tags and any(tag.startswith("grad_norm/") for tag in tags)
     # 20 steps an epoch, a point every 5: steps 5-20 in epoch 1, 25-40 in epoch 2
     assert [int(r["epoch"]) for r in rows if r["tag"] == "train/loss"] == [1, 1, 1, 1, 2, 2, 2, 2]
+
+
+def test_tensorboard_holds_every_point_the_csv_holds_the_last_steps_too(tmp_path):
+    # TensorBoard gets a step's points as one event (utils/tracking/local.py): none may be lost
+    # where the step changes, at a checkpoint, or at the end (the test's points, the last step)
+    run_train(
+        tmp_path,
+        "model.hidden_sizes=[32]",
+        "trainer.max_epochs=2",
+        "logger=[tensorboard,csv]",
+        "trainer.log_every_n_steps=3",
+        "trainer.log_grad_norms=per_layer",
+        "run_name=both",
+    )
+    run_dir = tmp_path / "runs" / "both"
+    in_csv = {(int(r["step"]), r["tag"], float(r["value"])) for r in csv_rows(run_dir)}
+    in_tensorboard = {
+        (step, tag, value) for tag, points in scalars(run_dir).items() for step, value in points
+    }
+    as_float32 = {(step, tag, float(torch.tensor(value))) for step, tag, value in in_csv}
+    assert as_float32 == in_tensorboard  # TensorBoard keeps float32, the CSV the float itself
+    steps = {step for step, _, _ in in_csv}
+    assert len(steps) > 10 and any(tag.startswith("test/") for _, tag, _ in in_csv)
 
 
 @pytest.mark.slow  # a stop needs its own process: 20 s

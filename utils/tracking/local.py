@@ -83,12 +83,19 @@ def after_earlier_event_files(run_dir: Path) -> None:
 
 class TensorBoard(Backend):
     """Event files in the run dir. A resume opens them with a purge step one past the
-    checkpoint's, so TensorBoard drops what the interrupted run logged after it."""
+    checkpoint's, so TensorBoard drops what the interrupted run logged after it.
+
+    The points of one step go into one event, written when a point of another step comes or
+    at a flush (every checkpoint flushes first): ``add_scalar`` costs about 100 µs a point on
+    a 2-core CPU, a tenth of the default job's step, and one event of four points about a
+    quarter of that each."""
 
     name = "tensorboard"
 
     def __init__(self) -> None:
         self.writer: Any = None
+        self.step: int | None = None
+        self.values: list = []  # the step's points not written yet (Summary.Value)
 
     def open(self, run: Any, stored: dict | None, step: int | None) -> None:
         from torch.utils.tensorboard import SummaryWriter  # slow import; only once it is used
@@ -98,23 +105,45 @@ class TensorBoard(Backend):
         self.writer = SummaryWriter(run.run_dir, purge_step=None if step is None else step + 1)
 
     def send(self, points: list) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
         for point in points:
-            self.writer.add_scalar(point.tag, point.value, point.step)
+            if point.step != self.step:
+                self.write_step()
+                self.step = point.step
+            self.values.append(Summary.Value(tag=point.tag, simple_value=point.value))
+
+    def write_step(self) -> None:
+        """The step's points, as one event (what ``add_scalar`` writes, one value each)."""
+        if not self.values:
+            return
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        summary = Summary(value=self.values)
+        event = Event(wall_time=time.time(), step=self.step, summary=summary)
+        self.writer._get_file_writer().add_event(event)
+        self.values = []
 
     def image(self, tag: str, image: Any, step: int) -> None:
+        self.write_step()
         self.writer.add_image(tag, image, step)
 
     def text(self, tag: str, text: str, step: int) -> None:
+        self.write_step()
         self.writer.add_text(tag, text, step)
 
     def flush(self) -> None:
+        self.write_step()
         self.writer.flush()
 
     def summary(self, config: Mapping, final: Mapping[str, float], metrics: Mapping) -> None:
+        self.write_step()
         write_hparams(self.writer, config, final)
 
     def close(self, status: str) -> None:
         if self.writer is not None:
+            self.write_step()
             self.writer.close()
 
 
