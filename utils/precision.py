@@ -11,6 +11,7 @@ import contextlib
 import torch
 
 from utils.errors import UserError
+from utils.system.distributed import NO_CONTEXT
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -56,5 +57,5 @@ class Precision:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype == torch.float32:
-            return contextlib.nullcontext()
+            return NO_CONTEXT
         return torch.autocast(self.device.type, dtype=self.dtype)

@@ -270,6 +270,11 @@ class Checkpointer:
             save_atomic(self.contents(rng, losses=losses), self.last)
         self.saved_at = time.monotonic()
 
+    @property
+    def saves_within_epoch(self) -> bool:
+        """Whether last.pt is ever written inside an epoch (``trainer.checkpoint_every_*``)."""
+        return bool(self.trainer.checkpoint_every_n_steps or self.trainer.checkpoint_every_minutes)
+
     def due_within_epoch(self, may_sync: bool) -> bool:
         """Whether last.pt is due inside the epoch, after the optimizer step just taken:
         every ``trainer.checkpoint_every_n_steps`` steps, or once

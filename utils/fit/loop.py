@@ -262,6 +262,8 @@ class Loop:
         start = state.batch_in_epoch
         timed_batches, window_start = 0, time.perf_counter()
         several_processes = distributed.is_distributed()
+        max_steps = trainer.max_steps  # asked once: each call costs a step microseconds
+        saves_within = self.checkpointer.saves_within_epoch
         batches_left = itertools.islice(batches.epoch(state.epoch, start), micro_batches - start)
         for index, (images, labels) in enumerate(progress.data_wait.timed(batches_left), start):
             # Under DDP, only the last micro-batch of a step all-reduces its gradients.
@@ -290,13 +292,17 @@ class Loop:
                 progress.update(state.epoch, state.global_step)
             # Several processes must stop at the same step: they agree when they sync anyway.
             stop_check_due = log_due or not several_processes
-            signal = stop_check_due and distributed.agree(self.stop.requested, labels.device)
+            if several_processes:
+                signal = stop_check_due and distributed.agree(self.stop.requested, labels.device)
+            else:
+                signal = self.stop.requested
             if (signal or state.stopped_by) and index + 1 < micro_batches:
                 return False
-            if self.steps_done:  # trainer.max_steps, inside the epoch: it ends here
+            if max_steps and state.global_step >= max_steps:  # inside the epoch: it ends here
                 return True
             # trainer.checkpoint_every_*: last.pt inside the epoch (its end saves anyway)
-            if index + 1 < micro_batches and self.checkpointer.due_within_epoch(stop_check_due):
+            due = saves_within and self.checkpointer.due_within_epoch(stop_check_due)
+            if due and index + 1 < micro_batches:
                 self.checkpointer.save_within_epoch()
         return True
 

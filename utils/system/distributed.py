@@ -101,6 +101,11 @@ def wrap(model: nn.Module, processes: Processes, device: torch.device, sync_batc
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
 
+# A context that does nothing, stateless: one serves every step (a step of a small model takes
+# about a millisecond, and making a context each time a few microseconds of it).
+NO_CONTEXT = contextlib.nullcontext()
+
+
 def gradient_sync(model: nn.Module, sync: bool):
     """A context in which backward all-reduces the gradients only when ``sync``: micro-batches
     before the last of an accumulated step keep theirs local (DDP's ``no_sync``)."""
@@ -108,9 +113,9 @@ def gradient_sync(model: nn.Module, sync: bool):
     # lookup raises inside nn.Module.__getattr__ first, a cost in every micro-batch.
     if hasattr(type(model), "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(sync)
-        return contextlib.nullcontext()
+        return NO_CONTEXT
     if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
-        return contextlib.nullcontext()
+        return NO_CONTEXT
     return model.no_sync()
 
 
