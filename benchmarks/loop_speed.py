@@ -23,7 +23,8 @@ For each case it times, in one process:
 4. lightning   — only if it is installed (it is never a dependency).
 
 Throughput is training samples per second per epoch, the optimizer step included and
-evaluation excluded (for torchloom, its own ``train/samples_per_second``). The floor's epochs
+evaluation excluded; every method trains the batches torchloom cuts from the training split,
+its last, partial batch included when torchloom keeps it (for torchloom, its own ``train/samples_per_second``). The floor's epochs
 alternate with every other method's: floor, method, floor, method, ..., floor (for torchloom a
 floor epoch runs where validation runs, outside its timed epochs). Each of a method's epochs is
 compared with the mean of the floor epochs just before and just after it, so drift in the
@@ -259,11 +260,22 @@ def cross_entropy(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(outputs, labels)
 
 
+def epoch_batches(data, n: int) -> tuple[int, int]:
+    """The batches and samples of a training epoch of ``n`` samples as torchloom cuts it (its
+    last, partial batch kept: data/batching/batches.py), so that every method trains on the
+    same batches and its samples per second counts the same work."""
+    from data.batching.batches import BatchPlan
+
+    batches = BatchPlan(batch_size=data.batch_size, train=True, seed=0).batch_count(n)
+    return batches, min(n, batches * data.batch_size)
+
+
 def floor_epochs(data, model_and_optimizer, seed: int) -> Iterator[float]:
     """The floor: one epoch per ``next``, its training samples per second."""
     inputs, labels = normalised_train_split(data)
     model, optimizer = model_and_optimizer()
     batch, n = data.batch_size, len(labels)
+    count, samples = epoch_batches(data, n)
     members = getattr(model, "batch_members", 1)  # k members each on its own rows: [B, k]
     generator = torch.Generator().manual_seed(seed)
     while True:
@@ -271,30 +283,30 @@ def floor_epochs(data, model_and_optimizer, seed: int) -> Iterator[float]:
         model.train()
         order = torch.stack([torch.randperm(n, generator=generator) for _ in range(members)], 1)
         order = order if members > 1 else order[:, 0]
-        for i in range(n // batch):
+        for i in range(count):
             rows = order[i * batch : (i + 1) * batch]
             loss = cross_entropy(model(inputs[rows]), labels[rows])
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        yield (n // batch) * batch / (time.perf_counter() - start)
+        yield samples / (time.perf_counter() - start)
 
 
 def dataloader_epochs(data, model_and_optimizer, seed: int) -> Iterator[float]:
     """The same loop over ``DataLoader(TensorDataset)``: one epoch per ``next``."""
     inputs, labels = normalised_train_split(data)
     model, optimizer = model_and_optimizer()
+    count, samples = epoch_batches(data, len(labels))
     loaders = [
         DataLoader(
             TensorDataset(inputs, labels),
             batch_size=data.batch_size,
             shuffle=True,
-            drop_last=True,
+            drop_last=count * data.batch_size <= len(labels),  # torchloom's batches
             generator=torch.Generator().manual_seed(seed + member),
         )
         for member in range(getattr(model, "batch_members", 1))  # k members: a loader each
     ]
-    loader = loaders[0]
     while True:
         start = time.perf_counter()
         model.train()
@@ -305,7 +317,7 @@ def dataloader_epochs(data, model_and_optimizer, seed: int) -> Iterator[float]:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        yield len(loader) * data.batch_size / (time.perf_counter() - start)
+        yield samples / (time.perf_counter() - start)
 
 
 def stacked(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -401,12 +413,15 @@ def lightning_run(data, model_and_optimizer, epochs: int, floor: Iterator[float]
             self.started = time.perf_counter()
 
         def on_train_epoch_end(self):
-            steps = len(labels) // data.batch_size
-            rates.append(steps * data.batch_size / (time.perf_counter() - self.started))
+            rates.append(samples / (time.perf_counter() - self.started))
             floors.append(next(floor))
 
+    count, samples = epoch_batches(data, len(labels))
     loader = DataLoader(
-        TensorDataset(inputs, labels), batch_size=data.batch_size, shuffle=True, drop_last=True
+        TensorDataset(inputs, labels),
+        batch_size=data.batch_size,
+        shuffle=True,
+        drop_last=count * data.batch_size <= len(labels),  # torchloom's batches
     )
     trainer = L.Trainer(
         max_epochs=epochs,
