@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loop_speed import ROOT, build_case, normalised_train_split, torchloom_run
+from loop_speed import ROOT, build_case, epoch_batches, normalised_train_split, torchloom_run
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 COMMON = ["optim=adamw", "scheduler=none", "trainer.val_every_n_epochs=1000"]
@@ -108,12 +108,13 @@ def hand_written(
     dtype = DTYPES[precision]
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     batch, n = data.batch_size, len(labels)
+    count, samples = epoch_batches(data, n)  # torchloom's batches, its last partial one too
     if loader:
         batches_of = DataLoader(
             TensorDataset(inputs, labels),
             batch_size=batch,
             shuffle=True,
-            drop_last=True,
+            drop_last=count * batch <= n,
             pin_memory=device.type == "cuda",
             num_workers=2,
             persistent_workers=True,
@@ -143,7 +144,7 @@ def hand_written(
                     inputs[order[i * batch : (i + 1) * batch]],
                     labels[order[i * batch : (i + 1) * batch]],
                 )
-                for i in range(n // batch)
+                for i in range(count)
             )
         for images, targets in epoch:
             with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
@@ -153,7 +154,7 @@ def hand_written(
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
         loss.item()  # waits for the device
-        rates.append((n // batch) * batch / (time.perf_counter() - start))
+        rates.append(samples / (time.perf_counter() - start))
     return rates[1:]
 
 
