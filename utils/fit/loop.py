@@ -301,8 +301,8 @@ class Loop:
             if max_steps and state.global_step >= max_steps:  # inside the epoch: it ends here
                 return True
             # trainer.checkpoint_every_*: last.pt inside the epoch (its end saves anyway)
-            due = saves_within and self.checkpointer.due_within_epoch(stop_check_due)
-            if due and index + 1 < micro_batches:
+            inside = saves_within and index + 1 < micro_batches  # asked before any collective
+            if inside and self.checkpointer.due_within_epoch(stop_check_due):
                 self.checkpointer.save_within_epoch()
         return True
 
