@@ -81,7 +81,8 @@ def test_image_folder_benchmark_compares_every_way_of_holding_the_images(tmp_pat
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["case"] == "grey_png" and report["build_seconds"] > 0
+    # the cache's build was timed (logged to 0.1 s: a smoke-size build may read "0.0 s")
+    assert report["case"] == "grey_png" and report["build_seconds"] is not None
     for mode in ("floor", "memory", "disk", "off", "shards", "shards_png", "shards_s3"):
         assert report[f"{mode}_samples_per_second"] > 0 and report[f"{mode}_peak_rss_mb"] > 0
     assert report["memory_to_floor"] > 0 and report["disk_to_dataloader"] > 0
