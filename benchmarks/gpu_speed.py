@@ -114,7 +114,7 @@ def hand_written(
             TensorDataset(inputs, labels),
             batch_size=batch,
             shuffle=True,
-            drop_last=count * batch <= n,
+            drop_last=samples < n,  # as torchloom: its partial batch, or none
             pin_memory=device.type == "cuda",
             num_workers=2,
             persistent_workers=True,

@@ -23,8 +23,9 @@ For each case it times, in one process:
 4. lightning   — only if it is installed (it is never a dependency).
 
 Throughput is training samples per second per epoch, the optimizer step included and
-evaluation excluded; every method trains the batches torchloom cuts from the training split,
-its last, partial batch included when torchloom keeps it (for torchloom, its own ``train/samples_per_second``). The floor's epochs
+evaluation excluded (for torchloom, its own ``train/samples_per_second``); every method trains
+the batches torchloom cuts from the training split, its last, partial batch included when
+torchloom keeps it. The floor's epochs
 alternate with every other method's: floor, method, floor, method, ..., floor (for torchloom a
 floor epoch runs where validation runs, outside its timed epochs). Each of a method's epochs is
 compared with the mean of the floor epochs just before and just after it, so drift in the
@@ -296,13 +297,13 @@ def dataloader_epochs(data, model_and_optimizer, seed: int) -> Iterator[float]:
     """The same loop over ``DataLoader(TensorDataset)``: one epoch per ``next``."""
     inputs, labels = normalised_train_split(data)
     model, optimizer = model_and_optimizer()
-    count, samples = epoch_batches(data, len(labels))
+    _, samples = epoch_batches(data, len(labels))
     loaders = [
         DataLoader(
             TensorDataset(inputs, labels),
             batch_size=data.batch_size,
             shuffle=True,
-            drop_last=count * data.batch_size <= len(labels),  # torchloom's batches
+            drop_last=samples < len(labels),  # as torchloom: its partial batch, or none
             generator=torch.Generator().manual_seed(seed + member),
         )
         for member in range(getattr(model, "batch_members", 1))  # k members: a loader each
@@ -416,12 +417,12 @@ def lightning_run(data, model_and_optimizer, epochs: int, floor: Iterator[float]
             rates.append(samples / (time.perf_counter() - self.started))
             floors.append(next(floor))
 
-    count, samples = epoch_batches(data, len(labels))
+    _, samples = epoch_batches(data, len(labels))
     loader = DataLoader(
         TensorDataset(inputs, labels),
         batch_size=data.batch_size,
         shuffle=True,
-        drop_last=count * data.batch_size <= len(labels),  # torchloom's batches
+        drop_last=samples < len(labels),  # as torchloom: its partial batch, or none
     )
     trainer = L.Trainer(
         max_epochs=epochs,

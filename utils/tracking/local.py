@@ -95,7 +95,7 @@ class TensorBoard(Backend):
     def __init__(self) -> None:
         self.writer: Any = None
         self.step: int | None = None
-        self.values: list = []  # the step's points not written yet (Summary.Value)
+        self.values: list = []  # the step's points not written yet: (tag, value)
 
     def open(self, run: Any, stored: dict | None, step: int | None) -> None:
         from torch.utils.tensorboard import SummaryWriter  # slow import; only once it is used
@@ -105,13 +105,11 @@ class TensorBoard(Backend):
         self.writer = SummaryWriter(run.run_dir, purge_step=None if step is None else step + 1)
 
     def send(self, points: list) -> None:
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
         for point in points:
             if point.step != self.step:
                 self.write_step()
                 self.step = point.step
-            self.values.append(Summary.Value(tag=point.tag, simple_value=point.value))
+            self.values.append((point.tag, point.value))
 
     def write_step(self) -> None:
         """The step's points, as one event (what ``add_scalar`` writes, one value each)."""
@@ -120,7 +118,7 @@ class TensorBoard(Backend):
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        summary = Summary(value=self.values)
+        summary = Summary(value=[Summary.Value(tag=t, simple_value=v) for t, v in self.values])
         event = Event(wall_time=time.time(), step=self.step, summary=summary)
         self.writer._get_file_writer().add_event(event)
         self.values = []
