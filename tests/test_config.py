@@ -217,6 +217,41 @@ def test_none_is_constant():
     assert set(lrs("none")) == {1.0}
 
 
+@pytest.mark.parametrize(
+    "scheduler, overrides",
+    [
+        ("cosine", ["scheduler.warmup_steps=7", "scheduler.min_lr_ratio=0.05"]),
+        ("step", ["scheduler.step_size=2", "scheduler.warmup_steps=3"]),
+        ("none", ["scheduler.warmup_steps=4"]),
+        ("plateau", ["scheduler.warmup_steps=6"]),
+    ],
+)
+def test_a_multiplier_schedule_steps_as_torchs_lambdalr_does(scheduler, overrides):
+    """The schedules set each LR after every optimizer step themselves (torch's LambdaLR.step()
+    costs a small model about 1% of its step): the LRs of every group and the state a
+    checkpoint stores equal, step for step, those of LambdaLR.step() on the same schedule."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    def run(torch_steps: bool):
+        cfg = make_config(f"scheduler={scheduler}", "optim.lr=0.3", *overrides)
+        net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
+        optimizer = build_optimizer(net, cfg.optim)  # two groups: decayed and not
+        schedule = instantiate(cfg.scheduler)(optimizer, StepCounts(5, 40))
+        assert isinstance(schedule.per_step, LambdaLR)
+        seen = []
+        for _ in range(40):
+            optimizer.step()
+            if not torch_steps:
+                schedule.after_optimizer_step()
+            elif schedule.plateau is None or schedule.per_step.last_epoch < schedule.warmup_steps:
+                schedule.per_step.step()  # after_optimizer_step's rule, on torch's step()
+            seen.append([group["lr"] for group in optimizer.param_groups])
+        return seen, schedule.state_dict(), schedule.per_step.get_last_lr()
+
+    own, reference = run(torch_steps=False), run(torch_steps=True)
+    assert len(own[0][0]) == 2 and own == reference  # exactly, not approximately
+
+
 @pytest.mark.parametrize("precision", options("precision"))
 def test_every_precision_builds_on_cpu(precision):
     built = instantiate(make_config(f"precision={precision}").precision, device=CPU)
