@@ -44,7 +44,7 @@ class Schedule:
         self.monitor = monitor
         self.warmup_steps = warmup_steps
         self.steps: StepCounts | None = None  # the run's step counts, once started
-        self.advance = _advance_multiplier if _plain_multiplier(per_step) else _advance
+        self.plain_multiplier = _plain_multiplier(per_step)  # stepped here, not by torch
 
     def after_optimizer_step(self) -> None:
         # With a plateau schedule the per-step part is only the warmup; stepping it afterwards
@@ -52,7 +52,10 @@ class Schedule:
         if self.per_step is None:
             return
         if self.plateau is None or self.per_step.last_epoch < self.warmup_steps:
-            self.advance(self.per_step)
+            if self.plain_multiplier:
+                _advance_multiplier(self.per_step)
+            else:
+                self.per_step.step()  # one-cycle, or LRs held as tensors
 
     def after_validation(self, metrics: dict[str, float]) -> None:
         if self.plateau is not None:
@@ -116,11 +119,6 @@ class Schedule:
         for group, lr in zip(groups, lrs, strict=True):
             group["lr"] = lr
         self.per_step._last_lr = lrs
-
-
-def _advance(schedule: torch.optim.lr_scheduler.LRScheduler) -> None:
-    """Any other schedule (one-cycle, LRs held as tensors): its own step()."""
-    schedule.step()
 
 
 def _plain_multiplier(schedule: torch.optim.lr_scheduler.LRScheduler | None) -> bool:
