@@ -192,6 +192,35 @@ def test_training_batches_cover_each_sample_once_per_epoch_in_a_new_order():
     assert sum(len(y) for _, y in evaluation.epoch(0)) == 10  # evaluation keeps every sample
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_processes_shares_of_a_training_epoch_make_up_one_processs_epoch(world_size):
+    """Under torchrun each process takes its rows of every global batch: side by side, the
+    shares are the batches one process cuts with the global batch size, from any batch on."""
+    from data.batching.batches import BatchPlan, BatchTransform, TensorBatches
+
+    data = synthetic_data()
+    split, transform = data.splits["train"], BatchTransform([0.5], [0.25], CPU)
+
+    def epoch(start: int, batch_size: int, rank: int = 0, world_size: int = 1) -> list:
+        plan = BatchPlan(
+            batch_size=batch_size,
+            train=True,
+            seed=3,
+            rank=rank,
+            world_size=world_size,
+            keep_partial=False,
+        )
+        return list(TensorBatches(split, plan, transform).epoch(1, start))
+
+    for start in (0, 2):
+        expected = epoch(start, 3 * world_size)
+        shares = [epoch(start, 3, rank, world_size) for rank in range(world_size)]
+        assert [len(share) for share in shares] == [len(expected)] * world_size
+        for index, (x, y) in enumerate(expected):
+            assert torch.equal(torch.cat([share[index][1] for share in shares]), y)
+            assert torch.equal(torch.cat([share[index][0] for share in shares]), x)
+
+
 def test_an_epoch_can_start_at_any_batch_with_the_same_data():
     data = synthetic_data(crop_padding=1, horizontal_flip=True)
     batches = data.batches("train", Placement(CPU), seed=3)

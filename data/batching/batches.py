@@ -217,8 +217,8 @@ class TensorBatches:
         copies = self.plan.repeats > 1
         rank, world = (self.rank, self.world_size) if self.train else (0, 1)
         augments = self.train and self.transform.changes(inputs.shape)
-        for index in range(start, len(self)):
-            lo, hi = batch_bounds(index, size, rank, world)
+        for lo in batch_starts(start, len(self), size, rank, world):
+            hi = lo + size
             if order is None:
                 images, labels = inputs[lo:hi], targets[lo:hi]
             else:
@@ -309,6 +309,13 @@ def batch_bounds(index: int, batch_size: int, rank: int, world_size: int) -> tup
     """Rows of this process's part of global batch ``index``."""
     lo = (index * world_size + rank) * batch_size
     return lo, lo + batch_size
+
+
+def batch_starts(first: int, stop: int, batch_size: int, rank: int, world_size: int) -> range:
+    """The first row of this process's part of each global batch from ``first`` to ``stop``
+    (:func:`batch_bounds`'s ``lo``), as one range: no call per batch."""
+    global_batch = batch_size * world_size
+    return range((first * world_size + rank) * batch_size, stop * global_batch, global_batch)
 
 
 # data.batch_size=auto: a tenth of the training set as a power of two, within these bounds.
