@@ -116,6 +116,23 @@ def test_read_only_hooks_cannot_change_the_run(tmp_path):
     assert meddled["config"]["optim"]["lr"] == plain["config"]["optim"]["lr"]
 
 
+def test_a_step_with_every_service_around_it_trains_as_the_bare_step_does(tmp_path):
+    """A step that logs nothing is bare when nothing surrounds it (utils/fit/loop.py
+    ``bare_steps``); a mutable callback and ``trainer.nonfinite=skip`` send every step through
+    ``_optimizer_step`` instead. Both train the same weights and optimizer state, bit for bit."""
+    run_train(tmp_path, *FAST, "run_name=bare")
+    steps = cb("steps", "probe_callbacks.StepCounter", mutable="true")
+    run_train(tmp_path, *FAST, "run_name=full", "trainer.nonfinite=skip", *steps)
+    bare, full = checkpoint(tmp_path, "bare"), checkpoint(tmp_path, "full")
+    for name, tensor in bare["model"].items():
+        assert torch.equal(full["model"][name], tensor), name
+    for index, moments in bare["optimizer"]["state"].items():
+        for name, tensor in moments.items():
+            assert torch.equal(full["optimizer"]["state"][index][name], tensor), (index, name)
+    assert full["scheduler"] == bare["scheduler"]
+    assert full["metrics"] == bare["metrics"]
+
+
 def test_a_mutable_callback_changes_the_steps(tmp_path):
     run_train(tmp_path, *FAST, "run_name=plain")
     run_train(tmp_path, *FAST, "run_name=noisy", "callbacks=gradient_noise")

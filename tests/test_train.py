@@ -366,6 +366,32 @@ def test_a_data_bound_run_measures_its_waiting_and_says_what_to_change(tmp_path,
     assert result.stdout.count("waiting for batches: raise data.num_workers (now 0)") == 1
 
 
+def test_the_data_wait_counts_the_time_spent_asking_for_batches_and_nothing_else(monkeypatch):
+    """Three batches that take 2 s each to make, and 1 s to find the end, around steps of 5 s:
+    7 s of waiting, whether the loop reads them to the end or stops after the second."""
+    import utils.fit.progress
+
+    clock = VirtualClock()
+    monkeypatch.setattr(utils.fit.progress, "time", clock)
+
+    def made(count: int):
+        for item in range(count):
+            clock.now += 2.0
+            yield item
+        clock.now += 1.0
+
+    wait = utils.fit.progress.DataWait()
+    for _ in wait.timed(made(3)):
+        clock.now += 5.0  # the step
+    assert wait.seconds == pytest.approx(7.0, abs=1e-4)
+    stopped = utils.fit.progress.DataWait()
+    for item in stopped.timed(made(3)):
+        clock.now += 5.0
+        if item == 1:
+            break
+    assert stopped.seconds == pytest.approx(4.0, abs=1e-4)
+
+
 def test_progress_is_rate_limited_by_time_and_ends_on_the_last_step(caplog):
     """A thousand fast steps: one plain log line (CI logs), two bar redraws (a terminal), and
     the bar shows where the run ended, not where the last timed redraw left it."""
@@ -387,9 +413,12 @@ def test_progress_is_rate_limited_by_time_and_ends_on_the_last_step(caplog):
     redraws = []
     bar.bar.refresh = lambda: redraws.append(bar.bar.tasks[0].completed)
     with bar:
+        assert bar.due == -math.inf  # the loop's first step redraws
         for step in range(1, 1001):
             bar.update(0, step, loss=1.0, samples_per_second=2500.0)
+            assert bar.due == bar.last_refresh + 60  # the loop asks again only then
     assert redraws == [1, 1000]
+    assert plain.due == math.inf  # without a bar, only logging steps and epoch ends update
     shown = bar.bar.tasks[0]
     assert shown.description == "epoch 1/1"
     assert re.match(

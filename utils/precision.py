@@ -7,6 +7,7 @@ float32 pass through it unchanged, so the loop has no precision branches.
 from __future__ import annotations
 
 import contextlib
+import operator
 
 import torch
 
@@ -43,6 +44,19 @@ class Precision:
                     "use precision=bf16 or fp32"
                 ) from None
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
+        if not self.scaler.is_enabled():  # the loop calls these every step: no more than torch's
+            self.backward = torch.Tensor.backward
+            self.step = operator.methodcaller("step")
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """The gradients of ``loss`` (scaled by the loss scale under float16)."""
+        self.scaler.scale(loss).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer's step (skipped by the scaler when float16 gradients overflowed, the
+        scale then lowered)."""
+        self.scaler.step(optimizer)
+        self.scaler.update()
 
     def discard_step(self) -> None:
         """An optimizer step that is skipped (``trainer.nonfinite=skip``): the scaler forgets
@@ -55,7 +69,12 @@ class Precision:
     def name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
+    @property
+    def autocasts(self) -> bool:
+        """Whether the forward runs under autocast (bfloat16, float16)."""
+        return self.dtype != torch.float32
+
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.dtype == torch.float32:
+        if not self.autocasts:
             return NO_CONTEXT
         return torch.autocast(self.device.type, dtype=self.dtype)

@@ -139,6 +139,7 @@ class Loop:
         self.trained_tokens = 0  # of a loss per token (task=causal_lm): its targets, counted
         self.counts_tokens = getattr(checkpointer.parts.loss, "tokens", False)
         self.stopped = False  # every process agreed to stop before the last epoch ended
+        self.set_epoch = getattr(unwrap(self.parts.model), "set_epoch", None)
 
     def epochs(self, batches: Any, batch_size: int, done: Any) -> Iterator[int]:
         """Train epoch after epoch up to ``trainer.max_epochs`` or until ``done()`` (early
@@ -198,9 +199,8 @@ class Loop:
         wait_before = progress.data_wait.seconds
         if state.batch_in_epoch == 0:  # a resumed epoch started before: not again
             self.parts.callbacks.epoch_start(state.epoch + 1)
-        set_epoch = getattr(unwrap(self.parts.model), "set_epoch", None)
-        if set_epoch:  # a model that trains differently by epoch (model.freeze_backbone_epochs)
-            set_epoch(state.epoch)
+        if self.set_epoch:  # a model that trains differently by epoch (freeze_backbone_epochs)
+            self.set_epoch(state.epoch)
         try:
             finished = self._steps(batches)
         except torch.OutOfMemoryError:
@@ -216,6 +216,7 @@ class Loop:
         seconds = time.perf_counter() - epoch_start
         self.train_seconds += seconds
         self.trained_steps += state.global_step - step_before
+        progress.update(state.epoch, state.global_step)  # where the bar stands, if it ends here
         if finished:
             samples = self.trained_samples - samples_before
             tracker.scalar("train/samples_per_second", samples / seconds, state.global_step)
@@ -254,7 +255,7 @@ class Loop:
         stays on the device; the host waits for it only on logging steps."""
         model, loss_of, teacher = self.parts.model, self.parts.loss, self.parts.teacher
         precision, watch, losses = self.parts.precision, self.parts.watch, self.parts.losses
-        trainer, state, progress = self.trainer, self.state, self.progress
+        trainer, state, progress, stop = self.trainer, self.state, self.progress, self.stop
         model.train()
         accumulate = trainer.accumulate_grad_batches
         # Every optimizer step sees exactly `accumulate` micro-batches; a remainder is dropped.
@@ -264,38 +265,55 @@ class Loop:
         several_processes = distributed.is_distributed()
         max_steps = trainer.max_steps  # asked once: each call costs a step microseconds
         saves_within = self.checkpointer.saves_within_epoch
-        batches_left = itertools.islice(batches.epoch(state.epoch, start), micro_batches - start)
+        batches_left = batches.epoch(state.epoch, start)
+        if micro_batches < len(batches):
+            batches_left = itertools.islice(batches_left, micro_batches - start)
+        # On a small model each call around the step is a share of it (docs/speed.md): the
+        # forward goes unwrapped when nothing wraps it (float32, one micro-batch a step, no
+        # teacher), and a step that logs nothing is bare when nothing surrounds it.
+        wraps_forward = precision.autocasts or accumulate > 1 or teacher is not None
+        optimizer, schedule, bare_steps = self.parts.optimizer, self.parts.schedule, self.bare_steps
         for index, (images, labels) in enumerate(progress.data_wait.timed(batches_left), start):
-            # Under DDP, only the last micro-batch of a step all-reduces its gradients.
-            with distributed.gradient_sync(model, sync=(index + 1) % accumulate == 0):
-                with precision.autocast():
-                    outputs = model(images)
-                    loss = loss_of(outputs, labels)
-                    if teacher:  # distill.*: (1 − α)·loss + α·T²·KL to the teacher's outputs
-                        loss = teacher.blend(loss, outputs, images)
-                precision.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
+            if wraps_forward:  # under DDP, only a step's last micro-batch all-reduces gradients
+                with distributed.gradient_sync(model, sync=(index + 1) % accumulate == 0):
+                    with precision.autocast():
+                        outputs = model(images)
+                        loss = loss_of(outputs, labels)
+                        if teacher:  # distill.*: (1 − α)·loss + α·T²·KL to its outputs
+                            loss = teacher.blend(loss, outputs, images)
+                    precision.backward(loss / accumulate if accumulate > 1 else loss)
+            else:
+                loss = loss_of(model(images), labels)
+                precision.backward(loss)
             losses.add(watch.observe(loss))  # summed, and checked for NaN/Inf, at the next sync
             timed_batches += 1
             self.trained_samples += len(labels)  # a shape: no wait for the device
-            self.trained_tokens += labels.numel()
+            if self.counts_tokens:
+                self.trained_tokens += labels.numel()
             state.batch_in_epoch = index + 1
             if (index + 1) % accumulate:
                 continue
 
             log_due = (state.global_step + 1) % trainer.log_every_n_steps == 0
-            grad_norm = self._optimizer_step(log_due)
+            if bare_steps and not log_due:  # _optimizer_step's order, with nothing between
+                precision.step(optimizer)
+                schedule.after_optimizer_step()
+                optimizer.zero_grad(set_to_none=True)
+                state.global_step += 1
+            else:
+                grad_norm = self._optimizer_step(log_due)
             if log_due:
                 seconds = time.perf_counter() - window_start
                 self._log_window(grad_norm, timed_batches * len(labels) / seconds, labels.device)
                 timed_batches, window_start = 0, time.perf_counter()
-            else:
+            elif time.monotonic() >= progress.due:  # the bar's next redraw
                 progress.update(state.epoch, state.global_step)
             # Several processes must stop at the same step: they agree when they sync anyway.
             stop_check_due = log_due or not several_processes
             if several_processes:
-                signal = stop_check_due and distributed.agree(self.stop.requested, labels.device)
+                signal = stop_check_due and distributed.agree(stop.requested, labels.device)
             else:
-                signal = self.stop.requested
+                signal = stop.signal is not None  # stop.requested, without its call each step
             if (signal or state.stopped_by) and index + 1 < micro_batches:
                 return False
             if max_steps and state.global_step >= max_steps:  # inside the epoch: it ends here
@@ -305,6 +323,15 @@ class Loop:
             if inside and self.checkpointer.due_within_epoch(stop_check_due):
                 self.checkpointer.save_within_epoch()
         return True
+
+    @property
+    def bare_steps(self) -> bool:
+        """Whether an optimizer step that logs nothing is the optimizer's and the schedule's
+        step alone: nothing to unscale, clip, call back, average or skip (else
+        :meth:`_optimizer_step`)."""
+        parts, callbacks = self.parts, self.parts.callbacks
+        extra = parts.watch.skips or parts.ema or callbacks.mutating or callbacks.unscaled
+        return not extra and self.trainer.gradient_clip_val is None
 
     def _optimizer_step(self, log_due: bool) -> torch.Tensor | None:
         """The optimizer step after the last micro-batch of a step: gradients unscaled to clip
@@ -330,8 +357,7 @@ class Loop:
         if view:
             callbacks.step("on_before_optimizer_step", view)  # unscaled, clipped
         if self.parts.watch.step_allowed(state.global_step + 1, optimizer):
-            precision.scaler.step(optimizer)
-            precision.scaler.update()
+            precision.step(optimizer)
             self.parts.schedule.after_optimizer_step()  # the LR schedule counts the steps taken
             if view:
                 callbacks.step("on_after_optimizer_step", view)  # before the EMA follows

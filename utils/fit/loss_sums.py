@@ -23,15 +23,12 @@ class LossSums:
     def __init__(self, device: torch.device, accumulate: int) -> None:
         self.device = device
         self.accumulate = accumulate  # micro-batches per optimizer step
-        self.pending: list[torch.Tensor] = []
+        self.pending: list[torch.Tensor] = []  # one list for the run: ``add`` appends to it
+        self.add = self.pending.append  # one micro-batch's detached loss, every micro-batch
         self.epoch = 0.0
         self.window = 0.0
         self.window_batches = 0
         self.nonfinite_at = -1
-
-    def add(self, loss: torch.Tensor) -> None:
-        """One micro-batch's detached loss."""
-        self.pending.append(loss)
 
     def window_mean(self, step: int) -> float:
         """The mean loss of the logging window that ends with optimizer step ``step``; the next
@@ -60,7 +57,8 @@ class LossSums:
     def _sum_pending(self, step: int) -> None:
         if not self.pending:
             return
-        values, self.pending = _to_host(self.pending), []
+        values = _to_host(self.pending)
+        self.pending.clear()
         total = sum(values)
         self.epoch += total
         self.window += total
@@ -89,7 +87,7 @@ class LossSums:
         self.epoch = float(saved["epoch"])
         self.window = float(saved["window"])
         self.window_batches = saved["window_batches"]
-        self.pending = list(saved["pending"].to(self.device).unbind())
+        self.pending[:] = saved["pending"].to(self.device).unbind()
 
 
 def _to_host(losses: list[torch.Tensor]) -> list[float]:

@@ -37,18 +37,19 @@ class NonFiniteWatch:
         if policy not in ("stop", "skip"):
             raise UserError(f"trainer.nonfinite={policy!r} must be stop or skip")
         self.policy = policy
+        self.skips = policy == "skip"  # each step then asks step_allowed
         self.max_consecutive_skips = max_consecutive_skips
         self.losses = losses
         self.step_bad = torch.zeros((), dtype=torch.bool, device=losses.device)  # skip
         self.consecutive = 0  # skipped steps in a row (the total is TrainState.skipped_steps)
+        if policy == "stop":  # the run ends at the next sync; the sums need no cleaning
+            self.observe = torch.Tensor.detach  # per micro-batch: no more than that
 
     def observe(self, loss: torch.Tensor) -> torch.Tensor:
         """Called for every micro-batch's loss; no host sync. Returns the detached loss for the
         running sums; under ``skip`` a non-finite one counts as 0, so a skipped step does not
-        poison them."""
+        poison them (under ``stop`` this is ``Tensor.detach`` itself: see ``__init__``)."""
         loss = loss.detach()
-        if self.policy == "stop":
-            return loss  # the run ends at the next sync; the sums need no cleaning
         self.step_bad |= ~torch.isfinite(loss)
         return torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
 
