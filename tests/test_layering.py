@@ -234,6 +234,8 @@ LONG_MODULES = {
 }
 LONG_FUNCTIONS = {
     "train.py:train": "the recipe: read top to bottom, its shape checked below",
+    "utils/fit/loop.py:_steps": "the step in one place, its order what exact resume relies on;"
+    " on a small model a call around it is a share of it, so bare paths sit beside wrapped ones",
 }
 # Builders whose parameters are the YAML keys of their config group (one key, one parameter).
 MANY_PARAMETERS = {
