@@ -314,8 +314,8 @@ def batch_bounds(index: int, batch_size: int, rank: int, world_size: int) -> tup
 def batch_starts(first: int, stop: int, batch_size: int, rank: int, world_size: int) -> range:
     """The first row of this process's part of each global batch from ``first`` to ``stop``
     (:func:`batch_bounds`'s ``lo``), as one range: no call per batch."""
-    global_batch = batch_size * world_size
-    return range((first * world_size + rank) * batch_size, stop * global_batch, global_batch)
+    lo, _ = batch_bounds(first, batch_size, rank, world_size)
+    return range(lo, stop * batch_size * world_size, batch_size * world_size)
 
 
 # data.batch_size=auto: a tenth of the training set as a power of two, within these bounds.

@@ -313,7 +313,7 @@ class Loop:
             if several_processes:
                 signal = stop_check_due and distributed.agree(stop.requested, labels.device)
             else:
-                signal = stop.signal is not None  # stop.requested, without its call each step
+                signal = stop.requested
             if (signal or state.stopped_by) and index + 1 < micro_batches:
                 return False
             if max_steps and state.global_step >= max_steps:  # inside the epoch: it ends here
@@ -330,7 +330,9 @@ class Loop:
         step alone: nothing to unscale, clip, call back, average or skip (else
         :meth:`_optimizer_step`)."""
         parts, callbacks = self.parts, self.parts.callbacks
-        extra = parts.watch.skips or parts.ema or callbacks.mutating or callbacks.unscaled
+        extra = (
+            parts.watch.policy == "skip" or parts.ema or callbacks.mutating or callbacks.unscaled
+        )
         return not extra and self.trainer.gradient_clip_val is None
 
     def _optimizer_step(self, log_due: bool) -> torch.Tensor | None:

@@ -37,7 +37,6 @@ class NonFiniteWatch:
         if policy not in ("stop", "skip"):
             raise UserError(f"trainer.nonfinite={policy!r} must be stop or skip")
         self.policy = policy
-        self.skips = policy == "skip"  # each step then asks step_allowed
         self.max_consecutive_skips = max_consecutive_skips
         self.losses = losses
         self.step_bad = torch.zeros((), dtype=torch.bool, device=losses.device)  # skip
