@@ -4,6 +4,7 @@ augmentation on, on both data paths."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -251,6 +252,34 @@ def test_a_checkpoint_of_the_first_format_still_resumes(tmp_path):
     a, b = checkpoint(tmp_path, "straight"), checkpoint(tmp_path, "old")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert read_metrics(tmp_path / "runs" / "old")["epochs"] == 2
+
+
+EDITED_SUMS = {
+    "a 2-D pending": {"pending": torch.ones(3, 2)},
+    "integer losses": {"pending": torch.ones(3, dtype=torch.int64)},
+    "a count that is text": {"window_batches": "7"},
+    "a NaN sum": {"epoch": torch.tensor(math.nan, dtype=torch.float64)},
+}
+
+
+@pytest.mark.parametrize("edit", EDITED_SUMS, ids=list(EDITED_SUMS))
+def test_edited_loss_sums_are_refused_in_one_line_before_any_step(tmp_path, edit):
+    """The losses not yet summed travel in last.pt and are summed at the next logging step: an
+    edited record is refused where it is read, naming it, not as a traceback at that sync,
+    and the file is left as it was."""
+    run_train(tmp_path, *TENSOR_RUN[:-1], "trainer.max_epochs=1", "run_name=a")
+    saved = checkpoint(tmp_path, "a")
+    for record in (saved["losses"], *saved["losses"]["ranks"]):  # each process's, and the sum
+        record.update(EDITED_SUMS[edit])
+    path = tmp_path / "edited.pt"
+    torch.save(saved, path)
+    before = path.read_bytes()
+    resumed = ("trainer.max_epochs=2", "run_name=b", f"resume={path}")
+    refused = run_train(tmp_path, *TENSOR_RUN[:-1], *resumed, ok=False)
+    assert refused.returncode == 2
+    line = error_line(refused)
+    assert f"cannot resume from {path}: the loss sums in it are not what torchloom writes" in line
+    assert path.read_bytes() == before
 
 
 @pytest.mark.slow  # 11 s of MKL_VERBOSE output from two fresh processes

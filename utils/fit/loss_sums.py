@@ -84,10 +84,20 @@ class LossSums:
         }
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        self.epoch = float(saved["epoch"])
-        self.window = float(saved["window"])
-        self.window_batches = saved["window_batches"]
-        self.pending[:] = saved["pending"].to(self.device).unbind()
+        """The sums as :meth:`state_dict` wrote them; anything else (an edited file) raises
+        here, where the checkpointer names the piece, not at the next sync mid-run."""
+        epoch, window = float(saved["epoch"]), float(saved["window"])
+        batches, pending = saved["window_batches"], saved["pending"]
+        if not (math.isfinite(epoch) and math.isfinite(window)):
+            raise ValueError(f"loss sums {epoch}, {window}: a run with a NaN/Inf loss saves none")
+        if type(batches) is not int or batches < 0:
+            raise ValueError(f"window_batches={batches!r}: a count")
+        if not (isinstance(pending, torch.Tensor) and pending.dim() == 1):
+            raise ValueError("pending: one loss per micro-batch, a 1-D tensor")
+        if not pending.is_floating_point():
+            raise ValueError(f"pending: losses, not {pending.dtype}")
+        self.epoch, self.window, self.window_batches = epoch, window, batches
+        self.pending[:] = pending.to(self.device).unbind()
 
 
 def _to_host(losses: list[torch.Tensor]) -> list[float]:
