@@ -354,3 +354,67 @@ def test_a_resume_on_other_threads_asked_for_says_so_and_ends_apart(tmp_path):
     assert "the run trained on 1 CPU threads and resumes on 2 (trainer.cpu_threads)" in said
     straight, other = checkpoint(tmp_path, "straight")["model"], checkpoint(tmp_path, "other")
     assert any(not torch.equal(straight[k], other["model"][k]) for k in straight)
+
+
+# torch's kernels for another vector width than this CPU's widest: the scalar ones, which
+# every CPU has (ATEN_CPU_CAPABILITY is read as torch loads, so those runs are processes).
+WIDEST = torch.backends.cpu.get_cpu_capability()
+SCALAR = {"ATEN_CPU_CAPABILITY": "default"}
+on_vector_kernels = pytest.mark.skipif(
+    WIDEST in ("DEFAULT", "NO AVX"), reason="this CPU runs torch's scalar kernels already"
+)
+EDITED_WIDTHS = {  # a kernels' width or MKL setting no torch or MKL writes: refused, one line
+    "width-not-text": {"cpu_capability": 512},
+    "width-with-a-line-break": {"cpu_capability": "AVX2\nresumed fine"},
+    "mkl-setting-of-a-thousand-characters": {"MKL_CBWR": "A" * 1000},
+}
+
+
+@on_vector_kernels
+def test_a_resume_on_kernels_of_another_width_says_so_with_the_export_that_restores_them(
+    tmp_path,
+):
+    """torch runs the widest kernels the CPU has (AVX-512, AVX2, none), and their sums round
+    apart: a run moved to a machine of another width ends apart from an uninterrupted one. The
+    checkpoint records the width, and such a resume says so, with the export that runs the
+    recorded kernels where the CPU has them. Edited records are refused in one line."""
+    run_train(tmp_path, *TENSOR_RUN[:-1], "trainer.max_epochs=1", "run_name=a")
+    saved = checkpoint(tmp_path, "a")
+    assert saved["numerics"]["cpu_capability"] == WIDEST
+    saved["numerics"]["cpu_capability"] = "DEFAULT"  # as a scalar-kernel machine writes it
+    torch.save(saved, tmp_path / "scalar.pt")
+    moved = ("trainer.max_epochs=2", "run_name=b", f"resume={tmp_path / 'scalar.pt'}")
+    resumed = run_train(tmp_path, *TENSOR_RUN[:-1], *moved)
+    said = resumed.stdout + resumed.stderr
+    assert f"the run trained with torch's DEFAULT CPU kernels and resumes with {WIDEST}" in said
+    assert "export ATEN_CPU_CAPABILITY=default to resume as it trained" in said
+    for edit, record in EDITED_WIDTHS.items():
+        path = tmp_path / f"{edit}.pt"
+        torch.save({**saved, "numerics": {**saved["numerics"], **record}}, path)
+        edited = ("trainer.max_epochs=2", f"run_name={edit}", f"resume={path}")
+        refused = run_train(tmp_path, *TENSOR_RUN[:-1], *edited, ok=False)
+        assert refused.returncode == 2, edit
+        assert "its numerics record is not what torchloom writes" in error_line(refused), edit
+
+
+@pytest.mark.slow  # three processes on scalar kernels
+@on_vector_kernels
+def test_a_run_trained_on_other_kernels_resumes_bit_equal_with_the_export_and_apart_without(
+    tmp_path,
+):
+    """The cause and the cure, shown: a run on the scalar kernels stopped mid-epoch and resumed
+    on this CPU's widest ends apart from its uninterrupted twin; resumed with the export the
+    warning names, it ends bit-equal to it."""
+    run = (*TENSOR_RUN[:-1], "trainer.max_epochs=2")
+    stop = {**SCALAR, "SIGNAL_AT_FORWARD": "26", "SIGNAL_NAME": "SIGTERM"}  # mid-epoch 2
+    run_train(tmp_path, *run, "run_name=straight", env=SCALAR, process=True)
+    stopped = run_train(tmp_path, *run, "run_name=half", ok=False, env=stop, process=True)
+    assert stopped.returncode == EXIT_INTERRUPTED, stopped.stderr[-2000:]
+    shutil.copy(tmp_path / "checkpoints" / "half" / "last.pt", tmp_path / "half.pt")
+    moved = run_train(tmp_path, *run, "run_name=moved", f"resume={tmp_path / 'half.pt'}")
+    assert "export ATEN_CPU_CAPABILITY=default" in moved.stdout + moved.stderr
+    straight, elsewhere = checkpoint(tmp_path, "straight")["model"], checkpoint(tmp_path, "moved")
+    assert any(not torch.equal(straight[k], elsewhere["model"][k]) for k in straight)
+    cured = run_train(tmp_path, *run, "run_name=half", "resume=auto", env=SCALAR, process=True)
+    assert "CPU kernels" not in cured.stdout + cured.stderr
+    assert_same_run(tmp_path, "straight", "half")
