@@ -12,8 +12,9 @@ command, the best val/acc and the test/acc of the trial that reached it (with ``
 trial a K-fold cross-validation: the folds' means, the best among the trials that ran every
 fold; the epochs are all folds'); then, per pruner,
 the epochs trained against the unpruned searches' and whether the best val/acc stays within
-one standard deviation (over the seeds) of the unpruned searches' mean. The last line is
-machine-readable JSON.
+one standard deviation (over the seeds) of the unpruned searches' mean. The vector width of
+torch's CPU kernels is printed first: another width trains the same trial apart. The last line
+is machine-readable JSON.
 """
 
 from __future__ import annotations
@@ -106,6 +107,15 @@ def main() -> None:
     parser.add_argument("--cv", type=int, default=None, help="each trial a cv=K run")
     parser.add_argument("--set", nargs="*", default=[], help="overrides for every search")
     args = parser.parse_args()
+    # torch's CPU kernels of another vector width train the same trial to other val images
+    # (docs/reliability.md), so the figures belong to this width
+    width = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    print(f"torch's CPU kernels: {width}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="search-pruning-") as folder:
         for seed in args.seeds:
@@ -127,7 +137,11 @@ def main() -> None:
             f"wall time; best val/acc {figures['best_val_acc_mean']:.4f} against "
             f"{figures['unpruned_best_val_acc_mean']:.4f} ± {figures['unpruned_std']:.4f} unpruned"
         )
-    print(json.dumps({"set": args.set, "searches": rows, "compared": summary}))
+    print(
+        json.dumps(
+            {"set": args.set, "cpu_capability": width, "searches": rows, "compared": summary}
+        )
+    )
 
 
 if __name__ == "__main__":

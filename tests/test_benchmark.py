@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import ROOT
 
 # the benchmarks at smoke size: slow; .ci/run runs them, `pytest -m "not slow"` leaves them out
@@ -161,3 +162,4 @@ def test_the_pruning_benchmark_compares_pruned_searches_with_unpruned_ones(tmp_p
     assert all(r["pruned"] == 0 and r["epochs"] == 12 for r in plain)  # 4 trials × 3 epochs
     median = report["compared"]["median"]
     assert median["epochs_saved"] >= 0 and median["unpruned_std"] >= 0
+    assert report["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # whose figures
