@@ -55,7 +55,7 @@ KEYS: dict[str, tuple[Any, str | None, str]] = {
     "world_size": (int, "optional", "the processes that wrote it"),
     "global_batch": (int, "optional", "samples of one global micro-batch: batch x processes"),
     "tracking": ((dict, type(None)), None, "the tracked runs it continues, the points held"),
-    "numerics": (dict, "optional", "CPU threads, kernel width and MKL settings its numbers depend on"),
+    "numerics": (dict, "optional", "CPU threads, kernel width and MKL settings it trained on"),
 }
 TRAINING_KEYS = {key: kind for key, (kind, resume, _) in KEYS.items() if resume == "required"}
 OPTIONAL_TRAINING_KEYS = {
