@@ -73,54 +73,61 @@ def resumed_threads(recorded: Any, asked: int | None, where: Any) -> int | None:
     width = recorded.get("cpu_capability")  # absent from checkpoints before it was recorded
     for key, value, written in (
         ("cpu_threads", threads, whole and 1 <= threads <= MAX_THREADS),
-        ("cpu_capability", width, width is None or _is_width(width)),
-        *((name, recorded.get(name), _is_setting(recorded.get(name))) for name in SAME_BITS),
+        ("cpu_capability", width, _unset_or_named(width, WIDTH_NAME)),
+        *(
+            (name, recorded.get(name), _unset_or_named(recorded.get(name), MKL_VALUE))
+            for name in SAME_BITS
+        ),
     ):
         if not written:
             raise UserError(
                 f"cannot resume from {where}: its numerics record is not what torchloom writes "
                 f"({key}={value!r:.40}; was it edited?); use init_from={where} for its weights"
             )
-    _say_other_width(width)
-    for name in SAME_BITS:
-        if recorded.get(name) != os.environ.get(name):
-            log.warning(
-                "warning: the run trained with %s=%s and resumes with %s=%s: its last bits may "
-                "differ from an uninterrupted run's (export %s=%s to resume as it trained)",
-                name,
-                recorded.get(name),
-                name,
-                os.environ.get(name),
-                name,
-                recorded.get(name),
-            )
+    for trained, here, export, where_it_works in _other_settings(recorded, width):
+        log.warning(
+            "warning: the run trained with %s and resumes with %s: its last bits may differ "
+            "from an uninterrupted run's (%sexport %s to resume as it trained)",
+            trained,
+            here,
+            where_it_works,
+            export,
+        )
     return threads if asked is None else asked
 
 
-def _is_width(name: Any) -> bool:
-    return isinstance(name, str) and WIDTH_NAME.fullmatch(name) is not None
+def _unset_or_named(value: Any, names: re.Pattern) -> bool:
+    return value is None or (isinstance(value, str) and names.fullmatch(value) is not None)
 
 
-def _is_setting(value: Any) -> bool:  # an MKL variable as exported (AUTO, AVX2,STRICT), or unset
-    return value is None or (isinstance(value, str) and MKL_VALUE.fullmatch(value) is not None)
-
-
-def _say_other_width(trained: str | None) -> None:
-    """One line when the run trained with kernels of another vector width than this process
-    runs (torch.backends.cpu.get_cpu_capability), and the export that gives it those."""
+def _other_settings(recorded: dict, width: str | None) -> list[tuple[str, str, str, str]]:
+    """Each setting read as torch loaded that differs from the one the run trained with: how
+    it trained, how it resumes, the export that restores it and where that works (MKL's
+    settings everywhere; a kernels' width where the CPU has it). An unrecorded width is none."""
     import torch
 
-    here = torch.backends.cpu.get_cpu_capability()
-    if trained is not None and trained != here:
-        log.warning(
-            "warning: the run trained with torch's %s CPU kernels and resumes with %s: its last "
-            "bits may differ from an uninterrupted run's (where this CPU has %s, export "
-            "ATEN_CPU_CAPABILITY=%s to resume as it trained)",
-            trained,
-            here,
-            trained,
-            "default" if trained == "NO AVX" else trained.lower().replace(" ", ""),
+    differ = [
+        (
+            f"{name}={recorded.get(name)}",
+            f"{name}={os.environ.get(name)}",
+            f"{name}={recorded.get(name)}",
+            "",
         )
+        for name in SAME_BITS
+        if recorded.get(name) != os.environ.get(name)
+    ]
+    here = torch.backends.cpu.get_cpu_capability()
+    if width is not None and width != here:
+        exported = "default" if width == "NO AVX" else width.lower().replace(" ", "")
+        differ.append(
+            (
+                f"torch's {width} CPU kernels",
+                here,
+                f"ATEN_CPU_CAPABILITY={exported}",
+                f"where this CPU has {width}, ",
+            )
+        )
+    return differ
 
 
 def say_resumed_threads(recorded: Any, threads: int, asked: int | None) -> None:
