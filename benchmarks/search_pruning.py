@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -109,12 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     # torch's CPU kernels of another vector width train the same trial to other val images
     # (docs/reliability.md), so the figures belong to this width
-    width = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    width = torch.backends.cpu.get_cpu_capability()
     print(f"torch's CPU kernels: {width}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="search-pruning-") as folder:
